@@ -1,0 +1,63 @@
+//! The build-script entry point: keep generated/ in step with the crate's chains.
+
+use std::path::PathBuf;
+
+use crate::nvrtc::Nvrtc;
+use crate::project::Project;
+
+/// Call from a crate's `build.rs`:
+///
+/// ```no_run
+/// fn main() {
+///     pptm_codegen::build_script();
+/// }
+/// ```
+///
+/// It scans src/, examples/ and tests/ for chains and compares generated/ with them. When fresh, it
+/// does nothing. When stale, it regenerates generated/ if NVRTC 13.0 is available (and says so in a
+/// warning: commit the result), and otherwise fails the build with the command that fixes it.
+/// `PPTM_CODEGEN=verify` never writes (CI uses it); `PPTM_NVRTC` points at libnvrtc.so.13.
+pub fn build_script() {
+    let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
+    let project = Project::at(&root);
+    for dir in project.source_dirs.iter().chain(std::iter::once(&"generated".to_string())) {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
+    println!("cargo:rerun-if-env-changed=PPTM_NVRTC");
+
+    let plan = match project.plan() {
+        Ok(p) => p,
+        Err(e) => fail(&format!("pptm codegen: {e}")),
+    };
+    let stale = project.verify(&plan);
+    if stale.is_empty() {
+        return;
+    }
+    let reasons = stale.iter().map(|r| format!("  - {r}")).collect::<Vec<_>>().join("\n");
+    let verify_only = std::env::var("PPTM_CODEGEN").is_ok_and(|v| v == "verify");
+    let nvrtc = if verify_only { None } else { Nvrtc::find().ok() };
+    match nvrtc {
+        Some(nvrtc) => match project.regenerate(&plan, &nvrtc) {
+            Ok(_) => {
+                for r in &stale {
+                    println!("cargo:warning=pptm: regenerated generated/ ({r}); commit the result");
+                }
+            }
+            Err(e) => fail(&format!("pptm codegen: generated/ is stale:\n{reasons}\nand regenerating it failed: {e}")),
+        },
+        None => fail(&format!(
+            "pptm: generated/ is stale:\n{reasons}\n\
+             Run `{}` on a machine with NVRTC 13.0 and commit generated/.\n\
+             NVRTC: {}{}",
+            crate::REGENERATE_COMMAND,
+            crate::NVRTC_INSTALL_HINT,
+            if verify_only { "\n(PPTM_CODEGEN=verify: this build does not regenerate)" } else { "" }
+        )),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("{msg}");
+    std::process::exit(1)
+}

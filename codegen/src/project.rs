@@ -1,0 +1,352 @@
+//! A crate's generated code as a whole: plan it from the sources, verify the committed copy,
+//! regenerate it with NVRTC, or check that regenerating changes nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use pptm_spec::ChainIr;
+use sha2::{Digest, Sha256};
+
+use crate::manifest::{self, ChainEntry, DomainEntry, Manifest};
+use crate::nvrtc::{Nvrtc, NvrtcError};
+use crate::scan::{self, ScanError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    #[error(transparent)]
+    Nvrtc(#[from] NvrtcError),
+    #[error("{what} {path}: {err}")]
+    Io { what: &'static str, path: String, err: std::io::Error },
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CodegenError + 'a {
+    move |err| CodegenError::Io { what, path: path.display().to_string(), err }
+}
+
+/// Where a crate keeps its chains and its generated code.
+#[derive(Debug, Clone)]
+pub struct Project {
+    pub root: PathBuf,
+    /// Folders scanned for chains, relative to `root`.
+    pub source_dirs: Vec<String>,
+    /// Paths skipped while scanning (trybuild fixtures are not part of the crate).
+    pub skip: Vec<String>,
+    /// The generated/ folder.
+    pub generated: PathBuf,
+}
+
+/// Everything to generate for one domain.
+#[derive(Debug, Clone)]
+pub struct DomainPlan {
+    pub name: String,
+    pub chains: Vec<ChainIr>,
+    /// The CUDA C translation unit.
+    pub source: String,
+    pub input_hash: String,
+}
+
+impl DomainPlan {
+    fn source_file(&self) -> String {
+        format!("{0}/{0}.cu", self.name)
+    }
+
+    fn ptx_file(&self, arch: &str) -> String {
+        format!("{}/{arch}.ptx", self.name)
+    }
+}
+
+/// NVRTC options for one arch. Part of the input hash.
+pub fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-lineinfo".into()]
+}
+
+/// SHA-256 over everything that determines a domain's generated code: the codegen version, the
+/// NVRTC options per arch, the translation unit (which holds the chains) and every kernels/ header.
+pub fn input_hash(source: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("pptm-codegen {} manifest-format {}\n", crate::CODEGEN_VERSION, manifest::FORMAT));
+    for arch in crate::ARCHS {
+        h.update(format!("arch {arch} options {}\n", nvrtc_options(arch).join(" ")));
+    }
+    h.update(source.as_bytes());
+    for (name, text) in crate::kernels::HEADERS {
+        h.update(format!("\0header {name}\0"));
+        h.update(text.as_bytes());
+    }
+    hex(&h.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+impl Project {
+    /// The layout pptm's own crate uses: chains in src/, examples/ and tests/ (not tests/ui/),
+    /// output in generated/.
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        Project {
+            generated: root.join("generated"),
+            root,
+            source_dirs: vec!["src".into(), "examples".into(), "tests".into(), "benches".into()],
+            skip: vec!["tests/ui".into()],
+        }
+    }
+
+    /// Scans the sources and generates the CUDA C of every domain (no NVRTC needed).
+    pub fn plan(&self) -> Result<Vec<DomainPlan>, CodegenError> {
+        let dirs: Vec<&str> = self.source_dirs.iter().map(String::as_str).collect();
+        let skip: Vec<&str> = self.skip.iter().map(String::as_str).collect();
+        let found = scan::scan(&self.root, &dirs, &skip)?;
+        let mut by_domain: BTreeMap<String, Vec<ChainIr>> = BTreeMap::new();
+        for c in found.chains {
+            by_domain.entry(c.domain.clone()).or_default().push(c);
+        }
+        Ok(by_domain
+            .into_iter()
+            .map(|(name, chains)| {
+                let source = crate::cuda::domain_source(&name, &chains);
+                let input_hash = input_hash(&source);
+                DomainPlan { name, chains, source, input_hash }
+            })
+            .collect())
+    }
+
+    /// Reasons the committed generated/ does not match `plan` (empty: fresh).
+    pub fn verify(&self, plan: &[DomainPlan]) -> Vec<String> {
+        let path = self.generated.join(manifest::FILE_NAME);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(_) if plan.is_empty() => return Vec::new(),
+            Err(_) => return vec![format!("{} is missing", path.display())],
+        };
+        let m = match Manifest::parse(&text) {
+            Ok(m) => m,
+            Err(e) => return vec![format!("{}: {e}", path.display())],
+        };
+        let mut reasons = Vec::new();
+        for d in plan {
+            let Some(entry) = m.domains.iter().find(|e| e.name == d.name) else {
+                reasons.push(format!("domain `{}` has no generated code", d.name));
+                continue;
+            };
+            if entry.input_hash != d.input_hash {
+                let had: Vec<_> = entry.chains.iter().map(|c| c.spec_hash.as_str()).collect();
+                let new: Vec<_> = d.chains.iter().filter(|c| !had.contains(&c.spec_hash.as_str())).map(|c| c.name.as_str()).collect();
+                let gone: Vec<_> = entry
+                    .chains
+                    .iter()
+                    .filter(|e| !d.chains.iter().any(|c| c.spec_hash == e.spec_hash))
+                    .map(|e| e.name.as_str())
+                    .collect();
+                let what = match (new.is_empty(), gone.is_empty()) {
+                    (true, true) => "kernels/ or the codegen changed".to_string(),
+                    _ => format!("chains added or changed: [{}], removed or changed: [{}]", new.join(", "), gone.join(", ")),
+                };
+                reasons.push(format!("domain `{}` is out of date ({what})", d.name));
+            }
+            if entry.archs.iter().map(String::as_str).ne(crate::ARCHS.iter().copied()) {
+                reasons.push(format!("domain `{}` was generated for {:?}, not {:?}", d.name, entry.archs, crate::ARCHS));
+            }
+            for (file, hash) in &entry.files {
+                match std::fs::read(self.generated.join(file)) {
+                    Ok(bytes) if sha256(&bytes) == *hash => {}
+                    Ok(_) => reasons.push(format!("generated/{file} was modified after generation")),
+                    Err(_) => reasons.push(format!("generated/{file} is missing")),
+                }
+            }
+        }
+        for e in &m.domains {
+            if !plan.iter().any(|d| d.name == e.name) {
+                reasons.push(format!("domain `{}` no longer has any chain", e.name));
+            }
+        }
+        reasons
+    }
+
+    /// Generates everything into `out` (created; existing content replaced).
+    pub fn generate_into(&self, plan: &[DomainPlan], nvrtc: &Nvrtc, out: &Path) -> Result<Manifest, CodegenError> {
+        if out.exists() {
+            std::fs::remove_dir_all(out).map_err(io("cannot clear", out))?;
+        }
+        let mut nvrtc_build = String::new();
+        let mut domains = Vec::new();
+        for d in plan {
+            let dir = out.join(&d.name);
+            std::fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
+            let mut files = Vec::new();
+            let mut write = |rel: String, bytes: &[u8]| -> Result<(), CodegenError> {
+                let path = out.join(&rel);
+                std::fs::write(&path, bytes).map_err(io("cannot write", &path))?;
+                files.push((rel, sha256(bytes)));
+                Ok(())
+            };
+            write(d.source_file(), d.source.as_bytes())?;
+            for arch in crate::ARCHS {
+                let ptx = nvrtc.compile(&format!("{}.cu", d.name), &d.source, crate::kernels::HEADERS, &nvrtc_options(arch))?;
+                if nvrtc_build.is_empty()
+                    && let Some(line) = ptx.lines().find(|l| l.contains("Cuda compilation tools"))
+                {
+                    nvrtc_build = line.rsplit(", ").next().unwrap_or("").trim().to_string();
+                }
+                write(d.ptx_file(arch), ptx.as_bytes())?;
+            }
+            domains.push(DomainEntry {
+                name: d.name.clone(),
+                input_hash: d.input_hash.clone(),
+                archs: crate::ARCHS.iter().map(|a| a.to_string()).collect(),
+                files,
+                chains: d
+                    .chains
+                    .iter()
+                    .map(|c| ChainEntry {
+                        name: c.name.clone(),
+                        spec_hash: c.spec_hash.clone(),
+                        opcode: c.opcode,
+                        stages: c.stages.iter().map(|s| s.op.name).collect::<Vec<_>>().join(","),
+                    })
+                    .collect(),
+            });
+        }
+        let (major, minor) = nvrtc.version();
+        let m = Manifest { nvrtc: format!("{major}.{minor} {nvrtc_build}").trim().to_string(), domains };
+        std::fs::create_dir_all(out).map_err(io("cannot create", out))?;
+        let path = out.join(manifest::FILE_NAME);
+        std::fs::write(&path, m.render()).map_err(io("cannot write", &path))?;
+        Ok(m)
+    }
+
+    /// Regenerates generated/ in place (through a temporary folder, so a failure leaves the old one).
+    pub fn regenerate(&self, plan: &[DomainPlan], nvrtc: &Nvrtc) -> Result<Manifest, CodegenError> {
+        let tmp = self.generated.with_file_name(format!("generated.tmp-{}", std::process::id()));
+        let m = self.generate_into(plan, nvrtc, &tmp)?;
+        if self.generated.exists() {
+            std::fs::remove_dir_all(&self.generated).map_err(io("cannot replace", &self.generated))?;
+        }
+        std::fs::rename(&tmp, &self.generated).map_err(io("cannot move into place", &self.generated))?;
+        Ok(m)
+    }
+
+    /// Regenerates into a temporary folder and lists every difference with generated/.
+    pub fn check(&self, nvrtc: &Nvrtc) -> Result<Vec<String>, CodegenError> {
+        let plan = self.plan()?;
+        let tmp = std::env::temp_dir().join(format!("pptm-codegen-check-{}", std::process::id()));
+        self.generate_into(&plan, nvrtc, &tmp)?;
+        let mut diffs = Vec::new();
+        let fresh = list_files(&tmp);
+        let committed = list_files(&self.generated);
+        for f in &fresh {
+            match (std::fs::read(tmp.join(f)), std::fs::read(self.generated.join(f))) {
+                (Ok(a), Ok(b)) if a == b => {}
+                (Ok(_), Ok(_)) => diffs.push(format!("generated/{f} differs from a fresh generation")),
+                _ => diffs.push(format!("generated/{f} is missing")),
+            }
+        }
+        for f in committed.iter().filter(|f| !fresh.contains(f)) {
+            diffs.push(format!("generated/{f} is not produced by codegen (stale file)"));
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+        Ok(diffs)
+    }
+}
+
+fn list_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(rel) = p.strip_prefix(dir) {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str, chains: &str) -> Project {
+        let dir = std::env::temp_dir().join(format!("pptm-project-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::write(dir.join("src/lib.rs"), chains).unwrap();
+        Project::at(dir)
+    }
+
+    const KL: &str = r#"#[derive(FusionBuilder)] #[fusion(domain = "inference")]
+        struct KlComplexity { #[stage(1)] kl: KlDivergence, #[stage(2)] s: SumReduction }"#;
+
+    /// Writes a manifest as generation would, with placeholder PTX (no NVRTC needed).
+    fn fake_generate(p: &Project, plan: &[DomainPlan]) {
+        let mut domains = Vec::new();
+        for d in plan {
+            std::fs::create_dir_all(p.generated.join(&d.name)).unwrap();
+            let mut files = Vec::new();
+            for (rel, text) in [(d.source_file(), d.source.clone()), (d.ptx_file("compute_90"), "// ptx".to_string())] {
+                std::fs::write(p.generated.join(&rel), &text).unwrap();
+                files.push((rel, sha256(text.as_bytes())));
+            }
+            domains.push(DomainEntry {
+                name: d.name.clone(),
+                input_hash: d.input_hash.clone(),
+                archs: crate::ARCHS.iter().map(|a| a.to_string()).collect(),
+                files,
+                chains: vec![],
+            });
+        }
+        let m = Manifest { nvrtc: "13.0".into(), domains };
+        std::fs::write(p.generated.join(manifest::FILE_NAME), m.render()).unwrap();
+    }
+
+    #[test]
+    fn verify_detects_every_kind_of_staleness() {
+        let p = fixture("verify", KL);
+        let plan = p.plan().unwrap();
+        assert_eq!(plan.len(), 1);
+        assert!(p.verify(&plan)[0].contains("manifest.txt is missing"));
+        fake_generate(&p, &plan);
+        assert_eq!(p.verify(&plan), Vec::<String>::new());
+
+        // A hand-edited file.
+        std::fs::write(p.generated.join("inference/compute_90.ptx"), "// edited").unwrap();
+        assert!(p.verify(&plan).iter().any(|r| r.contains("modified after generation")), "{:?}", p.verify(&plan));
+        fake_generate(&p, &plan);
+
+        // A changed chain.
+        std::fs::write(p.root.join("src/lib.rs"), KL.replace("#[stage(2)] s: SumReduction", "")).unwrap();
+        let changed = p.plan().unwrap();
+        let reasons = p.verify(&changed);
+        assert!(reasons.iter().any(|r| r.contains("domain `inference` is out of date")), "{reasons:?}");
+
+        // A new domain, and a domain that lost its chains.
+        std::fs::write(p.root.join("src/lib.rs"), KL.replace("inference", "other")).unwrap();
+        let moved = p.plan().unwrap();
+        let reasons = p.verify(&moved);
+        assert!(reasons.iter().any(|r| r.contains("domain `other` has no generated code")), "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("domain `inference` no longer has any chain")), "{reasons:?}");
+        std::fs::remove_dir_all(&p.root).unwrap();
+    }
+
+    #[test]
+    fn input_hash_covers_the_sources() {
+        let p = fixture("hash", KL);
+        let a = p.plan().unwrap()[0].input_hash.clone();
+        assert_eq!(a, p.plan().unwrap()[0].input_hash, "deterministic");
+        std::fs::write(p.root.join("src/lib.rs"), KL.replace("KlComplexity", "Kl2")).unwrap();
+        assert_ne!(a, p.plan().unwrap()[0].input_hash);
+        std::fs::remove_dir_all(&p.root).unwrap();
+    }
+}

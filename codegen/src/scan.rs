@@ -1,0 +1,129 @@
+//! Finds the fusion chains declared in a crate's sources: every struct with
+//! `#[derive(FusionBuilder)]`, at any depth (modules, function bodies).
+//!
+//! Files that do not parse and chains that do not validate are skipped: rustc and the derive macro
+//! report those, with spans, when the crate itself compiles.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use pptm_spec::ChainIr;
+use pptm_spec::parse::{derives_fusion_builder, parse_chain};
+use syn::visit::Visit;
+
+/// Chains found, one per distinct spec (identical declarations in several files count once).
+#[derive(Debug, Default)]
+pub struct Found {
+    pub chains: Vec<ChainIr>,
+    /// Every .rs file read, relative to the root.
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("cannot read {path}: {err}")]
+    Io { path: String, err: std::io::Error },
+    #[error("chains `{a}` and `{b}` of domain `{domain}` have the same opcode 0x{opcode:08x}; rename one")]
+    OpcodeCollision { domain: String, a: String, b: String, opcode: u32 },
+}
+
+/// Scans `dirs` (relative to `root`), skipping any path that starts with one of `skip`.
+pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanError> {
+    let mut files = Vec::new();
+    for dir in dirs {
+        collect_rs(root, &root.join(dir), skip, &mut files)?;
+    }
+    files.sort();
+    let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
+    for rel in &files {
+        let path = root.join(rel);
+        let text = std::fs::read_to_string(&path).map_err(|err| ScanError::Io { path: path.display().to_string(), err })?;
+        let Ok(file) = syn::parse_file(&text) else { continue };
+        let mut v = Visitor::default();
+        v.visit_file(&file);
+        for ir in v.chains {
+            by_hash.entry(ir.spec_hash.clone()).or_insert(ir);
+        }
+    }
+    let mut chains: Vec<ChainIr> = by_hash.into_values().collect();
+    chains.sort_by(|a, b| (&a.domain, &a.name, &a.spec_hash).cmp(&(&b.domain, &b.name, &b.spec_hash)));
+    for (i, a) in chains.iter().enumerate() {
+        if let Some(b) = chains[i + 1..].iter().find(|b| b.domain == a.domain && b.opcode == a.opcode) {
+            return Err(ScanError::OpcodeCollision { domain: a.domain.clone(), a: a.name.clone(), b: b.name.clone(), opcode: a.opcode });
+        }
+    }
+    Ok(Found { chains, files })
+}
+
+fn collect_rs(root: &Path, dir: &Path, skip: &[&str], out: &mut Vec<PathBuf>) -> Result<(), ScanError> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries {
+        let path = entry.map_err(|err| ScanError::Io { path: dir.display().to_string(), err })?.path();
+        let rel = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
+        let rel_str = rel.to_string_lossy().replace('\\', "/");
+        if skip.iter().any(|s| rel_str.starts_with(s)) {
+            continue;
+        }
+        if path.is_dir() {
+            collect_rs(root, &path, skip, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(rel);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Visitor {
+    chains: Vec<ChainIr>,
+}
+
+impl<'ast> Visit<'ast> for Visitor {
+    fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
+        if derives_fusion_builder(&item.attrs) {
+            let input = syn::DeriveInput::from(item.clone());
+            if let Ok(ir) = parse_chain(&input).and_then(|p| p.lower()) {
+                self.chains.push(ir);
+            }
+        }
+        syn::visit::visit_item_struct(self, item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_chains_anywhere_and_skips_invalid_ones() {
+        let dir = std::env::temp_dir().join(format!("pptm-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src/deep")).unwrap();
+        std::fs::create_dir_all(dir.join("tests/ui")).unwrap();
+        let kl = r#"
+            #[derive(FusionBuilder)]
+            #[fusion(domain = "inference")]
+            pub struct KlComplexity { #[stage(1)] kl: KlDivergence, #[stage(2)] total: SumReduction }
+        "#;
+        std::fs::write(dir.join("src/lib.rs"), kl).unwrap();
+        // The same chain again, inside a function, counts once.
+        std::fs::write(dir.join("src/deep/again.rs"), format!("fn f() {{ {kl} }}")).unwrap();
+        std::fs::write(
+            dir.join("src/deep/other.rs"),
+            r#"mod m { #[derive(Debug, pptm::FusionBuilder)] #[fusion(domain = "stats")] struct Total { #[stage(1)] s: SumReduction } }"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("src/deep/broken.rs"), "this is not rust").unwrap();
+        std::fs::write(
+            dir.join("src/deep/invalid.rs"),
+            r#"#[derive(FusionBuilder)] #[fusion(domain = "x")] struct Bad { #[stage(2)] s: SumReduction }"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("tests/ui/skipped.rs"), kl.replace("KlComplexity", "Skipped")).unwrap();
+        let found = scan(&dir, &["src", "tests", "examples"], &["tests/ui"]).unwrap();
+        let names: Vec<_> = found.chains.iter().map(|c| (c.domain.as_str(), c.name.as_str())).collect();
+        assert_eq!(names, [("inference", "KlComplexity"), ("stats", "Total")]);
+        assert_eq!(found.files.len(), 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,206 @@
+//! `#[derive(FusionBuilder)]`: declares a pptm fusion chain.
+//!
+//! ```ignore
+//! #[derive(FusionBuilder)]
+//! #[fusion(domain = "inference")]
+//! pub struct KlComplexity {
+//!     #[stage(1)] kl: KlDivergence,
+//!     #[stage(2, reduction = true)] total: SumReduction,
+//! }
+//! ```
+//!
+//! The macro validates the chain with the same code build.rs uses (pptm-spec), so an invalid chain
+//! is a compile error at the offending tokens, and emits:
+//! * `KlComplexityArgs`: the descriptor's argument words, `#[repr(C)]` and bytemuck `Pod`;
+//! * `impl pptm::Chain for KlComplexity`: opcode, spec hash, and the domain's PTX embedded with
+//!   `include_str!` from the crate's generated/ folder;
+//! * `KlComplexity::submit(&rt, q, p)`: typed buffers in, a ticket out;
+//! * a `const` check that generated/manifest.txt lists this exact chain, so a stale generated/
+//!   fails to compile with the command that regenerates it.
+
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use quote::{format_ident, quote};
+use syn::{DeriveInput, parse_macro_input};
+
+use pptm_spec::parse::parse_chain;
+use pptm_spec::{ArgKind, ChainIr, ChainOutput};
+
+#[proc_macro_derive(FusionBuilder, attributes(fusion, stage))]
+pub fn derive_fusion_builder(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    match expand(&input) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
+    let parsed = parse_chain(input)?;
+    let ir = parsed.lower()?;
+    let ident = &input.ident;
+    let vis = &input.vis;
+    let args_ident = format_ident!("{}Args", ident);
+
+    let name = &ir.name;
+    let domain = &ir.domain;
+    let spec_hash = &ir.spec_hash;
+    let opcode = ir.opcode;
+    let describe = ir.describe();
+
+    // The descriptor's argument words.
+    let arg_fields = ir.args.iter().map(|a| {
+        let f = syn::Ident::new(&a.name, Span::call_site());
+        let doc = match a.kind {
+            ArgKind::Input => format!("Device address of input `{}` (f32, `n` elements).", a.name),
+            ArgKind::Output => "Device address of the output vector (f32, `n` elements).".to_string(),
+            ArgKind::Len => "Element count `n` shared by every vector.".to_string(),
+        };
+        quote! { #[doc = #doc] pub #f: u64 }
+    });
+    let n_args = ir.args.len();
+
+    // The typed submit.
+    let mut params = Vec::new();
+    let mut bindings = Vec::new();
+    for a in &ir.args {
+        let f = syn::Ident::new(&a.name, Span::call_site());
+        let fname = &a.name;
+        match a.kind {
+            ArgKind::Input => {
+                params.push(quote! { #f: &'a ::pptm::Buffer<f32> });
+                bindings.push(quote! { ::pptm::Arg::Input(#fname, #f) });
+            }
+            ArgKind::Output => {
+                params.push(quote! { #f: &'a mut ::pptm::Buffer<f32> });
+                bindings.push(quote! { ::pptm::Arg::Output(#fname, #f) });
+            }
+            ArgKind::Len => {}
+        }
+    }
+    let output_ty = match ir.output {
+        ChainOutput::Scalar => quote! { f32 },
+        ChainOutput::Vector => quote! { () },
+    };
+    let inputs: Vec<&str> = ir.input_slots().map(|(_, a)| a.name.as_str()).collect();
+    let submit_doc = match ir.output {
+        ChainOutput::Scalar => format!(
+            "Submits one fused `{describe}` pass over {}. The ticket resolves to the f32 result.\n\n\
+             Every vector must have the same length, and every buffer must belong to `rt`.",
+            inputs.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+        ),
+        ChainOutput::Vector => format!(
+            "Submits one fused `{describe}` pass over {}, written to `out`. The ticket resolves once `out` holds the result.\n\n\
+             Every vector must have the same length, and every buffer must belong to `rt`.",
+            inputs.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+        ),
+    };
+
+    let spec = spec_tokens(&ir, &parsed.spec);
+    let field_idents: Vec<syn::Ident> = parsed.spec.stages.iter().map(|s| syn::Ident::new(&s.field, Span::call_site())).collect();
+    let n_fields = field_idents.len();
+    let ptx80 = format!("/generated/{domain}/compute_80.ptx");
+    let ptx90 = format!("/generated/{domain}/compute_90.ptx");
+    let needle = format!("spec={spec_hash}");
+    let stale = format!(
+        "pptm: generated/ is stale: chain `{name}` (domain `{domain}`, spec {}) is not in generated/manifest.txt. \
+         Run `cargo xtask codegen` (needs NVRTC 13.0) and commit generated/.",
+        &spec_hash[..16]
+    );
+    let args_doc = format!("Descriptor arguments of [`{name}`] ({describe}): one u64 word each, in the order the device reads them.");
+
+    Ok(quote! {
+        #[doc = #args_doc]
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, ::pptm::__private::bytemuck::Pod, ::pptm::__private::bytemuck::Zeroable)]
+        #[bytemuck(crate = "::pptm::__private::bytemuck")]
+        #vis struct #args_ident {
+            #(#arg_fields,)*
+        }
+
+        const _: () = {
+            assert!(::core::mem::size_of::<#args_ident>() == 8 * #n_args);
+            assert!(#n_args <= ::pptm::__private::DESC_ARGS);
+            const MANIFEST: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/generated/manifest.txt"));
+            if !::pptm::__private::contains(MANIFEST, #needle.as_bytes()) {
+                panic!(#stale);
+            }
+        };
+
+        impl ::pptm::Chain for #ident {
+            type Args = #args_ident;
+            type Output = #output_ty;
+            const NAME: &'static str = #name;
+            const SPEC_HASH: &'static str = #spec_hash;
+            const OPCODE: u32 = #opcode;
+            const DOMAIN: &'static ::pptm::DomainCode = &::pptm::DomainCode {
+                key: concat!(env!("CARGO_PKG_NAME"), "/", #domain),
+                name: #domain,
+                ptx_compute_80: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), #ptx80)),
+                ptx_compute_90: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), #ptx90)),
+            };
+            fn ir() -> ::core::result::Result<&'static ::pptm::ChainIr, ::pptm::Error> {
+                static IR: ::std::sync::OnceLock<::core::result::Result<::pptm::ChainIr, ::pptm::__private::SpecError>> =
+                    ::std::sync::OnceLock::new();
+                ::pptm::__private::checked_ir::<Self>(IR.get_or_init(|| ::pptm::__private::lower(&#spec)))
+            }
+        }
+
+        // The stage fields only name ops; reading them here keeps `dead_code` quiet about them.
+        impl ::pptm::__private::StageFields for #ident {
+            fn stage_fields(&self) -> usize {
+                let _ = (#(&self.#field_idents,)*);
+                #n_fields
+            }
+        }
+
+        impl #ident {
+            #[doc = #submit_doc]
+            #vis fn submit<'a>(rt: &::pptm::Runtime, #(#params),*) -> ::core::result::Result<::pptm::Ticket<'a, #output_ty>, ::pptm::Error> {
+                rt.submit_chain::<Self>(::std::vec![#(#bindings),*])
+            }
+        }
+    })
+}
+
+/// Tokens that rebuild the chain's spec at run time (the runtime lowers it for the CPU backend
+/// and the argument layout, and checks the hash matches).
+fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
+    let name = &ir.name;
+    let domain = &ir.domain;
+    let stages = spec.stages.iter().map(|s| {
+        let field = &s.field;
+        let number = s.number;
+        let op = &s.op;
+        let opt_bool = |b: Option<bool>| match b {
+            Some(v) => quote! { ::core::option::Option::Some(#v) },
+            None => quote! { ::core::option::Option::None },
+        };
+        let reduction = opt_bool(s.reduction);
+        let tensor = opt_bool(s.tensor_eligible);
+        let precision = match s.precision {
+            Some(p) => {
+                let v = format_ident!("{}", format!("{p:?}"));
+                quote! { ::core::option::Option::Some(::pptm::__private::Precision::#v) }
+            }
+            None => quote! { ::core::option::Option::None },
+        };
+        quote! {
+            ::pptm::__private::StageSpec {
+                field: ::std::string::String::from(#field),
+                number: #number,
+                op: ::std::string::String::from(#op),
+                reduction: #reduction,
+                tensor_eligible: #tensor,
+                precision: #precision,
+            }
+        }
+    });
+    quote! {
+        ::pptm::__private::ChainSpec {
+            name: ::std::string::String::from(#name),
+            domain: ::std::string::String::from(#domain),
+            stages: ::std::vec![#(#stages),*],
+        }
+    }
+}

@@ -1,0 +1,136 @@
+// pptm fusion patterns: the loops that codegen instantiates for a run of fused stages.
+//
+// Codegen emits, per chain, a small functor that computes every elementwise stage for one element
+// (the fused body: intermediates stay in registers) and picks one of these patterns:
+//   * pptm_map_reduce: elementwise body, then a reduction that ends the pass. Each block reduces its
+//     share in f64; the manifold's last-arriving block combines the per-block partials. No grid
+//     barrier.
+//   * pptm_map_store: elementwise body whose result is a vector written to an output buffer.
+// Both walk the grid-stride range with 16-byte loads when every pointer is 16-byte aligned and
+// PPTM_UNROLL independent loads in flight per input, then finish the tail element by element.
+#ifndef PPTM_FUSE_CUH
+#define PPTM_FUSE_CUH
+
+#include "pptm/device.cuh"
+
+#ifndef PPTM_UNROLL
+#define PPTM_UNROLL 4
+#endif
+
+template <int NIN>
+__device__ __forceinline__ bool pptm_all_aligned16(const float* const (&in)[NIN]) {
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) ok = ok && pptm_aligned16(in[k]);
+    return ok;
+}
+
+// Applies f to the four lanes of one 16-byte chunk per input, folding the results with R.
+template <int NIN, class R, class F>
+__device__ __forceinline__ double pptm_fold4(const pptm_f4 (&v)[NIN], const F& f, double acc) {
+    float x[NIN];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].x;
+    acc = R::combine(acc, (double)f(x));
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].y;
+    acc = R::combine(acc, (double)f(x));
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].z;
+    acc = R::combine(acc, (double)f(x));
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].w;
+    acc = R::combine(acc, (double)f(x));
+    return acc;
+}
+
+// Fused elementwise body + reduction over n elements. Returns the block's partial in thread 0.
+template <int NIN, class R, class F>
+__device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN], uint64_t n, const F& f,
+                                                  const pptm_block_ctx& b) {
+    double acc[PPTM_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PPTM_UNROLL; ++u) acc[u] = R::identity();
+    const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
+    const uint64_t tid = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x;
+    uint64_t head = 0;
+    if (pptm_all_aligned16<NIN>(in)) {
+        const uint64_t n4 = n / 4;
+        uint64_t i = tid;
+        for (; i + (PPTM_UNROLL - 1) * stride < n4; i += PPTM_UNROLL * stride) {
+            pptm_f4 v[PPTM_UNROLL][NIN];
+#pragma unroll
+            for (int u = 0; u < PPTM_UNROLL; ++u)
+#pragma unroll
+                for (int k = 0; k < NIN; ++k) v[u][k] = pptm_ld_cg_f4(in[k] + 4 * (i + u * stride));
+#pragma unroll
+            for (int u = 0; u < PPTM_UNROLL; ++u) acc[u] = pptm_fold4<NIN, R>(v[u], f, acc[u]);
+        }
+        for (; i < n4; i += stride) {
+            pptm_f4 v[NIN];
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) v[k] = pptm_ld_cg_f4(in[k] + 4 * i);
+            acc[0] = pptm_fold4<NIN, R>(v, f, acc[0]);
+        }
+        head = n4 * 4;
+    }
+    for (uint64_t i = head + tid; i < n; i += stride) {
+        float x[NIN];
+#pragma unroll
+        for (int k = 0; k < NIN; ++k) x[k] = pptm_ld_cg_f32(in[k] + i);
+        acc[0] = R::combine(acc[0], (double)f(x));
+    }
+#pragma unroll
+    for (int u = 1; u < PPTM_UNROLL; ++u) acc[0] = R::combine(acc[0], acc[u]);
+    return pptm_block_reduce<R>(acc[0], b.red_smem);
+}
+
+// Fused elementwise body over n elements, stored to `out`.
+template <int NIN, class F>
+__device__ __forceinline__ void pptm_map_store(const float* const (&in)[NIN], float* out, uint64_t n, const F& f,
+                                               const pptm_block_ctx& b) {
+    const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
+    const uint64_t tid = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x;
+    uint64_t head = 0;
+    if (pptm_all_aligned16<NIN>(in) && pptm_aligned16(out)) {
+        const uint64_t n4 = n / 4;
+        for (uint64_t i = tid; i < n4; i += stride) {
+            pptm_f4 v[NIN];
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) v[k] = pptm_ld_cg_f4(in[k] + 4 * i);
+            float x[NIN];
+            pptm_f4 r;
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) x[k] = v[k].x;
+            r.x = f(x);
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) x[k] = v[k].y;
+            r.y = f(x);
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) x[k] = v[k].z;
+            r.z = f(x);
+#pragma unroll
+            for (int k = 0; k < NIN; ++k) x[k] = v[k].w;
+            r.w = f(x);
+            pptm_st_cs_f4(out + 4 * i, r);
+        }
+        head = n4 * 4;
+    }
+    for (uint64_t i = head + tid; i < n; i += stride) {
+        float x[NIN];
+#pragma unroll
+        for (int k = 0; k < NIN; ++k) x[k] = pptm_ld_cg_f32(in[k] + i);
+        out[i] = f(x);
+    }
+}
+
+// Combines the per-block partials of the finished item, in the last-arriving block. All threads of
+// the block call it; the result is valid in thread 0.
+template <class R>
+__device__ __forceinline__ double pptm_combine_partials(const double* partials, uint32_t nblocks, double* smem) {
+    double acc = R::identity();
+    for (uint32_t i = threadIdx.x; i < nblocks; i += PPTM_BLOCK_THREADS) acc = R::combine(acc, pptm_ld_cg_f64(partials + i));
+    return pptm_block_reduce<R>(acc, smem);
+}
+
+#endif  // PPTM_FUSE_CUH

@@ -1,0 +1,152 @@
+//! Typed buffers: device memory on the GPU backend, host memory on the CPU backend.
+
+use std::sync::Arc;
+
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::gpu::Device;
+
+/// A fixed-length array of `T` owned by one [`Runtime`](crate::Runtime).
+///
+/// Created by [`Runtime::upload`](crate::Runtime::upload) or [`Runtime::alloc`](crate::Runtime::alloc).
+/// Device memory stays valid after the runtime is dropped (the buffer keeps the context alive), so
+/// results can still be read.
+pub struct Buffer<T: Element> {
+    len: usize,
+    owner: u64,
+    storage: Storage<T>,
+}
+
+enum Storage<T> {
+    Host(Vec<T>),
+    Device(DeviceAlloc),
+}
+
+pub(crate) struct DeviceAlloc {
+    device: Arc<Device>,
+    ptr: u64,
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            self.device.free(self.ptr);
+        }
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Buffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = match &self.storage {
+            Storage::Host(_) => "host".to_string(),
+            Storage::Device(d) => format!("device {:#x}", d.ptr),
+        };
+        write!(f, "Buffer<{:?}>[{}] ({place})", T::DTYPE, self.len)
+    }
+}
+
+fn bytes_of_len<T: Element>(len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>()).filter(|b| *b <= isize::MAX as usize).ok_or(Error::TooLarge { what: "a buffer", len })
+}
+
+impl<T: Element> Buffer<T> {
+    pub(crate) fn host(owner: u64, data: Vec<T>) -> Self {
+        Buffer { len: data.len(), owner, storage: Storage::Host(data) }
+    }
+
+    /// Device memory for `len` elements, every 32-bit word set to `fill_word`.
+    pub(crate) fn device(owner: u64, device: &Arc<Device>, len: usize, fill_word: u32) -> Result<Self> {
+        let bytes = bytes_of_len::<T>(len)?;
+        let ptr = if bytes == 0 { 0 } else { device.alloc(bytes, fill_word)? };
+        Ok(Buffer { len, owner, storage: Storage::Device(DeviceAlloc { device: device.clone(), ptr }) })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    /// Copies the contents to a new vector.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.read_into(&mut v)?;
+        Ok(v)
+    }
+
+    /// Copies the contents into `dst`, which must have the buffer's length.
+    pub fn read_into(&self, dst: &mut [T]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(Error::SliceLength { buffer: self.len, slice: dst.len() });
+        }
+        match &self.storage {
+            Storage::Host(v) => dst.copy_from_slice(v),
+            Storage::Device(d) if self.len > 0 => d.device.download(bytemuck::cast_slice_mut(dst), d.ptr)?,
+            Storage::Device(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Overwrites the contents with `src`, which must have the buffer's length.
+    pub fn write(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::SliceLength { buffer: self.len, slice: src.len() });
+        }
+        match &mut self.storage {
+            Storage::Host(v) => v.copy_from_slice(src),
+            Storage::Device(d) if self.len > 0 => d.device.upload(d.ptr, bytemuck::cast_slice(src))?,
+            Storage::Device(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Sets every element to `value` (e.g. NaN, to poison an output before a run).
+    pub fn fill(&mut self, value: T) -> Result<()> {
+        match &mut self.storage {
+            Storage::Host(v) => v.fill(value),
+            Storage::Device(d) if self.len > 0 => {
+                let bytes = bytemuck::bytes_of(&value);
+                if bytes.chunks(4).all(|c| c == &bytes[..4]) {
+                    let word = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes"));
+                    d.device.fill(d.ptr, self.len * std::mem::size_of::<T>(), word)?;
+                } else {
+                    d.device.upload(d.ptr, bytemuck::cast_slice(&vec![value; self.len]))?;
+                }
+            }
+            Storage::Device(_) => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    /// Device address (0 for host buffers and empty device buffers).
+    pub(crate) fn device_ptr(&self) -> u64 {
+        match &self.storage {
+            Storage::Device(d) => d.ptr,
+            Storage::Host(_) => 0,
+        }
+    }
+
+    pub(crate) fn host_slice(&self) -> Option<&[T]> {
+        match &self.storage {
+            Storage::Host(v) => Some(v),
+            Storage::Device(_) => None,
+        }
+    }
+
+    pub(crate) fn host_slice_mut(&mut self) -> Option<&mut [T]> {
+        match &mut self.storage {
+            Storage::Host(v) => Some(v),
+            Storage::Device(_) => None,
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The one error type of the runtime. Every failure a caller can cause or meet is a variant here;
+//! nothing on the public API panics on bad input.
+
+use std::time::Duration;
+
+/// Why a runtime call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable GPU: no driver library, no device, or a device too old.
+    #[error("no usable GPU: {0}")]
+    NoGpu(String),
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {name} ({description})")]
+    Driver { call: &'static str, name: String, description: String },
+
+    /// Loading a domain's PTX failed (the JIT log says why).
+    #[error("cannot load the PTX of domain `{domain}` for {arch}: {log}")]
+    ModuleLoad { domain: &'static str, arch: &'static str, log: String },
+
+    /// The manifold of a domain could not be made resident.
+    #[error("cannot launch the manifold of domain `{domain}`: {reason}")]
+    Launch { domain: &'static str, reason: String },
+
+    /// A vector argument's length differs from the chain's other vectors.
+    #[error("`{chain}`: argument `{arg}` has {got} elements but `{first}` has {expected}; every vector of a chain has the same length")]
+    LengthMismatch { chain: &'static str, arg: &'static str, first: &'static str, expected: usize, got: usize },
+
+    /// A host slice's length differs from the buffer's.
+    #[error("buffer holds {buffer} elements but the slice has {slice}")]
+    SliceLength { buffer: usize, slice: usize },
+
+    /// A buffer passed to a runtime it does not belong to.
+    #[error("`{chain}`: buffer `{arg}` belongs to another runtime (or backend); allocate it with this runtime")]
+    ForeignBuffer { chain: &'static str, arg: &'static str },
+
+    /// A chain was given the wrong arguments (the generated `submit` never does this).
+    #[error("`{chain}`: {reason}")]
+    BadArguments { chain: &'static str, reason: String },
+
+    /// Every submission slot holds an item that has not completed (from `try_submit`).
+    #[error("the submission queue is full ({capacity} items in flight)")]
+    QueueFull { capacity: usize },
+
+    /// A wait ran out of time. A ticket that timed out can be waited on again.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+
+    /// The runtime (or its manifold) has shut down; the item did not run.
+    #[error("the runtime has shut down; the item was not run")]
+    ShutDown,
+
+    /// The manifold stopped unexpectedly (a device fault or a kernel that exited).
+    #[error("the manifold of domain `{domain}` stopped: {reason}")]
+    ManifoldStopped { domain: &'static str, reason: String },
+
+    /// The device rejected an item.
+    #[error("the device reported status {status} ({meaning}) for `{chain}`")]
+    Device { chain: &'static str, status: u32, meaning: &'static str },
+
+    /// A ticket's result was already taken.
+    #[error("this ticket's result was already taken")]
+    TicketConsumed,
+
+    /// The chain's compiled-in description disagrees with this pptm (a version mismatch).
+    #[error("chain `{chain}` does not match this version of pptm: {reason}")]
+    ChainMismatch { chain: &'static str, reason: String },
+
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// A device allocation too large to describe.
+    #[error("{what} of {len} elements is too large")]
+    TooLarge { what: &'static str, len: usize },
+}
+
+impl Error {
+    pub(crate) fn driver(call: &'static str, e: cudarc::driver::DriverError) -> Self {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+        let description = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Error::Driver { call, name, description }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

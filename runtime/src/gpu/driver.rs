@@ -1,0 +1,301 @@
+//! The few CUDA driver objects the runtime needs, over cudarc's `result`/`sys` layers.
+//!
+//! Rules that keep a never-returning kernel from deadlocking the process:
+//! * nothing runs on the legacy default stream, and nothing synchronises the whole device or
+//!   context: the manifold never finishes, so such a call would never return;
+//! * device memory is allocated and freed stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync`) on
+//!   the transfer stream, because a plain `cuMemFree` may wait for every kernel;
+//! * every call first makes the device's context current on the calling thread.
+
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys};
+
+use crate::error::{Error, Result};
+
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|e| Error::driver(call, e))
+}
+
+/// A GPU and its primary context, with one stream for transfers.
+pub(crate) struct Device {
+    pub ordinal: usize,
+    pub name: String,
+    pub sm_count: u32,
+    pub cc: (i32, i32),
+    pub cooperative: bool,
+    cu_device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    /// Serialises transfers; every transfer waits for its own completion.
+    transfer: Mutex<sys::CUstream>,
+}
+
+// SAFETY: CUcontext and CUstream are handles the driver lets any thread use once the context is
+// current on it (`bind` does that before every call); the stream is only used under its mutex.
+unsafe impl Send for Device {}
+// SAFETY: as above; no method hands out the raw handles.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({} #{}: {}, sm_{}{}, {} SMs)", self.name, self.ordinal, self.cc.0, self.cc.0, self.cc.1, self.sm_count)
+    }
+}
+
+impl Device {
+    /// Opens GPU `ordinal`. No driver library, no device, or a device older than compute
+    /// capability 8.0 is [`Error::NoGpu`], never a panic.
+    pub fn open(ordinal: usize) -> Result<Arc<Device>> {
+        // SAFETY: probes for the driver library without calling into it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
+        }
+        result::init().map_err(|e| Error::NoGpu(format!("cuInit failed: {}", Error::driver("cuInit", e))))?;
+        let count = result::device::get_count().map_err(|e| Error::driver("cuDeviceGetCount", e))?;
+        if count <= 0 {
+            return Err(Error::NoGpu("the CUDA driver reports no device".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(Error::NoGpu(format!("device {ordinal} requested but only {count} present")));
+        }
+        let cu_device = result::device::get(ordinal as i32).map_err(|e| Error::driver("cuDeviceGet", e))?;
+        let attr = |a: sys::CUdevice_attribute, call| -> Result<i32> {
+            // SAFETY: cu_device is a valid device handle.
+            unsafe { result::device::get_attribute(cu_device, a) }.map_err(|e| Error::driver(call, e))
+        };
+        use sys::CUdevice_attribute::*;
+        let cc = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cuDeviceGetAttribute")?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cuDeviceGetAttribute")?,
+        );
+        let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute")? as u32;
+        let cooperative = attr(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, "cuDeviceGetAttribute")? != 0;
+        let name = result::device::get_name(cu_device).map_err(|e| Error::driver("cuDeviceGetName", e))?;
+        if cc.0 < 8 {
+            return Err(Error::NoGpu(format!("{name} has compute capability {}.{}; pptm needs 8.0 or newer", cc.0, cc.1)));
+        }
+        // SAFETY: cu_device is valid; the retained context is released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(cu_device) }.map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: ctx was just retained.
+        unsafe { result::ctx::set_current(ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        let transfer = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| Error::driver("cuStreamCreate", e))?;
+        Ok(Arc::new(Device { ordinal, name, sm_count, cc, cooperative, cu_device, ctx, transfer: Mutex::new(transfer) }))
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: ctx stays retained for the life of `self`.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))
+    }
+
+    fn with_transfer<T>(&self, f: impl FnOnce(sys::CUstream) -> Result<T>) -> Result<T> {
+        self.bind()?;
+        let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(*stream)?;
+        // SAFETY: the stream is valid and owned by self.
+        unsafe { result::stream::synchronize(*stream) }.map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+        Ok(out)
+    }
+
+    /// Allocates `bytes` of device memory (stream-ordered), filled with the 32-bit `fill` word.
+    pub fn alloc(&self, bytes: usize, fill: u32) -> Result<sys::CUdeviceptr> {
+        self.with_transfer(|s| {
+            // SAFETY: s is a valid stream of the current context.
+            let ptr = unsafe { result::malloc_async(s, bytes) }.map_err(|e| Error::driver("cuMemAllocAsync", e))?;
+            // SAFETY: ptr has `bytes` bytes, a multiple of 4 (the caller allocates whole elements
+            // of 4 or 8 bytes), and the memset is ordered after the allocation on the same stream.
+            let r = unsafe { sys::cuMemsetD32Async(ptr, fill, bytes / 4, s) };
+            check("cuMemsetD32Async", r)?;
+            Ok(ptr)
+        })
+    }
+
+    /// Fills `bytes` bytes at `ptr` with the 32-bit word `fill`.
+    pub fn fill(&self, ptr: sys::CUdeviceptr, bytes: usize, fill: u32) -> Result<()> {
+        // SAFETY: the caller owns `bytes` bytes at ptr; the memset finishes before this returns.
+        self.with_transfer(|s| check("cuMemsetD32Async", unsafe { sys::cuMemsetD32Async(ptr, fill, bytes / 4, s) }))
+    }
+
+    /// Frees device memory from `alloc` (stream-ordered: never waits for the manifold).
+    pub fn free(&self, ptr: sys::CUdeviceptr) {
+        let r = self.bind().and_then(|_| {
+            let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: ptr came from `alloc` and is freed once; later users of this memory are
+            // ordered after the free on the same stream.
+            unsafe { result::free_async(ptr, *stream) }.map_err(|e| Error::driver("cuMemFreeAsync", e))
+        });
+        if let Err(e) = r {
+            tracing::warn!("leaking device memory: {e}");
+        }
+    }
+
+    /// Copies host bytes to device memory and waits for the copy.
+    pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
+        // SAFETY: dst has at least src.len() bytes (the caller's buffer); src outlives the copy,
+        // which completes before with_transfer returns.
+        self.with_transfer(|s| unsafe { result::memcpy_htod_async(dst, src, s) }.map_err(|e| Error::driver("cuMemcpyHtoDAsync", e)))
+    }
+
+    /// Copies device memory to host bytes and waits for the copy.
+    pub fn download(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
+        // SAFETY: src has at least dst.len() bytes; dst outlives the copy, which completes before
+        // with_transfer returns.
+        self.with_transfer(|s| unsafe { result::memcpy_dtoh_async(dst, src, s) }.map_err(|e| Error::driver("cuMemcpyDtoHAsync", e)))
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _ = self.bind();
+        if let Ok(stream) = self.transfer.get_mut() {
+            // SAFETY: the stream is ours and no longer used.
+            let _ = unsafe { result::stream::destroy(*stream) };
+        }
+        // SAFETY: balances the retain in `open`.
+        let _ = unsafe { result::primary_ctx::release(self.cu_device) };
+    }
+}
+
+/// Pinned host memory mapped into the device's address space (the queue rings live here).
+pub(crate) struct MappedHost {
+    device: Arc<Device>,
+    host: *mut c_void,
+    pub dev: sys::CUdeviceptr,
+    /// Set when a kernel that may still touch this memory could not be stopped.
+    leak: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the allocation is plain memory; concurrent access from host threads and the device goes
+// through atomics (see queue.rs).
+unsafe impl Send for MappedHost {}
+// SAFETY: as above.
+unsafe impl Sync for MappedHost {}
+
+impl MappedHost {
+    pub fn new(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        device.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: allocates `bytes` of pinned memory; freed in Drop.
+        let host = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| Error::driver("cuMemHostAlloc", e))?;
+        // SAFETY: `host` is `bytes` bytes we own; zero is a valid state for every ring.
+        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: host was allocated with DEVICEMAP; dev is written by the call.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+        let mapped = MappedHost { device: device.clone(), host, dev, leak: Default::default() };
+        check("cuMemHostGetDevicePointer", r)?;
+        Ok(mapped)
+    }
+
+    pub fn host_ptr(&self) -> *mut c_void {
+        self.host
+    }
+
+    /// Keeps the memory allocated forever (a kernel that could not be stopped may still use it).
+    pub fn leak(&self) {
+        self.leak.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        if self.leak.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let _ = self.device.bind();
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once, and nothing uses it any more
+        // (the kernel has exited, or `leak` was set).
+        let _ = unsafe { result::free_host(self.host) };
+    }
+}
+
+/// A loaded module.
+pub(crate) struct Module {
+    device: Arc<Device>,
+    module: sys::CUmodule,
+}
+
+// SAFETY: module handles are usable from any thread with the context current.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure.
+    pub fn load_ptx(device: &Arc<Device>, ptx: &str, domain: &'static str, arch: &'static str) -> Result<Self> {
+        device.bind()?;
+        let image = CString::new(ptx).map_err(|_| Error::ModuleLoad { domain, arch, log: "PTX contains a NUL byte".into() })?;
+        let mut log = vec![0u8; 16 * 1024];
+        let mut options = [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+        let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: image is NUL-terminated PTX; the option arrays have 2 entries; the log buffer
+        // outlives the call and its size is what we pass.
+        let r = unsafe { sys::cuModuleLoadDataEx(&mut module, image.as_ptr().cast(), 2, options.as_mut_ptr(), values.as_mut_ptr()) };
+        if let Err(e) = r.result() {
+            let text = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
+            return Err(Error::ModuleLoad { domain, arch, log: format!("{}; {text}", Error::driver("cuModuleLoadDataEx", e)) });
+        }
+        Ok(Module { device: device.clone(), module })
+    }
+
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        self.device.bind()?;
+        let c = CString::new(name).expect("function names have no NUL");
+        // SAFETY: module is loaded; the returned handle lives as long as the module.
+        unsafe { result::module::get_function(self.module, c) }.map_err(|e| Error::driver("cuModuleGetFunction", e))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.device.bind();
+        // SAFETY: loaded in load_ptx, unloaded once, after every kernel of it has exited.
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+/// A non-blocking stream.
+pub(crate) struct Stream {
+    device: Arc<Device>,
+    pub raw: sys::CUstream,
+}
+
+// SAFETY: stream handles are usable from any thread with the context current.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new(device: &Arc<Device>) -> Result<Self> {
+        device.bind()?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| Error::driver("cuStreamCreate", e))?;
+        Ok(Stream { device: device.clone(), raw })
+    }
+
+    /// Ok(true): all work done; Ok(false): still running; Err: the work failed.
+    pub fn query(&self) -> Result<bool> {
+        self.device.bind()?;
+        // SAFETY: the stream is valid.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuStreamQuery", other).map(|_| false),
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: the stream is valid.
+        unsafe { result::stream::synchronize(self.raw) }.map_err(|e| Error::driver("cuStreamSynchronize", e))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.device.bind();
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { result::stream::destroy(self.raw) };
+    }
+}

@@ -1,0 +1,345 @@
+//! One resident manifold: module, device state, rings, the cooperative launch, and shutdown.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys};
+
+use super::abi::{PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params};
+use super::driver::{Device, MappedHost, Module, Stream};
+use super::queue::{self, Cell, Failure, PushError, Queue, RingMemory};
+use crate::chain::DomainCode;
+use crate::error::{Error, Result};
+use crate::runtime::Config;
+
+impl RingMemory for MappedHost {
+    fn base(&self) -> *mut u8 {
+        self.host_ptr().cast()
+    }
+
+    fn leak(&self) {
+        MappedHost::leak(self);
+    }
+}
+
+/// Grid-wide device memory of one manifold.
+struct DeviceState {
+    device: Arc<Device>,
+    ptr: sys::CUdeviceptr,
+    leak: AtomicBool,
+}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        if !self.leak.load(Ordering::Relaxed) {
+            self.device.free(self.ptr);
+        }
+    }
+}
+
+/// How the manifold is doing, as far as the host knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Life {
+    Running,
+    /// Shut down cleanly: the kernel returned after the shutdown item.
+    Exited,
+    /// Stopped for this reason; pending items failed with it.
+    Failed(String),
+}
+
+/// A resident manifold kernel and its queue.
+pub(crate) struct Manifold {
+    pub domain: &'static str,
+    pub arch: &'static str,
+    pub grid: u32,
+    /// Blocks per SM the occupancy API allows (the grid uses `Config::blocks_per_sm` of them).
+    pub blocks_per_sm_max: u32,
+    queue: Queue,
+    stream: Stream,
+    life: Mutex<Life>,
+    shutdown_timeout: Duration,
+    submit_timeout: Duration,
+    // Dropped last: the kernel's code and state must outlive it.
+    state: DeviceState,
+    module: Option<Module>,
+}
+
+impl std::fmt::Debug for Manifold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "manifold `{}`: {} blocks x {} threads ({} per SM fit), {}",
+            self.domain,
+            self.grid,
+            pptm_spec::BLOCK_THREADS,
+            self.blocks_per_sm_max,
+            self.arch
+        )
+    }
+}
+
+impl Manifold {
+    /// Loads the domain's PTX, sizes the grid with the occupancy API and launches it cooperatively.
+    pub fn launch(device: &Arc<Device>, code: &'static DomainCode, cfg: &Config) -> Result<Arc<Manifold>> {
+        let (arch, ptx) = if device.cc.0 >= 9 { ("compute_90", code.ptx_compute_90) } else { ("compute_80", code.ptx_compute_80) };
+        let domain = code.name;
+        let launch_err = |reason: String| Error::Launch { domain, reason };
+        if !device.cooperative {
+            return Err(launch_err(format!("{} does not support cooperative launches", device.name)));
+        }
+        let module = Module::load_ptx(device, ptx, domain, arch)?;
+        let func = module.function("pptm_manifold")?;
+        let threads = pptm_spec::BLOCK_THREADS;
+        // SAFETY: func is a kernel of the loaded module.
+        let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(func, threads as i32, 0) }
+            .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        if per_sm < 1 {
+            return Err(launch_err(format!("not one block of {threads} threads fits on an SM")));
+        }
+        let sms = cfg.max_sms.map_or(device.sm_count, |m| m.min(device.sm_count));
+        let grid = sms * cfg.blocks_per_sm.min(per_sm as u32);
+        if grid == 0 || grid > PPTM_MAX_BLOCKS {
+            return Err(launch_err(format!("a grid of {grid} blocks is outside 1..={PPTM_MAX_BLOCKS}")));
+        }
+
+        let rings = MappedHost::new(device, queue::bytes_for(cfg.queue_slots))?;
+        let sq_dev = rings.dev;
+        let cq_dev = rings.dev + queue::cq_offset(cfg.queue_slots) as u64;
+        let control_dev = rings.dev + queue::control_offset(cfg.queue_slots) as u64;
+        let queue = Queue::new(Box::new(rings), cfg.queue_slots);
+        let state_bytes = std::mem::size_of::<pptm_device_state>();
+        let state = DeviceState { device: device.clone(), ptr: device.alloc(state_bytes, 0)?, leak: AtomicBool::new(false) };
+        let stream = Stream::new(device)?;
+
+        let mut params = pptm_manifold_params {
+            sq: sq_dev as *mut _,
+            cq: cq_dev as *mut _,
+            control: control_dev as *mut _,
+            state: state.ptr as *mut _,
+            queue_slots: cfg.queue_slots,
+            queue_slots_log2: queue.log2(),
+            hot_polls: cfg.hot_polls,
+            max_backoff_ns: cfg.max_backoff.as_nanos().min(u128::from(u32::MAX)) as u32,
+        };
+        let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
+        device.bind()?;
+        // SAFETY: func takes one pptm_manifold_params by value (kernels/pptm/manifold.cuh), which
+        // the driver copies at launch; every pointer in it stays valid until the kernel exits
+        // (the rings and state are owned by the Manifold, which outlives the kernel or leaks them).
+        unsafe { result::launch_cooperative_kernel(func, (grid, 1, 1), (threads, 1, 1), 0, stream.raw, &mut args) }
+            .map_err(|e| launch_err(format!("cuLaunchCooperativeKernel with {grid} blocks: {}", Error::driver("cuLaunchCooperativeKernel", e))))?;
+
+        // Start handshake: a cooperative launch that cannot be resident (other persistent kernels
+        // hold the SMs) would wait forever; cancel it instead and say why.
+        let launched = Instant::now();
+        while !queue.started() {
+            let failed = match stream.query() {
+                Ok(false) => None,
+                Ok(true) => Some("the kernel exited at start".to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(reason) = failed {
+                return Err(launch_err(reason));
+            }
+            if launched.elapsed() > cfg.launch_timeout {
+                queue.cancel_start();
+                std::thread::sleep(Duration::from_millis(100));
+                if queue.started() {
+                    break;
+                }
+                // It may still start later (and then exit at once): keep what it would touch.
+                queue.leak_memory();
+                state.leak.store(true, Ordering::Relaxed);
+                std::mem::forget(module);
+                return Err(launch_err(format!(
+                    "{grid} blocks did not become resident within {:?}: other long-running kernels hold the GPU                      (another pptm runtime in this or another process?); the launch was cancelled",
+                    cfg.launch_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        tracing::info!(domain, arch, grid, threads, per_sm, start_us = launched.elapsed().as_micros() as u64, "manifold resident");
+        Ok(Arc::new(Manifold {
+            domain,
+            arch,
+            grid,
+            blocks_per_sm_max: per_sm as u32,
+            queue,
+            stream,
+            life: Mutex::new(Life::Running),
+            shutdown_timeout: cfg.shutdown_timeout,
+            submit_timeout: cfg.submit_timeout,
+            state,
+            module: Some(module),
+        }))
+    }
+
+    fn life(&self) -> Life {
+        self.life.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Submits one descriptor. `blocking`: wait for a free slot (up to the configured timeout)
+    /// instead of returning [`Error::QueueFull`].
+    pub fn submit(&self, desc: &pptm_desc, blocking: bool) -> Result<Arc<Cell>> {
+        let deadline = Instant::now() + self.submit_timeout;
+        loop {
+            match self.queue.try_push(desc, false) {
+                Ok(cell) => return Ok(cell),
+                Err(PushError::Closed) => {
+                    return Err(match self.life() {
+                        Life::Failed(reason) => Error::ManifoldStopped { domain: self.domain, reason },
+                        _ => Error::ShutDown,
+                    });
+                }
+                Err(PushError::Full) if !blocking => return Err(Error::QueueFull { capacity: self.queue.slots() as usize }),
+                Err(PushError::Full) => {
+                    if let Some(oldest) = self.queue.blocking_item() {
+                        self.wait(&oldest, Some(deadline))?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until `cell` has its result (or `deadline` passes). Spins first, for latency; then
+    /// yields; then sleeps; and checks now and then that the kernel is still alive.
+    pub fn wait(&self, cell: &Cell, deadline: Option<Instant>) -> Result<()> {
+        let start = Instant::now();
+        let mut next_check = start + Duration::from_millis(1);
+        for i in 0u64.. {
+            if self.queue.poll(cell) {
+                return Ok(());
+            }
+            if i < 20_000 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                self.check_alive();
+                next_check = now + Duration::from_millis(1);
+            }
+            if let Some(d) = deadline
+                && now >= d
+            {
+                return Err(Error::Timeout(now - start));
+            }
+            if now - start < Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        unreachable!()
+    }
+
+    /// Notices a kernel that exited or faulted without being asked to: fails every pending item.
+    fn check_alive(&self) {
+        if self.life() != Life::Running {
+            return;
+        }
+        let reason = match self.stream.query() {
+            Ok(false) => return,
+            Ok(true) if self.queue.is_closed() => return,
+            Ok(true) => "the manifold kernel exited without a shutdown item".to_string(),
+            Err(e) => e.to_string(),
+        };
+        self.fail(reason);
+    }
+
+    fn fail(&self, reason: String) {
+        tracing::error!(domain = self.domain, "manifold stopped: {reason}");
+        *self.life.lock().unwrap_or_else(|e| e.into_inner()) = Life::Failed(reason.clone());
+        self.queue.close();
+        self.queue.fail_pending(Failure::Stopped(reason));
+    }
+
+    /// Stops the manifold: every item submitted before completes, then the kernel returns.
+    /// Idempotent. If the kernel does not stop within the shutdown timeout, pending items fail and
+    /// the memory it may still use is leaked rather than freed under it.
+    pub fn shutdown(&self) -> Result<()> {
+        if self.queue.is_closed() {
+            return match self.life() {
+                Life::Failed(reason) => Err(Error::ManifoldStopped { domain: self.domain, reason }),
+                _ => Ok(()),
+            };
+        }
+        self.queue.close();
+        let deadline = Instant::now() + self.shutdown_timeout;
+        let desc = pptm_desc { opcode: PPTM_OP_SHUTDOWN, ..Default::default() };
+        let pushed = loop {
+            match self.queue.try_push(&desc, true) {
+                Ok(cell) => break Some(cell),
+                Err(PushError::Full) if Instant::now() < deadline => {
+                    if let Some(oldest) = self.queue.blocking_item() {
+                        let _ = self.wait(&oldest, Some(deadline));
+                    }
+                    if self.life() != Life::Running {
+                        break None;
+                    }
+                }
+                Err(_) => break None,
+            }
+        };
+        let stopped = match pushed {
+            Some(cell) => self.wait(&cell, Some(deadline)).is_ok() && self.wait_exit(deadline),
+            None => false,
+        };
+        if stopped {
+            *self.life.lock().unwrap_or_else(|e| e.into_inner()) = Life::Exited;
+            // Anything still without a result was never run (cannot happen in order, but be sure).
+            self.queue.fail_pending(Failure::ShutDown);
+            tracing::info!(domain = self.domain, items = self.queue.submitted(), "manifold shut down");
+            return Ok(());
+        }
+        let reason = match self.life() {
+            Life::Failed(reason) => reason,
+            _ => format!("it did not stop within {:?}; its memory is leaked", self.shutdown_timeout),
+        };
+        self.fail(reason.clone());
+        self.queue.leak_memory();
+        self.state.leak.store(true, Ordering::Relaxed);
+        Err(Error::ManifoldStopped { domain: self.domain, reason })
+    }
+
+    /// Waits for the kernel to return (the stream to drain), until `deadline`.
+    fn wait_exit(&self, deadline: Instant) -> bool {
+        loop {
+            match self.stream.query() {
+                Ok(true) => return true,
+                Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(50)),
+                Ok(false) => return false,
+                Err(e) => {
+                    self.fail(e.to_string());
+                    return false;
+                }
+            }
+        }
+    }
+
+}
+
+impl Drop for Manifold {
+    fn drop(&mut self) {
+        if self.life() == Life::Running {
+            let _ = self.shutdown();
+        }
+        if self.state.leak.load(Ordering::Relaxed) {
+            // The kernel may still run: its code must stay loaded.
+            std::mem::forget(self.module.take());
+        }
+    }
+}
+
+impl Manifold {
+    /// Non-blocking: whether `cell` has its result.
+    pub fn poll(&self, cell: &Cell) -> bool {
+        self.queue.poll(cell)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
+    }
+}

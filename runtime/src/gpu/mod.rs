@@ -1,0 +1,11 @@
+//! The GPU backend: driver objects, the host half of the ABI and the rings, and manifolds.
+
+pub(crate) mod abi;
+pub mod baseline;
+pub(crate) mod driver;
+pub(crate) mod manifold;
+pub(crate) mod queue;
+
+pub(crate) use driver::Device;
+pub(crate) use manifold::Manifold;
+pub(crate) use queue::{Cell, Failure};

@@ -1,0 +1,428 @@
+//! The host half of the submission/completion rings (the protocol is in kernels/pptm/abi.h).
+//!
+//! Ownership, io_uring style:
+//! * SQ slots: written only by the host, under the producer lock, with release stores of whole
+//!   tagged 8-byte words; read only by the device.
+//! * CQ entries: written only by the device; read by any host thread that waits on a ticket, and
+//!   by the producer before it reuses a slot.
+//! * A slot (SQ slot and CQ entry of the same index) belongs to one item from its submission until
+//!   its completion has been read into the item's [`Cell`]; only then may the producer reuse it.
+//!   Since the device completes items in order and reads an item before completing it, this is
+//!   enough for neither side to overrun the other.
+//!
+//! Completions are read by the waiting thread itself (no completion thread, no wake-up latency):
+//! the first reader copies the entry into the item's `Cell` (a `OnceLock`), so each completion is
+//! delivered exactly once whoever reads it first.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::abi::{PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control, pptm_sq_slot, sq_tag};
+use crate::chain::Completion;
+
+/// Memory that holds both rings and the control words: `slots` SQ slots, then `slots` CQ entries,
+/// then one `pptm_host_control`.
+pub(crate) trait RingMemory: Send + Sync {
+    /// Base address, 64-byte aligned, of `bytes_for(slots)` bytes that stay valid while `self` lives.
+    fn base(&self) -> *mut u8;
+    /// Called when a device that may still write the rings could not be stopped.
+    fn leak(&self) {}
+}
+
+pub(crate) fn bytes_for(slots: u32) -> usize {
+    control_offset(slots) + std::mem::size_of::<pptm_host_control>()
+}
+
+/// Byte offset of the CQ in the ring memory.
+pub(crate) fn cq_offset(slots: u32) -> usize {
+    slots as usize * std::mem::size_of::<pptm_sq_slot>()
+}
+
+/// Byte offset of the control words in the ring memory.
+pub(crate) fn control_offset(slots: u32) -> usize {
+    cq_offset(slots) + slots as usize * std::mem::size_of::<pptm_cq_entry>()
+}
+
+/// Why an item will not complete normally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The queue shut down before the item ran.
+    ShutDown,
+    /// The manifold stopped (fault, unexpected exit, or it could not be stopped).
+    Stopped(String),
+}
+
+/// One submitted item: filled exactly once, with its completion or its failure.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    pub seq: u64,
+    result: OnceLock<Result<Completion, Failure>>,
+}
+
+impl Cell {
+    pub fn result(&self) -> Option<&Result<Completion, Failure>> {
+        self.result.get()
+    }
+
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PushError {
+    /// Every slot holds an item that has not completed.
+    Full,
+    /// The queue no longer accepts items.
+    Closed,
+}
+
+struct Producer {
+    next_seq: u64,
+    /// The item that owns each slot, if any.
+    cells: Vec<Option<Arc<Cell>>>,
+}
+
+pub(crate) struct Queue {
+    memory: Box<dyn RingMemory>,
+    slots: u32,
+    log2: u32,
+    producer: Mutex<Producer>,
+    closed: AtomicBool,
+}
+
+impl Queue {
+    /// `slots` must be a power of two; `memory` must hold `bytes_for(slots)` zeroed bytes.
+    pub fn new(memory: Box<dyn RingMemory>, slots: u32) -> Self {
+        assert!(slots.is_power_of_two(), "queue slots must be a power of two");
+        assert_eq!(memory.base() as usize % 64, 0, "ring memory must be 64-byte aligned");
+        Queue {
+            memory,
+            slots,
+            log2: slots.trailing_zeros(),
+            producer: Mutex::new(Producer { next_seq: 0, cells: vec![None; slots as usize] }),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    pub fn log2(&self) -> u32 {
+        self.log2
+    }
+
+    fn sq_words(&self, slot: usize) -> &[AtomicU64] {
+        let words = PPTM_SQ_SLOT_WORDS as usize;
+        // SAFETY: the memory holds `slots` SQ slots of `words` u64 each from `base`, 64-byte
+        // aligned, alive as long as `self`; AtomicU64 has u64's layout, and every access to these
+        // words (host or device) is atomic.
+        unsafe { std::slice::from_raw_parts(self.memory.base().cast::<AtomicU64>().add(slot * words), words) }
+    }
+
+    fn cq_words(&self, slot: usize) -> &[AtomicU64; 8] {
+        // SAFETY: the CQ follows the SQ in the same allocation: `slots` entries of 64 bytes (8
+        // u64 words), alive as long as `self`; the device writes them atomically and the host
+        // only reads them atomically.
+        unsafe {
+            &*self.memory.base().add(cq_offset(self.slots) + slot * std::mem::size_of::<pptm_cq_entry>()).cast::<[AtomicU64; 8]>()
+        }
+    }
+
+    /// The start handshake words (`pptm_host_control`): whether the kernel started.
+    pub fn started(&self) -> bool {
+        self.control_words()[0].load(Ordering::Acquire) != 0
+    }
+
+    /// Tells a manifold that has not started yet to exit as soon as it does.
+    pub fn cancel_start(&self) {
+        self.control_words()[8].store(1, Ordering::Release);
+    }
+
+    fn control_words(&self) -> &[AtomicU64; 16] {
+        // SAFETY: the control block (128 bytes = 16 u64 words: `started` at 0, `cancel` at 8)
+        // follows the CQ in the same allocation, alive as long as `self`; both sides access it
+        // atomically.
+        unsafe { &*self.memory.base().add(control_offset(self.slots)).cast::<[AtomicU64; 16]>() }
+    }
+
+    /// Writes `desc` into the next slot. `allow_closed` lets the shutdown item through.
+    pub fn try_push(&self, desc: &pptm_desc, allow_closed: bool) -> Result<Arc<Cell>, PushError> {
+        let mut p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) && !allow_closed {
+            return Err(PushError::Closed);
+        }
+        let seq = p.next_seq;
+        let slot = (seq & u64::from(self.slots - 1)) as usize;
+        if let Some(prev) = &p.cells[slot]
+            && !self.poll(prev)
+        {
+            return Err(PushError::Full);
+        }
+        let tag = u64::from(sq_tag(seq, self.log2));
+        for (word, value) in self.sq_words(slot).iter().zip(payload(desc)) {
+            word.store((u64::from(value) << 32) | tag, Ordering::Release);
+        }
+        let cell = Arc::new(Cell { seq, result: OnceLock::new() });
+        p.cells[slot] = Some(cell.clone());
+        p.next_seq = seq + 1;
+        Ok(cell)
+    }
+
+    /// The item whose slot the next submission needs (to wait on when the queue is full).
+    pub fn blocking_item(&self) -> Option<Arc<Cell>> {
+        let p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (p.next_seq & u64::from(self.slots - 1)) as usize;
+        p.cells[slot].clone()
+    }
+
+    /// Whether `cell` has its result, reading its completion entry if the device wrote it.
+    pub fn poll(&self, cell: &Cell) -> bool {
+        if cell.result.get().is_some() {
+            return true;
+        }
+        let e = self.cq_words((cell.seq & u64::from(self.slots - 1)) as usize);
+        let want = cell.seq + 1;
+        if e[0].load(Ordering::Acquire) != want {
+            return false;
+        }
+        let status_word = e[1].load(Ordering::Acquire);
+        let value = e[2].load(Ordering::Acquire);
+        if e[0].load(Ordering::Acquire) == want {
+            let _ = cell.result.set(Ok(Completion { status: status_word as u32, value: f64::from_bits(value) }));
+            return true;
+        }
+        // The entry was overwritten by a later item, which the producer submits only after it
+        // has copied this one into the cell.
+        while cell.result.get().is_none() {
+            std::hint::spin_loop();
+        }
+        true
+    }
+
+    /// Stops accepting items (the shutdown item still goes through `try_push(.., true)`).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Fails every item that has no result yet; returns how many.
+    pub fn fail_pending(&self, failure: Failure) -> usize {
+        let p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = 0;
+        for cell in p.cells.iter().flatten() {
+            if !self.poll_nonblocking(cell) && cell.result.set(Err(failure.clone())).is_ok() {
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// `poll` for callers that hold the producer lock (cannot wait on the producer).
+    fn poll_nonblocking(&self, cell: &Cell) -> bool {
+        if cell.result.get().is_some() {
+            return true;
+        }
+        let e = self.cq_words((cell.seq & u64::from(self.slots - 1)) as usize);
+        let want = cell.seq + 1;
+        if e[0].load(Ordering::Acquire) != want {
+            return false;
+        }
+        let status_word = e[1].load(Ordering::Acquire);
+        let value = e[2].load(Ordering::Acquire);
+        e[0].load(Ordering::Acquire) == want
+            && cell.result.set(Ok(Completion { status: status_word as u32, value: f64::from_bits(value) })).is_ok()
+            || cell.result.get().is_some()
+    }
+
+    /// Items submitted so far.
+    pub fn submitted(&self) -> u64 {
+        self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_seq
+    }
+
+    /// Marks the ring memory as never to be freed (the device may still use it).
+    pub fn leak_memory(&self) {
+        self.memory.leak();
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! The protocol against a device emulated by a host thread: what the manifold's leader and last
+    //! block do, word for word, on plain memory.
+
+    use super::*;
+    use crate::gpu::abi::{PPTM_OP_SHUTDOWN, PPTM_STATUS_OK, from_payload};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    /// Heap memory standing in for the mapped rings.
+    pub(crate) struct HeapRings(Box<[AtomicU64]>);
+
+    impl HeapRings {
+        pub fn new(slots: u32) -> Box<Self> {
+            let words = bytes_for(slots) / 8 + 8;
+            // 8 spare words: `base` starts at the first 64-byte boundary inside.
+            Box::new(HeapRings((0..words).map(|_| AtomicU64::new(0)).collect()))
+        }
+    }
+
+    impl RingMemory for HeapRings {
+        fn base(&self) -> *mut u8 {
+            let p = self.0.as_ptr() as usize;
+            let aligned = p.div_ceil(64) * 64;
+            aligned as *mut u8
+        }
+    }
+
+    /// Runs items in order as the device does; the result of an item is 2 × args[0], or the
+    /// opcode echoed back for anything else.
+    pub(crate) fn fake_device(queue: Arc<Queue>, pause: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+        thread::spawn(move || {
+            let base = queue.memory.base() as usize;
+            let slots = queue.slots as usize;
+            for seq in 0u64.. {
+                let slot = (seq as usize) & (slots - 1);
+                let tag = sq_tag(seq, queue.log2);
+                let words = queue.sq_words(slot);
+                let mut payload = [0u32; 32];
+                loop {
+                    while pause.load(Ordering::Acquire) {
+                        thread::yield_now();
+                    }
+                    let mut ok = true;
+                    for (i, w) in words.iter().enumerate() {
+                        let v = w.load(Ordering::Acquire);
+                        ok &= v as u32 == tag;
+                        payload[i] = (v >> 32) as u32;
+                    }
+                    if ok {
+                        break;
+                    }
+                    thread::yield_now();
+                }
+                let d = from_payload(&payload);
+                let e = queue.cq_words(slot);
+                e[1].store(u64::from(d.opcode) << 32 | u64::from(PPTM_STATUS_OK), Ordering::Relaxed);
+                e[2].store((d.args[0] as f64 * 2.0).to_bits(), Ordering::Relaxed);
+                e[0].store(seq + 1, Ordering::Release);
+                if d.opcode == PPTM_OP_SHUTDOWN {
+                    let _ = base;
+                    return seq + 1;
+                }
+            }
+            unreachable!()
+        })
+    }
+
+    fn desc(opcode: u32, arg: u64) -> pptm_desc {
+        let mut d = pptm_desc { opcode, ..Default::default() };
+        d.args[0] = arg;
+        d
+    }
+
+    fn wait(q: &Queue, c: &Cell) -> Completion {
+        let t = Instant::now();
+        while !q.poll(c) {
+            assert!(t.elapsed() < Duration::from_secs(20), "item {} never completed", c.seq);
+            thread::yield_now();
+        }
+        c.result().unwrap().clone().unwrap()
+    }
+
+    fn push_blocking(q: &Queue, d: &pptm_desc) -> Arc<Cell> {
+        loop {
+            match q.try_push(d, false) {
+                Ok(c) => return c,
+                Err(PushError::Full) => {
+                    let b = q.blocking_item().unwrap();
+                    wait(q, &b);
+                }
+                Err(PushError::Closed) => panic!("closed"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_item_completes_once_with_its_own_result_across_many_laps() {
+        let q = Arc::new(Queue::new(HeapRings::new(8), 8));
+        let dev = fake_device(q.clone(), Arc::new(AtomicBool::new(false)));
+        let mut pending = std::collections::VecDeque::new();
+        for i in 0..20_000u64 {
+            pending.push_back((i, push_blocking(&q, &desc(100, i))));
+            if pending.len() > 6 {
+                let (i, c) = pending.pop_front().unwrap();
+                assert_eq!(wait(&q, &c).value, 2.0 * i as f64);
+            }
+        }
+        for (i, c) in pending {
+            assert_eq!(wait(&q, &c).value, 2.0 * i as f64);
+        }
+        q.close();
+        let shutdown = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        wait(&q, &shutdown);
+        assert_eq!(dev.join().unwrap(), 20_001);
+    }
+
+    #[test]
+    fn many_producers_and_waiters() {
+        let q = Arc::new(Queue::new(HeapRings::new(16), 16));
+        let dev = fake_device(q.clone(), Arc::new(AtomicBool::new(false)));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    for i in 0..3_000u64 {
+                        let arg = t * 1_000_000 + i;
+                        let c = push_blocking(&q, &desc(100, arg));
+                        // Wait on some right away, leave others for later readers.
+                        if i % 3 != 0 {
+                            assert_eq!(wait(&q, &c).value, 2.0 * arg as f64);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        q.close();
+        assert_eq!(q.try_push(&desc(100, 0), false).unwrap_err(), PushError::Closed);
+        let c = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        wait(&q, &c);
+        assert_eq!(dev.join().unwrap(), 12_001);
+    }
+
+    #[test]
+    fn full_queue_is_backpressure_not_loss() {
+        let pause = Arc::new(AtomicBool::new(true));
+        let q = Arc::new(Queue::new(HeapRings::new(4), 4));
+        let dev = fake_device(q.clone(), pause.clone());
+        let cells: Vec<_> = (0..4).map(|i| q.try_push(&desc(100, i), false).unwrap()).collect();
+        assert_eq!(q.try_push(&desc(100, 99), false).unwrap_err(), PushError::Full);
+        pause.store(false, Ordering::Release);
+        for (i, c) in cells.iter().enumerate() {
+            assert_eq!(wait(&q, c).value, 2.0 * i as f64);
+        }
+        let c = q.try_push(&desc(100, 5), false).unwrap();
+        assert_eq!(wait(&q, &c).value, 10.0);
+        let s = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        wait(&q, &s);
+        dev.join().unwrap();
+    }
+
+    #[test]
+    fn failing_pending_items_resolves_them_with_the_reason() {
+        let pause = Arc::new(AtomicBool::new(true));
+        let q = Arc::new(Queue::new(HeapRings::new(4), 4));
+        let _dev = fake_device(q.clone(), pause);
+        let a = q.try_push(&desc(100, 1), false).unwrap();
+        let b = q.try_push(&desc(100, 2), false).unwrap();
+        q.close();
+        assert_eq!(q.fail_pending(Failure::ShutDown), 2);
+        assert_eq!(a.result(), Some(&Err(Failure::ShutDown)));
+        assert_eq!(b.result(), Some(&Err(Failure::ShutDown)));
+        assert_eq!(q.fail_pending(Failure::ShutDown), 0, "each item fails once");
+    }
+}

@@ -1,0 +1,31 @@
+//! The pptm host runtime.
+//!
+//! | what you know | its pptm counterpart |
+//! |---|---|
+//! | a kernel launch per operation | one resident *manifold* per domain, launched once, fed through a queue |
+//! | `cudaStream` + launch + sync | [`Runtime::submit_chain`] (or the generated `Chain::submit`) → [`Ticket::wait`] |
+//! | `cudaMalloc` + `cudaMemcpy` | [`Runtime::upload`], [`Runtime::alloc`], [`Buffer::to_vec`] |
+//! | a fused kernel you wrote by hand | a chain declared with `#[derive(FusionBuilder)]`, fused by codegen |
+//! | a CPU reference implementation | the CPU backend: same API, f64 reference code |
+//!
+//! The queue: a submission ring and a completion ring in pinned host memory mapped into the GPU
+//! (protocol in `kernels/pptm/abi.h`). Submitting writes one tagged descriptor; the manifold's leader
+//! polls the ring, the grid runs the fused variant, the last block to finish writes the completion,
+//! and the waiting thread reads it directly — no launch, no interrupt, no completion thread.
+
+mod buffer;
+mod chain;
+mod cpu;
+mod element;
+mod error;
+mod gpu;
+mod runtime;
+mod ticket;
+
+pub use buffer::Buffer;
+pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, checked_ir};
+pub use element::{DType, Element};
+pub use error::{Error, Result};
+pub use gpu::baseline;
+pub use runtime::{BackendKind, Config, Runtime};
+pub use ticket::Ticket;

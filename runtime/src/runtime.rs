@@ -1,0 +1,342 @@
+//! [`Runtime`]: picks a backend, owns the manifolds, validates and submits chains.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pptm_spec::ArgKind;
+
+use crate::buffer::Buffer;
+use crate::chain::{Arg, Chain, Completion, DomainCode};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::gpu::abi::{PPTM_OP_NOOP, pptm_desc};
+use crate::gpu::{Device, Manifold};
+use crate::ticket::Ticket;
+
+static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Runtime settings. `Config::default()` suits most uses.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// GPU ordinal.
+    pub device: usize,
+    /// Submission/completion slots per manifold: the most items in flight (power of two, 2..=65536).
+    pub queue_slots: u32,
+    /// Blocks per SM of each manifold (capped by what the occupancy API says fits).
+    pub blocks_per_sm: u32,
+    /// Use at most this many SMs' worth of blocks, leaving the rest to the application's kernels.
+    pub max_sms: Option<u32>,
+    /// Empty polls of the submission ring before an idle manifold starts to back off.
+    pub hot_polls: u32,
+    /// Longest pause between two polls of an idle manifold (latency of the first item after idling).
+    pub max_backoff: Duration,
+    /// How long a blocking submit waits for a free slot before [`Error::Timeout`].
+    pub submit_timeout: Duration,
+    /// How long shutdown (and dropping a pending ticket) waits for the device.
+    pub shutdown_timeout: Duration,
+    /// How long a manifold may take to become resident before its launch is cancelled.
+    pub launch_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            device: 0,
+            queue_slots: 256,
+            blocks_per_sm: 1,
+            max_sms: None,
+            hot_polls: 4096,
+            max_backoff: Duration::from_micros(20),
+            submit_timeout: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(5),
+            launch_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<()> {
+        if !self.queue_slots.is_power_of_two() || !(2..=65536).contains(&self.queue_slots) {
+            return Err(Error::Config(format!("queue_slots = {} is not a power of two in 2..=65536", self.queue_slots)));
+        }
+        if self.blocks_per_sm == 0 {
+            return Err(Error::Config("blocks_per_sm must be at least 1".into()));
+        }
+        if self.max_sms == Some(0) {
+            return Err(Error::Config("max_sms must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Which backend a runtime runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// f64 reference code on the host.
+    Cpu,
+    /// Persistent manifolds on a CUDA GPU.
+    Gpu,
+}
+
+enum Backend {
+    Cpu { why: String },
+    Gpu { device: Arc<Device>, manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>> },
+}
+
+/// The entry point: owns a backend and, on the GPU, one resident manifold per domain in use.
+///
+/// Manifolds launch on the first submission to their domain (or on [`Runtime::prepare`]), and stay
+/// resident until the runtime is dropped, which drains every submitted item first.
+pub struct Runtime {
+    id: u64,
+    config: Config,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl Runtime {
+    /// A runtime on the GPU if one is usable, else on the CPU; [`Runtime::describe`] says which
+    /// and why. `PPTM_BACKEND=cpu` or `=gpu` forces a backend (`gpu` fails without a GPU).
+    pub fn new() -> Result<Self> {
+        Self::with_config(Config::default())
+    }
+
+    /// As [`Runtime::new`], with settings.
+    pub fn with_config(config: Config) -> Result<Self> {
+        config.validate()?;
+        match std::env::var("PPTM_BACKEND").ok().as_deref() {
+            Some("cpu") => Ok(Self::cpu_because(config, "PPTM_BACKEND=cpu".into())),
+            Some("gpu") => Self::gpu_with(config),
+            None | Some("") | Some("auto") => match Self::gpu_with(config.clone()) {
+                Ok(rt) => Ok(rt),
+                Err(Error::NoGpu(why)) => Ok(Self::cpu_because(config, why)),
+                Err(e) => Err(e),
+            },
+            Some(other) => Err(Error::Config(format!("PPTM_BACKEND={other}: expected cpu, gpu or auto"))),
+        }
+    }
+
+    /// A runtime on the CPU backend.
+    pub fn cpu() -> Self {
+        Self::cpu_because(Config::default(), "requested".into())
+    }
+
+    fn cpu_because(config: Config, why: String) -> Self {
+        let rt = Runtime { id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed), config, backend: Backend::Cpu { why } };
+        tracing::info!("pptm: {}", rt.describe());
+        rt
+    }
+
+    /// A runtime on the GPU; [`Error::NoGpu`] when there is none.
+    pub fn gpu() -> Result<Self> {
+        Self::gpu_with(Config::default())
+    }
+
+    /// As [`Runtime::gpu`], with settings.
+    pub fn gpu_with(config: Config) -> Result<Self> {
+        config.validate()?;
+        let device = Device::open(config.device)?;
+        let rt = Runtime {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
+            config,
+            backend: Backend::Gpu { device, manifolds: Mutex::new(HashMap::new()) },
+        };
+        tracing::info!("pptm: {}", rt.describe());
+        Ok(rt)
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        match self.backend {
+            Backend::Cpu { .. } => BackendKind::Cpu,
+            Backend::Gpu { .. } => BackendKind::Gpu,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// One line saying which backend runs, on what, and why.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Cpu { why } => format!("CPU backend (f64 reference code; {why})"),
+            Backend::Gpu { device, manifolds } => {
+                let mut s = format!(
+                    "GPU backend: device {} {} (sm_{}{}, {} SMs)",
+                    device.ordinal, device.name, device.cc.0, device.cc.1, device.sm_count
+                );
+                let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+                let mut names: Vec<_> = m.values().map(|m| format!("{m:?}")).collect();
+                names.sort();
+                if !names.is_empty() {
+                    s.push_str(&format!("; {}", names.join(", ")));
+                }
+                s
+            }
+        }
+    }
+
+    pub(crate) fn gpu_device(&self) -> Option<&Arc<Device>> {
+        match &self.backend {
+            Backend::Gpu { device, .. } => Some(device),
+            Backend::Cpu { .. } => None,
+        }
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>> {
+        match &self.backend {
+            Backend::Cpu { .. } => Ok(Buffer::host(self.id, data.to_vec())),
+            Backend::Gpu { device, .. } => {
+                let mut b = Buffer::device(self.id, device, data.len(), 0)?;
+                b.write(data)?;
+                Ok(b)
+            }
+        }
+    }
+
+    /// A zeroed buffer of `len` elements.
+    pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>> {
+        match &self.backend {
+            Backend::Cpu { .. } => Ok(Buffer::host(self.id, vec![T::zeroed(); len])),
+            Backend::Gpu { device, .. } => Buffer::device(self.id, device, len, 0),
+        }
+    }
+
+    /// The manifold of `code`'s domain, launched on first use.
+    fn manifold(&self, code: &'static DomainCode) -> Result<Option<Arc<Manifold>>> {
+        let Backend::Gpu { device, manifolds } = &self.backend else { return Ok(None) };
+        let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = m.get(code.key) {
+            return Ok(Some(existing.clone()));
+        }
+        let launched = Manifold::launch(device, code, &self.config)?;
+        m.insert(code.key, launched.clone());
+        Ok(Some(launched))
+    }
+
+    /// Launches the manifold that hosts `C` now, rather than on its first submission.
+    pub fn prepare<C: Chain>(&self) -> Result<()> {
+        C::ir()?;
+        self.manifold(C::DOMAIN).map(|_| ())
+    }
+
+    /// Grid size (blocks) of the manifold hosting `C`, if it is running.
+    pub fn manifold_blocks<C: Chain>(&self) -> Option<u32> {
+        let Backend::Gpu { manifolds, .. } = &self.backend else { return None };
+        manifolds.lock().unwrap_or_else(|e| e.into_inner()).get(C::DOMAIN.key).map(|m| m.grid)
+    }
+
+    /// Submits a chain; waits for a free slot when the queue is full. The generated
+    /// `Chain::submit(&rt, ...)` calls this with the right arguments.
+    pub fn submit_chain<'a, C: Chain>(&self, args: Vec<Arg<'a>>) -> Result<Ticket<'a, C::Output>> {
+        self.submit_impl::<C>(args, true)
+    }
+
+    /// As [`Runtime::submit_chain`], but [`Error::QueueFull`] instead of waiting.
+    pub fn try_submit_chain<'a, C: Chain>(&self, args: Vec<Arg<'a>>) -> Result<Ticket<'a, C::Output>> {
+        self.submit_impl::<C>(args, false)
+    }
+
+    /// Submits an item that does nothing, through the full dispatch path of the manifold hosting
+    /// `C` (to measure dispatch).
+    pub fn submit_noop<C: Chain>(&self) -> Result<Ticket<'static, ()>> {
+        match self.manifold(C::DOMAIN)? {
+            None => Ok(Ticket::ready("noop", C::DOMAIN.name, Completion { status: 0, value: 0.0 })),
+            Some(m) => {
+                let cell = m.submit(&pptm_desc { opcode: PPTM_OP_NOOP, ..Default::default() }, true)?;
+                Ok(Ticket::pending("noop", m, cell))
+            }
+        }
+    }
+
+    fn submit_impl<'a, C: Chain>(&self, args: Vec<Arg<'a>>, blocking: bool) -> Result<Ticket<'a, C::Output>> {
+        let ir = C::ir()?;
+        let n = self.validate::<C>(ir, &args)?;
+        match self.manifold(C::DOMAIN)? {
+            None => {
+                let c = crate::cpu::run(C::NAME, ir, args)?;
+                Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
+            }
+            Some(m) => {
+                let mut words = C::Args::zeroed();
+                let slots: &mut [u64] = bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
+                let mut bound = args.iter();
+                for (slot, arg) in slots.iter_mut().zip(&ir.args) {
+                    *slot = match arg.kind {
+                        ArgKind::Len => n as u64,
+                        ArgKind::Input | ArgKind::Output => match bound.next() {
+                            Some(Arg::Input(_, b)) => b.device_ptr(),
+                            Some(Arg::Output(_, b)) => b.device_ptr(),
+                            None => unreachable!("validated"),
+                        },
+                    };
+                }
+                let mut desc = pptm_desc { opcode: C::OPCODE, ..Default::default() };
+                desc.args[..slots.len()].copy_from_slice(slots);
+                let cell = m.submit(&desc, blocking)?;
+                Ok(Ticket::pending(C::NAME, m, cell))
+            }
+        }
+    }
+
+    /// Checks the arguments against the chain; returns the common length `n`.
+    fn validate<C: Chain>(&self, ir: &pptm_spec::ChainIr, args: &[Arg<'_>]) -> Result<usize> {
+        let chain = C::NAME;
+        if std::mem::size_of::<C::Args>() != 8 * ir.args.len() {
+            return Err(Error::ChainMismatch { chain, reason: "its Args struct does not match its argument layout".into() });
+        }
+        let expected: Vec<_> = ir.args.iter().filter(|a| a.kind != ArgKind::Len).collect();
+        let bad = |reason: String| Error::BadArguments { chain, reason };
+        if args.len() != expected.len() {
+            return Err(bad(format!("expected {} buffers, got {}", expected.len(), args.len())));
+        }
+        for (a, slot) in args.iter().zip(&expected) {
+            let kind_ok = matches!((a, slot.kind), (Arg::Input(..), ArgKind::Input) | (Arg::Output(..), ArgKind::Output));
+            if a.name() != slot.name || !kind_ok {
+                return Err(bad(format!("argument `{}` given where `{}` ({:?}) was expected", a.name(), slot.name, slot.kind)));
+            }
+            if a.owner() != self.id {
+                return Err(Error::ForeignBuffer { chain, arg: a.name() });
+            }
+        }
+        let n = args.first().map_or(0, |a| a.len());
+        for a in args {
+            if a.len() != n {
+                return Err(Error::LengthMismatch { chain, arg: a.name(), first: args[0].name(), expected: n, got: a.len() });
+            }
+        }
+        Ok(n)
+    }
+
+    /// Shuts every manifold down, after every submitted item has completed. Dropping the runtime
+    /// does the same; this reports failures.
+    pub fn shutdown(&self) -> Result<()> {
+        let Backend::Gpu { manifolds, .. } = &self.backend else { return Ok(()) };
+        let all: Vec<_> = manifolds.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, m)| m).collect();
+        let mut first_err = None;
+        for m in all {
+            if let Err(e) = m.shutdown() {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+use bytemuck::Zeroable as _;
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!("pptm: shutdown: {e}");
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Tickets: the handle a submission returns, resolved from the completion ring.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::chain::{ChainOutput, Completion};
+use crate::error::{Error, Result};
+use crate::gpu::{Cell, Failure, Manifold};
+
+enum State {
+    /// Completed at submission (CPU backend).
+    Ready(Completion),
+    Pending { manifold: Arc<Manifold>, cell: Arc<Cell> },
+    Taken,
+}
+
+/// A submitted item. Resolve it with [`Ticket::wait`] or [`Ticket::wait_timeout`].
+///
+/// The ticket borrows the buffers it was submitted with (`'a`), so they can be neither freed nor
+/// rewritten while the device may use them. Dropping a pending ticket therefore waits for its item
+/// to finish (bounded by the runtime's shutdown timeout). A ticket does not borrow the runtime:
+/// dropping the runtime with tickets in flight drains them, and each one still resolves.
+#[must_use = "a ticket resolves to the chain's result; dropping it waits for the item"]
+pub struct Ticket<'a, R: ChainOutput> {
+    state: State,
+    chain: &'static str,
+    domain: &'static str,
+    _borrows: PhantomData<(&'a mut (), fn() -> R)>,
+}
+
+impl<R: ChainOutput> std::fmt::Debug for Ticket<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Ready(_) => "ready".to_string(),
+            State::Pending { cell, .. } => format!("pending (item {})", cell.seq),
+            State::Taken => "taken".to_string(),
+        };
+        write!(f, "Ticket({}, {state})", self.chain)
+    }
+}
+
+impl<'a, R: ChainOutput> Ticket<'a, R> {
+    pub(crate) fn ready(chain: &'static str, domain: &'static str, c: Completion) -> Self {
+        Ticket { state: State::Ready(c), chain, domain, _borrows: PhantomData }
+    }
+
+    pub(crate) fn pending(chain: &'static str, manifold: Arc<Manifold>, cell: Arc<Cell>) -> Self {
+        let domain = manifold.domain;
+        Ticket { state: State::Pending { manifold, cell }, chain, domain, _borrows: PhantomData }
+    }
+
+    /// Waits for the result, however long it takes (a manifold that stops makes this an error).
+    pub fn wait(mut self) -> Result<R> {
+        self.take(None)
+    }
+
+    /// Waits up to `timeout`. On [`Error::Timeout`] the ticket stays valid: wait again later.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<R> {
+        self.take(Some(Instant::now() + timeout))
+    }
+
+    /// Whether the result is available (never blocks).
+    pub fn is_ready(&self) -> bool {
+        match &self.state {
+            State::Ready(_) | State::Taken => true,
+            State::Pending { manifold, cell } => manifold.poll(cell),
+        }
+    }
+
+    /// The item's sequence number in its manifold's queue (`None` on the CPU backend).
+    pub fn seq(&self) -> Option<u64> {
+        match &self.state {
+            State::Pending { cell, .. } => Some(cell.seq),
+            _ => None,
+        }
+    }
+
+    fn take(&mut self, deadline: Option<Instant>) -> Result<R> {
+        let out = match &self.state {
+            State::Taken => return Err(Error::TicketConsumed),
+            State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c)),
+            State::Pending { manifold, cell } => {
+                manifold.wait(cell, deadline)?;
+                resolve(self.chain, self.domain, cell.result().expect("waited"))
+            }
+        };
+        self.state = State::Taken;
+        out
+    }
+}
+
+fn resolve<R: ChainOutput>(chain: &'static str, domain: &'static str, r: &std::result::Result<Completion, Failure>) -> Result<R> {
+    use crate::gpu::abi::{PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK};
+    match r {
+        Ok(c) if c.status == PPTM_STATUS_OK => Ok(R::from_completion(c)),
+        Ok(c) => Err(Error::Device {
+            chain,
+            status: c.status,
+            meaning: match c.status {
+                PPTM_STATUS_BAD_OPCODE => "the manifold has no variant with this opcode",
+                _ => "unknown status",
+            },
+        }),
+        Err(Failure::ShutDown) => Err(Error::ShutDown),
+        Err(Failure::Stopped(reason)) => Err(Error::ManifoldStopped { domain, reason: reason.clone() }),
+    }
+}
+
+impl<R: ChainOutput> Drop for Ticket<'_, R> {
+    fn drop(&mut self) {
+        if let State::Pending { manifold, cell } = &self.state {
+            // The device may still write buffers this ticket borrows: wait before releasing them.
+            let deadline = Instant::now() + manifold.shutdown_timeout();
+            if manifold.wait(cell, Some(deadline)).is_err() {
+                tracing::error!(chain = self.chain, seq = cell.seq, "dropped a ticket whose item did not finish in time");
+            }
+        }
+    }
+}

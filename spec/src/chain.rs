@@ -1,0 +1,104 @@
+//! What a user declares: a named chain of numbered stages in a domain.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Arithmetic precision of a stage (`precision = "..."` in `#[stage]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Fp64,
+    Fp32,
+    Bf16,
+    Fp16,
+    Fp8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 5] = [Precision::Fp64, Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Fp8];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp64 => "fp64",
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Precision::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Precision::ALL.iter().map(|p| format!("\"{p}\"")).collect();
+            format!("unknown precision \"{s}\"; expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// One `#[stage(n, ...)]` field, as written (defaults not yet applied).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageSpec {
+    /// The field name (documentation only).
+    pub field: String,
+    /// The `n` of `#[stage(n)]`: the stage's position in the data flow, from 1.
+    pub number: u32,
+    /// The op's DSL name (last segment of the field's type).
+    pub op: String,
+    /// `reduction = ...`, if written.
+    pub reduction: Option<bool>,
+    /// `tensor_eligible = ...`, if written.
+    pub tensor_eligible: Option<bool>,
+    /// `precision = "..."`, if written.
+    pub precision: Option<Precision>,
+}
+
+/// A chain as declared with `#[derive(FusionBuilder)]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainSpec {
+    /// The struct's name.
+    pub name: String,
+    /// `#[fusion(domain = "...")]`: which manifold hosts the chain.
+    pub domain: String,
+    /// Stages in declaration order.
+    pub stages: Vec<StageSpec>,
+}
+
+/// Whether `s` is a valid domain name: it names a folder under generated/ and a manifold.
+pub fn valid_domain_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precision_names_round_trip() {
+        for p in Precision::ALL {
+            assert_eq!(p.name().parse::<Precision>().unwrap(), p);
+        }
+        let err = "fp31".parse::<Precision>().unwrap_err();
+        assert!(err.contains("\"fp32\""), "{err}");
+    }
+
+    #[test]
+    fn domain_names() {
+        assert!(valid_domain_name("inference"));
+        assert!(valid_domain_name("transfer_entropy2"));
+        assert!(!valid_domain_name(""));
+        assert!(!valid_domain_name("Inference"));
+        assert!(!valid_domain_name("a/b"));
+        assert!(!valid_domain_name("1x"));
+    }
+}

@@ -1,0 +1,273 @@
+//! The syn front end: reads a `#[derive(FusionBuilder)]` struct into a [`ChainSpec`], keeping the
+//! span of every part so validation errors point at what is wrong. Used by the derive macro and
+//! by build.rs (which must agree on what a chain is, so they share this code).
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, Fields, Ident, LitBool, LitInt, LitStr, Token, Type};
+
+use crate::lower::Blame;
+use crate::{ChainIr, ChainSpec, Precision, StageSpec, lower};
+
+/// A parsed chain with the spans of its parts.
+#[derive(Debug, Clone)]
+pub struct ParsedChain {
+    pub spec: ChainSpec,
+    pub ident: Ident,
+    domain_span: Span,
+    stages: Vec<StageSpans>,
+}
+
+#[derive(Debug, Clone)]
+struct StageSpans {
+    number: Span,
+    op: Span,
+    attrs: Vec<(&'static str, Span)>,
+}
+
+impl ParsedChain {
+    /// Validates and lowers the chain; an error points at the offending part of the declaration.
+    pub fn lower(&self) -> syn::Result<ChainIr> {
+        lower(&self.spec).map_err(|e| {
+            let span = match e.blame() {
+                Blame::Chain => self.ident.span(),
+                Blame::Domain => self.domain_span,
+                Blame::StageNumber(i) => self.stages[i].number,
+                Blame::StageOp(i) => self.stages[i].op,
+                Blame::StageAttr(i, name) => {
+                    self.stages[i].attrs.iter().find(|(n, _)| *n == name).map_or(self.stages[i].op, |(_, s)| *s)
+                }
+            };
+            syn::Error::new(span, e)
+        })
+    }
+}
+
+/// Whether a derive list names FusionBuilder (by its last path segment).
+pub fn derives_fusion_builder(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().filter(|a| a.path().is_ident("derive")).any(|a| {
+        let mut found = false;
+        let _ = a.parse_nested_meta(|meta| {
+            if meta.path.segments.last().is_some_and(|s| s.ident == "FusionBuilder") {
+                found = true;
+            }
+            Ok(())
+        });
+        found
+    })
+}
+
+/// Reads a chain declaration. Errors are spanned at the offending tokens.
+pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
+    if !input.generics.params.is_empty() {
+        return Err(syn::Error::new(input.generics.span(), "a fusion chain cannot be generic"));
+    }
+    let fields = match &input.data {
+        Data::Struct(s) => match &s.fields {
+            Fields::Named(f) => &f.named,
+            _ => {
+                return Err(syn::Error::new(
+                    input.ident.span(),
+                    "a fusion chain is a struct with named fields, one per stage: `struct Chain { #[stage(1)] a: Op, ... }`",
+                ));
+            }
+        },
+        _ => return Err(syn::Error::new(input.ident.span(), "#[derive(FusionBuilder)] applies to structs only")),
+    };
+
+    let mut domain: Option<(String, Span)> = None;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("fusion")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("domain") {
+                if domain.is_some() {
+                    return Err(meta.error("`domain` is given twice"));
+                }
+                let lit: LitStr = meta.value()?.parse()?;
+                domain = Some((lit.value(), lit.span()));
+                Ok(())
+            } else {
+                Err(meta.error("unknown fusion attribute; expected `domain = \"...\"`"))
+            }
+        })?;
+    }
+    let Some((domain, domain_span)) = domain else {
+        return Err(syn::Error::new(
+            input.ident.span(),
+            "missing `#[fusion(domain = \"...\")]`: name the manifold that hosts this chain",
+        ));
+    };
+
+    let mut stages = Vec::new();
+    let mut spans = Vec::new();
+    for field in fields {
+        let field_name = field.ident.as_ref().map(|i| i.to_string()).unwrap_or_default();
+        let mut stage_attrs = field.attrs.iter().filter(|a| a.path().is_ident("stage"));
+        let Some(attr) = stage_attrs.next() else {
+            return Err(syn::Error::new(
+                field.span(),
+                format!("field `{field_name}` has no #[stage(n)]: every field of a fusion chain is a stage"),
+            ));
+        };
+        if let Some(extra) = stage_attrs.next() {
+            return Err(syn::Error::new(extra.span(), "a field takes one #[stage(...)]"));
+        }
+        let args: StageArgs = attr.parse_args()?;
+        let (op, op_span) = op_name(&field.ty)?;
+        stages.push(StageSpec {
+            field: field_name,
+            number: args.number,
+            op,
+            reduction: args.reduction,
+            tensor_eligible: args.tensor_eligible,
+            precision: args.precision,
+        });
+        spans.push(StageSpans { number: args.number_span, op: op_span, attrs: args.spans });
+    }
+
+    Ok(ParsedChain {
+        spec: ChainSpec { name: input.ident.to_string(), domain, stages },
+        ident: input.ident.clone(),
+        domain_span,
+        stages: spans,
+    })
+}
+
+/// The op named by a stage's type: the last segment of a plain path (`ops::KlDivergence`).
+fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
+    if let Type::Path(p) = ty
+        && p.qself.is_none()
+        && let Some(last) = p.path.segments.last()
+    {
+        if !last.arguments.is_empty() {
+            return Err(syn::Error::new(last.arguments.span(), "op types take no generic arguments"));
+        }
+        return Ok((last.ident.to_string(), last.ident.span()));
+    }
+    Err(syn::Error::new(ty.span(), "a stage's type names its op, e.g. `pptm::ops::KlDivergence`"))
+}
+
+/// `n, reduction = bool, tensor_eligible = bool, precision = "..."`
+struct StageArgs {
+    number: u32,
+    number_span: Span,
+    reduction: Option<bool>,
+    tensor_eligible: Option<bool>,
+    precision: Option<Precision>,
+    spans: Vec<(&'static str, Span)>,
+}
+
+impl Parse for StageArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let number: LitInt = input
+            .parse()
+            .map_err(|e| syn::Error::new(e.span(), "expected the stage number first, e.g. #[stage(1)] or #[stage(2, reduction = true)]"))?;
+        let value: u32 = number.base10_parse()?;
+        let mut args = StageArgs {
+            number: value,
+            number_span: number.span(),
+            reduction: None,
+            tensor_eligible: None,
+            precision: None,
+            spans: Vec::new(),
+        };
+        while !input.is_empty() {
+            input.parse::<Token![,]>()?;
+            if input.is_empty() {
+                break;
+            }
+            let key: Ident = input.parse()?;
+            input.parse::<Token![=]>()?;
+            let name: &'static str = match key.to_string().as_str() {
+                "reduction" => "reduction",
+                "tensor_eligible" => "tensor_eligible",
+                "precision" => "precision",
+                other => {
+                    return Err(syn::Error::new(
+                        key.span(),
+                        format!("unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible` or `precision`"),
+                    ));
+                }
+            };
+            if args.spans.iter().any(|(n, _)| *n == name) {
+                return Err(syn::Error::new(key.span(), format!("`{name}` is given twice")));
+            }
+            match name {
+                "precision" => {
+                    let lit: LitStr = input.parse()?;
+                    let p = lit.value().parse::<Precision>().map_err(|e| syn::Error::new(lit.span(), e))?;
+                    args.precision = Some(p);
+                    args.spans.push((name, lit.span()));
+                }
+                _ => {
+                    let lit: LitBool = input.parse()?;
+                    if name == "reduction" {
+                        args.reduction = Some(lit.value);
+                    } else {
+                        args.tensor_eligible = Some(lit.value);
+                    }
+                    args.spans.push((name, lit.span()));
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> syn::Result<ChainIr> {
+        let input: DeriveInput = syn::parse_str(src)?;
+        parse_chain(&input)?.lower()
+    }
+
+    #[test]
+    fn parses_the_design_example() {
+        let ir = parse(
+            r#"#[derive(FusionBuilder)]
+               #[fusion(domain = "inference")]
+               pub struct KlComplexity {
+                   #[stage(1)] kl: KlDivergence,
+                   #[stage(2, reduction = true)] total: pptm::ops::SumReduction,
+               }"#,
+        )
+        .unwrap();
+        assert_eq!(ir.name, "KlComplexity");
+        assert_eq!(ir.domain, "inference");
+        assert_eq!(ir.describe(), "KlDivergence -> SumReduction");
+    }
+
+    #[test]
+    fn rejects_malformed_declarations_with_messages() {
+        let cases = [
+            ("struct A { #[stage(1)] a: KlDivergence }", "missing `#[fusion(domain"),
+            ("#[fusion(domain = \"x\")] struct A(KlDivergence);", "named fields"),
+            ("#[fusion(domain = \"x\")] enum A { B }", "structs only"),
+            ("#[fusion(domain = \"x\")] struct A<T> { #[stage(1)] a: T }", "generic"),
+            ("#[fusion(domain = \"x\")] struct A { a: KlDivergence }", "has no #[stage(n)]"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(reduction = true)] a: KlDivergence }", "stage number first"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1, fused = true)] a: KlDivergence }", "unknown stage attribute `fused`"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1, precision = \"fp31\")] a: KlDivergence }", "unknown precision"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1, reduction = true, reduction = true)] a: SumReduction }", "twice"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Vec<f32> }", "no generic arguments"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: &'static str }", "names its op"),
+            ("#[fusion(domain = \"x\", shape = 3)] struct A { #[stage(1)] a: KlDivergence }", "unknown fusion attribute"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Softmax }", "unknown op `Softmax`"),
+            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] #[stage(2)] a: KlDivergence }", "one #[stage"),
+        ];
+        for (src, want) in cases {
+            let err = parse(src).expect_err(src).to_string();
+            assert!(err.contains(want), "{src}\n  gave: {err}\n  want: {want}");
+        }
+    }
+
+    #[test]
+    fn finds_the_derive() {
+        let item: DeriveInput = syn::parse_str("#[derive(Debug, pptm::FusionBuilder)] struct A {}").unwrap();
+        assert!(derives_fusion_builder(&item.attrs));
+        let item: DeriveInput = syn::parse_str("#[derive(Debug)] struct A {}").unwrap();
+        assert!(!derives_fusion_builder(&item.attrs));
+    }
+}

@@ -1,0 +1,89 @@
+//! # pptm: persistent tensor manifolds
+//!
+//! pptm keeps a few long-running ("persistent", "manifold") cooperative CUDA kernels resident on the
+//! GPU and feeds them work through a queue in mapped host memory, so an application pays no kernel
+//! launch per operation. What those kernels run is generated at build time from fused operator
+//! chains declared in Rust:
+//!
+//! ```ignore
+//! use pptm::FusionBuilder;
+//! use pptm::ops::{KlDivergence, SumReduction};
+//!
+//! #[derive(FusionBuilder)]
+//! #[fusion(domain = "inference")]
+//! pub struct KlComplexity {
+//!     #[stage(1)] kl: KlDivergence,
+//!     #[stage(2, reduction = true)] total: SumReduction,
+//! }
+//!
+//! let rt = pptm::Runtime::new()?;               // GPU if present, else the CPU backend
+//! let (q, p) = (rt.upload(&q_host)?, rt.upload(&p_host)?);
+//! let kl: f32 = KlComplexity::submit(&rt, &q, &p)?.wait()?;
+//! ```
+//!
+//! | what you know | its pptm counterpart |
+//! |---|---|
+//! | a kernel launch per operation | one resident manifold per domain, launched once, fed through a queue |
+//! | a hand-fused kernel | a chain declared with `#[derive(FusionBuilder)]`; build.rs fuses and compiles it to PTX |
+//! | `cudaMemcpy` | [`Runtime::upload`], [`Buffer::to_vec`] |
+//! | launch + `cudaStreamSynchronize` | `Chain::submit` → [`Ticket::wait`] |
+//! | a CPU reference implementation | the CPU backend: the same API, running f64 reference code |
+//!
+//! The data path, folder by folder: `spec/` (chain IR, op catalog) → `codegen/` (CUDA C, NVRTC) →
+//! `generated/` (versioned PTX) → `runtime/` (queue, manifolds, backends) → `kernels/` (the device
+//! loop and the op library).
+
+// Lets the derive macro's `::pptm::...` paths resolve inside this crate too.
+extern crate self as pptm;
+
+pub mod chains;
+pub mod ops;
+
+pub use pptm_macros::FusionBuilder;
+pub use pptm_runtime::*;
+pub use pptm_spec::ChainIr;
+
+/// What the derive macro's expansion uses. Not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use bytemuck;
+    pub use pptm_runtime::checked_ir;
+    pub use pptm_spec::{ChainSpec, DESC_ARGS, Precision, SpecError, StageSpec, lower};
+
+    /// Implemented by the derive macro so the stage fields count as used.
+    pub trait StageFields {
+        fn stage_fields(&self) -> usize;
+    }
+
+    /// `const` substring search: the derive macro checks generated/manifest.txt lists its chain.
+    pub const fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        if needle.len() > haystack.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i + needle.len() <= haystack.len() {
+            let mut j = 0;
+            while j < needle.len() && haystack[i + j] == needle[j] {
+                j += 1;
+            }
+            if j == needle.len() {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::__private::contains;
+
+    #[test]
+    fn const_contains() {
+        assert!(contains(b"abc spec=12 x", b"spec=12"));
+        assert!(!contains(b"abc spec=13 x", b"spec=12"));
+        assert!(!contains(b"ab", b"abc"));
+        assert!(contains(b"abc", b""));
+    }
+}

@@ -1,0 +1,89 @@
+//! Development commands (rust-analyzer's xtask pattern):
+//!
+//! * `cargo xtask codegen` regenerates generated/ from the chains and kernels/ (needs NVRTC 13.0);
+//!   `--check` regenerates into a temporary folder and fails on any difference (CI runs it).
+//! * `cargo xtask abi` regenerates runtime/src/gpu/abi_generated.rs from kernels/pptm/abi.h with
+//!   bindgen (needs libclang); `--check` fails if the committed file differs.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use pptm_codegen::nvrtc::Nvrtc;
+use pptm_codegen::project::Project;
+
+const ABI_HEADER: &str = "kernels/pptm/abi.h";
+const ABI_RUST: &str = "runtime/src/gpu/abi_generated.rs";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let check = args.iter().any(|a| a == "--check");
+    let result = match args.first().map(String::as_str) {
+        Some("codegen") => codegen(check),
+        Some("abi") => abi(check),
+        _ => Err("usage: cargo xtask codegen [--check] | cargo xtask abi [--check]".to_string()),
+    };
+    match result {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn codegen(check: bool) -> Result<String, String> {
+    let project = Project::at(workspace_root());
+    let nvrtc = Nvrtc::find().map_err(|e| e.to_string())?;
+    if check {
+        let diffs = project.check(&nvrtc).map_err(|e| e.to_string())?;
+        if diffs.is_empty() {
+            Ok(format!("generated/ is up to date (NVRTC {:?} at {})", nvrtc.version(), nvrtc.path().display()))
+        } else {
+            Err(format!(
+                "generated/ is stale:\n{}\nrun `cargo xtask codegen` and commit generated/",
+                diffs.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n")
+            ))
+        }
+    } else {
+        let plan = project.plan().map_err(|e| e.to_string())?;
+        let m = project.regenerate(&plan, &nvrtc).map_err(|e| e.to_string())?;
+        let chains: usize = m.domains.iter().map(|d| d.chains.len()).sum();
+        Ok(format!("generated/: {} domain(s), {chains} chain(s), NVRTC {}", m.domains.len(), m.nvrtc))
+    }
+}
+
+fn abi(check: bool) -> Result<String, String> {
+    let root = workspace_root();
+    let bindings = bindgen::Builder::default()
+        .header(root.join(ABI_HEADER).display().to_string())
+        .allowlist_type("pptm_.*")
+        .allowlist_var("PPTM_.*")
+        .derive_default(true)
+        .derive_debug(true)
+        .layout_tests(true)
+        .generate_comments(true)
+        .use_core()
+        .raw_line(format!("// GENERATED from {ABI_HEADER} by `cargo xtask abi`. Do not edit."))
+        .generate()
+        .map_err(|e| format!("bindgen on {ABI_HEADER}: {e} (is libclang installed? apt-get install libclang1-14)"))?
+        .to_string();
+    let path = root.join(ABI_RUST);
+    if check {
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        if committed == bindings {
+            Ok(format!("{ABI_RUST} matches {ABI_HEADER}"))
+        } else {
+            Err(format!("{ABI_RUST} does not match {ABI_HEADER}; run `cargo xtask abi` and commit it"))
+        }
+    } else {
+        std::fs::write(&path, bindings).map_err(|e| format!("cannot write {ABI_RUST}: {e}"))?;
+        Ok(format!("wrote {ABI_RUST}"))
+    }
+}
