@@ -124,6 +124,12 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
         );
     }
     out.push_str("    default: return 0.0;\n    }\n}\n");
+    out.push_str("\n__device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {\n");
+    out.push_str("    switch (opcode) {\n");
+    for c in chains.iter().filter(|c| c.output == ChainOutput::Vector) {
+        let _ = writeln!(out, "    case 0x{:08x}u: return true;  // {}", c.opcode, c.name);
+    }
+    out.push_str("    default: return false;\n    }\n}\n");
 }
 
 #[cfg(test)]
@@ -171,6 +177,8 @@ mod tests {
         assert!(src.contains("pptm_map_store<2>(in, reinterpret_cast<float*>(d.args[2]), n"), "{src}");
         assert!(src.contains("return x[0];"), "{src}");
         assert!(src.contains("pptm_map_reduce<1, pptm_op_sum_reduction>"));
+        // Only the vector chain writes memory.
+        assert!(src.contains(&format!("case 0x{:08x}u: return true;  // KlTerms", terms.opcode)), "{src}");
         // Only the reducing chain has a finish case.
         assert!(src.contains(&format!("case 0x{:08x}u: return pptm_combine_partials", sum.opcode)));
         assert!(!src.contains(&format!("case 0x{:08x}u: return pptm_combine_partials", terms.opcode)));

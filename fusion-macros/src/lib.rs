@@ -39,6 +39,18 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let parsed = parse_chain(input)?;
     let ir = parsed.lower()?;
     let ident = &input.ident;
+    // The PTX is embedded from this crate's generated/ folder: say how to get one if it is missing,
+    // rather than letting include_str! fail with a bare path.
+    if let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR")
+        && !std::path::Path::new(&dir).join("generated/manifest.txt").exists()
+    {
+        return Err(syn::Error::new(
+            ident.span(),
+            "pptm: this crate has no generated/manifest.txt, so chain PTX cannot be embedded. \
+             Add a build.rs that calls `pptm_codegen::build_script()` (with pptm-codegen as a \
+             build-dependency) and build once with NVRTC 13.0 available, or run `cargo xtask codegen`",
+        ));
+    }
     let vis = &input.vis;
     let args_ident = format_ident!("{}Args", ident);
 

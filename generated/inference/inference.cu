@@ -53,4 +53,11 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     }
 }
 
+__device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
+    switch (opcode) {
+    case 0x663983e6u: return true;  // KlTerms
+    default: return false;
+    }
+}
+
 #include "pptm/manifold.cuh"

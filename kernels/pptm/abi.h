@@ -4,31 +4,34 @@
  * from this file by `cargo xtask abi`; `cargo xtask abi --check` (run by CI) fails when the two
  * differ, and the generated file carries layout assertions that fail to compile if a field moves.
  *
- * Queue protocol (io_uring-like; see runtime/src/gpu/queue.rs for the host half):
+ * Tagged words. Every ring below carries its payload in 8-byte words of the form
+ *     (payload_u32 << 32) | tag,
+ * written and read as single-copy-atomic 8-byte accesses. A reader that finds the tag it expects
+ * in every word of an entry has the whole entry: one memory round trip, no "flag then body"
+ * second read, and no release/acquire fence between body and flag on the writer's side.
+ * tag(seq, slots) = (seq >> log2(slots)) % 0xFFFFFFFF + 1: never 0 (zeroed memory is "empty"),
+ * and different on each reuse of a slot.
  *
- *   Submission ring (SQ): `queue_slots` slots of pptm_sq_slot in mapped pinned host memory.
- *     Owner: the host writes, the device only reads. Item number `seq` lives in slot
- *     seq & (queue_slots - 1). A slot holds one pptm_desc (32 u32 words) spread over 32 u64 words:
- *     word i = (payload_u32[i] << 32) | tag(seq). Each 8-byte word is written and read as one
- *     single-copy-atomic access, so a reader that sees the expected tag in the low half of a word
- *     also sees that word's payload: the device needs one PCIe read round trip per slot, not two
- *     (poll a flag, then read the body). tag(seq) = (seq >> log2(queue_slots)) % 0xFFFFFFFF + 1,
- *     never 0 (freshly zeroed memory is "empty") and different on every reuse of a slot.
+ * Queue protocol (io_uring-like; the host half is runtime/src/gpu/queue.rs):
  *
- *   Completion ring (CQ): `queue_slots` entries of pptm_cq_entry in mapped pinned host memory.
- *     Owner: the device writes, the host only reads. Item `seq` completes into entry
- *     seq & (queue_slots - 1): the body first, then `seq_plus_one` with st.release.sys. The host
- *     reads `seq_plus_one` with an acquire load and the body after it.
- *
+ *   Submission ring (SQ), mapped pinned host memory, `queue_slots` pptm_sq_slot. The host writes,
+ *     the device only reads. Item `seq` lives in slot seq & (queue_slots - 1): the 32 u32 words of
+ *     its pptm_desc, tagged.
+ *   Completion ring (CQ), mapped pinned host memory, `queue_slots` pptm_cq_entry. The device
+ *     writes, the host only reads. Item `seq` completes into entry seq & (queue_slots - 1): words
+ *     0..3 carry status, opcode, and the low and high halves of the f64 result, tagged.
  *   Flow control: the host reuses slot s & (N-1) for item s only after it has read the completion
- *     of item s - N. Since the device completes items in order and reads an item before it completes
- *     it, neither ring can overrun the other side.
+ *     of item s - N. The device completes items in order and reads an item before it completes it,
+ *     so neither side can overrun the other.
  *
- *   Inside the grid: block 0 (the leader) copies ready SQ slots into the stage ring in device memory
- *     and publishes `staged` (st.release.gpu). Every block runs item `seq` once `staged > seq` and
- *     `completed == seq`, then arrives on the monotonic `arrivals` counter (atom.acq_rel.gpu). The
- *     block whose arrival is number (seq + 1) * nblocks - 1 is last: it combines the per-block
- *     partials, writes the completion entry, and publishes `completed = seq + 1`. No grid barrier.
+ * Inside the grid (kernels/pptm/manifold.cuh): the grid is `compute blocks + 1`. The last block is
+ *   the fetcher: it polls the SQ (one PCIe round trip reads up to one slot per warp) and copies ready
+ *   descriptors, tagged again, into the stage ring in device memory; it never computes, so PCIe
+ *   latency stays off the compute path. Each compute block polls the stage slot of the next item
+ *   and `completed` in one L2 round trip, runs the item once `completed == seq`, and arrives on the
+ *   monotonic `arrivals` counter. The compute block whose arrival is number
+ *   (seq + 1) * compute_blocks - 1 is last: it combines the per-block partials, publishes
+ *   `completed = seq + 1` and writes the completion entry. No grid barrier anywhere.
  */
 #ifndef PPTM_ABI_H
 #define PPTM_ABI_H
@@ -41,7 +44,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 2u
+#define PPTM_ABI_VERSION 3u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -49,7 +52,7 @@ typedef unsigned long long uint64_t;
 #define PPTM_SQ_SLOT_WORDS 32u
 /* Items the leader may stage ahead of the item that runs. */
 #define PPTM_STAGE_SLOTS 64u
-/* Most blocks a manifold grid may have (sizes the partials array). */
+/* Most compute blocks a manifold grid may have (sizes the partials array). */
 #define PPTM_MAX_BLOCKS 1024u
 
 /* Opcodes below PPTM_OP_FIRST_VARIANT are built into every manifold; fused variants use
@@ -57,6 +60,9 @@ typedef unsigned long long uint64_t;
 #define PPTM_OP_NOOP 0u
 #define PPTM_OP_SHUTDOWN 1u
 #define PPTM_OP_FIRST_VARIANT 16u
+
+/* Tagged u64 words per completion entry that carry data (status, opcode, value lo, value hi). */
+#define PPTM_CQ_WORDS 4u
 
 /* Completion status words. */
 #define PPTM_STATUS_OK 0u
@@ -69,18 +75,18 @@ typedef struct pptm_desc {
     uint64_t args[PPTM_DESC_ARGS];
 } pptm_desc;
 
-/* One submission slot (256 bytes): a pptm_desc, tagged word by word (see the protocol above). */
+/* One submission slot (256 bytes): a pptm_desc, one tagged word per u32 (see above). Also the
+ * layout of a stage-ring slot in device memory. */
 typedef struct pptm_sq_slot {
     uint64_t words[PPTM_SQ_SLOT_WORDS];
 } pptm_sq_slot;
 
-/* One completion entry (64 bytes, one cache line). */
+/* One completion entry (64 bytes, one cache line): tagged words
+ *   [0] status (PPTM_STATUS_*)  [1] opcode (echo)  [2] result bits 0..31  [3] result bits 32..63
+ * where the result is the f64 scalar of a reducing chain, else 0. */
 typedef struct pptm_cq_entry {
-    uint64_t seq_plus_one; /* written last (st.release.sys); 0 = never written */
-    uint32_t status;       /* PPTM_STATUS_* */
-    uint32_t opcode;       /* echo of the descriptor's opcode */
-    double value;          /* scalar result of a reducing chain, else 0 */
-    uint64_t reserved[5];
+    uint64_t words[PPTM_CQ_WORDS];
+    uint64_t reserved[4];
 } pptm_cq_entry;
 
 /* Host <-> device control words, in mapped host memory after the CQ (one 64-byte line each).
@@ -96,17 +102,15 @@ typedef struct pptm_host_control {
 
 /* Grid-wide state in device memory, zeroed before launch. Each counter has its own 128-byte line. */
 typedef struct pptm_device_state {
-    uint64_t staged; /* items copied from the SQ into `stage` (block 0 writes, release.gpu) */
-    uint64_t pad_staged[15];
     uint64_t completed; /* items fully completed (the last arriver writes, release.gpu) */
     uint64_t pad_completed[15];
-    uint64_t arrivals; /* monotonic count of block arrivals, nblocks per item */
+    uint64_t arrivals; /* monotonic count of compute-block arrivals, compute_blocks per item */
     uint64_t pad_arrivals[15];
-    uint64_t decision; /* block 0's start decision for every block: 1 run, 2 cancelled */
+    uint64_t decision; /* the fetcher's start decision for every block: 1 run, 2 cancelled */
     uint64_t resident; /* blocks that have entered the kernel (start handshake) */
     uint64_t pad_resident[14];
-    pptm_desc stage[PPTM_STAGE_SLOTS]; /* item seq is at stage[seq % PPTM_STAGE_SLOTS] */
-    double partials[PPTM_MAX_BLOCKS];  /* per-block partial results of the running item */
+    pptm_sq_slot stage[PPTM_STAGE_SLOTS]; /* item seq, tagged, at stage[seq % PPTM_STAGE_SLOTS] */
+    double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
 } pptm_device_state;
 
 /* The manifold kernel's only parameter, passed by value at launch. */

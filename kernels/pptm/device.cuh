@@ -30,6 +30,22 @@ __device__ __forceinline__ void pptm_st_release_gpu(uint64_t* p, uint64_t v) {
     asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ uint64_t pptm_ld_relaxed_gpu(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void pptm_st_relaxed_gpu(uint64_t* p, uint64_t v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t pptm_ld_acquire_sys(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ uint64_t pptm_ld_relaxed_sys(const uint64_t* p) {
     uint64_t v;
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -83,12 +99,6 @@ __device__ __forceinline__ double pptm_ld_cg_f64(const double* p) {
     return v;
 }
 
-__device__ __forceinline__ uint32_t pptm_ld_cg_u32(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ void pptm_st_cs_f4(float* p, pptm_f4 v) {
     asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");
@@ -105,6 +115,15 @@ __device__ __forceinline__ float pptm_ln(float x) {
     asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y * 0.69314718055994530942f;
 }
+
+// ---- tagged words (see pptm/abi.h) ----------------------------------------------------------
+
+// The tag of item `seq` in a ring of 1 << log2 slots: never 0, different on each lap.
+__device__ __forceinline__ uint32_t pptm_tag(uint64_t seq, uint32_t log2) {
+    return (uint32_t)((seq >> log2) % 0xFFFFFFFFull) + 1u;
+}
+
+__device__ __forceinline__ uint64_t pptm_tagged(uint32_t payload, uint32_t tag) { return ((uint64_t)payload << 32) | tag; }
 
 // ---- reductions ------------------------------------------------------------------------------
 

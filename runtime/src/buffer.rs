@@ -50,8 +50,16 @@ fn bytes_of_len<T: Element>(len: usize) -> Result<usize> {
 }
 
 impl<T: Element> Buffer<T> {
-    pub(crate) fn host(owner: u64, data: Vec<T>) -> Self {
-        Buffer { len: data.len(), owner, storage: Storage::Host(data) }
+    /// Host memory holding `data`, or `len` zeros; allocation failure is an error, not an abort.
+    pub(crate) fn host(owner: u64, data: Option<&[T]>, len: usize) -> Result<Self> {
+        let bytes = bytes_of_len::<T>(len)?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { bytes })?;
+        match data {
+            Some(d) => v.extend_from_slice(d),
+            None => v.resize(len, T::zeroed()),
+        }
+        Ok(Buffer { len, owner, storage: Storage::Host(v) })
     }
 
     /// Device memory for `len` elements, every 32-bit word set to `fill_word`.

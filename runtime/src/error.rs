@@ -71,7 +71,11 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
-    /// A device allocation too large to describe.
+    /// Memory could not be allocated.
+    #[error("out of memory allocating {bytes} bytes")]
+    OutOfMemory { bytes: usize },
+
+    /// A buffer too large to describe.
     #[error("{what} of {len} elements is too large")]
     TooLarge { what: &'static str, len: usize },
 }

@@ -193,7 +193,7 @@ impl Runtime {
     /// A buffer holding a copy of `data`.
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>> {
         match &self.backend {
-            Backend::Cpu { .. } => Ok(Buffer::host(self.id, data.to_vec())),
+            Backend::Cpu { .. } => Buffer::host(self.id, Some(data), data.len()),
             Backend::Gpu { device, .. } => {
                 let mut b = Buffer::device(self.id, device, data.len(), 0)?;
                 b.write(data)?;
@@ -205,7 +205,7 @@ impl Runtime {
     /// A zeroed buffer of `len` elements.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>> {
         match &self.backend {
-            Backend::Cpu { .. } => Ok(Buffer::host(self.id, vec![T::zeroed(); len])),
+            Backend::Cpu { .. } => Buffer::host(self.id, None, len),
             Backend::Gpu { device, .. } => Buffer::device(self.id, device, len, 0),
         }
     }

@@ -1,1 +1,154 @@
-fn main(){}
+//! pptm-bench: dispatch latency, throughput and KlComplexity bandwidth on a GPU, beside the
+//! alternatives measured in the same process (empty launch + sync, one-node CUDA graph + sync).
+//!
+//!     cargo run --release --bin pptm-bench [-- --quick]
+//!
+//! Host-visible latency: host clock around submit → result on the host, after warm-up; medians
+//! and p99 over many repetitions. Every KlComplexity result is checked against an f64 reference.
+
+use std::collections::VecDeque;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use pptm::baseline::LaunchBaseline;
+use pptm::chains::KlComplexity;
+use pptm::{Chain, Runtime};
+use rand_free::positive;
+
+/// Inputs without a rand dependency in the library's bin (a small xorshift generator).
+mod rand_free {
+    pub fn positive(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                // (0, 1]
+                ((s >> 40) as f32 + 1.0) / (1u64 << 24) as f32
+            })
+            .collect()
+    }
+}
+
+struct Stats {
+    median_us: f64,
+    p99_us: f64,
+}
+
+fn stats(mut t: Vec<Duration>) -> Stats {
+    t.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Stats { median_us: us(t[t.len() / 2]), p99_us: us(t[(t.len() * 99 / 100).min(t.len() - 1)]) }
+}
+
+fn time<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Stats, E> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed());
+    }
+    Ok(stats(t))
+}
+
+fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
+    q.iter().zip(p).map(|(&q, &p)| if q == 0.0 { 0.0 } else { f64::from(q) * (f64::from(q).ln() - f64::from(p).ln()) }).sum()
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pptm-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let scale = if quick { 10 } else { 1 };
+    let rt = Runtime::gpu().map_err(|e| format!("needs a GPU: {e}"))?;
+    println!("pptm-bench on {}", rt.describe());
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut row = |name: &str, value: String| {
+        println!("  {name:<52} {value}");
+        rows.push((name.to_string(), value));
+    };
+
+    // 1. What a user does today, measured before any manifold occupies the GPU.
+    let base = LaunchBaseline::new(&rt, KlComplexity::DOMAIN)?;
+    let s = time(1000, 20_000 / scale, || base.launch_and_sync())?;
+    row("empty cuLaunchKernel + cuStreamSynchronize", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+    let s = time(1000, 20_000 / scale, || base.graph_and_sync())?;
+    row("one-node CUDA graph launch + sync", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+    drop(base);
+
+    // 2. The manifold.
+    let t = Instant::now();
+    rt.prepare::<KlComplexity>()?;
+    row("manifold load + launch (once)", format!("{:.1} ms", t.elapsed().as_secs_f64() * 1e3));
+    println!("  ({})", rt.describe());
+    let s = time(2000, 50_000 / scale, || rt.submit_noop::<KlComplexity>()?.wait())?;
+    row("pptm no-op submit -> completion", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+
+    for window in [64usize, 192] {
+        let items = 200_000 / scale;
+        let mut pending = VecDeque::with_capacity(window);
+        for _ in 0..window {
+            rt.submit_noop::<KlComplexity>()?.wait()?;
+        }
+        let t = Instant::now();
+        for _ in 0..items {
+            if pending.len() == window {
+                let tk: pptm::Ticket<'static, ()> = pending.pop_front().expect("window");
+                tk.wait()?;
+            }
+            pending.push_back(rt.submit_noop::<KlComplexity>()?);
+        }
+        for tk in pending {
+            tk.wait()?;
+        }
+        let rate = items as f64 / t.elapsed().as_secs_f64();
+        row(&format!("pptm sustained no-ops, {window} in flight"), format!("{:9.0} items/s ({:.2} µs/item)", rate, 1e6 / rate));
+    }
+
+    // 3. KlComplexity: latency and effective bandwidth (8 bytes read per element).
+    for (n, reps, sets) in [(4096usize, 20_000 / scale, 1usize), (1 << 20, 2000 / scale, 8), (1 << 26, 200 / scale, 1)] {
+        // Several input sets where one would sit in L2, so that the figure is memory, not cache.
+        let inputs: Vec<_> = (0..sets)
+            .map(|i| {
+                let (q, p) = (positive(n, 2 * i as u64 + 1), positive(n, 2 * i as u64 + 2));
+                let want = kl_reference(&q, &p);
+                Ok::<_, pptm::Error>((rt.upload(&q)?, rt.upload(&p)?, want))
+            })
+            .collect::<Result<_, _>>()?;
+        for (q, p, want) in &inputs {
+            let got = f64::from(KlComplexity::submit(&rt, q, p)?.wait()?);
+            let rel = (got - want).abs() / want.abs();
+            if rel > 1e-5 {
+                return Err(format!("KlComplexity n={n}: {got} vs f64 {want} (relative error {rel:e}); not reporting").into());
+            }
+        }
+        let mut i = 0;
+        let s = time(reps / 10 + 10, reps.max(20), || {
+            let (q, p, _) = &inputs[i % sets];
+            i += 1;
+            KlComplexity::submit(&rt, q, p)?.wait().map(|_| ())
+        })?;
+        let gbs = 8.0 * n as f64 / (s.median_us * 1e-6) / 1e9;
+        row(
+            &format!("pptm KlComplexity n = {n}"),
+            format!("median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s", s.median_us, s.p99_us, gbs),
+        );
+    }
+    println!("\nsummary ({}):", rt.describe());
+    for (name, value) in &rows {
+        println!("| {name} | {value} |");
+    }
+    Ok(())
+}

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 2;
+pub const PPTM_ABI_VERSION: u32 = 3;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -10,6 +10,7 @@ pub const PPTM_MAX_BLOCKS: u32 = 1024;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
+pub const PPTM_CQ_WORDS: u32 = 4;
 pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 #[repr(C)]
@@ -41,26 +42,17 @@ const _: () = {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_cq_entry {
-    pub seq_plus_one: u64,
-    pub status: u32,
-    pub opcode: u32,
-    pub value: f64,
-    pub reserved: [u64; 5usize],
+    pub words: [u64; 4usize],
+    pub reserved: [u64; 4usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of pptm_cq_entry"][::core::mem::size_of::<pptm_cq_entry>() - 64usize];
     ["Alignment of pptm_cq_entry"][::core::mem::align_of::<pptm_cq_entry>() - 8usize];
-    ["Offset of field: pptm_cq_entry::seq_plus_one"]
-        [::core::mem::offset_of!(pptm_cq_entry, seq_plus_one) - 0usize];
-    ["Offset of field: pptm_cq_entry::status"]
-        [::core::mem::offset_of!(pptm_cq_entry, status) - 8usize];
-    ["Offset of field: pptm_cq_entry::opcode"]
-        [::core::mem::offset_of!(pptm_cq_entry, opcode) - 12usize];
-    ["Offset of field: pptm_cq_entry::value"]
-        [::core::mem::offset_of!(pptm_cq_entry, value) - 16usize];
+    ["Offset of field: pptm_cq_entry::words"]
+        [::core::mem::offset_of!(pptm_cq_entry, words) - 0usize];
     ["Offset of field: pptm_cq_entry::reserved"]
-        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 24usize];
+        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 32usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -86,8 +78,6 @@ const _: () = {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct pptm_device_state {
-    pub staged: u64,
-    pub pad_staged: [u64; 15usize],
     pub completed: u64,
     pub pad_completed: [u64; 15usize],
     pub arrivals: u64,
@@ -95,35 +85,31 @@ pub struct pptm_device_state {
     pub decision: u64,
     pub resident: u64,
     pub pad_resident: [u64; 14usize],
-    pub stage: [pptm_desc; 64usize],
+    pub stage: [pptm_sq_slot; 64usize],
     pub partials: [f64; 1024usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 16896usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 24960usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
-    ["Offset of field: pptm_device_state::staged"]
-        [::core::mem::offset_of!(pptm_device_state, staged) - 0usize];
-    ["Offset of field: pptm_device_state::pad_staged"]
-        [::core::mem::offset_of!(pptm_device_state, pad_staged) - 8usize];
     ["Offset of field: pptm_device_state::completed"]
-        [::core::mem::offset_of!(pptm_device_state, completed) - 128usize];
+        [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
     ["Offset of field: pptm_device_state::pad_completed"]
-        [::core::mem::offset_of!(pptm_device_state, pad_completed) - 136usize];
+        [::core::mem::offset_of!(pptm_device_state, pad_completed) - 8usize];
     ["Offset of field: pptm_device_state::arrivals"]
-        [::core::mem::offset_of!(pptm_device_state, arrivals) - 256usize];
+        [::core::mem::offset_of!(pptm_device_state, arrivals) - 128usize];
     ["Offset of field: pptm_device_state::pad_arrivals"]
-        [::core::mem::offset_of!(pptm_device_state, pad_arrivals) - 264usize];
+        [::core::mem::offset_of!(pptm_device_state, pad_arrivals) - 136usize];
     ["Offset of field: pptm_device_state::decision"]
-        [::core::mem::offset_of!(pptm_device_state, decision) - 384usize];
+        [::core::mem::offset_of!(pptm_device_state, decision) - 256usize];
     ["Offset of field: pptm_device_state::resident"]
-        [::core::mem::offset_of!(pptm_device_state, resident) - 392usize];
+        [::core::mem::offset_of!(pptm_device_state, resident) - 264usize];
     ["Offset of field: pptm_device_state::pad_resident"]
-        [::core::mem::offset_of!(pptm_device_state, pad_resident) - 400usize];
+        [::core::mem::offset_of!(pptm_device_state, pad_resident) - 272usize];
     ["Offset of field: pptm_device_state::stage"]
-        [::core::mem::offset_of!(pptm_device_state, stage) - 512usize];
+        [::core::mem::offset_of!(pptm_device_state, stage) - 384usize];
     ["Offset of field: pptm_device_state::partials"]
-        [::core::mem::offset_of!(pptm_device_state, partials) - 8704usize];
+        [::core::mem::offset_of!(pptm_device_state, partials) - 16768usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {

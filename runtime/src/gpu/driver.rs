@@ -5,6 +5,8 @@
 //!   context: the manifold never finishes, so such a call would never return;
 //! * device memory is allocated and freed stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync`) on
 //!   the transfer stream, because a plain `cuMemFree` may wait for every kernel;
+//! * nothing the runtime does on the host needs an SM: memory is zeroed and filled with copies (copy
+//!   engines), never with cuMemset (a kernel), because resident manifolds may hold every SM;
 //! * every call first makes the device's context current on the calling thread.
 
 use std::ffi::{CString, c_void};
@@ -98,23 +100,31 @@ impl Device {
         Ok(out)
     }
 
-    /// Allocates `bytes` of device memory (stream-ordered), filled with the 32-bit `fill` word.
+    /// Allocates `bytes` of device memory (stream-ordered), every 32-bit word set to `fill`.
     pub fn alloc(&self, bytes: usize, fill: u32) -> Result<sys::CUdeviceptr> {
-        self.with_transfer(|s| {
+        let ptr = self.with_transfer(|s| {
             // SAFETY: s is a valid stream of the current context.
-            let ptr = unsafe { result::malloc_async(s, bytes) }.map_err(|e| Error::driver("cuMemAllocAsync", e))?;
-            // SAFETY: ptr has `bytes` bytes, a multiple of 4 (the caller allocates whole elements
-            // of 4 or 8 bytes), and the memset is ordered after the allocation on the same stream.
-            let r = unsafe { sys::cuMemsetD32Async(ptr, fill, bytes / 4, s) };
-            check("cuMemsetD32Async", r)?;
-            Ok(ptr)
-        })
+            unsafe { result::malloc_async(s, bytes) }.map_err(|e| Error::driver("cuMemAllocAsync", e))
+        })?;
+        if let Err(e) = self.fill(ptr, bytes, fill) {
+            self.free(ptr);
+            return Err(e);
+        }
+        Ok(ptr)
     }
 
-    /// Fills `bytes` bytes at `ptr` with the 32-bit word `fill`.
+    /// Sets every 32-bit word of the `bytes` bytes at `ptr` to `fill`, with host-to-device copies
+    /// of a pattern buffer (copy engines only; see the module docs).
     pub fn fill(&self, ptr: sys::CUdeviceptr, bytes: usize, fill: u32) -> Result<()> {
-        // SAFETY: the caller owns `bytes` bytes at ptr; the memset finishes before this returns.
-        self.with_transfer(|s| check("cuMemsetD32Async", unsafe { sys::cuMemsetD32Async(ptr, fill, bytes / 4, s) }))
+        const CHUNK: usize = 4 << 20;
+        let pattern: Vec<u8> = fill.to_ne_bytes().iter().copied().cycle().take(CHUNK.min(bytes)).collect();
+        let mut done = 0;
+        while done < bytes {
+            let n = CHUNK.min(bytes - done);
+            self.upload(ptr + done as u64, &pattern[..n])?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// Frees device memory from `alloc` (stream-ordered: never waits for the manifold).

@@ -53,6 +53,7 @@ enum Life {
 pub(crate) struct Manifold {
     pub domain: &'static str,
     pub arch: &'static str,
+    /// Blocks in the grid: the compute blocks and one fetcher block.
     pub grid: u32,
     /// Blocks per SM the occupancy API allows (the grid uses `Config::blocks_per_sm` of them).
     pub blocks_per_sm_max: u32,
@@ -70,9 +71,9 @@ impl std::fmt::Debug for Manifold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "manifold `{}`: {} blocks x {} threads ({} per SM fit), {}",
+            "manifold `{}`: {} compute blocks + 1 fetcher, {} threads each ({} per SM fit), {}",
             self.domain,
-            self.grid,
+            self.grid - 1,
             pptm_spec::BLOCK_THREADS,
             self.blocks_per_sm_max,
             self.arch
@@ -98,11 +99,14 @@ impl Manifold {
         if per_sm < 1 {
             return Err(launch_err(format!("not one block of {threads} threads fits on an SM")));
         }
+        // Compute blocks, plus one fetcher block; all must be co-resident.
         let sms = cfg.max_sms.map_or(device.sm_count, |m| m.min(device.sm_count));
-        let grid = sms * cfg.blocks_per_sm.min(per_sm as u32);
-        if grid == 0 || grid > PPTM_MAX_BLOCKS {
-            return Err(launch_err(format!("a grid of {grid} blocks is outside 1..={PPTM_MAX_BLOCKS}")));
+        let capacity = device.sm_count * per_sm as u32;
+        let compute = (sms * cfg.blocks_per_sm.min(per_sm as u32)).min(capacity.saturating_sub(1)).min(PPTM_MAX_BLOCKS);
+        if compute == 0 {
+            return Err(launch_err(format!("room for {capacity} blocks: not enough for one compute block and the fetcher")));
         }
+        let grid = compute + 1;
 
         let rings = MappedHost::new(device, queue::bytes_for(cfg.queue_slots))?;
         let sq_dev = rings.dev;

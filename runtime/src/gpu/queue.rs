@@ -12,12 +12,13 @@
 //!
 //! Completions are read by the waiting thread itself (no completion thread, no wake-up latency):
 //! the first reader copies the entry into the item's `Cell` (a `OnceLock`), so each completion is
-//! delivered exactly once whoever reads it first.
+//! delivered exactly once whoever reads it first. Entries are tagged words (abi.h), so a reader
+//! either sees a whole completion of the item it asks about or nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::abi::{PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control, pptm_sq_slot, sq_tag};
+use super::abi::{PPTM_CQ_WORDS, PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control, pptm_sq_slot, sq_tag};
 use crate::chain::Completion;
 
 /// Memory that holds both rings and the control words: `slots` SQ slots, then `slots` CQ entries,
@@ -179,23 +180,28 @@ impl Queue {
         if cell.result.get().is_some() {
             return true;
         }
-        let e = self.cq_words((cell.seq & u64::from(self.slots - 1)) as usize);
-        let want = cell.seq + 1;
-        if e[0].load(Ordering::Acquire) != want {
-            return false;
-        }
-        let status_word = e[1].load(Ordering::Acquire);
-        let value = e[2].load(Ordering::Acquire);
-        if e[0].load(Ordering::Acquire) == want {
-            let _ = cell.result.set(Ok(Completion { status: status_word as u32, value: f64::from_bits(value) }));
+        if let Some(c) = self.read_completion(cell.seq) {
+            let _ = cell.result.set(Ok(c));
             return true;
         }
-        // The entry was overwritten by a later item, which the producer submits only after it
-        // has copied this one into the cell.
-        while cell.result.get().is_none() {
-            std::hint::spin_loop();
+        // Tags that do not match mean "not written yet" or "already overwritten by a later item";
+        // in the second case the producer copied this item's completion into the cell first.
+        cell.result.get().is_some()
+    }
+
+    /// The completion of item `seq`, if its entry holds it (every word tagged for `seq`).
+    fn read_completion(&self, seq: u64) -> Option<Completion> {
+        let e = self.cq_words((seq & u64::from(self.slots - 1)) as usize);
+        let tag = sq_tag(seq, self.log2);
+        let mut payload = [0u32; PPTM_CQ_WORDS as usize];
+        for (p, w) in payload.iter_mut().zip(e.iter()) {
+            let v = w.load(Ordering::Acquire);
+            if v as u32 != tag {
+                return None;
+            }
+            *p = (v >> 32) as u32;
         }
-        true
+        Some(Completion { status: payload[0], value: f64::from_bits(u64::from(payload[2]) | (u64::from(payload[3]) << 32)) })
     }
 
     /// Stops accepting items (the shutdown item still goes through `try_push(.., true)`).
@@ -212,28 +218,11 @@ impl Queue {
         let p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
         let mut failed = 0;
         for cell in p.cells.iter().flatten() {
-            if !self.poll_nonblocking(cell) && cell.result.set(Err(failure.clone())).is_ok() {
+            if !self.poll(cell) && cell.result.set(Err(failure.clone())).is_ok() {
                 failed += 1;
             }
         }
         failed
-    }
-
-    /// `poll` for callers that hold the producer lock (cannot wait on the producer).
-    fn poll_nonblocking(&self, cell: &Cell) -> bool {
-        if cell.result.get().is_some() {
-            return true;
-        }
-        let e = self.cq_words((cell.seq & u64::from(self.slots - 1)) as usize);
-        let want = cell.seq + 1;
-        if e[0].load(Ordering::Acquire) != want {
-            return false;
-        }
-        let status_word = e[1].load(Ordering::Acquire);
-        let value = e[2].load(Ordering::Acquire);
-        e[0].load(Ordering::Acquire) == want
-            && cell.result.set(Ok(Completion { status: status_word as u32, value: f64::from_bits(value) })).is_ok()
-            || cell.result.get().is_some()
     }
 
     /// Items submitted so far.
@@ -280,7 +269,6 @@ pub(crate) mod tests {
     /// opcode echoed back for anything else.
     pub(crate) fn fake_device(queue: Arc<Queue>, pause: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
         thread::spawn(move || {
-            let base = queue.memory.base() as usize;
             let slots = queue.slots as usize;
             for seq in 0u64.. {
                 let slot = (seq as usize) & (slots - 1);
@@ -304,11 +292,13 @@ pub(crate) mod tests {
                 }
                 let d = from_payload(&payload);
                 let e = queue.cq_words(slot);
-                e[1].store(u64::from(d.opcode) << 32 | u64::from(PPTM_STATUS_OK), Ordering::Relaxed);
-                e[2].store((d.args[0] as f64 * 2.0).to_bits(), Ordering::Relaxed);
-                e[0].store(seq + 1, Ordering::Release);
+                let bits = (d.args[0] as f64 * 2.0).to_bits();
+                let words = [PPTM_STATUS_OK, d.opcode, bits as u32, (bits >> 32) as u32];
+                // Written in an arbitrary order: each word stands on its own.
+                for i in [3usize, 1, 0, 2] {
+                    e[i].store(u64::from(words[i]) << 32 | u64::from(tag), Ordering::Relaxed);
+                }
                 if d.opcode == PPTM_OP_SHUTDOWN {
-                    let _ = base;
                     return seq + 1;
                 }
             }

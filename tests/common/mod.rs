@@ -1,0 +1,103 @@
+//! Shared by the integration tests: backends, random inputs, tolerances.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use pptm::{Error, Runtime};
+use rand::Rng;
+
+/// Set on GPU hosts (`.device/run-tests` runs with it) so a missing GPU fails instead of skipping.
+pub fn require_gpu() -> bool {
+    std::env::var("PPTM_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Logs from the runtime on stderr, filtered by RUST_LOG (default: warnings).
+pub fn init_logging() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
+}
+
+/// The GPU runtime shared by every GPU test of one test binary. A manifold is a whole-GPU
+/// cooperative grid; one runtime per process keeps tests from competing for SMs.
+pub fn gpu() -> Option<&'static Runtime> {
+    static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
+    init_logging();
+    GPU.get_or_init(|| match Runtime::gpu() {
+        Ok(rt) => {
+            eprintln!("pptm tests: {}", rt.describe());
+            Some(rt)
+        }
+        Err(Error::NoGpu(why)) if !require_gpu() => {
+            eprintln!("pptm tests: no GPU ({why}); GPU tests are SKIPPED");
+            None
+        }
+        Err(e) => panic!("cannot open the GPU runtime: {e}"),
+    })
+    .as_ref()
+}
+
+pub fn skip(test: &str) {
+    eprintln!("SKIPPED (no GPU): {test}");
+}
+
+/// Instantiates each named test body (`fn(&Runtime)`) once per backend: `cpu::name`, `gpu::name`.
+
+#[allow(unused_macros)]
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod cpu {
+            $(
+                #[test]
+                fn $test() {
+                    let rt = pptm::Runtime::cpu();
+                    super::$test(&rt);
+                }
+            )*
+        }
+        mod gpu {
+            $(
+                #[test]
+                fn $test() {
+                    match crate::common::gpu() {
+                        Some(rt) => super::$test(rt),
+                        None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// `n` values uniform in (0, 1], fresh each call.
+pub fn positive(n: usize) -> Vec<f32> {
+    let mut rng = rand::rng();
+    (0..n).map(|_| 1.0 - rng.random::<f32>()).collect()
+}
+
+/// Sets about one element in `every` to exactly 0.
+pub fn sprinkle_zeros(v: &mut [f32], every: usize) {
+    let mut rng = rand::rng();
+    for x in v.iter_mut() {
+        if rng.random_range(0..every) == 0 {
+            *x = 0.0;
+        }
+    }
+}
+
+/// The KL divergence in f64, written independently of the op catalog.
+pub fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
+    q.iter().zip(p).map(|(&q, &p)| kl_term(q, p)).sum()
+}
+
+pub fn kl_term(q: f32, p: f32) -> f64 {
+    let (q, p) = (f64::from(q), f64::from(p));
+    if q == 0.0 { 0.0 } else { q * q.ln() - q * p.ln() }
+}
+
+/// |got − want| / |want|, or |got| when want is 0.
+pub fn rel_err(got: f64, want: f64) -> f64 {
+    if want == 0.0 { got.abs() } else { (got - want).abs() / want.abs() }
+}

@@ -1,0 +1,100 @@
+//! KlComplexity and KlTerms on every backend, against an f64 reference.
+
+#[macro_use]
+mod common;
+
+use common::{kl_reference, kl_term, positive, rel_err, sprinkle_zeros};
+use pptm::Runtime;
+use pptm::chains::{KlComplexity, KlTerms};
+
+const SIZES: &[usize] = &[1, 7, 4096, (1 << 20) + 3, 1 << 26];
+
+fn kl_complexity_matches_f64_reference(rt: &Runtime) {
+    for &n in SIZES {
+        let mut q = positive(n);
+        let p = positive(n);
+        sprinkle_zeros(&mut q, 16);
+        let want = kl_reference(&q, &p);
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let got = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
+        let err = rel_err(f64::from(got), want);
+        assert!(err < 1e-5, "n = {n}: got {got}, f64 reference {want}, relative error {err:e}");
+    }
+}
+
+fn kl_complexity_of_normalised_distributions(rt: &Runtime) {
+    // Nonnegative, sums to about 0.2: a real KL divergence, with cancellation between terms.
+    for &n in &[5usize, 1000, 4097, 1 << 20] {
+        let norm = |v: Vec<f32>| {
+            let s: f32 = v.iter().sum();
+            v.into_iter().map(|x| x / s).collect::<Vec<_>>()
+        };
+        let q = norm(positive(n));
+        let p = norm(positive(n));
+        let want = kl_reference(&q, &p);
+        let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap()).unwrap().wait().unwrap();
+        let err = rel_err(f64::from(got), want);
+        assert!(err < 1e-5, "n = {n}: got {got}, want {want}, relative error {err:e}");
+    }
+}
+
+fn zero_q_contributes_zero(rt: &Runtime) {
+    // 0 ln 0 = 0, also where p = 0 (0 ln(0/0) = 0).
+    let q = vec![0.0f32; 1000];
+    let p: Vec<f32> = (0..1000).map(|i| if i % 2 == 0 { 0.0 } else { 0.5 }).collect();
+    let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap()).unwrap().wait().unwrap();
+    assert_eq!(got, 0.0);
+    // An empty chain sums to 0.
+    let e = rt.upload::<f32>(&[]).unwrap();
+    assert_eq!(KlComplexity::submit(rt, &e, &e).unwrap().wait().unwrap(), 0.0);
+    // q > 0 = p: +inf, as the definition says.
+    let got = KlComplexity::submit(rt, &rt.upload(&[0.5f32, 0.5]).unwrap(), &rt.upload(&[0.0f32, 0.5]).unwrap()).unwrap().wait().unwrap();
+    assert_eq!(got, f32::INFINITY);
+}
+
+fn kl_terms_writes_every_element(rt: &Runtime) {
+    for &n in &[1usize, 7, 1023, 4096, (1 << 20) + 3] {
+        let mut q = positive(n);
+        let p = positive(n);
+        sprinkle_zeros(&mut q, 8);
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let mut out = rt.alloc::<f32>(n).unwrap();
+        out.fill(f32::NAN).unwrap(); // poison: an unwritten element shows as NaN
+        KlTerms::submit(rt, &qb, &pb, &mut out).unwrap().wait().unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            let want = kl_term(q[i], p[i]);
+            let g = f64::from(got[i]);
+            let tol = 1e-5 * want.abs().max(f64::from(q[i])).max(1e-30);
+            assert!((g - want).abs() <= tol, "n = {n}, element {i}: got {g}, want {want} (q {}, p {})", q[i], p[i]);
+        }
+    }
+}
+
+fn kl_terms_on_unaligned_lengths_and_reused_buffers(rt: &Runtime) {
+    // The same buffers, rewritten between items: every item must see its own inputs.
+    let n = 4099;
+    let mut qb = rt.alloc::<f32>(n).unwrap();
+    let mut pb = rt.alloc::<f32>(n).unwrap();
+    let mut out = rt.alloc::<f32>(n).unwrap();
+    for _ in 0..5 {
+        let (q, p) = (positive(n), positive(n));
+        qb.write(&q).unwrap();
+        pb.write(&p).unwrap();
+        out.fill(f32::NAN).unwrap();
+        KlTerms::submit(rt, &qb, &pb, &mut out).unwrap().wait().unwrap();
+        let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
+        let want = kl_reference(&q, &p);
+        assert!(rel_err(sum, want) < 1e-5, "sum of terms {sum}, want {want}");
+        let total = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
+        assert!(rel_err(f64::from(total), want) < 1e-5);
+    }
+}
+
+on_every_backend!(
+    kl_complexity_matches_f64_reference,
+    kl_complexity_of_normalised_distributions,
+    zero_q_contributes_zero,
+    kl_terms_writes_every_element,
+    kl_terms_on_unaligned_lengths_and_reused_buffers,
+);

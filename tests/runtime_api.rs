@@ -1,0 +1,148 @@
+//! The runtime's API on every backend: tickets, bad input, no-ops, sustained submission.
+
+#[macro_use]
+mod common;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use common::{kl_reference, positive, rel_err};
+use pptm::chains::{KlComplexity, KlTerms};
+use pptm::{Arg, BackendKind, Error, Runtime};
+
+fn tickets_resolve_once(rt: &Runtime) {
+    let (q, p) = (positive(100), positive(100));
+    let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+    let mut t = KlComplexity::submit(rt, &qb, &pb).unwrap();
+    let v = t.wait_timeout(Duration::from_secs(10)).unwrap();
+    assert!(rel_err(f64::from(v), kl_reference(&q, &p)) < 1e-5);
+    assert!(t.is_ready());
+    assert!(matches!(t.wait_timeout(Duration::from_secs(1)), Err(Error::TicketConsumed)));
+    assert!(matches!(t.wait(), Err(Error::TicketConsumed)));
+    assert_eq!(rt.backend() == BackendKind::Gpu, KlComplexity::submit(rt, &qb, &pb).unwrap().seq().is_some());
+}
+
+fn noop_round_trips(rt: &Runtime) {
+    for _ in 0..1000 {
+        rt.submit_noop::<KlComplexity>().unwrap().wait().unwrap();
+    }
+}
+
+fn bad_input_is_a_typed_error(rt: &Runtime) {
+    let q = rt.upload(&positive(10)).unwrap();
+    let p = rt.upload(&positive(11)).unwrap();
+    match KlComplexity::submit(rt, &q, &p) {
+        Err(Error::LengthMismatch { arg: "p", first: "q", expected: 10, got: 11, .. }) => {}
+        other => panic!("expected LengthMismatch, got {other:?}"),
+    }
+    let mut out = rt.alloc::<f32>(9).unwrap();
+    assert!(matches!(KlTerms::submit(rt, &q, &q, &mut out), Err(Error::LengthMismatch { arg: "out", .. })));
+
+    // A buffer of another runtime.
+    let other = Runtime::cpu();
+    let foreign = other.upload(&positive(10)).unwrap();
+    assert!(matches!(KlComplexity::submit(rt, &q, &foreign), Err(Error::ForeignBuffer { arg: "p", .. })));
+
+    // Host slices of the wrong length.
+    let mut short = vec![0.0f32; 9];
+    assert!(matches!(q.read_into(&mut short), Err(Error::SliceLength { buffer: 10, slice: 9 })));
+    let mut qm = rt.upload(&positive(10)).unwrap();
+    assert!(matches!(qm.write(&[1.0; 3]), Err(Error::SliceLength { buffer: 10, slice: 3 })));
+
+    // Hand-made argument lists (what the generated submit never gets wrong).
+    assert!(matches!(rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q)]), Err(Error::BadArguments { .. })));
+    assert!(matches!(
+        rt.submit_chain::<KlComplexity>(vec![Arg::Input("p", &q), Arg::Input("q", &q)]),
+        Err(Error::BadArguments { .. })
+    ));
+    assert!(matches!(
+        rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q), Arg::Output("p", &mut out)]),
+        Err(Error::BadArguments { .. })
+    ));
+    // Oversized allocations are errors too.
+    assert!(matches!(rt.alloc::<f64>(usize::MAX / 4), Err(Error::TooLarge { .. })));
+}
+
+/// 100 000 back-to-back submissions, up to 192 in flight, each checked against its own reference.
+fn many_submissions_complete_exactly_once(rt: &Runtime) {
+    const ITEMS: usize = 100_000;
+    const INPUTS: usize = 16;
+    let inputs: Vec<_> = (0..INPUTS)
+        .map(|i| {
+            let n = 64 + 37 * i;
+            let (q, p) = (positive(n), positive(n));
+            let want = kl_reference(&q, &p);
+            (rt.upload(&q).unwrap(), rt.upload(&p).unwrap(), want)
+        })
+        .collect();
+    let mut pending = VecDeque::new();
+    let mut completed = 0usize;
+    let mut check = |(i, t): (usize, pptm::Ticket<'_, f32>)| {
+        let got = t.wait().unwrap();
+        let want = inputs[i % INPUTS].2;
+        assert!(rel_err(f64::from(got), want) < 1e-5, "item {i}: got {got}, want {want}");
+        completed += 1;
+    };
+    for i in 0..ITEMS {
+        let (q, p, _) = &inputs[i % INPUTS];
+        pending.push_back((i, KlComplexity::submit(rt, q, p).unwrap()));
+        if pending.len() >= 192 {
+            check(pending.pop_front().unwrap());
+        }
+    }
+    while let Some(x) = pending.pop_front() {
+        check(x);
+    }
+    assert_eq!(completed, ITEMS);
+}
+
+fn try_submit_never_blocks(rt: &Runtime) {
+    let q = rt.upload(&positive(1000)).unwrap();
+    let mut accepted = 0;
+    let mut full = 0;
+    let mut tickets = Vec::new();
+    for _ in 0..2000 {
+        match rt.try_submit_chain::<KlComplexity>(vec![Arg::Input("q", &q), Arg::Input("p", &q)]) {
+            Ok(t) => {
+                accepted += 1;
+                tickets.push(t);
+            }
+            Err(Error::QueueFull { capacity }) => {
+                assert_eq!(capacity, rt.config().queue_slots as usize);
+                full += 1;
+                // Make room, as a caller would.
+                tickets.drain(..).for_each(|t| assert_eq!(t.wait().unwrap(), 0.0));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for t in tickets {
+        assert_eq!(t.wait().unwrap(), 0.0);
+    }
+    assert_eq!(accepted + full, 2000);
+    assert!(accepted >= 1000, "most submissions should find room");
+}
+
+on_every_backend!(
+    tickets_resolve_once,
+    noop_round_trips,
+    bad_input_is_a_typed_error,
+    many_submissions_complete_exactly_once,
+    try_submit_never_blocks,
+);
+
+#[test]
+fn runtime_new_says_which_backend_it_chose() {
+    // Whatever is present here, the choice is explained.
+    let rt = Runtime::cpu();
+    assert_eq!(rt.backend(), BackendKind::Cpu);
+    assert!(rt.describe().starts_with("CPU backend"), "{}", rt.describe());
+}
+
+#[test]
+fn bad_configuration_is_rejected() {
+    let cfg = pptm::Config { queue_slots: 100, ..Default::default() };
+    assert!(matches!(Runtime::with_config(cfg), Err(Error::Config(_))));
+    let cfg = pptm::Config { blocks_per_sm: 0, ..Default::default() };
+    assert!(matches!(Runtime::with_config(cfg), Err(Error::Config(_))));
+}

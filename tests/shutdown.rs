@@ -1,0 +1,105 @@
+//! Shutdown and residency: tests that create their own runtimes, so they run one at a time and in
+//! a test binary of their own (a manifold is a whole-GPU grid).
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{kl_reference, positive, rel_err};
+use pptm::chains::KlComplexity;
+use pptm::{Error, Runtime};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn runtimes() -> Vec<Runtime> {
+    common::init_logging();
+    let mut v = vec![Runtime::cpu()];
+    match Runtime::gpu() {
+        Ok(rt) => v.push(rt),
+        Err(Error::NoGpu(why)) if !common::require_gpu() => common::skip(&format!("GPU half of the shutdown tests ({why})")),
+        Err(e) => panic!("{e}"),
+    }
+    v
+}
+
+#[test]
+fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for rt in runtimes() {
+        let n = 1 << 16;
+        let (q, p) = (positive(n), positive(n));
+        let want = kl_reference(&q, &p);
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let tickets: Vec<_> = (0..1000).map(|_| KlComplexity::submit(&rt, &qb, &pb).unwrap()).collect();
+        let started = Instant::now();
+        drop(rt);
+        let dropped_in = started.elapsed();
+        let (mut ok, mut shut) = (0, 0);
+        for t in tickets {
+            match t.wait() {
+                Ok(v) => {
+                    assert!(rel_err(f64::from(v), want) < 1e-5);
+                    ok += 1;
+                }
+                Err(Error::ShutDown) => shut += 1,
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert_eq!(ok + shut, 1000);
+        // Items submitted before the drop are drained, not dropped.
+        assert_eq!(ok, 1000, "every item submitted before the drop completes");
+        assert!(dropped_in < Duration::from_secs(5), "drop took {dropped_in:?}");
+        // Buffers outlive the runtime.
+        assert_eq!(qb.to_vec().unwrap(), q);
+    }
+}
+
+#[test]
+fn submitting_after_shutdown_is_an_error() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for rt in runtimes() {
+        let q = rt.upload(&positive(10)).unwrap();
+        rt.prepare::<KlComplexity>().unwrap();
+        KlComplexity::submit(&rt, &q, &q).unwrap().wait().unwrap();
+        rt.shutdown().unwrap();
+        if rt.backend() == pptm::BackendKind::Gpu {
+            // The manifold is gone; a new submission launches a fresh one.
+            let v = KlComplexity::submit(&rt, &q, &q).unwrap().wait().unwrap();
+            assert_eq!(v, 0.0);
+        }
+    }
+}
+
+#[test]
+fn runtimes_beyond_the_gpus_capacity_fail_to_launch_instead_of_hanging() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_) = runtimes().into_iter().find(|r| r.backend() == pptm::BackendKind::Gpu) else { return };
+    let cfg = pptm::Config { launch_timeout: Duration::from_millis(500), ..Default::default() };
+    let mut live = Vec::new();
+    let mut refused = None;
+    for _ in 0..8 {
+        let rt = Runtime::gpu_with(cfg.clone()).unwrap();
+        let t = Instant::now();
+        match rt.prepare::<KlComplexity>() {
+            Ok(()) => live.push(rt),
+            Err(e) => {
+                refused = Some((e, t.elapsed()));
+                break;
+            }
+        }
+    }
+    let (err, took) = refused.expect("eight whole-GPU manifolds cannot all be resident");
+    assert!(matches!(err, Error::Launch { .. }), "{err}");
+    assert!(took < Duration::from_secs(3), "refusal took {took:?}");
+    // The resident ones still work.
+    for rt in &live {
+        let q = rt.upload(&positive(1000)).unwrap();
+        assert_eq!(KlComplexity::submit(rt, &q, &q).unwrap().wait().unwrap(), 0.0);
+    }
+    drop(live);
+    // Once they are gone, a new runtime launches (the cancelled launch exits when it starts).
+    let rt = Runtime::gpu().unwrap();
+    rt.prepare::<KlComplexity>().unwrap();
+    rt.submit_noop::<KlComplexity>().unwrap().wait().unwrap();
+}

@@ -1,0 +1,14 @@
+use pptm::FusionBuilder;
+#[allow(unused_imports)]
+use pptm::ops::{KlDivergence, SumReduction};
+
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct Chain {
+    #[stage(1)]
+    kl: KlDivergence,
+    #[stage(1)]
+    total: SumReduction,
+}
+
+fn main() {}

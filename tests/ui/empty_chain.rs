@@ -1,0 +1,9 @@
+use pptm::FusionBuilder;
+#[allow(unused_imports)]
+use pptm::ops::{KlDivergence, SumReduction};
+
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct Chain {}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use pptm::FusionBuilder;
+#[allow(unused_imports)]
+use pptm::ops::{KlDivergence, SumReduction};
+
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct Chain {
+    #[stage(1, precision = "bf16")]
+    kl: KlDivergence,
+}
+
+fn main() {}
