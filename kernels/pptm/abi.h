@@ -55,6 +55,14 @@ typedef unsigned long long uint64_t;
 /* Most compute blocks a manifold grid may have (sizes the partials array). */
 #define PPTM_MAX_BLOCKS 1024u
 
+/* Most fetcher warps that poll the SQ. */
+#define PPTM_MAX_POLLERS 8u
+
+/* pptm_manifold_params.flags: ordering choices the benchmark compares. */
+#define PPTM_FLAG_NO_COMPUTE_FENCE 1u /* compute blocks skip the acquire fence after a stage slot */
+#define PPTM_FLAG_ACQUIRE_POLL 2u     /* the fetcher polls with ld.acquire.sys (else relaxed) */
+#define PPTM_FLAG_CQ_FIRST 4u         /* the last block writes the completion before `completed` */
+
 /* Opcodes below PPTM_OP_FIRST_VARIANT are built into every manifold; fused variants use
  * opcodes derived from their chain's spec hash, always >= PPTM_OP_FIRST_VARIANT. */
 #define PPTM_OP_NOOP 0u
@@ -121,8 +129,10 @@ typedef struct pptm_manifold_params {
     pptm_device_state* state;
     uint32_t queue_slots;      /* power of two */
     uint32_t queue_slots_log2;
-    uint32_t hot_polls;        /* empty polls of the SQ before the leader starts to back off */
+    uint32_t hot_polls;        /* empty polls of the SQ before the fetcher starts to back off */
     uint32_t max_backoff_ns;   /* longest sleep between two polls when idle */
+    uint32_t fetch_pollers;    /* fetcher warps polling the SQ at staggered times (1..PPTM_MAX_POLLERS) */
+    uint32_t flags;            /* PPTM_FLAG_* */
 } pptm_manifold_params;
 
 #endif /* PPTM_ABI_H */

@@ -23,12 +23,11 @@
 #define PPTM_STAGE_LOG2 6
 #define PPTM_FULL_MASK 0xffffffffu
 static_assert((1u << PPTM_STAGE_LOG2) == PPTM_STAGE_SLOTS, "stage ring size");
-static_assert(PPTM_WARPS <= 32 && PPTM_WARPS >= 2, "the fetcher polls with all warps but one");
 static_assert(sizeof(pptm_desc) == 4 * PPTM_SQ_SLOT_WORDS, "pptm_desc is one u32 per slot word");
 
 // ---- the fetcher -------------------------------------------------------------------------------
 
-// Sleep before the fetcher's next poll: none while items are in flight or arrived recently, then
+// Sleep before a poller's next poll: none while items are in flight or arrived recently, then
 // exponential backoff up to max_backoff_ns, so an idle manifold keeps no PCIe read outstanding.
 __device__ __forceinline__ uint32_t pptm_fetch_backoff(uint32_t idle_polls, const pptm_manifold_params& P) {
     if (idle_polls < P.hot_polls) return 0;
@@ -36,66 +35,70 @@ __device__ __forceinline__ uint32_t pptm_fetch_backoff(uint32_t idle_polls, cons
     return min(100u << k, P.max_backoff_ns);
 }
 
-// Warps 0..14 each poll one SQ slot per round (one PCIe round trip for up to 15 items; one warp only
-// after an empty round); the last warp reads `completed` meanwhile, for the stage ring's room.
-// Ready slots are copied, re-tagged, into the stage ring. Returns after staging a shutdown item.
+// `fetch_pollers` warps poll the SQ slot of the next unstaged item, each in its own loop and
+// started at staggered times, so a new item is seen a fraction of a PCIe round trip after it lands
+// rather than half a round trip on average. The warp that finds it ready claims it (CAS on the
+// shared `next`), copies it re-tagged into the stage ring, and polls the following slot at once.
+// The fetcher returns after staging a shutdown item.
 __device__ void pptm_fetcher(const pptm_manifold_params& P) {
-    __shared__ uint32_t ready_mask;
-    __shared__ uint64_t completed;
-    __shared__ int shutdown;
+    __shared__ unsigned long long next;  // lowest item not yet staged
+    __shared__ int stop;
     pptm_device_state* S = P.state;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const unsigned poll_warps_max = PPTM_WARPS - 1;
-    uint64_t staged = 0;     // the same in every thread
-    uint32_t poll_warps = 1, idle_polls = 0;
     if (threadIdx.x == 0) {
-        ready_mask = 0;
-        completed = 0;
-        shutdown = 0;
+        next = 0;
+        stop = 0;
     }
     __syncthreads();
+    const uint32_t pollers = max(1u, min(P.fetch_pollers, min((uint32_t)PPTM_WARPS, PPTM_MAX_POLLERS)));
+    if (warp >= pollers) return;
+    pptm_sleep(warp * 250u);  // stagger
+    volatile unsigned long long* vnext = &next;
+    volatile int* vstop = &stop;
+    uint64_t completed = 0;
+    uint32_t idle_polls = 0, polls = 0;
     for (;;) {
+        if (*vstop) return;
+        const uint64_t item = *vnext;
         // stage[x % STAGE_SLOTS] may be rewritten once item x - STAGE_SLOTS has completed (every
         // compute block read it before arriving).
-        const uint64_t room = completed + PPTM_STAGE_SLOTS - staged;
-        const uint32_t window = (uint32_t)min((uint64_t)poll_warps, room);
-        uint32_t payload = 0;
-        bool ready = false;
-        uint64_t done = 0;
-        if (warp < window) {
-            const uint64_t item = staged + warp;
-            const uint64_t w = pptm_ld_acquire_sys(&P.sq[item & (P.queue_slots - 1)].words[lane]);
-            payload = (uint32_t)(w >> 32);
-            ready = __all_sync(PPTM_FULL_MASK, (uint32_t)w == pptm_tag(item, P.queue_slots_log2));
-            if (ready && lane == 0) atomicOr(&ready_mask, 1u << warp);
-        } else if (warp == PPTM_WARPS - 1 && lane == 0) {
-            done = pptm_ld_acquire_gpu(&S->completed);
+        if (item >= completed + PPTM_STAGE_SLOTS) {
+            completed = lane == 0 ? pptm_ld_acquire_gpu(&S->completed) : 0;
+            completed = __shfl_sync(PPTM_FULL_MASK, completed, 0);
+            continue;
         }
-        __syncthreads();
-        const uint32_t got = __ffs(~ready_mask) - 1;  // consecutive ready slots from `staged`
-        if (ready && warp < got) {
-            const uint64_t item = staged + warp;
-            // Release: what the host wrote before submitting (and we acquired) is visible to every
-            // compute block that reads this slot.
-            pptm_fence_acq_rel_gpu();
-            pptm_st_relaxed_gpu(&S->stage[item % PPTM_STAGE_SLOTS].words[lane], pptm_tagged(payload, pptm_tag(item, PPTM_STAGE_LOG2)));
-            if (lane == 0 && payload == PPTM_OP_SHUTDOWN) shutdown = 1;
-        }
-        if (warp == PPTM_WARPS - 1 && lane == 0) completed = done;
-        __syncthreads();
-        if (shutdown) return;
-        const bool in_flight = staged != completed;
-        staged += got;
-        if (threadIdx.x == 0) ready_mask = 0;
-        if (got > 0) {
-            poll_warps = poll_warps_max;
+        const uint64_t* word = &P.sq[item & (P.queue_slots - 1)].words[lane];
+        const uint64_t w = (P.flags & PPTM_FLAG_ACQUIRE_POLL) ? pptm_ld_acquire_sys(word) : pptm_ld_relaxed_sys(word);
+        if (__all_sync(PPTM_FULL_MASK, (uint32_t)w == pptm_tag(item, P.queue_slots_log2))) {
+            unsigned long long claimed = 0;
+            if (lane == 0) claimed = atomicCAS(&next, (unsigned long long)item, (unsigned long long)item + 1);
+            if (__shfl_sync(PPTM_FULL_MASK, claimed, 0) == item) {
+                // Release (with the acquire it completes): what the host wrote before submitting
+                // is visible to every compute block that reads this slot.
+                pptm_fence_acq_rel_gpu();
+                const uint32_t payload = (uint32_t)(w >> 32);
+                pptm_st_relaxed_gpu(&S->stage[item % PPTM_STAGE_SLOTS].words[lane], pptm_tagged(payload, pptm_tag(item, PPTM_STAGE_LOG2)));
+                if (__shfl_sync(PPTM_FULL_MASK, payload, 0) == PPTM_OP_SHUTDOWN) {
+                    *vstop = 1;
+                    return;
+                }
+            }
             idle_polls = 0;
-        } else {
-            poll_warps = 1;
-            if (!in_flight && idle_polls != 0xFFFFFFFFu) idle_polls++;
-            pptm_sleep(in_flight ? 0 : pptm_fetch_backoff(idle_polls, P));
+            continue;  // the next slot may be ready already
         }
-        __syncthreads();
+        // Nothing new. Items in flight keep the poll hot (`completed` is refreshed now and then to
+        // notice when they are done).
+        const bool in_flight = item != completed;
+        if (in_flight && (++polls & 7u) == 0) {
+            completed = lane == 0 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
+            completed = __shfl_sync(PPTM_FULL_MASK, completed, 0);
+        }
+        if (in_flight) {
+            idle_polls = 0;
+        } else if (idle_polls != 0xFFFFFFFFu) {
+            idle_polls++;
+        }
+        pptm_sleep(in_flight ? 0 : pptm_fetch_backoff(idle_polls, P));
     }
 }
 
@@ -119,7 +122,7 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
         const unsigned lane = threadIdx.x;
         const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
         const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
-        for (uint32_t spins = 0;; ++spins) {
+        for (uint32_t idle = 0, busy = 0;;) {
             const uint64_t w = pptm_ld_relaxed_gpu(slot + lane);
             const uint64_t c = lane == 0 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
             const bool staged = __all_sync(PPTM_FULL_MASK, (uint32_t)w == tag);
@@ -128,11 +131,17 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
                 sh.desc_words[lane] = (uint32_t)(w >> 32);
                 break;
             }
-            if (spins > 256) pptm_sleep(min(32u << min((spins - 256) / 64, 6u), 2000u));
+            if (!previous_done) {
+                // Item seq - 1 is still running: poll less often once it has run for a while.
+                if (++busy > 16) pptm_sleep(500);
+            } else if (++idle > 256) {
+                // Waiting for the host: hot for a while, then gentle backoff.
+                pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
+            }
         }
         // Acquire: everything released before the fetcher's stage stores and the last arriver's
         // `completed` store (item seq - 1's outputs) is visible to this block from here on.
-        pptm_fence_acq_rel_gpu();
+        if (!(P.flags & PPTM_FLAG_NO_COMPUTE_FENCE)) pptm_fence_acq_rel_gpu();
     }
     __syncthreads();
 }
@@ -155,7 +164,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         // Arrive. The acq_rel add publishes this block's partial and outputs and, in the last
         // block, acquires every other block's.
         if (threadIdx.x == 0) {
-            S->partials[blockIdx.x] = partial;
+            if (op >= PPTM_OP_FIRST_VARIANT) S->partials[blockIdx.x] = partial;
             const uint64_t before = pptm_atom_add_acq_rel_gpu(&S->arrivals, 1);
             sh.last = before == (seq + 1) * nblocks - 1;
         }
@@ -165,8 +174,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
                 value = pptm_finish_variant(sh.desc, S->partials, nblocks, sh.red);
             if (threadIdx.x == 0) {
+                const bool cq_first = P.flags & PPTM_FLAG_CQ_FIRST;
                 // The next item may start now; the completion entry follows.
-                pptm_st_release_gpu(&S->completed, seq + 1);
+                if (!cq_first) pptm_st_release_gpu(&S->completed, seq + 1);
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
                 if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
@@ -177,6 +187,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 1, pptm_tagged(op, tag));
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
+                if (cq_first) pptm_st_release_gpu(&S->completed, seq + 1);
             }
         }
         if (op == PPTM_OP_SHUTDOWN) return;

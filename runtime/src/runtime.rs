@@ -38,6 +38,12 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// How long a manifold may take to become resident before its launch is cancelled.
     pub launch_timeout: Duration,
+    /// Fetcher warps polling the submission ring at staggered times (1..=8): more see a new item
+    /// sooner, at the cost of more PCIe reads while the manifold is busy or recently was.
+    pub fetch_pollers: u32,
+    /// Ordering variants for benchmarks (`PPTM_FLAG_*` in kernels/pptm/abi.h). Leave at 0.
+    #[doc(hidden)]
+    pub experiment_flags: u32,
 }
 
 impl Default for Config {
@@ -52,6 +58,8 @@ impl Default for Config {
             submit_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(5),
             launch_timeout: Duration::from_secs(2),
+            fetch_pollers: 2,
+            experiment_flags: 0,
         }
     }
 }
@@ -63,6 +71,9 @@ impl Config {
         }
         if self.blocks_per_sm == 0 {
             return Err(Error::Config("blocks_per_sm must be at least 1".into()));
+        }
+        if !(1..=8).contains(&self.fetch_pollers) {
+            return Err(Error::Config(format!("fetch_pollers = {} is not in 1..=8", self.fetch_pollers)));
         }
         if self.max_sms == Some(0) {
             return Err(Error::Config("max_sms must be at least 1".into()));

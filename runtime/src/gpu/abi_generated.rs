@@ -7,6 +7,10 @@ pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
 pub const PPTM_MAX_BLOCKS: u32 = 1024;
+pub const PPTM_MAX_POLLERS: u32 = 8;
+pub const PPTM_FLAG_NO_COMPUTE_FENCE: u32 = 1;
+pub const PPTM_FLAG_ACQUIRE_POLL: u32 = 2;
+pub const PPTM_FLAG_CQ_FIRST: u32 = 4;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
@@ -131,10 +135,12 @@ pub struct pptm_manifold_params {
     pub queue_slots_log2: u32,
     pub hot_polls: u32,
     pub max_backoff_ns: u32,
+    pub fetch_pollers: u32,
+    pub flags: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 48usize];
+    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 56usize];
     ["Alignment of pptm_manifold_params"][::core::mem::align_of::<pptm_manifold_params>() - 8usize];
     ["Offset of field: pptm_manifold_params::sq"]
         [::core::mem::offset_of!(pptm_manifold_params, sq) - 0usize];
@@ -152,6 +158,10 @@ const _: () = {
         [::core::mem::offset_of!(pptm_manifold_params, hot_polls) - 40usize];
     ["Offset of field: pptm_manifold_params::max_backoff_ns"]
         [::core::mem::offset_of!(pptm_manifold_params, max_backoff_ns) - 44usize];
+    ["Offset of field: pptm_manifold_params::fetch_pollers"]
+        [::core::mem::offset_of!(pptm_manifold_params, fetch_pollers) - 48usize];
+    ["Offset of field: pptm_manifold_params::flags"]
+        [::core::mem::offset_of!(pptm_manifold_params, flags) - 52usize];
 };
 impl Default for pptm_manifold_params {
     fn default() -> Self {

@@ -90,6 +90,7 @@ impl Manifold {
         if !device.cooperative {
             return Err(launch_err(format!("{} does not support cooperative launches", device.name)));
         }
+        tracing::debug!(domain, arch, "loading module");
         let module = Module::load_ptx(device, ptx, domain, arch)?;
         let func = module.function("pptm_manifold")?;
         let threads = pptm_spec::BLOCK_THREADS;
@@ -108,6 +109,7 @@ impl Manifold {
         }
         let grid = compute + 1;
 
+        tracing::debug!(domain, grid, per_sm, "allocating rings and state");
         let rings = MappedHost::new(device, queue::bytes_for(cfg.queue_slots))?;
         let sq_dev = rings.dev;
         let cq_dev = rings.dev + queue::cq_offset(cfg.queue_slots) as u64;
@@ -126,9 +128,12 @@ impl Manifold {
             queue_slots_log2: queue.log2(),
             hot_polls: cfg.hot_polls,
             max_backoff_ns: cfg.max_backoff.as_nanos().min(u128::from(u32::MAX)) as u32,
+            fetch_pollers: cfg.fetch_pollers,
+            flags: cfg.experiment_flags,
         };
         let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
         device.bind()?;
+        tracing::debug!(domain, grid, "cooperative launch");
         // SAFETY: func takes one pptm_manifold_params by value (kernels/pptm/manifold.cuh), which
         // the driver copies at launch; every pointer in it stays valid until the kernel exits
         // (the rings and state are owned by the Manifold, which outlives the kernel or leaks them).
@@ -148,6 +153,7 @@ impl Manifold {
                 return Err(launch_err(reason));
             }
             if launched.elapsed() > cfg.launch_timeout {
+                tracing::debug!(domain, "not resident in time: cancelling the launch");
                 queue.cancel_start();
                 std::thread::sleep(Duration::from_millis(100));
                 if queue.started() {
