@@ -91,7 +91,35 @@ fn kl_terms_on_unaligned_lengths_and_reused_buffers(rt: &Runtime) {
     }
 }
 
+/// Items of very different widths in flight together (one block, a few, every block): blocks an
+/// item does not need skip it, and every result is still its own.
+fn narrow_and_wide_items_interleave(rt: &Runtime) {
+    let sizes = [5usize, 100_000, 1, (1 << 20) + 3, 8192, 8193, 3, 1 << 18];
+    let inputs: Vec<_> = sizes
+        .iter()
+        .map(|&n| {
+            let (q, p) = (positive(n), positive(n));
+            (rt.upload(&q).unwrap(), rt.upload(&p).unwrap(), kl_reference(&q, &p))
+        })
+        .collect();
+    let mut out = rt.alloc::<f32>(sizes[3]).unwrap();
+    for round in 0..50 {
+        out.fill(f32::NAN).unwrap();
+        let tickets: Vec<_> = inputs.iter().map(|(q, p, _)| KlComplexity::submit(rt, q, p).unwrap()).collect();
+        // A vector item in the middle of the stream, too.
+        let (q3, p3, want3) = &inputs[3];
+        KlTerms::submit(rt, q3, p3, &mut out).unwrap().wait().unwrap();
+        for (i, (t, (_, _, want))) in tickets.into_iter().zip(&inputs).enumerate() {
+            let got = f64::from(t.wait().unwrap());
+            assert!(rel_err(got, *want) < 1e-5, "round {round}, item {i} (n = {}): got {got}, want {want}", sizes[i]);
+        }
+        let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
+        assert!(rel_err(sum, *want3) < 1e-5, "round {round}: KlTerms sum {sum}, want {want3}");
+    }
+}
+
 on_every_backend!(
+    narrow_and_wide_items_interleave,
     kl_complexity_matches_f64_reference,
     kl_complexity_of_normalised_distributions,
     zero_q_contributes_zero,

@@ -25,13 +25,14 @@
  *     so neither side can overrun the other.
  *
  * Inside the grid (kernels/pptm/manifold.cuh): the grid is `compute blocks + 1`. The last block is
- *   the fetcher: it polls the SQ (one PCIe round trip reads up to one slot per warp) and copies ready
- *   descriptors, tagged again, into the stage ring in device memory; it never computes, so PCIe
- *   latency stays off the compute path. Each compute block polls the stage slot of the next item
- *   and `completed` in one L2 round trip, runs the item once `completed == seq`, and arrives on the
- *   monotonic `arrivals` counter. The compute block whose arrival is number
- *   (seq + 1) * compute_blocks - 1 is last: it combines the per-block partials, publishes
- *   `completed = seq + 1` and writes the completion entry. No grid barrier anywhere.
+ *   the fetcher: it polls the SQ and copies ready descriptors, tagged again, into the stage ring in
+ *   device memory; it never computes, so PCIe latency stays off the compute path. An item runs on
+ *   compute blocks 0 .. blocks-1 (pptm_desc.blocks: a no-op or a small input needs one block, a
+ *   large input all of them). Items run in order: item seq starts once `completed == seq`. Each
+ *   participating block arrives on arrivals[seq % STAGE_SLOTS]; the last one combines the partials,
+ *   resets the counter, writes the completion entry and publishes `completed = seq + 1`. Blocks
+ *   an item does not need skip it; a block that finds `completed` beyond its own position jumps
+ *   ahead (those items finished without it). No grid barrier anywhere.
  */
 #ifndef PPTM_ABI_H
 #define PPTM_ABI_H
@@ -58,11 +59,6 @@ typedef unsigned long long uint64_t;
 /* Most fetcher warps that poll the SQ. */
 #define PPTM_MAX_POLLERS 8u
 
-/* pptm_manifold_params.flags: ordering choices the benchmark compares. */
-#define PPTM_FLAG_NO_COMPUTE_FENCE 1u /* compute blocks skip the acquire fence after a stage slot */
-#define PPTM_FLAG_ACQUIRE_POLL 2u     /* the fetcher polls with ld.acquire.sys (else relaxed) */
-#define PPTM_FLAG_CQ_FIRST 4u         /* the last block writes the completion before `completed` */
-
 /* Opcodes below PPTM_OP_FIRST_VARIANT are built into every manifold; fused variants use
  * opcodes derived from their chain's spec hash, always >= PPTM_OP_FIRST_VARIANT. */
 #define PPTM_OP_NOOP 0u
@@ -79,7 +75,7 @@ typedef unsigned long long uint64_t;
 /* One work item as the host writes it (128 bytes). */
 typedef struct pptm_desc {
     uint32_t opcode;
-    uint32_t flags;
+    uint32_t blocks; /* compute blocks that run the item, from block 0 (0 or more than the grid: all) */
     uint64_t args[PPTM_DESC_ARGS];
 } pptm_desc;
 
@@ -112,8 +108,7 @@ typedef struct pptm_host_control {
 typedef struct pptm_device_state {
     uint64_t completed; /* items fully completed (the last arriver writes, release.gpu) */
     uint64_t pad_completed[15];
-    uint64_t arrivals; /* monotonic count of compute-block arrivals, compute_blocks per item */
-    uint64_t pad_arrivals[15];
+    uint64_t arrivals[PPTM_STAGE_SLOTS]; /* per item (seq % STAGE_SLOTS): blocks that finished it; the last resets it */
     uint64_t decision; /* the fetcher's start decision for every block: 1 run, 2 cancelled */
     uint64_t resident; /* blocks that have entered the kernel (start handshake) */
     uint64_t pad_resident[14];
@@ -132,7 +127,7 @@ typedef struct pptm_manifold_params {
     uint32_t hot_polls;        /* empty polls of the SQ before the fetcher starts to back off */
     uint32_t max_backoff_ns;   /* longest sleep between two polls when idle */
     uint32_t fetch_pollers;    /* fetcher warps polling the SQ at staggered times (1..PPTM_MAX_POLLERS) */
-    uint32_t flags;            /* PPTM_FLAG_* */
+    uint32_t reserved;
 } pptm_manifold_params;
 
 #endif /* PPTM_ABI_H */

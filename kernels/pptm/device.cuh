@@ -109,11 +109,12 @@ __device__ __forceinline__ bool pptm_aligned16(const void* p) { return (reinterp
 // ---- fast math with defined edge cases --------------------------------------------------------
 
 // Natural log through lg2.approx (subnormal inputs supported; no .ftz): about 2^-22 absolute error
-// on [0.5, 2], ln(0) = -inf, ln(x < 0) = NaN, as logf.
+// on [0.5, 2], ln(0) = -inf, ln(x < 0) = NaN, as logf. The final product is rounded on its own
+// (__fmul_rn), so ln(a) - ln(b) is exactly 0 when a == b.
 __device__ __forceinline__ float pptm_ln(float x) {
     float y;
     asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y * 0.69314718055994530942f;
+    return __fmul_rn(y, 0.69314718055994530942f);
 }
 
 // ---- tagged words (see pptm/abi.h) ----------------------------------------------------------

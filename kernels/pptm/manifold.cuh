@@ -68,7 +68,7 @@ __device__ void pptm_fetcher(const pptm_manifold_params& P) {
             continue;
         }
         const uint64_t* word = &P.sq[item & (P.queue_slots - 1)].words[lane];
-        const uint64_t w = (P.flags & PPTM_FLAG_ACQUIRE_POLL) ? pptm_ld_acquire_sys(word) : pptm_ld_relaxed_sys(word);
+        const uint64_t w = pptm_ld_acquire_sys(word);
         if (__all_sync(PPTM_FULL_MASK, (uint32_t)w == pptm_tag(item, P.queue_slots_log2))) {
             unsigned long long claimed = 0;
             if (lane == 0) claimed = atomicCAS(&next, (unsigned long long)item, (unsigned long long)item + 1);
@@ -84,10 +84,12 @@ __device__ void pptm_fetcher(const pptm_manifold_params& P) {
                 }
             }
             idle_polls = 0;
+            polls = 0;
             continue;  // the next slot may be ready already
         }
-        // Nothing new. Items in flight keep the poll hot (`completed` is refreshed now and then to
-        // notice when they are done).
+        // Nothing new. While items are in flight, poll hot at first and then every microsecond or
+        // so: a new item cannot start before they finish anyway. `completed` is refreshed now and
+        // then to notice when they are done.
         const bool in_flight = item != completed;
         if (in_flight && (++polls & 7u) == 0) {
             completed = lane == 0 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
@@ -95,10 +97,12 @@ __device__ void pptm_fetcher(const pptm_manifold_params& P) {
         }
         if (in_flight) {
             idle_polls = 0;
-        } else if (idle_polls != 0xFFFFFFFFu) {
-            idle_polls++;
+            pptm_sleep(polls > 64 ? 1000u : 0u);
+        } else {
+            polls = 0;
+            if (idle_polls != 0xFFFFFFFFu) idle_polls++;
+            pptm_sleep(pptm_fetch_backoff(idle_polls, P));
         }
-        pptm_sleep(in_flight ? 0 : pptm_fetch_backoff(idle_polls, P));
     }
 }
 
@@ -110,38 +114,72 @@ struct pptm_loop_smem {
         uint32_t desc_words[PPTM_SQ_SLOT_WORDS];
     };
     double red[PPTM_WARPS];  // block-reduction scratch
+    uint64_t seq;            // the item this block runs
     int last;
 };
 
-// Warp 0 waits until item `seq` is staged and item seq - 1 has completed, reading the stage slot and
-// `completed` in the same L2 round trip, and leaves the descriptor in shared memory. Backs off
-// gently after a long wait to leave L2 bandwidth to other kernels.
-__device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq) {
+// Compute blocks an item runs on.
+__device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_t nblocks) {
+    return requested == 0 ? nblocks : min(requested, nblocks);
+}
+
+// Warp 0 finds the next item, from `seq` on, that this block takes part in, waits until it may run
+// (item seq - 1 completed), and leaves it in shared memory (sh.desc, sh.seq).
+//
+// Polling is shaped to keep L2 traffic on the few hot words low: while an earlier item runs, only
+// `completed` is read (and, after a while, not hot); while waiting for the host, block 0 (which
+// takes part in every item) reads the whole stage slot, and the other blocks only its first two
+// words (tag, opcode, block count), reading the rest once they know they are needed.
+__device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
+                                                  uint32_t nblocks) {
     if (threadIdx.x < 32) {
         pptm_device_state* S = P.state;
         const unsigned lane = threadIdx.x;
-        const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
-        const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
-        for (uint32_t idle = 0, busy = 0;;) {
-            const uint64_t w = pptm_ld_relaxed_gpu(slot + lane);
-            const uint64_t c = lane == 0 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
-            const bool staged = __all_sync(PPTM_FULL_MASK, (uint32_t)w == tag);
-            const bool previous_done = __shfl_sync(PPTM_FULL_MASK, c, 0) == seq;
-            if (staged && previous_done) {
-                sh.desc_words[lane] = (uint32_t)(w >> 32);
-                break;
+        const bool whole_slot = blockIdx.x == 0;
+        uint32_t idle = 0, busy = 0;
+        for (;;) {
+            const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
+            const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
+            const uint64_t w = (whole_slot || lane < 2) ? pptm_ld_relaxed_gpu(slot + lane) : 0;
+            const uint64_t c = lane == 31 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
+            const uint64_t done = __shfl_sync(PPTM_FULL_MASK, c, 31);
+            if (done > seq) {
+                // Items seq .. done-1 finished without this block: none needed it.
+                seq = done;
+                idle = busy = 0;
+                continue;
             }
-            if (!previous_done) {
-                // Item seq - 1 is still running: poll less often once it has run for a while.
+            if (done < seq) {
+                // An earlier item (one this block skipped) is still running.
                 if (++busy > 16) pptm_sleep(500);
-            } else if (++idle > 256) {
-                // Waiting for the host: hot for a while, then gentle backoff.
-                pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
+                continue;
             }
+            const bool head = __all_sync(PPTM_FULL_MASK, lane >= 2 || (uint32_t)w == tag);
+            if (!head) {
+                // Waiting for the host: hot for a while, then gentle backoff.
+                if (++idle > 256) pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
+                continue;
+            }
+            const uint32_t blocks = pptm_item_blocks((uint32_t)(__shfl_sync(PPTM_FULL_MASK, w, 1) >> 32), nblocks);
+            if (blockIdx.x >= blocks) {
+                ++seq;  // not needed for this item
+                continue;
+            }
+            uint64_t v = w;
+            if (!whole_slot) {
+                // Stage words land independently: read until every one carries the tag.
+                do v = pptm_ld_relaxed_gpu(slot + lane);
+                while (!__all_sync(PPTM_FULL_MASK, (uint32_t)v == tag));
+            } else if (!__all_sync(PPTM_FULL_MASK, (uint32_t)v == tag)) {
+                continue;
+            }
+            sh.desc_words[lane] = (uint32_t)(v >> 32);
+            if (lane == 0) sh.seq = seq;
+            break;
         }
         // Acquire: everything released before the fetcher's stage stores and the last arriver's
-        // `completed` store (item seq - 1's outputs) is visible to this block from here on.
-        if (!(P.flags & PPTM_FLAG_NO_COMPUTE_FENCE)) pptm_fence_acq_rel_gpu();
+        // `completed` store (earlier items' outputs) is visible to this block from here on.
+        pptm_fence_acq_rel_gpu();
     }
     __syncthreads();
 }
@@ -149,10 +187,12 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks) {
     __shared__ pptm_loop_smem sh;
     pptm_device_state* S = P.state;
-    const pptm_block_ctx ctx = {blockIdx.x, nblocks, sh.red};
     for (uint64_t seq = 0;; ++seq) {
-        pptm_compute_wait(P, sh, seq);
+        pptm_compute_wait(P, sh, seq, nblocks);
+        seq = sh.seq;
         const uint32_t op = sh.desc.opcode;
+        const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
+        const pptm_block_ctx ctx = {blockIdx.x, blocks, sh.red};
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
@@ -163,20 +203,17 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 
         // Arrive. The acq_rel add publishes this block's partial and outputs and, in the last
         // block, acquires every other block's.
+        uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (threadIdx.x == 0) {
             if (op >= PPTM_OP_FIRST_VARIANT) S->partials[blockIdx.x] = partial;
-            const uint64_t before = pptm_atom_add_acq_rel_gpu(&S->arrivals, 1);
-            sh.last = before == (seq + 1) * nblocks - 1;
+            sh.last = pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
         }
         __syncthreads();
         if (sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
-                value = pptm_finish_variant(sh.desc, S->partials, nblocks, sh.red);
+                value = pptm_finish_variant(sh.desc, S->partials, blocks, sh.red);
             if (threadIdx.x == 0) {
-                const bool cq_first = P.flags & PPTM_FLAG_CQ_FIRST;
-                // The next item may start now; the completion entry follows.
-                if (!cq_first) pptm_st_release_gpu(&S->completed, seq + 1);
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
                 if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
@@ -187,7 +224,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 1, pptm_tagged(op, tag));
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
-                if (cq_first) pptm_st_release_gpu(&S->completed, seq + 1);
+                // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
+                *arrivals = 0;
+                pptm_st_release_gpu(&S->completed, seq + 1);
             }
         }
         if (op == PPTM_OP_SHUTDOWN) return;

@@ -38,12 +38,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// How long a manifold may take to become resident before its launch is cancelled.
     pub launch_timeout: Duration,
-    /// Fetcher warps polling the submission ring at staggered times (1..=8): more see a new item
-    /// sooner, at the cost of more PCIe reads while the manifold is busy or recently was.
+    /// Fetcher warps polling the submission ring at staggered times (1..=8). On an H200, one
+    /// gave the lowest round trip; more mean more PCIe reads of lines the host is writing.
     pub fetch_pollers: u32,
-    /// Ordering variants for benchmarks (`PPTM_FLAG_*` in kernels/pptm/abi.h). Leave at 0.
-    #[doc(hidden)]
-    pub experiment_flags: u32,
 }
 
 impl Default for Config {
@@ -58,8 +55,7 @@ impl Default for Config {
             submit_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(5),
             launch_timeout: Duration::from_secs(2),
-            fetch_pollers: 2,
-            experiment_flags: 0,
+            fetch_pollers: 1,
         }
     }
 }
@@ -262,7 +258,8 @@ impl Runtime {
         match self.manifold(C::DOMAIN)? {
             None => Ok(Ticket::ready("noop", C::DOMAIN.name, Completion { status: 0, value: 0.0 })),
             Some(m) => {
-                let cell = m.submit(&pptm_desc { opcode: PPTM_OP_NOOP, ..Default::default() }, true)?;
+                // A no-op needs one block: it measures the dispatch path, not a grid-wide arrival.
+                let cell = m.submit(&pptm_desc { opcode: PPTM_OP_NOOP, blocks: 1, ..Default::default() }, true)?;
                 Ok(Ticket::pending("noop", m, cell))
             }
         }
@@ -290,7 +287,7 @@ impl Runtime {
                         },
                     };
                 }
-                let mut desc = pptm_desc { opcode: C::OPCODE, ..Default::default() };
+                let mut desc = pptm_desc { opcode: C::OPCODE, blocks: ir.blocks_for(n), ..Default::default() };
                 desc.args[..slots.len()].copy_from_slice(slots);
                 let cell = m.submit(&desc, blocking)?;
                 Ok(Ticket::pending(C::NAME, m, cell))

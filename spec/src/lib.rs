@@ -27,5 +27,10 @@ pub const BLOCK_THREADS: u32 = 512;
 /// the two agree).
 pub const DESC_ARGS: usize = 15;
 
+/// Elements one compute block takes in a fused pass. An item over `n` elements runs on
+/// `ceil(n / ELEMS_PER_BLOCK)` blocks (at least one, at most the grid): a small input stays on one
+/// block, so it costs no grid-wide arrival; a large one spreads over every SM.
+pub const ELEMS_PER_BLOCK: usize = 8192;
+
 /// Opcodes below this are built into every manifold (`PPTM_OP_FIRST_VARIANT` in abi.h).
 pub const FIRST_VARIANT_OPCODE: u32 = 16;

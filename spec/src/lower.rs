@@ -258,6 +258,11 @@ impl ChainIr {
         self.stages.last().filter(|s| s.op.class == FusionClass::Reduction)
     }
 
+    /// How many compute blocks an item over `n` elements asks for (the device caps it at its grid).
+    pub fn blocks_for(&self, n: usize) -> u32 {
+        n.div_ceil(crate::ELEMS_PER_BLOCK).clamp(1, u32::MAX as usize) as u32
+    }
+
     /// Short human-readable form: `KlDivergence -> SumReduction`.
     pub fn describe(&self) -> String {
         self.stages.iter().map(|s| s.op.name).collect::<Vec<_>>().join(" -> ")

@@ -6,7 +6,8 @@
 #include "pptm/device.cuh"
 
 // One term of the Kullback-Leibler divergence: q (ln q - ln p), with 0 ln 0 = 0 (and 0 ln(0/0) = 0).
-// p = 0 < q gives +inf, as the definition does.
+// p = 0 < q gives +inf, as the definition does; q = p gives exactly 0 (pptm_ln rounds each log on
+// its own, so the subtraction is not contracted into an FMA with a different rounding).
 __device__ __forceinline__ float pptm_op_kl_divergence(float q, float p) {
     return q == 0.0f ? 0.0f : q * (pptm_ln(q) - pptm_ln(p));
 }

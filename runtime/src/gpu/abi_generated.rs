@@ -8,9 +8,6 @@ pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
 pub const PPTM_MAX_BLOCKS: u32 = 1024;
 pub const PPTM_MAX_POLLERS: u32 = 8;
-pub const PPTM_FLAG_NO_COMPUTE_FENCE: u32 = 1;
-pub const PPTM_FLAG_ACQUIRE_POLL: u32 = 2;
-pub const PPTM_FLAG_CQ_FIRST: u32 = 4;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
@@ -21,7 +18,7 @@ pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_desc {
     pub opcode: u32,
-    pub flags: u32,
+    pub blocks: u32,
     pub args: [u64; 15usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -29,7 +26,7 @@ const _: () = {
     ["Size of pptm_desc"][::core::mem::size_of::<pptm_desc>() - 128usize];
     ["Alignment of pptm_desc"][::core::mem::align_of::<pptm_desc>() - 8usize];
     ["Offset of field: pptm_desc::opcode"][::core::mem::offset_of!(pptm_desc, opcode) - 0usize];
-    ["Offset of field: pptm_desc::flags"][::core::mem::offset_of!(pptm_desc, flags) - 4usize];
+    ["Offset of field: pptm_desc::blocks"][::core::mem::offset_of!(pptm_desc, blocks) - 4usize];
     ["Offset of field: pptm_desc::args"][::core::mem::offset_of!(pptm_desc, args) - 8usize];
 };
 #[repr(C)]
@@ -84,8 +81,7 @@ const _: () = {
 pub struct pptm_device_state {
     pub completed: u64,
     pub pad_completed: [u64; 15usize],
-    pub arrivals: u64,
-    pub pad_arrivals: [u64; 15usize],
+    pub arrivals: [u64; 64usize],
     pub decision: u64,
     pub resident: u64,
     pub pad_resident: [u64; 14usize],
@@ -94,7 +90,7 @@ pub struct pptm_device_state {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 24960usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 25344usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
@@ -102,18 +98,16 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, pad_completed) - 8usize];
     ["Offset of field: pptm_device_state::arrivals"]
         [::core::mem::offset_of!(pptm_device_state, arrivals) - 128usize];
-    ["Offset of field: pptm_device_state::pad_arrivals"]
-        [::core::mem::offset_of!(pptm_device_state, pad_arrivals) - 136usize];
     ["Offset of field: pptm_device_state::decision"]
-        [::core::mem::offset_of!(pptm_device_state, decision) - 256usize];
+        [::core::mem::offset_of!(pptm_device_state, decision) - 640usize];
     ["Offset of field: pptm_device_state::resident"]
-        [::core::mem::offset_of!(pptm_device_state, resident) - 264usize];
+        [::core::mem::offset_of!(pptm_device_state, resident) - 648usize];
     ["Offset of field: pptm_device_state::pad_resident"]
-        [::core::mem::offset_of!(pptm_device_state, pad_resident) - 272usize];
+        [::core::mem::offset_of!(pptm_device_state, pad_resident) - 656usize];
     ["Offset of field: pptm_device_state::stage"]
-        [::core::mem::offset_of!(pptm_device_state, stage) - 384usize];
+        [::core::mem::offset_of!(pptm_device_state, stage) - 768usize];
     ["Offset of field: pptm_device_state::partials"]
-        [::core::mem::offset_of!(pptm_device_state, partials) - 16768usize];
+        [::core::mem::offset_of!(pptm_device_state, partials) - 17152usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {
@@ -136,7 +130,7 @@ pub struct pptm_manifold_params {
     pub hot_polls: u32,
     pub max_backoff_ns: u32,
     pub fetch_pollers: u32,
-    pub flags: u32,
+    pub reserved: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -160,8 +154,8 @@ const _: () = {
         [::core::mem::offset_of!(pptm_manifold_params, max_backoff_ns) - 44usize];
     ["Offset of field: pptm_manifold_params::fetch_pollers"]
         [::core::mem::offset_of!(pptm_manifold_params, fetch_pollers) - 48usize];
-    ["Offset of field: pptm_manifold_params::flags"]
-        [::core::mem::offset_of!(pptm_manifold_params, flags) - 52usize];
+    ["Offset of field: pptm_manifold_params::reserved"]
+        [::core::mem::offset_of!(pptm_manifold_params, reserved) - 52usize];
 };
 impl Default for pptm_manifold_params {
     fn default() -> Self {

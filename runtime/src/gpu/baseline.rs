@@ -1,6 +1,7 @@
 //! What a user would do without pptm, for benchmarks: launch an (empty) kernel and wait, or
 //! replay it as a one-node CUDA graph and wait. Uses the `pptm_empty` kernel that every domain's
-//! module carries, on a stream of its own.
+//! module carries, on a stream of its own. Create it before the domain's manifold is resident (the
+//! module must be loaded first; see `Runtime::prepare`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 
 use super::driver::{Module, Stream};
+
 use crate::chain::DomainCode;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
@@ -17,8 +19,8 @@ pub struct LaunchBaseline {
     stream: Stream,
     func: sys::CUfunction,
     graph: sys::CUgraphExec,
+    _module: Arc<Module>,
     device: Arc<super::Device>,
-    _module: Module,
 }
 
 // SAFETY: the handles are usable from any thread once the context is bound (every method binds).
@@ -28,9 +30,8 @@ impl LaunchBaseline {
     /// Loads `code`'s module a second time (independent of any manifold) on `rt`'s GPU.
     pub fn new(rt: &Runtime, code: &'static DomainCode) -> Result<Self> {
         let device = rt.gpu_device().ok_or_else(|| Error::NoGpu("the runtime uses the CPU backend".into()))?.clone();
-        let (arch, ptx) = if device.cc.0 >= 9 { ("compute_90", code.ptx_compute_90) } else { ("compute_80", code.ptx_compute_80) };
-        let module = Module::load_ptx(&device, ptx, code.name, arch)?;
-        let func = module.function("pptm_empty")?;
+        let module = device.module(code)?;
+        let func = module.empty;
         let stream = Stream::new(&device)?;
         device.bind()?;
         // SAFETY: the stream is ours; capture records one launch of a parameterless kernel.
@@ -44,7 +45,7 @@ impl LaunchBaseline {
             let _ = result::graph::destroy(graph);
             exec.map_err(|e| Error::driver("cuGraphInstantiate", e))?
         };
-        Ok(LaunchBaseline { stream, func, graph, device, _module: module })
+        Ok(LaunchBaseline { stream, func, graph, _module: module, device })
     }
 
     /// One empty-kernel launch, then wait for it.

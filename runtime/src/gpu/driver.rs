@@ -7,13 +7,18 @@
 //!   the transfer stream, because a plain `cuMemFree` may wait for every kernel;
 //! * nothing the runtime does on the host needs an SM: memory is zeroed and filled with copies (copy
 //!   engines), never with cuMemset (a kernel), because resident manifolds may hold every SM;
+//! * modules are loaded once per process and device, before any manifold is resident: with CUDA's
+//!   lazy loading, loading code can wait for running kernels, and a manifold never finishes;
 //! * every call first makes the device's context current on the calling thread.
 
+use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{result, sys};
 
+use crate::chain::DomainCode;
 use crate::error::{Error, Result};
 
 pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
@@ -31,7 +36,15 @@ pub(crate) struct Device {
     ctx: sys::CUcontext,
     /// Serialises transfers; every transfer waits for its own completion.
     transfer: Mutex<sys::CUstream>,
+    /// Loaded modules by domain key; unloaded when the device is dropped.
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    /// Manifolds of this process that may be running on this device.
+    resident: AtomicUsize,
 }
+
+/// One `Device` per GPU per process, shared by every runtime on it (they share the primary
+/// context, and must share loaded modules: see the module docs).
+static DEVICES: Mutex<Vec<(usize, Weak<Device>)>> = Mutex::new(Vec::new());
 
 // SAFETY: CUcontext and CUstream are handles the driver lets any thread use once the context is
 // current on it (`bind` does that before every call); the stream is only used under its mutex.
@@ -49,6 +62,18 @@ impl Device {
     /// Opens GPU `ordinal`. No driver library, no device, or a device older than compute
     /// capability 8.0 is [`Error::NoGpu`], never a panic.
     pub fn open(ordinal: usize) -> Result<Arc<Device>> {
+        let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = devices.iter().find(|(o, _)| *o == ordinal).and_then(|(_, w)| w.upgrade()) {
+            d.bind()?;
+            return Ok(d);
+        }
+        let d = Self::open_new(ordinal)?;
+        devices.retain(|(o, w)| *o != ordinal && w.strong_count() > 0);
+        devices.push((ordinal, Arc::downgrade(&d)));
+        Ok(d)
+    }
+
+    fn open_new(ordinal: usize) -> Result<Arc<Device>> {
         // SAFETY: probes for the driver library without calling into it.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
@@ -82,13 +107,55 @@ impl Device {
         // SAFETY: ctx was just retained.
         unsafe { result::ctx::set_current(ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         let transfer = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| Error::driver("cuStreamCreate", e))?;
-        Ok(Arc::new(Device { ordinal, name, sm_count, cc, cooperative, cu_device, ctx, transfer: Mutex::new(transfer) }))
+        Ok(Arc::new(Device {
+            ordinal,
+            name,
+            sm_count,
+            cc,
+            cooperative,
+            cu_device,
+            ctx,
+            transfer: Mutex::new(transfer),
+            modules: Mutex::new(HashMap::new()),
+            resident: AtomicUsize::new(0),
+        }))
     }
 
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         // SAFETY: ctx stays retained for the life of `self`.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))
+    }
+
+    /// The loaded module of `code`'s domain: loaded on first use, eagerly, and kept until the
+    /// device is dropped. Refused while a manifold may be running (the load could wait for it).
+    pub fn module(&self, code: &'static DomainCode) -> Result<Arc<Module>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(code.key) {
+            return Ok(m.clone());
+        }
+        if self.resident.load(Ordering::Acquire) > 0 {
+            return Err(Error::Launch {
+                domain: code.name,
+                reason: "its code cannot be loaded while a manifold is resident on this GPU (the load would wait for \
+                         the running kernel, which never finishes); prepare every domain with Runtime::prepare before \
+                         the first submission"
+                    .into(),
+            });
+        }
+        let (arch, ptx) = if self.cc.0 >= 9 { ("compute_90", code.ptx_compute_90) } else { ("compute_80", code.ptx_compute_80) };
+        let m = Arc::new(Module::load_ptx(self, ptx, code.name, arch)?);
+        modules.insert(code.key, m.clone());
+        Ok(m)
+    }
+
+    /// Counts a manifold that is (or may be) running; `module` refuses to load while any is.
+    pub fn manifold_started(&self) {
+        self.resident.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn manifold_stopped(&self) {
+        self.resident.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn with_transfer<T>(&self, f: impl FnOnce(sys::CUstream) -> Result<T>) -> Result<T> {
@@ -158,6 +225,12 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let _ = self.bind();
+        if let Ok(modules) = self.modules.get_mut() {
+            for (_, m) in modules.drain() {
+                // SAFETY: nothing uses the module any more: whatever held it held this device too.
+                let _ = unsafe { result::module::unload(m.module) };
+            }
+        }
         if let Ok(stream) = self.transfer.get_mut() {
             // SAFETY: the stream is ours and no longer used.
             let _ = unsafe { result::stream::destroy(*stream) };
@@ -220,20 +293,25 @@ impl Drop for MappedHost {
     }
 }
 
-/// A loaded module.
+/// A loaded module with its two kernels. Owned by its `Device`, which unloads it.
 pub(crate) struct Module {
-    device: Arc<Device>,
     module: sys::CUmodule,
+    pub arch: &'static str,
+    /// The persistent loop.
+    pub manifold: sys::CUfunction,
+    /// An empty kernel, for launch-overhead baselines.
+    pub empty: sys::CUfunction,
 }
 
-// SAFETY: module handles are usable from any thread with the context current.
+// SAFETY: module and function handles are usable from any thread with the context current.
 unsafe impl Send for Module {}
 // SAFETY: as above.
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure.
-    pub fn load_ptx(device: &Arc<Device>, ptx: &str, domain: &'static str, arch: &'static str) -> Result<Self> {
+    /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure, and loads
+    /// its kernels eagerly.
+    fn load_ptx(device: &Device, ptx: &str, domain: &'static str, arch: &'static str) -> Result<Self> {
         device.bind()?;
         let image = CString::new(ptx).map_err(|_| Error::ModuleLoad { domain, arch, log: "PTX contains a NUL byte".into() })?;
         let mut log = vec![0u8; 16 * 1024];
@@ -247,22 +325,23 @@ impl Module {
             let text = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
             return Err(Error::ModuleLoad { domain, arch, log: format!("{}; {text}", Error::driver("cuModuleLoadDataEx", e)) });
         }
-        Ok(Module { device: device.clone(), module })
-    }
-
-    pub fn function(&self, name: &str) -> Result<sys::CUfunction> {
-        self.device.bind()?;
-        let c = CString::new(name).expect("function names have no NUL");
-        // SAFETY: module is loaded; the returned handle lives as long as the module.
-        unsafe { result::module::get_function(self.module, c) }.map_err(|e| Error::driver("cuModuleGetFunction", e))
-    }
-}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        let _ = self.device.bind();
-        // SAFETY: loaded in load_ptx, unloaded once, after every kernel of it has exited.
-        let _ = unsafe { result::module::unload(self.module) };
+        let function = |name: &str| -> Result<sys::CUfunction> {
+            let c = CString::new(name).expect("kernel names have no NUL");
+            // SAFETY: module is loaded; the handle lives as long as the module.
+            let f = unsafe { result::module::get_function(module, c) }.map_err(|e| Error::driver("cuModuleGetFunction", e))?;
+            // SAFETY: f is a valid function; loading it now means no later launch or query has to.
+            check("cuFuncLoad", unsafe { sys::cuFuncLoad(f) })?;
+            Ok(f)
+        };
+        let loaded = function("pptm_manifold").and_then(|m| Ok((m, function("pptm_empty")?)));
+        match loaded {
+            Ok((manifold, empty)) => Ok(Module { module, arch, manifold, empty }),
+            Err(e) => {
+                // SAFETY: loaded above and not handed out.
+                let _ = unsafe { result::module::unload(module) };
+                Err(e)
+            }
+        }
     }
 }
 

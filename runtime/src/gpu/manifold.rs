@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys};
 
 use super::abi::{PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params};
-use super::driver::{Device, MappedHost, Module, Stream};
+use super::driver::{Device, MappedHost, Stream};
 use super::queue::{self, Cell, Failure, PushError, Queue, RingMemory};
 use crate::chain::DomainCode;
 use crate::error::{Error, Result};
@@ -62,9 +62,11 @@ pub(crate) struct Manifold {
     life: Mutex<Life>,
     shutdown_timeout: Duration,
     submit_timeout: Duration,
-    // Dropped last: the kernel's code and state must outlive it.
     state: DeviceState,
-    module: Option<Module>,
+    /// Whether this manifold still counts as resident on the device.
+    counted: AtomicBool,
+    // Dropped last: the device owns the kernel's code.
+    device: Arc<Device>,
 }
 
 impl std::fmt::Debug for Manifold {
@@ -84,15 +86,14 @@ impl std::fmt::Debug for Manifold {
 impl Manifold {
     /// Loads the domain's PTX, sizes the grid with the occupancy API and launches it cooperatively.
     pub fn launch(device: &Arc<Device>, code: &'static DomainCode, cfg: &Config) -> Result<Arc<Manifold>> {
-        let (arch, ptx) = if device.cc.0 >= 9 { ("compute_90", code.ptx_compute_90) } else { ("compute_80", code.ptx_compute_80) };
         let domain = code.name;
         let launch_err = |reason: String| Error::Launch { domain, reason };
         if !device.cooperative {
             return Err(launch_err(format!("{} does not support cooperative launches", device.name)));
         }
-        tracing::debug!(domain, arch, "loading module");
-        let module = Module::load_ptx(device, ptx, domain, arch)?;
-        let func = module.function("pptm_manifold")?;
+        tracing::debug!(domain, "loading module");
+        let module = device.module(code)?;
+        let (arch, func) = (module.arch, module.manifold);
         let threads = pptm_spec::BLOCK_THREADS;
         // SAFETY: func is a kernel of the loaded module.
         let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(func, threads as i32, 0) }
@@ -129,7 +130,7 @@ impl Manifold {
             hot_polls: cfg.hot_polls,
             max_backoff_ns: cfg.max_backoff.as_nanos().min(u128::from(u32::MAX)) as u32,
             fetch_pollers: cfg.fetch_pollers,
-            flags: cfg.experiment_flags,
+            reserved: 0,
         };
         let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
         device.bind()?;
@@ -159,10 +160,11 @@ impl Manifold {
                 if queue.started() {
                     break;
                 }
-                // It may still start later (and then exit at once): keep what it would touch.
+                // It may still start later (and then exit at once): keep what it would touch, and
+                // the device (context, module) for good.
                 queue.leak_memory();
                 state.leak.store(true, Ordering::Relaxed);
-                std::mem::forget(module);
+                std::mem::forget(device.clone());
                 return Err(launch_err(format!(
                     "{grid} blocks did not become resident within {:?}: other long-running kernels hold the GPU                      (another pptm runtime in this or another process?); the launch was cancelled",
                     cfg.launch_timeout
@@ -170,6 +172,7 @@ impl Manifold {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
+        device.manifold_started();
         tracing::info!(domain, arch, grid, threads, per_sm, start_us = launched.elapsed().as_micros() as u64, "manifold resident");
         Ok(Arc::new(Manifold {
             domain,
@@ -182,7 +185,8 @@ impl Manifold {
             shutdown_timeout: cfg.shutdown_timeout,
             submit_timeout: cfg.submit_timeout,
             state,
-            module: Some(module),
+            counted: AtomicBool::new(true),
+            device: device.clone(),
         }))
     }
 
@@ -256,7 +260,15 @@ impl Manifold {
             Ok(true) => "the manifold kernel exited without a shutdown item".to_string(),
             Err(e) => e.to_string(),
         };
+        self.stopped_running();
         self.fail(reason);
+    }
+
+    /// The kernel is known to have stopped running.
+    fn stopped_running(&self) {
+        if self.counted.swap(false, Ordering::AcqRel) {
+            self.device.manifold_stopped();
+        }
     }
 
     fn fail(&self, reason: String) {
@@ -299,6 +311,7 @@ impl Manifold {
         };
         if stopped {
             *self.life.lock().unwrap_or_else(|e| e.into_inner()) = Life::Exited;
+            self.stopped_running();
             // Anything still without a result was never run (cannot happen in order, but be sure).
             self.queue.fail_pending(Failure::ShutDown);
             tracing::info!(domain = self.domain, items = self.queue.submitted(), "manifold shut down");
@@ -311,6 +324,8 @@ impl Manifold {
         self.fail(reason.clone());
         self.queue.leak_memory();
         self.state.leak.store(true, Ordering::Relaxed);
+        // The kernel may still run: its code and context must stay.
+        std::mem::forget(self.device.clone());
         Err(Error::ManifoldStopped { domain: self.domain, reason })
     }
 
@@ -322,6 +337,7 @@ impl Manifold {
                 Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(50)),
                 Ok(false) => return false,
                 Err(e) => {
+                    self.stopped_running();
                     self.fail(e.to_string());
                     return false;
                 }
@@ -335,10 +351,6 @@ impl Drop for Manifold {
     fn drop(&mut self) {
         if self.life() == Life::Running {
             let _ = self.shutdown();
-        }
-        if self.state.leak.load(Ordering::Relaxed) {
-            // The kernel may still run: its code must stay loaded.
-            std::mem::forget(self.module.take());
         }
     }
 }
