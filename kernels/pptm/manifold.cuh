@@ -206,7 +206,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (threadIdx.x == 0) {
             if (op >= PPTM_OP_FIRST_VARIANT) S->partials[blockIdx.x] = partial;
-            sh.last = pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
+            // A one-block item (a no-op, a small input) is trivially last: no atomic.
+            sh.last = blocks == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
         }
         __syncthreads();
         if (sh.last) {
@@ -225,7 +226,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
                 // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
-                *arrivals = 0;
+                if (blocks > 1) *arrivals = 0;
                 pptm_st_release_gpu(&S->completed, seq + 1);
             }
         }

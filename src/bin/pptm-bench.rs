@@ -156,7 +156,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let q4 = positive(4096, 7);
         let p4 = positive(4096, 8);
         let want = kl_reference(&q4, &p4);
-        for pollers in [1u32, 2] {
+        for pollers in [1u32, 2, 3] {
             for _repeat in 0..2 {
                 let cfg = pptm::Config { fetch_pollers: pollers, ..Default::default() };
                 let rt = Runtime::gpu_with(cfg)?;
@@ -177,6 +177,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     ),
                 );
             }
+        }
+    }
+
+    // 5. Bandwidth at 2^26 with one and two compute blocks per SM.
+    if !quick {
+        let n = 1 << 26;
+        let (q, p) = (positive(n, 11), positive(n, 12));
+        let want = kl_reference(&q, &p);
+        for blocks_per_sm in [1u32, 2] {
+            let rt = Runtime::gpu_with(pptm::Config { blocks_per_sm, ..Default::default() })?;
+            let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
+            let got = f64::from(KlComplexity::submit(&rt, &qb, &pb)?.wait()?);
+            if ((got - want) / want).abs() > 1e-5 {
+                return Err(format!("blocks_per_sm={blocks_per_sm}: wrong result {got} vs {want}").into());
+            }
+            let s = time(20, 200, || KlComplexity::submit(&rt, &qb, &pb)?.wait().map(|_| ()))?;
+            let gbs = 8.0 * n as f64 / (s.median_us * 1e-6) / 1e9;
+            let blocks = rt.manifold_blocks::<KlComplexity>().unwrap_or(0);
+            row(
+                &format!("KlComplexity 2^26, blocks_per_sm = {blocks_per_sm} ({blocks} blocks)"),
+                format!("median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s", s.median_us, s.p99_us, gbs),
+            );
         }
     }
 
