@@ -31,21 +31,33 @@ fn distribution(n: usize) -> Vec<f32> {
 fn median_p99(mut t: Vec<Duration>) -> (f64, f64) {
     t.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    (us(t[t.len() / 2]), us(t[(t.len() * 99 / 100).min(t.len() - 1)]))
+    (
+        us(t[t.len() / 2]),
+        us(t[(t.len() * 99 / 100).min(t.len() - 1)]),
+    )
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
     let rt = Runtime::new()?;
     println!("pptm quickstart on the {}", rt.describe());
     println!();
-    println!("{:>10}  {:>13}  {:>13}  {:>9}  {:>12}  {:>9}  {:>8}", "n", "KL (pptm)", "KL (f64 ref)", "rel err", "median µs", "p99 µs", "GB/s");
+    println!(
+        "{:>10}  {:>13}  {:>13}  {:>9}  {:>12}  {:>9}  {:>8}",
+        "n", "KL (pptm)", "KL (f64 ref)", "rel err", "median µs", "p99 µs", "GB/s"
+    );
     let mut worst = 0.0f64;
     for n in [4096usize, 1 << 20, 1 << 24] {
         let (q, p) = (distribution(n), distribution(n));
         let reference: f64 = q
             .iter()
             .zip(&p)
-            .map(|(&q, &p)| if q == 0.0 { 0.0 } else { f64::from(q) * (f64::from(q).ln() - f64::from(p).ln()) })
+            .map(|(&q, &p)| {
+                if q == 0.0 {
+                    0.0
+                } else {
+                    f64::from(q) * (f64::from(q).ln() - f64::from(p).ln())
+                }
+            })
             .sum();
         let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
 
@@ -66,7 +78,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         let (median, p99) = median_p99(times);
         let gbs = 8.0 * n as f64 / (median * 1e-6) / 1e9;
-        println!("{n:>10}  {kl:>13.7}  {reference:>13.7}  {rel:>9.2e}  {median:>12.2}  {p99:>9.2}  {gbs:>8.1}");
+        println!(
+            "{n:>10}  {kl:>13.7}  {reference:>13.7}  {rel:>9.2e}  {median:>12.2}  {p99:>9.2}  {gbs:>8.1}"
+        );
     }
 
     let mut times = Vec::with_capacity(2000);

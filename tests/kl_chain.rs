@@ -18,7 +18,10 @@ fn kl_complexity_matches_f64_reference(rt: &Runtime) {
         let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
         let got = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
         let err = rel_err(f64::from(got), want);
-        assert!(err < 1e-5, "n = {n}: got {got}, f64 reference {want}, relative error {err:e}");
+        assert!(
+            err < 1e-5,
+            "n = {n}: got {got}, f64 reference {want}, relative error {err:e}"
+        );
     }
 }
 
@@ -32,23 +35,44 @@ fn kl_complexity_of_normalised_distributions(rt: &Runtime) {
         let q = norm(positive(n));
         let p = norm(positive(n));
         let want = kl_reference(&q, &p);
-        let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap()).unwrap().wait().unwrap();
+        let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap())
+            .unwrap()
+            .wait()
+            .unwrap();
         let err = rel_err(f64::from(got), want);
-        assert!(err < 1e-5, "n = {n}: got {got}, want {want}, relative error {err:e}");
+        assert!(
+            err < 1e-5,
+            "n = {n}: got {got}, want {want}, relative error {err:e}"
+        );
     }
 }
 
 fn zero_q_contributes_zero(rt: &Runtime) {
     // 0 ln 0 = 0, also where p = 0 (0 ln(0/0) = 0).
     let q = vec![0.0f32; 1000];
-    let p: Vec<f32> = (0..1000).map(|i| if i % 2 == 0 { 0.0 } else { 0.5 }).collect();
-    let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap()).unwrap().wait().unwrap();
+    let p: Vec<f32> = (0..1000)
+        .map(|i| if i % 2 == 0 { 0.0 } else { 0.5 })
+        .collect();
+    let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap())
+        .unwrap()
+        .wait()
+        .unwrap();
     assert_eq!(got, 0.0);
     // An empty chain sums to 0.
     let e = rt.upload::<f32>(&[]).unwrap();
-    assert_eq!(KlComplexity::submit(rt, &e, &e).unwrap().wait().unwrap(), 0.0);
+    assert_eq!(
+        KlComplexity::submit(rt, &e, &e).unwrap().wait().unwrap(),
+        0.0
+    );
     // q > 0 = p: +inf, as the definition says.
-    let got = KlComplexity::submit(rt, &rt.upload(&[0.5f32, 0.5]).unwrap(), &rt.upload(&[0.0f32, 0.5]).unwrap()).unwrap().wait().unwrap();
+    let got = KlComplexity::submit(
+        rt,
+        &rt.upload(&[0.5f32, 0.5]).unwrap(),
+        &rt.upload(&[0.0f32, 0.5]).unwrap(),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
     assert_eq!(got, f32::INFINITY);
 }
 
@@ -60,13 +84,21 @@ fn kl_terms_writes_every_element(rt: &Runtime) {
         let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
         let mut out = rt.alloc::<f32>(n).unwrap();
         out.fill(f32::NAN).unwrap(); // poison: an unwritten element shows as NaN
-        KlTerms::submit(rt, &qb, &pb, &mut out).unwrap().wait().unwrap();
+        KlTerms::submit(rt, &qb, &pb, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
         let got = out.to_vec().unwrap();
         for i in 0..n {
             let want = kl_term(q[i], p[i]);
             let g = f64::from(got[i]);
             let tol = 1e-5 * want.abs().max(f64::from(q[i])).max(1e-30);
-            assert!((g - want).abs() <= tol, "n = {n}, element {i}: got {g}, want {want} (q {}, p {})", q[i], p[i]);
+            assert!(
+                (g - want).abs() <= tol,
+                "n = {n}, element {i}: got {g}, want {want} (q {}, p {})",
+                q[i],
+                p[i]
+            );
         }
     }
 }
@@ -82,7 +114,10 @@ fn kl_terms_on_unaligned_lengths_and_reused_buffers(rt: &Runtime) {
         qb.write(&q).unwrap();
         pb.write(&p).unwrap();
         out.fill(f32::NAN).unwrap();
-        KlTerms::submit(rt, &qb, &pb, &mut out).unwrap().wait().unwrap();
+        KlTerms::submit(rt, &qb, &pb, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
         let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
         let want = kl_reference(&q, &p);
         assert!(rel_err(sum, want) < 1e-5, "sum of terms {sum}, want {want}");
@@ -99,22 +134,39 @@ fn narrow_and_wide_items_interleave(rt: &Runtime) {
         .iter()
         .map(|&n| {
             let (q, p) = (positive(n), positive(n));
-            (rt.upload(&q).unwrap(), rt.upload(&p).unwrap(), kl_reference(&q, &p))
+            (
+                rt.upload(&q).unwrap(),
+                rt.upload(&p).unwrap(),
+                kl_reference(&q, &p),
+            )
         })
         .collect();
     let mut out = rt.alloc::<f32>(sizes[3]).unwrap();
     for round in 0..50 {
         out.fill(f32::NAN).unwrap();
-        let tickets: Vec<_> = inputs.iter().map(|(q, p, _)| KlComplexity::submit(rt, q, p).unwrap()).collect();
+        let tickets: Vec<_> = inputs
+            .iter()
+            .map(|(q, p, _)| KlComplexity::submit(rt, q, p).unwrap())
+            .collect();
         // A vector item in the middle of the stream, too.
         let (q3, p3, want3) = &inputs[3];
-        KlTerms::submit(rt, q3, p3, &mut out).unwrap().wait().unwrap();
+        KlTerms::submit(rt, q3, p3, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
         for (i, (t, (_, _, want))) in tickets.into_iter().zip(&inputs).enumerate() {
             let got = f64::from(t.wait().unwrap());
-            assert!(rel_err(got, *want) < 1e-5, "round {round}, item {i} (n = {}): got {got}, want {want}", sizes[i]);
+            assert!(
+                rel_err(got, *want) < 1e-5,
+                "round {round}, item {i} (n = {}): got {got}, want {want}",
+                sizes[i]
+            );
         }
         let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
-        assert!(rel_err(sum, *want3) < 1e-5, "round {round}: KlTerms sum {sum}, want {want3}");
+        assert!(
+            rel_err(sum, *want3) < 1e-5,
+            "round {round}: KlTerms sum {sum}, want {want3}"
+        );
     }
 }
 

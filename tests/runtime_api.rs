@@ -17,9 +17,15 @@ fn tickets_resolve_once(rt: &Runtime) {
     let v = t.wait_timeout(Duration::from_secs(10)).unwrap();
     assert!(rel_err(f64::from(v), kl_reference(&q, &p)) < 1e-5);
     assert!(t.is_ready());
-    assert!(matches!(t.wait_timeout(Duration::from_secs(1)), Err(Error::TicketConsumed)));
+    assert!(matches!(
+        t.wait_timeout(Duration::from_secs(1)),
+        Err(Error::TicketConsumed)
+    ));
     assert!(matches!(t.wait(), Err(Error::TicketConsumed)));
-    assert_eq!(rt.backend() == BackendKind::Gpu, KlComplexity::submit(rt, &qb, &pb).unwrap().seq().is_some());
+    assert_eq!(
+        rt.backend() == BackendKind::Gpu,
+        KlComplexity::submit(rt, &qb, &pb).unwrap().seq().is_some()
+    );
 }
 
 fn noop_round_trips(rt: &Runtime) {
@@ -32,25 +38,52 @@ fn bad_input_is_a_typed_error(rt: &Runtime) {
     let q = rt.upload(&positive(10)).unwrap();
     let p = rt.upload(&positive(11)).unwrap();
     match KlComplexity::submit(rt, &q, &p) {
-        Err(Error::LengthMismatch { arg: "p", first: "q", expected: 10, got: 11, .. }) => {}
+        Err(Error::LengthMismatch {
+            arg: "p",
+            first: "q",
+            expected: 10,
+            got: 11,
+            ..
+        }) => {}
         other => panic!("expected LengthMismatch, got {other:?}"),
     }
     let mut out = rt.alloc::<f32>(9).unwrap();
-    assert!(matches!(KlTerms::submit(rt, &q, &q, &mut out), Err(Error::LengthMismatch { arg: "out", .. })));
+    assert!(matches!(
+        KlTerms::submit(rt, &q, &q, &mut out),
+        Err(Error::LengthMismatch { arg: "out", .. })
+    ));
 
     // A buffer of another runtime.
     let other = Runtime::cpu();
     let foreign = other.upload(&positive(10)).unwrap();
-    assert!(matches!(KlComplexity::submit(rt, &q, &foreign), Err(Error::ForeignBuffer { arg: "p", .. })));
+    assert!(matches!(
+        KlComplexity::submit(rt, &q, &foreign),
+        Err(Error::ForeignBuffer { arg: "p", .. })
+    ));
 
     // Host slices of the wrong length.
     let mut short = vec![0.0f32; 9];
-    assert!(matches!(q.read_into(&mut short), Err(Error::SliceLength { buffer: 10, slice: 9 })));
+    assert!(matches!(
+        q.read_into(&mut short),
+        Err(Error::SliceLength {
+            buffer: 10,
+            slice: 9
+        })
+    ));
     let mut qm = rt.upload(&positive(10)).unwrap();
-    assert!(matches!(qm.write(&[1.0; 3]), Err(Error::SliceLength { buffer: 10, slice: 3 })));
+    assert!(matches!(
+        qm.write(&[1.0; 3]),
+        Err(Error::SliceLength {
+            buffer: 10,
+            slice: 3
+        })
+    ));
 
     // Hand-made argument lists (what the generated submit never gets wrong).
-    assert!(matches!(rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q)]), Err(Error::BadArguments { .. })));
+    assert!(matches!(
+        rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q)]),
+        Err(Error::BadArguments { .. })
+    ));
     assert!(matches!(
         rt.submit_chain::<KlComplexity>(vec![Arg::Input("p", &q), Arg::Input("q", &q)]),
         Err(Error::BadArguments { .. })
@@ -60,7 +93,10 @@ fn bad_input_is_a_typed_error(rt: &Runtime) {
         Err(Error::BadArguments { .. })
     ));
     // Oversized allocations are errors too.
-    assert!(matches!(rt.alloc::<f64>(usize::MAX / 4), Err(Error::TooLarge { .. })));
+    assert!(matches!(
+        rt.alloc::<f64>(usize::MAX / 4),
+        Err(Error::TooLarge { .. })
+    ));
 }
 
 /// 100 000 back-to-back submissions, up to 192 in flight, each checked against its own reference.
@@ -80,7 +116,10 @@ fn many_submissions_complete_exactly_once(rt: &Runtime) {
     let mut check = |(i, t): (usize, pptm::Ticket<'_, f32>)| {
         let got = t.wait().unwrap();
         let want = inputs[i % INPUTS].2;
-        assert!(rel_err(f64::from(got), want) < 1e-5, "item {i}: got {got}, want {want}");
+        assert!(
+            rel_err(f64::from(got), want) < 1e-5,
+            "item {i}: got {got}, want {want}"
+        );
         completed += 1;
     };
     for i in 0..ITEMS {
@@ -111,7 +150,9 @@ fn try_submit_never_blocks(rt: &Runtime) {
                 assert_eq!(capacity, rt.config().queue_slots as usize);
                 full += 1;
                 // Make room, as a caller would.
-                tickets.drain(..).for_each(|t| assert_eq!(t.wait().unwrap(), 0.0));
+                tickets
+                    .drain(..)
+                    .for_each(|t| assert_eq!(t.wait().unwrap(), 0.0));
             }
             Err(e) => panic!("{e}"),
         }
@@ -123,7 +164,23 @@ fn try_submit_never_blocks(rt: &Runtime) {
     assert!(accepted >= 1000, "most submissions should find room");
 }
 
+/// After an idle spell (the fetcher backs off its polling) items still complete, with results.
+fn items_after_idling_complete(rt: &Runtime) {
+    let (q, p) = (positive(1000), positive(1000));
+    let want = kl_reference(&q, &p);
+    let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+    for pause_ms in [0u64, 20, 60] {
+        std::thread::sleep(Duration::from_millis(pause_ms));
+        let got = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
+        assert!(
+            rel_err(f64::from(got), want) < 1e-5,
+            "after {pause_ms} ms idle: {got} vs {want}"
+        );
+    }
+}
+
 on_every_backend!(
+    items_after_idling_complete,
     tickets_resolve_once,
     noop_round_trips,
     bad_input_is_a_typed_error,
@@ -136,13 +193,23 @@ fn runtime_new_says_which_backend_it_chose() {
     // Whatever is present here, the choice is explained.
     let rt = Runtime::cpu();
     assert_eq!(rt.backend(), BackendKind::Cpu);
-    assert!(rt.describe().starts_with("CPU backend"), "{}", rt.describe());
+    assert!(
+        rt.describe().starts_with("CPU backend"),
+        "{}",
+        rt.describe()
+    );
 }
 
 #[test]
 fn bad_configuration_is_rejected() {
-    let cfg = pptm::Config { queue_slots: 100, ..Default::default() };
+    let cfg = pptm::Config {
+        queue_slots: 100,
+        ..Default::default()
+    };
     assert!(matches!(Runtime::with_config(cfg), Err(Error::Config(_))));
-    let cfg = pptm::Config { blocks_per_sm: 0, ..Default::default() };
+    let cfg = pptm::Config {
+        blocks_per_sm: 0,
+        ..Default::default()
+    };
     assert!(matches!(Runtime::with_config(cfg), Err(Error::Config(_))));
 }

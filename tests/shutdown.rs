@@ -17,7 +17,9 @@ fn runtimes() -> Vec<Runtime> {
     let mut v = vec![Runtime::cpu()];
     match Runtime::gpu() {
         Ok(rt) => v.push(rt),
-        Err(Error::NoGpu(why)) if !common::require_gpu() => common::skip(&format!("GPU half of the shutdown tests ({why})")),
+        Err(Error::NoGpu(why)) if !common::require_gpu() => {
+            common::skip(&format!("GPU half of the shutdown tests ({why})"))
+        }
         Err(e) => panic!("{e}"),
     }
     v
@@ -31,7 +33,9 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
         let (q, p) = (positive(n), positive(n));
         let want = kl_reference(&q, &p);
         let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
-        let tickets: Vec<_> = (0..1000).map(|_| KlComplexity::submit(&rt, &qb, &pb).unwrap()).collect();
+        let tickets: Vec<_> = (0..1000)
+            .map(|_| KlComplexity::submit(&rt, &qb, &pb).unwrap())
+            .collect();
         let started = Instant::now();
         drop(rt);
         let dropped_in = started.elapsed();
@@ -49,7 +53,10 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
         assert_eq!(ok + shut, 1000);
         // Items submitted before the drop are drained, not dropped.
         assert_eq!(ok, 1000, "every item submitted before the drop completes");
-        assert!(dropped_in < Duration::from_secs(5), "drop took {dropped_in:?}");
+        assert!(
+            dropped_in < Duration::from_secs(5),
+            "drop took {dropped_in:?}"
+        );
         // Buffers outlive the runtime.
         assert_eq!(qb.to_vec().unwrap(), q);
     }
@@ -74,8 +81,16 @@ fn submitting_after_shutdown_is_an_error() {
 #[test]
 fn runtimes_beyond_the_gpus_capacity_fail_to_launch_instead_of_hanging() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_) = runtimes().into_iter().find(|r| r.backend() == pptm::BackendKind::Gpu) else { return };
-    let cfg = pptm::Config { launch_timeout: Duration::from_millis(500), ..Default::default() };
+    let Some(_) = runtimes()
+        .into_iter()
+        .find(|r| r.backend() == pptm::BackendKind::Gpu)
+    else {
+        return;
+    };
+    let cfg = pptm::Config {
+        launch_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
     let mut live = Vec::new();
     let mut refused = None;
     for _ in 0..8 {
@@ -95,7 +110,10 @@ fn runtimes_beyond_the_gpus_capacity_fail_to_launch_instead_of_hanging() {
     // The resident ones still work.
     for rt in &live {
         let q = rt.upload(&positive(1000)).unwrap();
-        assert_eq!(KlComplexity::submit(rt, &q, &q).unwrap().wait().unwrap(), 0.0);
+        assert_eq!(
+            KlComplexity::submit(rt, &q, &q).unwrap().wait().unwrap(),
+            0.0
+        );
     }
     drop(live);
     // Once they are gone, a new runtime launches (the cancelled launch exits when it starts).

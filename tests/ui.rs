@@ -3,7 +3,11 @@
 #[test]
 fn invalid_chains_do_not_compile() {
     // trybuild drives cargo; the GPU hosts that run the bundled test binaries have no toolchain.
-    if std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).arg("--version").output().is_err() {
+    if std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("SKIPPED (no cargo here): compile-fail tests run wherever cargo test runs");
         return;
     }

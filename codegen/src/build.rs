@@ -5,12 +5,10 @@ use std::path::PathBuf;
 use crate::nvrtc::Nvrtc;
 use crate::project::Project;
 
-/// Call from a crate's `build.rs`:
+/// Call from a crate's `build.rs` (its whole `main`):
 ///
 /// ```no_run
-/// fn main() {
-///     pptm_codegen::build_script();
-/// }
+/// pptm_codegen::build_script();
 /// ```
 ///
 /// It scans src/, examples/ and tests/ for chains and compares generated/ with them. When fresh, it
@@ -18,9 +16,14 @@ use crate::project::Project;
 /// warning: commit the result), and otherwise fails the build with the command that fixes it.
 /// `PPTM_CODEGEN=verify` never writes (CI uses it); `PPTM_NVRTC` points at libnvrtc.so.13.
 pub fn build_script() {
-    let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
+    let root =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
     let project = Project::at(&root);
-    for dir in project.source_dirs.iter().chain(std::iter::once(&"generated".to_string())) {
+    for dir in project
+        .source_dirs
+        .iter()
+        .chain(std::iter::once(&"generated".to_string()))
+    {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
@@ -34,9 +37,17 @@ pub fn build_script() {
     if stale.is_empty() {
         return;
     }
-    let reasons = stale.iter().map(|r| format!("  - {r}")).collect::<Vec<_>>().join("\n");
+    let reasons = stale
+        .iter()
+        .map(|r| format!("  - {r}"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let verify_only = std::env::var("PPTM_CODEGEN").is_ok_and(|v| v == "verify");
-    let nvrtc = if verify_only { None } else { Nvrtc::find().ok() };
+    let nvrtc = if verify_only {
+        None
+    } else {
+        Nvrtc::find().ok()
+    };
     match nvrtc {
         Some(nvrtc) => match project.regenerate(&plan, &nvrtc) {
             Ok(_) => {
@@ -44,7 +55,9 @@ pub fn build_script() {
                     println!("cargo:warning=pptm: regenerated generated/ ({r}); commit the result");
                 }
             }
-            Err(e) => fail(&format!("pptm codegen: generated/ is stale:\n{reasons}\nand regenerating it failed: {e}")),
+            Err(e) => fail(&format!(
+                "pptm codegen: generated/ is stale:\n{reasons}\nand regenerating it failed: {e}"
+            )),
         },
         None => fail(&format!(
             "pptm: generated/ is stale:\n{reasons}\n\
@@ -52,7 +65,11 @@ pub fn build_script() {
              NVRTC: {}{}",
             crate::REGENERATE_COMMAND,
             crate::NVRTC_INSTALL_HINT,
-            if verify_only { "\n(PPTM_CODEGEN=verify: this build does not regenerate)" } else { "" }
+            if verify_only {
+                "\n(PPTM_CODEGEN=verify: this build does not regenerate)"
+            } else {
+                ""
+            }
         )),
     }
 }

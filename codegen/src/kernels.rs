@@ -4,11 +4,23 @@
 /// (include name, text) of every header the generated code may include.
 pub const HEADERS: &[(&str, &str)] = &[
     ("pptm/abi.h", include_str!("../../kernels/pptm/abi.h")),
-    ("pptm/device.cuh", include_str!("../../kernels/pptm/device.cuh")),
+    (
+        "pptm/device.cuh",
+        include_str!("../../kernels/pptm/device.cuh"),
+    ),
     ("pptm/fuse.cuh", include_str!("../../kernels/pptm/fuse.cuh")),
-    ("pptm/manifold.cuh", include_str!("../../kernels/pptm/manifold.cuh")),
-    ("pptm/ops/divergence.cuh", include_str!("../../kernels/pptm/ops/divergence.cuh")),
-    ("pptm/ops/reduce.cuh", include_str!("../../kernels/pptm/ops/reduce.cuh")),
+    (
+        "pptm/manifold.cuh",
+        include_str!("../../kernels/pptm/manifold.cuh"),
+    ),
+    (
+        "pptm/ops/divergence.cuh",
+        include_str!("../../kernels/pptm/ops/divergence.cuh"),
+    ),
+    (
+        "pptm/ops/reduce.cuh",
+        include_str!("../../kernels/pptm/ops/reduce.cuh"),
+    ),
 ];
 
 /// The text of one embedded header.
@@ -23,7 +35,12 @@ mod tests {
     #[test]
     fn every_op_header_is_embedded() {
         for op in pptm_spec::ops::CATALOG {
-            assert!(header(op.header).is_some_and(|t| t.contains(op.device)), "{} / {}", op.header, op.device);
+            assert!(
+                header(op.header).is_some_and(|t| t.contains(op.device)),
+                "{} / {}",
+                op.header,
+                op.device
+            );
         }
     }
 
@@ -38,9 +55,17 @@ mod tests {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
-                    let name = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+                    let name = path
+                        .strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .replace('\\', "/");
                     let text = std::fs::read_to_string(&path).unwrap();
-                    assert_eq!(header(&name), Some(text.as_str()), "kernels/{name} is not in HEADERS");
+                    assert_eq!(
+                        header(&name),
+                        Some(text.as_str()),
+                        "kernels/{name} is not in HEADERS"
+                    );
                 }
             }
         }

@@ -38,16 +38,30 @@ impl Manifest {
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str("# pptm generated code: written by pptm-codegen; do not edit.\n");
-        let _ = writeln!(s, "# Regenerate with `{}` (needs NVRTC 13.0; see README.md).", crate::REGENERATE_COMMAND);
+        let _ = writeln!(
+            s,
+            "# Regenerate with `{}` (needs NVRTC 13.0; see README.md).",
+            crate::REGENERATE_COMMAND
+        );
         let _ = writeln!(s, "format {FORMAT}");
         let _ = writeln!(s, "nvrtc {}", self.nvrtc);
         for d in &self.domains {
-            let _ = writeln!(s, "domain {} inputs={} archs={}", d.name, d.input_hash, d.archs.join(","));
+            let _ = writeln!(
+                s,
+                "domain {} inputs={} archs={}",
+                d.name,
+                d.input_hash,
+                d.archs.join(",")
+            );
             for (path, hash) in &d.files {
                 let _ = writeln!(s, "  file {path} sha256={hash}");
             }
             for c in &d.chains {
-                let _ = writeln!(s, "  chain {} spec={} opcode=0x{:08x} stages={}", c.name, c.spec_hash, c.opcode, c.stages);
+                let _ = writeln!(
+                    s,
+                    "  chain {} spec={} opcode=0x{:08x} stages={}",
+                    c.name, c.spec_hash, c.opcode, c.stages
+                );
             }
         }
         s
@@ -67,10 +81,19 @@ impl Manifest {
             let kind = words.next().ok_or_else(bad)?;
             let rest: Vec<&str> = words.collect();
             let kv = |key: &str| -> Result<String, String> {
-                rest.iter().find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('='))).map(str::to_string).ok_or_else(bad)
+                rest.iter()
+                    .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                    .map(str::to_string)
+                    .ok_or_else(bad)
             };
             match kind {
-                "format" => format = Some(rest.first().and_then(|v| v.parse::<u32>().ok()).ok_or_else(bad)?),
+                "format" => {
+                    format = Some(
+                        rest.first()
+                            .and_then(|v| v.parse::<u32>().ok())
+                            .ok_or_else(bad)?,
+                    )
+                }
                 "nvrtc" => nvrtc = Some(rest.join(" ")),
                 "domain" => domains.push(DomainEntry {
                     name: rest.first().ok_or_else(bad)?.to_string(),
@@ -81,11 +104,13 @@ impl Manifest {
                 }),
                 "file" => {
                     let d = domains.last_mut().ok_or_else(bad)?;
-                    d.files.push((rest.first().ok_or_else(bad)?.to_string(), kv("sha256")?));
+                    d.files
+                        .push((rest.first().ok_or_else(bad)?.to_string(), kv("sha256")?));
                 }
                 "chain" => {
                     let opcode = kv("opcode")?;
-                    let opcode = u32::from_str_radix(opcode.trim_start_matches("0x"), 16).map_err(|_| bad())?;
+                    let opcode = u32::from_str_radix(opcode.trim_start_matches("0x"), 16)
+                        .map_err(|_| bad())?;
                     let entry = ChainEntry {
                         name: rest.first().ok_or_else(bad)?.to_string(),
                         spec_hash: kv("spec")?,
@@ -99,10 +124,17 @@ impl Manifest {
         }
         match format {
             Some(FORMAT) => {}
-            Some(f) => return Err(format!("manifest format {f}; this pptm-codegen reads format {FORMAT}")),
+            Some(f) => {
+                return Err(format!(
+                    "manifest format {f}; this pptm-codegen reads format {FORMAT}"
+                ));
+            }
             None => return Err("no `format` line".into()),
         }
-        Ok(Manifest { nvrtc: nvrtc.ok_or("no `nvrtc` line")?, domains })
+        Ok(Manifest {
+            nvrtc: nvrtc.ok_or("no `nvrtc` line")?,
+            domains,
+        })
     }
 }
 
@@ -135,7 +167,11 @@ mod tests {
     #[test]
     fn rejects_garbage_and_other_formats() {
         assert!(Manifest::parse("format 1\nbogus line\n").is_err());
-        assert!(Manifest::parse("format 2\nnvrtc x\n").unwrap_err().contains("format 2"));
+        assert!(
+            Manifest::parse("format 2\nnvrtc x\n")
+                .unwrap_err()
+                .contains("format 2")
+        );
         assert!(Manifest::parse("nvrtc x\n").is_err());
         assert!(Manifest::parse("format 1\nnvrtc x\n  file a sha256=b\n").is_err());
     }

@@ -23,13 +23,28 @@ pub enum NvrtcError {
         found.0, found.1, PINNED_VERSION.0, PINNED_VERSION.1, crate::NVRTC_INSTALL_HINT)]
     WrongVersion { path: String, found: (i32, i32) },
     #[error("{call} failed: {msg} (nvrtcResult {code})")]
-    Api { call: &'static str, code: c_int, msg: String },
+    Api {
+        call: &'static str,
+        code: c_int,
+        msg: String,
+    },
     #[error("NVRTC could not compile {name} for {arch}:\n{log}")]
-    Compile { name: String, arch: String, log: String },
+    Compile {
+        name: String,
+        arch: String,
+        log: String,
+    },
 }
 
 type Program = *mut c_void;
-type CreateFn = unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int;
+type CreateFn = unsafe extern "C" fn(
+    *mut Program,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
 type CompileFn = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
 type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> c_int;
 type GetFn = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
@@ -48,7 +63,10 @@ pub struct Nvrtc {
 
 impl std::fmt::Debug for Nvrtc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvrtc").field("path", &self.path).field("version", &self.version).finish()
+        f.debug_struct("Nvrtc")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -62,15 +80,23 @@ impl Nvrtc {
                 return Self::load(path);
             }
         }
-        Err(NvrtcError::NotFound { searched: candidates.iter().map(|p| p.display().to_string()).collect() })
+        Err(NvrtcError::NotFound {
+            searched: candidates.iter().map(|p| p.display().to_string()).collect(),
+        })
     }
 
     /// Loads NVRTC from `path` (libnvrtc.so.13) and checks its version.
     pub fn load(path: &Path) -> Result<Self, NvrtcError> {
-        let load_err = |p: &Path, e: libloading::Error| NvrtcError::Load { path: p.display().to_string(), msg: e.to_string() };
+        let load_err = |p: &Path, e: libloading::Error| NvrtcError::Load {
+            path: p.display().to_string(),
+            msg: e.to_string(),
+        };
         // NVRTC loads libnvrtc-builtins by soname when it compiles. Loading it first, globally, from
         // the same folder makes that lookup succeed without touching LD_LIBRARY_PATH.
-        let builtins = path.parent().map(|d| d.join("libnvrtc-builtins.so.13.0")).filter(|p| p.is_file());
+        let builtins = path
+            .parent()
+            .map(|d| d.join("libnvrtc-builtins.so.13.0"))
+            .filter(|p| p.is_file());
         let builtins = match builtins {
             Some(b) => {
                 // SAFETY: loading a shared library runs its initialisers; this is NVIDIA's own
@@ -88,7 +114,12 @@ impl Nvrtc {
         };
         // SAFETY: as above, for libnvrtc itself.
         let lib = unsafe { Library::new(path) }.map_err(|e| load_err(path, e))?;
-        let mut nvrtc = Nvrtc { lib, _builtins: builtins, path: path.to_path_buf(), version: (0, 0) };
+        let mut nvrtc = Nvrtc {
+            lib,
+            _builtins: builtins,
+            path: path.to_path_buf(),
+            version: (0, 0),
+        };
         let version_fn: VersionFn = nvrtc.sym("nvrtcVersion")?;
         let (mut major, mut minor) = (0, 0);
         // SAFETY: nvrtcVersion writes two ints through valid pointers.
@@ -96,7 +127,10 @@ impl Nvrtc {
         nvrtc.check("nvrtcVersion", code)?;
         nvrtc.version = (major, minor);
         if nvrtc.version != PINNED_VERSION {
-            return Err(NvrtcError::WrongVersion { path: path.display().to_string(), found: nvrtc.version });
+            return Err(NvrtcError::WrongVersion {
+                path: path.display().to_string(),
+                found: nvrtc.version,
+            });
         }
         Ok(nvrtc)
     }
@@ -123,14 +157,22 @@ impl Nvrtc {
         }
         let msg = match self.sym::<ErrorStringFn>("nvrtcGetErrorString") {
             // SAFETY: nvrtcGetErrorString returns a static NUL-terminated string for any code.
-            Ok(f) => unsafe { CStr::from_ptr(f(code)) }.to_string_lossy().into_owned(),
+            Ok(f) => unsafe { CStr::from_ptr(f(code)) }
+                .to_string_lossy()
+                .into_owned(),
             Err(_) => "unknown error".into(),
         };
         Err(NvrtcError::Api { call, code, msg })
     }
 
     /// Compiles `src` (named `name`, with in-memory `headers`) with `options`; returns the PTX.
-    pub fn compile(&self, name: &str, src: &str, headers: &[(&str, &str)], options: &[String]) -> Result<String, NvrtcError> {
+    pub fn compile(
+        &self,
+        name: &str,
+        src: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> Result<String, NvrtcError> {
         let create: CreateFn = self.sym("nvrtcCreateProgram")?;
         let compile: CompileFn = self.sym("nvrtcCompileProgram")?;
         let log_size: SizeFn = self.sym("nvrtcGetProgramLogSize")?;
@@ -144,8 +186,10 @@ impl Nvrtc {
         let c_name = cstr(name);
         let c_header_texts: Vec<CString> = headers.iter().map(|(_, t)| cstr(t)).collect();
         let c_header_names: Vec<CString> = headers.iter().map(|(n, _)| cstr(n)).collect();
-        let header_text_ptrs: Vec<*const c_char> = c_header_texts.iter().map(|c| c.as_ptr()).collect();
-        let header_name_ptrs: Vec<*const c_char> = c_header_names.iter().map(|c| c.as_ptr()).collect();
+        let header_text_ptrs: Vec<*const c_char> =
+            c_header_texts.iter().map(|c| c.as_ptr()).collect();
+        let header_name_ptrs: Vec<*const c_char> =
+            c_header_names.iter().map(|c| c.as_ptr()).collect();
         let c_opts: Vec<CString> = options.iter().map(|o| cstr(o)).collect();
         let opt_ptrs: Vec<*const c_char> = c_opts.iter().map(|c| c.as_ptr()).collect();
 
@@ -153,32 +197,62 @@ impl Nvrtc {
         // SAFETY: every pointer is to a live NUL-terminated string (or an array of them of the
         // stated length) owned by this frame; NVRTC copies what it keeps.
         let code = unsafe {
-            create(&mut prog, c_src.as_ptr(), c_name.as_ptr(), headers.len() as c_int, header_text_ptrs.as_ptr(), header_name_ptrs.as_ptr())
+            create(
+                &mut prog,
+                c_src.as_ptr(),
+                c_name.as_ptr(),
+                headers.len() as c_int,
+                header_text_ptrs.as_ptr(),
+                header_name_ptrs.as_ptr(),
+            )
         };
         self.check("nvrtcCreateProgram", code)?;
-        let arch = options.iter().find_map(|o| o.strip_prefix("--gpu-architecture=")).unwrap_or("?").to_string();
+        let arch = options
+            .iter()
+            .find_map(|o| o.strip_prefix("--gpu-architecture="))
+            .unwrap_or("?")
+            .to_string();
         let result = (|| {
             // SAFETY: `prog` is a live program; the options array has `opt_ptrs.len()` entries.
             let compiled = unsafe { compile(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
             let mut size = 0usize;
             // SAFETY: writes one usize.
-            self.check("nvrtcGetProgramLogSize", unsafe { log_size(prog, &mut size) })?;
+            self.check("nvrtcGetProgramLogSize", unsafe {
+                log_size(prog, &mut size)
+            })?;
             let mut log = vec![0u8; size.max(1)];
             // SAFETY: `log` has the size NVRTC asked for.
-            self.check("nvrtcGetProgramLog", unsafe { get_log(prog, log.as_mut_ptr().cast()) })?;
-            let log = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
+            self.check("nvrtcGetProgramLog", unsafe {
+                get_log(prog, log.as_mut_ptr().cast())
+            })?;
+            let log = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .trim()
+                .to_string();
             if compiled != 0 {
-                return Err(NvrtcError::Compile { name: name.to_string(), arch: arch.clone(), log });
+                return Err(NvrtcError::Compile {
+                    name: name.to_string(),
+                    arch: arch.clone(),
+                    log,
+                });
             }
             // SAFETY: writes one usize.
             self.check("nvrtcGetPTXSize", unsafe { ptx_size(prog, &mut size) })?;
             let mut ptx = vec![0u8; size.max(1)];
             // SAFETY: `ptx` has the size NVRTC asked for.
-            self.check("nvrtcGetPTX", unsafe { get_ptx(prog, ptx.as_mut_ptr().cast()) })?;
-            let text = String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string();
+            self.check("nvrtcGetPTX", unsafe {
+                get_ptx(prog, ptx.as_mut_ptr().cast())
+            })?;
+            let text = String::from_utf8_lossy(&ptx)
+                .trim_end_matches('\0')
+                .to_string();
             if !log.is_empty() {
                 // Warnings are errors: generated code must compile cleanly.
-                return Err(NvrtcError::Compile { name: name.to_string(), arch: arch.clone(), log });
+                return Err(NvrtcError::Compile {
+                    name: name.to_string(),
+                    arch: arch.clone(),
+                    log,
+                });
             }
             Ok(text)
         })();

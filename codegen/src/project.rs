@@ -18,11 +18,19 @@ pub enum CodegenError {
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
     #[error("{what} {path}: {err}")]
-    Io { what: &'static str, path: String, err: std::io::Error },
+    Io {
+        what: &'static str,
+        path: String,
+        err: std::io::Error,
+    },
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CodegenError + 'a {
-    move |err| CodegenError::Io { what, path: path.display().to_string(), err }
+    move |err| CodegenError::Io {
+        what,
+        path: path.display().to_string(),
+        err,
+    }
 }
 
 /// Where a crate keeps its chains and its generated code.
@@ -59,16 +67,27 @@ impl DomainPlan {
 
 /// NVRTC options for one arch. Part of the input hash.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-lineinfo".into()]
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
 }
 
 /// SHA-256 over everything that determines a domain's generated code: the codegen version, the
 /// NVRTC options per arch, the translation unit (which holds the chains) and every kernels/ header.
 pub fn input_hash(source: &str) -> String {
     let mut h = Sha256::new();
-    h.update(format!("pptm-codegen {} manifest-format {}\n", crate::CODEGEN_VERSION, manifest::FORMAT));
+    h.update(format!(
+        "pptm-codegen {} manifest-format {}\n",
+        crate::CODEGEN_VERSION,
+        manifest::FORMAT
+    ));
     for arch in crate::ARCHS {
-        h.update(format!("arch {arch} options {}\n", nvrtc_options(arch).join(" ")));
+        h.update(format!(
+            "arch {arch} options {}\n",
+            nvrtc_options(arch).join(" ")
+        ));
     }
     h.update(source.as_bytes());
     for (name, text) in crate::kernels::HEADERS {
@@ -94,7 +113,12 @@ impl Project {
         Project {
             generated: root.join("generated"),
             root,
-            source_dirs: vec!["src".into(), "examples".into(), "tests".into(), "benches".into()],
+            source_dirs: vec![
+                "src".into(),
+                "examples".into(),
+                "tests".into(),
+                "benches".into(),
+            ],
             skip: vec!["tests/ui".into()],
         }
     }
@@ -113,7 +137,12 @@ impl Project {
             .map(|(name, chains)| {
                 let source = crate::cuda::domain_source(&name, &chains);
                 let input_hash = input_hash(&source);
-                DomainPlan { name, chains, source, input_hash }
+                DomainPlan {
+                    name,
+                    chains,
+                    source,
+                    input_hash,
+                }
             })
             .collect())
     }
@@ -138,7 +167,12 @@ impl Project {
             };
             if entry.input_hash != d.input_hash {
                 let had: Vec<_> = entry.chains.iter().map(|c| c.spec_hash.as_str()).collect();
-                let new: Vec<_> = d.chains.iter().filter(|c| !had.contains(&c.spec_hash.as_str())).map(|c| c.name.as_str()).collect();
+                let new: Vec<_> = d
+                    .chains
+                    .iter()
+                    .filter(|c| !had.contains(&c.spec_hash.as_str()))
+                    .map(|c| c.name.as_str())
+                    .collect();
                 let gone: Vec<_> = entry
                     .chains
                     .iter()
@@ -147,17 +181,33 @@ impl Project {
                     .collect();
                 let what = match (new.is_empty(), gone.is_empty()) {
                     (true, true) => "kernels/ or the codegen changed".to_string(),
-                    _ => format!("chains added or changed: [{}], removed or changed: [{}]", new.join(", "), gone.join(", ")),
+                    _ => format!(
+                        "chains added or changed: [{}], removed or changed: [{}]",
+                        new.join(", "),
+                        gone.join(", ")
+                    ),
                 };
                 reasons.push(format!("domain `{}` is out of date ({what})", d.name));
             }
-            if entry.archs.iter().map(String::as_str).ne(crate::ARCHS.iter().copied()) {
-                reasons.push(format!("domain `{}` was generated for {:?}, not {:?}", d.name, entry.archs, crate::ARCHS));
+            if entry
+                .archs
+                .iter()
+                .map(String::as_str)
+                .ne(crate::ARCHS.iter().copied())
+            {
+                reasons.push(format!(
+                    "domain `{}` was generated for {:?}, not {:?}",
+                    d.name,
+                    entry.archs,
+                    crate::ARCHS
+                ));
             }
             for (file, hash) in &entry.files {
                 match std::fs::read(self.generated.join(file)) {
                     Ok(bytes) if sha256(&bytes) == *hash => {}
-                    Ok(_) => reasons.push(format!("generated/{file} was modified after generation")),
+                    Ok(_) => {
+                        reasons.push(format!("generated/{file} was modified after generation"))
+                    }
                     Err(_) => reasons.push(format!("generated/{file} is missing")),
                 }
             }
@@ -171,7 +221,12 @@ impl Project {
     }
 
     /// Generates everything into `out` (created; existing content replaced).
-    pub fn generate_into(&self, plan: &[DomainPlan], nvrtc: &Nvrtc, out: &Path) -> Result<Manifest, CodegenError> {
+    pub fn generate_into(
+        &self,
+        plan: &[DomainPlan],
+        nvrtc: &Nvrtc,
+        out: &Path,
+    ) -> Result<Manifest, CodegenError> {
         if out.exists() {
             std::fs::remove_dir_all(out).map_err(io("cannot clear", out))?;
         }
@@ -189,7 +244,12 @@ impl Project {
             };
             write(d.source_file(), d.source.as_bytes())?;
             for arch in crate::ARCHS {
-                let ptx = nvrtc.compile(&format!("{}.cu", d.name), &d.source, crate::kernels::HEADERS, &nvrtc_options(arch))?;
+                let ptx = nvrtc.compile(
+                    &format!("{}.cu", d.name),
+                    &d.source,
+                    crate::kernels::HEADERS,
+                    &nvrtc_options(arch),
+                )?;
                 if nvrtc_build.is_empty()
                     && let Some(line) = ptx.lines().find(|l| l.contains("Cuda compilation tools"))
                 {
@@ -209,13 +269,21 @@ impl Project {
                         name: c.name.clone(),
                         spec_hash: c.spec_hash.clone(),
                         opcode: c.opcode,
-                        stages: c.stages.iter().map(|s| s.op.name).collect::<Vec<_>>().join(","),
+                        stages: c
+                            .stages
+                            .iter()
+                            .map(|s| s.op.name)
+                            .collect::<Vec<_>>()
+                            .join(","),
                     })
                     .collect(),
             });
         }
         let (major, minor) = nvrtc.version();
-        let m = Manifest { nvrtc: format!("{major}.{minor} {nvrtc_build}").trim().to_string(), domains };
+        let m = Manifest {
+            nvrtc: format!("{major}.{minor} {nvrtc_build}").trim().to_string(),
+            domains,
+        };
         std::fs::create_dir_all(out).map_err(io("cannot create", out))?;
         let path = out.join(manifest::FILE_NAME);
         std::fs::write(&path, m.render()).map_err(io("cannot write", &path))?;
@@ -224,12 +292,16 @@ impl Project {
 
     /// Regenerates generated/ in place (through a temporary folder, so a failure leaves the old one).
     pub fn regenerate(&self, plan: &[DomainPlan], nvrtc: &Nvrtc) -> Result<Manifest, CodegenError> {
-        let tmp = self.generated.with_file_name(format!("generated.tmp-{}", std::process::id()));
+        let tmp = self
+            .generated
+            .with_file_name(format!("generated.tmp-{}", std::process::id()));
         let m = self.generate_into(plan, nvrtc, &tmp)?;
         if self.generated.exists() {
-            std::fs::remove_dir_all(&self.generated).map_err(io("cannot replace", &self.generated))?;
+            std::fs::remove_dir_all(&self.generated)
+                .map_err(io("cannot replace", &self.generated))?;
         }
-        std::fs::rename(&tmp, &self.generated).map_err(io("cannot move into place", &self.generated))?;
+        std::fs::rename(&tmp, &self.generated)
+            .map_err(io("cannot move into place", &self.generated))?;
         Ok(m)
     }
 
@@ -242,14 +314,21 @@ impl Project {
         let fresh = list_files(&tmp);
         let committed = list_files(&self.generated);
         for f in &fresh {
-            match (std::fs::read(tmp.join(f)), std::fs::read(self.generated.join(f))) {
+            match (
+                std::fs::read(tmp.join(f)),
+                std::fs::read(self.generated.join(f)),
+            ) {
                 (Ok(a), Ok(b)) if a == b => {}
-                (Ok(_), Ok(_)) => diffs.push(format!("generated/{f} differs from a fresh generation")),
+                (Ok(_), Ok(_)) => {
+                    diffs.push(format!("generated/{f} differs from a fresh generation"))
+                }
                 _ => diffs.push(format!("generated/{f} is missing")),
             }
         }
         for f in committed.iter().filter(|f| !fresh.contains(f)) {
-            diffs.push(format!("generated/{f} is not produced by codegen (stale file)"));
+            diffs.push(format!(
+                "generated/{f} is not produced by codegen (stale file)"
+            ));
         }
         let _ = std::fs::remove_dir_all(&tmp);
         Ok(diffs)
@@ -260,7 +339,9 @@ fn list_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
@@ -295,7 +376,10 @@ mod tests {
         for d in plan {
             std::fs::create_dir_all(p.generated.join(&d.name)).unwrap();
             let mut files = Vec::new();
-            for (rel, text) in [(d.source_file(), d.source.clone()), (d.ptx_file("compute_90"), "// ptx".to_string())] {
+            for (rel, text) in [
+                (d.source_file(), d.source.clone()),
+                (d.ptx_file("compute_90"), "// ptx".to_string()),
+            ] {
                 std::fs::write(p.generated.join(&rel), &text).unwrap();
                 files.push((rel, sha256(text.as_bytes())));
             }
@@ -307,7 +391,10 @@ mod tests {
                 chains: vec![],
             });
         }
-        let m = Manifest { nvrtc: "13.0".into(), domains };
+        let m = Manifest {
+            nvrtc: "13.0".into(),
+            domains,
+        };
         std::fs::write(p.generated.join(manifest::FILE_NAME), m.render()).unwrap();
     }
 
@@ -322,21 +409,46 @@ mod tests {
 
         // A hand-edited file.
         std::fs::write(p.generated.join("inference/compute_90.ptx"), "// edited").unwrap();
-        assert!(p.verify(&plan).iter().any(|r| r.contains("modified after generation")), "{:?}", p.verify(&plan));
+        assert!(
+            p.verify(&plan)
+                .iter()
+                .any(|r| r.contains("modified after generation")),
+            "{:?}",
+            p.verify(&plan)
+        );
         fake_generate(&p, &plan);
 
         // A changed chain.
-        std::fs::write(p.root.join("src/lib.rs"), KL.replace("#[stage(2)] s: SumReduction", "")).unwrap();
+        std::fs::write(
+            p.root.join("src/lib.rs"),
+            KL.replace("#[stage(2)] s: SumReduction", ""),
+        )
+        .unwrap();
         let changed = p.plan().unwrap();
         let reasons = p.verify(&changed);
-        assert!(reasons.iter().any(|r| r.contains("domain `inference` is out of date")), "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("domain `inference` is out of date")),
+            "{reasons:?}"
+        );
 
         // A new domain, and a domain that lost its chains.
         std::fs::write(p.root.join("src/lib.rs"), KL.replace("inference", "other")).unwrap();
         let moved = p.plan().unwrap();
         let reasons = p.verify(&moved);
-        assert!(reasons.iter().any(|r| r.contains("domain `other` has no generated code")), "{reasons:?}");
-        assert!(reasons.iter().any(|r| r.contains("domain `inference` no longer has any chain")), "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("domain `other` has no generated code")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("domain `inference` no longer has any chain")),
+            "{reasons:?}"
+        );
         std::fs::remove_dir_all(&p.root).unwrap();
     }
 

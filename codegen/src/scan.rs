@@ -23,8 +23,15 @@ pub struct Found {
 pub enum ScanError {
     #[error("cannot read {path}: {err}")]
     Io { path: String, err: std::io::Error },
-    #[error("chains `{a}` and `{b}` of domain `{domain}` have the same opcode 0x{opcode:08x}; rename one")]
-    OpcodeCollision { domain: String, a: String, b: String, opcode: u32 },
+    #[error(
+        "chains `{a}` and `{b}` of domain `{domain}` have the same opcode 0x{opcode:08x}; rename one"
+    )]
+    OpcodeCollision {
+        domain: String,
+        a: String,
+        b: String,
+        opcode: u32,
+    },
 }
 
 /// Scans `dirs` (relative to `root`), skipping any path that starts with one of `skip`.
@@ -37,8 +44,13 @@ pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanErro
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
     for rel in &files {
         let path = root.join(rel);
-        let text = std::fs::read_to_string(&path).map_err(|err| ScanError::Io { path: path.display().to_string(), err })?;
-        let Ok(file) = syn::parse_file(&text) else { continue };
+        let text = std::fs::read_to_string(&path).map_err(|err| ScanError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
+        let Ok(file) = syn::parse_file(&text) else {
+            continue;
+        };
         let mut v = Visitor::default();
         v.visit_file(&file);
         for ir in v.chains {
@@ -46,19 +58,41 @@ pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanErro
         }
     }
     let mut chains: Vec<ChainIr> = by_hash.into_values().collect();
-    chains.sort_by(|a, b| (&a.domain, &a.name, &a.spec_hash).cmp(&(&b.domain, &b.name, &b.spec_hash)));
+    chains.sort_by(|a, b| {
+        (&a.domain, &a.name, &a.spec_hash).cmp(&(&b.domain, &b.name, &b.spec_hash))
+    });
     for (i, a) in chains.iter().enumerate() {
-        if let Some(b) = chains[i + 1..].iter().find(|b| b.domain == a.domain && b.opcode == a.opcode) {
-            return Err(ScanError::OpcodeCollision { domain: a.domain.clone(), a: a.name.clone(), b: b.name.clone(), opcode: a.opcode });
+        if let Some(b) = chains[i + 1..]
+            .iter()
+            .find(|b| b.domain == a.domain && b.opcode == a.opcode)
+        {
+            return Err(ScanError::OpcodeCollision {
+                domain: a.domain.clone(),
+                a: a.name.clone(),
+                b: b.name.clone(),
+                opcode: a.opcode,
+            });
         }
     }
     Ok(Found { chains, files })
 }
 
-fn collect_rs(root: &Path, dir: &Path, skip: &[&str], out: &mut Vec<PathBuf>) -> Result<(), ScanError> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+fn collect_rs(
+    root: &Path,
+    dir: &Path,
+    skip: &[&str],
+    out: &mut Vec<PathBuf>,
+) -> Result<(), ScanError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
     for entry in entries {
-        let path = entry.map_err(|err| ScanError::Io { path: dir.display().to_string(), err })?.path();
+        let path = entry
+            .map_err(|err| ScanError::Io {
+                path: dir.display().to_string(),
+                err,
+            })?
+            .path();
         let rel = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
         let rel_str = rel.to_string_lossy().replace('\\', "/");
         if skip.iter().any(|s| rel_str.starts_with(s)) {
@@ -119,9 +153,17 @@ mod tests {
             r#"#[derive(FusionBuilder)] #[fusion(domain = "x")] struct Bad { #[stage(2)] s: SumReduction }"#,
         )
         .unwrap();
-        std::fs::write(dir.join("tests/ui/skipped.rs"), kl.replace("KlComplexity", "Skipped")).unwrap();
+        std::fs::write(
+            dir.join("tests/ui/skipped.rs"),
+            kl.replace("KlComplexity", "Skipped"),
+        )
+        .unwrap();
         let found = scan(&dir, &["src", "tests", "examples"], &["tests/ui"]).unwrap();
-        let names: Vec<_> = found.chains.iter().map(|c| (c.domain.as_str(), c.name.as_str())).collect();
+        let names: Vec<_> = found
+            .chains
+            .iter()
+            .map(|c| (c.domain.as_str(), c.name.as_str()))
+            .collect();
         assert_eq!(names, [("inference", "KlComplexity"), ("stats", "Total")]);
         assert_eq!(found.files.len(), 5);
         std::fs::remove_dir_all(&dir).unwrap();

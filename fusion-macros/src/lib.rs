@@ -42,7 +42,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     // The PTX is embedded from this crate's generated/ folder: say how to get one if it is missing,
     // rather than letting include_str! fail with a bare path.
     if let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR")
-        && !std::path::Path::new(&dir).join("generated/manifest.txt").exists()
+        && !std::path::Path::new(&dir)
+            .join("generated/manifest.txt")
+            .exists()
     {
         return Err(syn::Error::new(
             ident.span(),
@@ -65,7 +67,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         let f = syn::Ident::new(&a.name, Span::call_site());
         let doc = match a.kind {
             ArgKind::Input => format!("Device address of input `{}` (f32, `n` elements).", a.name),
-            ArgKind::Output => "Device address of the output vector (f32, `n` elements).".to_string(),
+            ArgKind::Output => {
+                "Device address of the output vector (f32, `n` elements).".to_string()
+            }
             ArgKind::Len => "Element count `n` shared by every vector.".to_string(),
         };
         quote! { #[doc = #doc] pub #f: u64 }
@@ -99,17 +103,30 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         ChainOutput::Scalar => format!(
             "Submits one fused `{describe}` pass over {}. The ticket resolves to the f32 result.\n\n\
              Every vector must have the same length, and every buffer must belong to `rt`.",
-            inputs.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+            inputs
+                .iter()
+                .map(|i| format!("`{i}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         ChainOutput::Vector => format!(
             "Submits one fused `{describe}` pass over {}, written to `out`. The ticket resolves once `out` holds the result.\n\n\
              Every vector must have the same length, and every buffer must belong to `rt`.",
-            inputs.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+            inputs
+                .iter()
+                .map(|i| format!("`{i}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
 
     let spec = spec_tokens(&ir, &parsed.spec);
-    let field_idents: Vec<syn::Ident> = parsed.spec.stages.iter().map(|s| syn::Ident::new(&s.field, Span::call_site())).collect();
+    let field_idents: Vec<syn::Ident> = parsed
+        .spec
+        .stages
+        .iter()
+        .map(|s| syn::Ident::new(&s.field, Span::call_site()))
+        .collect();
     let n_fields = field_idents.len();
     let ptx80 = format!("/generated/{domain}/compute_80.ptx");
     let ptx90 = format!("/generated/{domain}/compute_90.ptx");
@@ -119,7 +136,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
          Run `cargo xtask codegen` (needs NVRTC 13.0) and commit generated/.",
         &spec_hash[..16]
     );
-    let args_doc = format!("Descriptor arguments of [`{name}`] ({describe}): one u64 word each, in the order the device reads them.");
+    let args_doc = format!(
+        "Descriptor arguments of [`{name}`] ({describe}): one u64 word each, in the order the device reads them."
+    );
 
     Ok(quote! {
         #[doc = #args_doc]

@@ -46,7 +46,12 @@ impl<T: Element> std::fmt::Debug for Buffer<T> {
 }
 
 fn bytes_of_len<T: Element>(len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>()).filter(|b| *b <= isize::MAX as usize).ok_or(Error::TooLarge { what: "a buffer", len })
+    len.checked_mul(std::mem::size_of::<T>())
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or(Error::TooLarge {
+            what: "a buffer",
+            len,
+        })
 }
 
 impl<T: Element> Buffer<T> {
@@ -54,19 +59,40 @@ impl<T: Element> Buffer<T> {
     pub(crate) fn host(owner: u64, data: Option<&[T]>, len: usize) -> Result<Self> {
         let bytes = bytes_of_len::<T>(len)?;
         let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { bytes })?;
+        v.try_reserve_exact(len)
+            .map_err(|_| Error::OutOfMemory { bytes })?;
         match data {
             Some(d) => v.extend_from_slice(d),
             None => v.resize(len, T::zeroed()),
         }
-        Ok(Buffer { len, owner, storage: Storage::Host(v) })
+        Ok(Buffer {
+            len,
+            owner,
+            storage: Storage::Host(v),
+        })
     }
 
     /// Device memory for `len` elements, every 32-bit word set to `fill_word`.
-    pub(crate) fn device(owner: u64, device: &Arc<Device>, len: usize, fill_word: u32) -> Result<Self> {
+    pub(crate) fn device(
+        owner: u64,
+        device: &Arc<Device>,
+        len: usize,
+        fill_word: u32,
+    ) -> Result<Self> {
         let bytes = bytes_of_len::<T>(len)?;
-        let ptr = if bytes == 0 { 0 } else { device.alloc(bytes, fill_word)? };
-        Ok(Buffer { len, owner, storage: Storage::Device(DeviceAlloc { device: device.clone(), ptr }) })
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            device.alloc(bytes, fill_word)?
+        };
+        Ok(Buffer {
+            len,
+            owner,
+            storage: Storage::Device(DeviceAlloc {
+                device: device.clone(),
+                ptr,
+            }),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -91,11 +117,16 @@ impl<T: Element> Buffer<T> {
     /// Copies the contents into `dst`, which must have the buffer's length.
     pub fn read_into(&self, dst: &mut [T]) -> Result<()> {
         if dst.len() != self.len {
-            return Err(Error::SliceLength { buffer: self.len, slice: dst.len() });
+            return Err(Error::SliceLength {
+                buffer: self.len,
+                slice: dst.len(),
+            });
         }
         match &self.storage {
             Storage::Host(v) => dst.copy_from_slice(v),
-            Storage::Device(d) if self.len > 0 => d.device.download(bytemuck::cast_slice_mut(dst), d.ptr)?,
+            Storage::Device(d) if self.len > 0 => {
+                d.device.download(bytemuck::cast_slice_mut(dst), d.ptr)?
+            }
             Storage::Device(_) => {}
         }
         Ok(())
@@ -104,11 +135,16 @@ impl<T: Element> Buffer<T> {
     /// Overwrites the contents with `src`, which must have the buffer's length.
     pub fn write(&mut self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
-            return Err(Error::SliceLength { buffer: self.len, slice: src.len() });
+            return Err(Error::SliceLength {
+                buffer: self.len,
+                slice: src.len(),
+            });
         }
         match &mut self.storage {
             Storage::Host(v) => v.copy_from_slice(src),
-            Storage::Device(d) if self.len > 0 => d.device.upload(d.ptr, bytemuck::cast_slice(src))?,
+            Storage::Device(d) if self.len > 0 => {
+                d.device.upload(d.ptr, bytemuck::cast_slice(src))?
+            }
             Storage::Device(_) => {}
         }
         Ok(())
@@ -122,9 +158,11 @@ impl<T: Element> Buffer<T> {
                 let bytes = bytemuck::bytes_of(&value);
                 if bytes.chunks(4).all(|c| c == &bytes[..4]) {
                     let word = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes"));
-                    d.device.fill(d.ptr, self.len * std::mem::size_of::<T>(), word)?;
+                    d.device
+                        .fill(d.ptr, self.len * std::mem::size_of::<T>(), word)?;
                 } else {
-                    d.device.upload(d.ptr, bytemuck::cast_slice(&vec![value; self.len]))?;
+                    d.device
+                        .upload(d.ptr, bytemuck::cast_slice(&vec![value; self.len]))?;
                 }
             }
             Storage::Device(_) => {}

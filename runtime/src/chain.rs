@@ -81,13 +81,18 @@ impl ChainOutput for () {
 }
 
 /// Checks a chain's lowered IR against what the derive macro compiled in.
-pub fn checked_ir<C: Chain>(ir: &'static Result<ChainIr, pptm_spec::SpecError>) -> Result<&'static ChainIr, Error> {
+pub fn checked_ir<C: Chain>(
+    ir: &'static Result<ChainIr, pptm_spec::SpecError>,
+) -> Result<&'static ChainIr, Error> {
     match ir {
         Ok(ir) if ir.spec_hash == C::SPEC_HASH && ir.opcode == C::OPCODE => Ok(ir),
         Ok(_) => Err(Error::ChainMismatch {
             chain: C::NAME,
             reason: "its spec hash differs from the one computed at compile time".into(),
         }),
-        Err(e) => Err(Error::ChainMismatch { chain: C::NAME, reason: e.to_string() }),
+        Err(e) => Err(Error::ChainMismatch {
+            chain: C::NAME,
+            reason: e.to_string(),
+        }),
     }
 }

@@ -13,13 +13,18 @@ pub(crate) fn run(chain: &'static str, ir: &ChainIr, args: Vec<Arg<'_>>) -> Resu
     for a in args {
         match a {
             Arg::Input(name, b) => inputs.push(b.host_slice().ok_or_else(|| not_host(name))?),
-            Arg::Output(name, b) => output = Some(b.host_slice_mut().ok_or_else(|| not_host(name))?),
+            Arg::Output(name, b) => {
+                output = Some(b.host_slice_mut().ok_or_else(|| not_host(name))?)
+            }
         }
     }
     let value = match ir.eval_f64(&inputs) {
         Evaluated::Scalar(v) => v,
         Evaluated::Vector(v) => {
-            let out = output.ok_or_else(|| Error::BadArguments { chain, reason: "no output buffer".into() })?;
+            let out = output.ok_or_else(|| Error::BadArguments {
+                chain,
+                reason: "no output buffer".into(),
+            })?;
             for (o, x) in out.iter_mut().zip(v) {
                 *o = x as f32;
             }

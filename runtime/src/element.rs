@@ -14,7 +14,9 @@ mod sealed {
 }
 
 /// A plain-old-data element type with a device representation identical to the host's.
-pub trait Element: bytemuck::Pod + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static {
+pub trait Element:
+    bytemuck::Pod + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
+{
     const DTYPE: DType;
 }
 

@@ -13,27 +13,51 @@ pub enum Error {
 
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed: {name} ({description})")]
-    Driver { call: &'static str, name: String, description: String },
+    Driver {
+        call: &'static str,
+        name: String,
+        description: String,
+    },
 
     /// Loading a domain's PTX failed (the JIT log says why).
     #[error("cannot load the PTX of domain `{domain}` for {arch}: {log}")]
-    ModuleLoad { domain: &'static str, arch: &'static str, log: String },
+    ModuleLoad {
+        domain: &'static str,
+        arch: &'static str,
+        log: String,
+    },
 
     /// The manifold of a domain could not be made resident.
     #[error("cannot launch the manifold of domain `{domain}`: {reason}")]
-    Launch { domain: &'static str, reason: String },
+    Launch {
+        domain: &'static str,
+        reason: String,
+    },
 
     /// A vector argument's length differs from the chain's other vectors.
-    #[error("`{chain}`: argument `{arg}` has {got} elements but `{first}` has {expected}; every vector of a chain has the same length")]
-    LengthMismatch { chain: &'static str, arg: &'static str, first: &'static str, expected: usize, got: usize },
+    #[error(
+        "`{chain}`: argument `{arg}` has {got} elements but `{first}` has {expected}; every vector of a chain has the same length"
+    )]
+    LengthMismatch {
+        chain: &'static str,
+        arg: &'static str,
+        first: &'static str,
+        expected: usize,
+        got: usize,
+    },
 
     /// A host slice's length differs from the buffer's.
     #[error("buffer holds {buffer} elements but the slice has {slice}")]
     SliceLength { buffer: usize, slice: usize },
 
     /// A buffer passed to a runtime it does not belong to.
-    #[error("`{chain}`: buffer `{arg}` belongs to another runtime (or backend); allocate it with this runtime")]
-    ForeignBuffer { chain: &'static str, arg: &'static str },
+    #[error(
+        "`{chain}`: buffer `{arg}` belongs to another runtime (or backend); allocate it with this runtime"
+    )]
+    ForeignBuffer {
+        chain: &'static str,
+        arg: &'static str,
+    },
 
     /// A chain was given the wrong arguments (the generated `submit` never does this).
     #[error("`{chain}`: {reason}")]
@@ -53,11 +77,18 @@ pub enum Error {
 
     /// The manifold stopped unexpectedly (a device fault or a kernel that exited).
     #[error("the manifold of domain `{domain}` stopped: {reason}")]
-    ManifoldStopped { domain: &'static str, reason: String },
+    ManifoldStopped {
+        domain: &'static str,
+        reason: String,
+    },
 
     /// The device rejected an item.
     #[error("the device reported status {status} ({meaning}) for `{chain}`")]
-    Device { chain: &'static str, status: u32, meaning: &'static str },
+    Device {
+        chain: &'static str,
+        status: u32,
+        meaning: &'static str,
+    },
 
     /// A ticket's result was already taken.
     #[error("this ticket's result was already taken")]
@@ -82,9 +113,19 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn driver(call: &'static str, e: cudarc::driver::DriverError) -> Self {
-        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-        let description = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Error::Driver { call, name, description }
+        let name = e
+            .error_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{:?}", e.0));
+        let description = e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Error::Driver {
+            call,
+            name,
+            description,
+        }
     }
 }
 

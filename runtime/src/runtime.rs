@@ -64,13 +64,19 @@ impl Default for Config {
 impl Config {
     fn validate(&self) -> Result<()> {
         if !self.queue_slots.is_power_of_two() || !(2..=65536).contains(&self.queue_slots) {
-            return Err(Error::Config(format!("queue_slots = {} is not a power of two in 2..=65536", self.queue_slots)));
+            return Err(Error::Config(format!(
+                "queue_slots = {} is not a power of two in 2..=65536",
+                self.queue_slots
+            )));
         }
         if self.blocks_per_sm == 0 {
             return Err(Error::Config("blocks_per_sm must be at least 1".into()));
         }
         if !(1..=8).contains(&self.fetch_pollers) {
-            return Err(Error::Config(format!("fetch_pollers = {} is not in 1..=8", self.fetch_pollers)));
+            return Err(Error::Config(format!(
+                "fetch_pollers = {} is not in 1..=8",
+                self.fetch_pollers
+            )));
         }
         if self.max_sms == Some(0) {
             return Err(Error::Config("max_sms must be at least 1".into()));
@@ -89,8 +95,13 @@ pub enum BackendKind {
 }
 
 enum Backend {
-    Cpu { why: String },
-    Gpu { device: Arc<Device>, manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>> },
+    Cpu {
+        why: String,
+    },
+    Gpu {
+        device: Arc<Device>,
+        manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
+    },
 }
 
 /// The entry point: owns a backend and, on the GPU, one resident manifold per domain in use.
@@ -127,7 +138,9 @@ impl Runtime {
                 Err(Error::NoGpu(why)) => Ok(Self::cpu_because(config, why)),
                 Err(e) => Err(e),
             },
-            Some(other) => Err(Error::Config(format!("PPTM_BACKEND={other}: expected cpu, gpu or auto"))),
+            Some(other) => Err(Error::Config(format!(
+                "PPTM_BACKEND={other}: expected cpu, gpu or auto"
+            ))),
         }
     }
 
@@ -137,7 +150,11 @@ impl Runtime {
     }
 
     fn cpu_because(config: Config, why: String) -> Self {
-        let rt = Runtime { id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed), config, backend: Backend::Cpu { why } };
+        let rt = Runtime {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
+            config,
+            backend: Backend::Cpu { why },
+        };
         tracing::info!("pptm: {}", rt.describe());
         rt
     }
@@ -154,7 +171,10 @@ impl Runtime {
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
-            backend: Backend::Gpu { device, manifolds: Mutex::new(HashMap::new()) },
+            backend: Backend::Gpu {
+                device,
+                manifolds: Mutex::new(HashMap::new()),
+            },
         };
         tracing::info!("pptm: {}", rt.describe());
         Ok(rt)
@@ -220,7 +240,9 @@ impl Runtime {
 
     /// The manifold of `code`'s domain, launched on first use.
     fn manifold(&self, code: &'static DomainCode) -> Result<Option<Arc<Manifold>>> {
-        let Backend::Gpu { device, manifolds } = &self.backend else { return Ok(None) };
+        let Backend::Gpu { device, manifolds } = &self.backend else {
+            return Ok(None);
+        };
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(existing) = m.get(code.key) {
             return Ok(Some(existing.clone()));
@@ -238,8 +260,14 @@ impl Runtime {
 
     /// Grid size (blocks) of the manifold hosting `C`, if it is running.
     pub fn manifold_blocks<C: Chain>(&self) -> Option<u32> {
-        let Backend::Gpu { manifolds, .. } = &self.backend else { return None };
-        manifolds.lock().unwrap_or_else(|e| e.into_inner()).get(C::DOMAIN.key).map(|m| m.grid)
+        let Backend::Gpu { manifolds, .. } = &self.backend else {
+            return None;
+        };
+        manifolds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(C::DOMAIN.key)
+            .map(|m| m.grid)
     }
 
     /// Submits a chain; waits for a free slot when the queue is full. The generated
@@ -249,7 +277,10 @@ impl Runtime {
     }
 
     /// As [`Runtime::submit_chain`], but [`Error::QueueFull`] instead of waiting.
-    pub fn try_submit_chain<'a, C: Chain>(&self, args: Vec<Arg<'a>>) -> Result<Ticket<'a, C::Output>> {
+    pub fn try_submit_chain<'a, C: Chain>(
+        &self,
+        args: Vec<Arg<'a>>,
+    ) -> Result<Ticket<'a, C::Output>> {
         self.submit_impl::<C>(args, false)
     }
 
@@ -257,16 +288,34 @@ impl Runtime {
     /// `C` (to measure dispatch).
     pub fn submit_noop<C: Chain>(&self) -> Result<Ticket<'static, ()>> {
         match self.manifold(C::DOMAIN)? {
-            None => Ok(Ticket::ready("noop", C::DOMAIN.name, Completion { status: 0, value: 0.0 })),
+            None => Ok(Ticket::ready(
+                "noop",
+                C::DOMAIN.name,
+                Completion {
+                    status: 0,
+                    value: 0.0,
+                },
+            )),
             Some(m) => {
                 // A no-op needs one block: it measures the dispatch path, not a grid-wide arrival.
-                let cell = m.submit(&pptm_desc { opcode: PPTM_OP_NOOP, blocks: 1, ..Default::default() }, true)?;
+                let cell = m.submit(
+                    &pptm_desc {
+                        opcode: PPTM_OP_NOOP,
+                        blocks: 1,
+                        ..Default::default()
+                    },
+                    true,
+                )?;
                 Ok(Ticket::pending("noop", m, cell))
             }
         }
     }
 
-    fn submit_impl<'a, C: Chain>(&self, args: Vec<Arg<'a>>, blocking: bool) -> Result<Ticket<'a, C::Output>> {
+    fn submit_impl<'a, C: Chain>(
+        &self,
+        args: Vec<Arg<'a>>,
+        blocking: bool,
+    ) -> Result<Ticket<'a, C::Output>> {
         let ir = C::ir()?;
         let n = self.validate::<C>(ir, &args)?;
         match self.manifold(C::DOMAIN)? {
@@ -276,7 +325,8 @@ impl Runtime {
             }
             Some(m) => {
                 let mut words = C::Args::zeroed();
-                let slots: &mut [u64] = bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
+                let slots: &mut [u64] =
+                    bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
                 let mut bound = args.iter();
                 for (slot, arg) in slots.iter_mut().zip(&ir.args) {
                     *slot = match arg.kind {
@@ -288,7 +338,11 @@ impl Runtime {
                         },
                     };
                 }
-                let mut desc = pptm_desc { opcode: C::OPCODE, blocks: ir.blocks_for(n), ..Default::default() };
+                let mut desc = pptm_desc {
+                    opcode: C::OPCODE,
+                    blocks: ir.blocks_for(n),
+                    ..Default::default()
+                };
                 desc.args[..slots.len()].copy_from_slice(slots);
                 let cell = m.submit(&desc, blocking)?;
                 Ok(Ticket::pending(C::NAME, m, cell))
@@ -300,26 +354,50 @@ impl Runtime {
     fn validate<C: Chain>(&self, ir: &pptm_spec::ChainIr, args: &[Arg<'_>]) -> Result<usize> {
         let chain = C::NAME;
         if std::mem::size_of::<C::Args>() != 8 * ir.args.len() {
-            return Err(Error::ChainMismatch { chain, reason: "its Args struct does not match its argument layout".into() });
+            return Err(Error::ChainMismatch {
+                chain,
+                reason: "its Args struct does not match its argument layout".into(),
+            });
         }
         let expected: Vec<_> = ir.args.iter().filter(|a| a.kind != ArgKind::Len).collect();
         let bad = |reason: String| Error::BadArguments { chain, reason };
         if args.len() != expected.len() {
-            return Err(bad(format!("expected {} buffers, got {}", expected.len(), args.len())));
+            return Err(bad(format!(
+                "expected {} buffers, got {}",
+                expected.len(),
+                args.len()
+            )));
         }
         for (a, slot) in args.iter().zip(&expected) {
-            let kind_ok = matches!((a, slot.kind), (Arg::Input(..), ArgKind::Input) | (Arg::Output(..), ArgKind::Output));
+            let kind_ok = matches!(
+                (a, slot.kind),
+                (Arg::Input(..), ArgKind::Input) | (Arg::Output(..), ArgKind::Output)
+            );
             if a.name() != slot.name || !kind_ok {
-                return Err(bad(format!("argument `{}` given where `{}` ({:?}) was expected", a.name(), slot.name, slot.kind)));
+                return Err(bad(format!(
+                    "argument `{}` given where `{}` ({:?}) was expected",
+                    a.name(),
+                    slot.name,
+                    slot.kind
+                )));
             }
             if a.owner() != self.id {
-                return Err(Error::ForeignBuffer { chain, arg: a.name() });
+                return Err(Error::ForeignBuffer {
+                    chain,
+                    arg: a.name(),
+                });
             }
         }
         let n = args.first().map_or(0, |a| a.len());
         for a in args {
             if a.len() != n {
-                return Err(Error::LengthMismatch { chain, arg: a.name(), first: args[0].name(), expected: n, got: a.len() });
+                return Err(Error::LengthMismatch {
+                    chain,
+                    arg: a.name(),
+                    first: args[0].name(),
+                    expected: n,
+                    got: a.len(),
+                });
             }
         }
         Ok(n)
@@ -328,8 +406,15 @@ impl Runtime {
     /// Shuts every manifold down, after every submitted item has completed. Dropping the runtime
     /// does the same; this reports failures.
     pub fn shutdown(&self) -> Result<()> {
-        let Backend::Gpu { manifolds, .. } = &self.backend else { return Ok(()) };
-        let all: Vec<_> = manifolds.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, m)| m).collect();
+        let Backend::Gpu { manifolds, .. } = &self.backend else {
+            return Ok(());
+        };
+        let all: Vec<_> = manifolds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, m)| m)
+            .collect();
         let mut first_err = None;
         for m in all {
             if let Err(e) = m.shutdown() {

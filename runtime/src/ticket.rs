@@ -8,10 +8,16 @@ use crate::chain::{ChainOutput, Completion};
 use crate::error::{Error, Result};
 use crate::gpu::{Cell, Failure, Manifold};
 
+/// Borrows the submitted buffers for `'a` (mutably: outputs may be among them) and yields an `R`.
+type Borrows<'a, R> = PhantomData<(&'a mut (), fn() -> R)>;
+
 enum State {
     /// Completed at submission (CPU backend).
     Ready(Completion),
-    Pending { manifold: Arc<Manifold>, cell: Arc<Cell> },
+    Pending {
+        manifold: Arc<Manifold>,
+        cell: Arc<Cell>,
+    },
     Taken,
 }
 
@@ -26,7 +32,7 @@ pub struct Ticket<'a, R: ChainOutput> {
     state: State,
     chain: &'static str,
     domain: &'static str,
-    _borrows: PhantomData<(&'a mut (), fn() -> R)>,
+    _borrows: Borrows<'a, R>,
 }
 
 impl<R: ChainOutput> std::fmt::Debug for Ticket<'_, R> {
@@ -42,12 +48,22 @@ impl<R: ChainOutput> std::fmt::Debug for Ticket<'_, R> {
 
 impl<'a, R: ChainOutput> Ticket<'a, R> {
     pub(crate) fn ready(chain: &'static str, domain: &'static str, c: Completion) -> Self {
-        Ticket { state: State::Ready(c), chain, domain, _borrows: PhantomData }
+        Ticket {
+            state: State::Ready(c),
+            chain,
+            domain,
+            _borrows: PhantomData,
+        }
     }
 
     pub(crate) fn pending(chain: &'static str, manifold: Arc<Manifold>, cell: Arc<Cell>) -> Self {
         let domain = manifold.domain;
-        Ticket { state: State::Pending { manifold, cell }, chain, domain, _borrows: PhantomData }
+        Ticket {
+            state: State::Pending { manifold, cell },
+            chain,
+            domain,
+            _borrows: PhantomData,
+        }
     }
 
     /// Waits for the result, however long it takes (a manifold that stops makes this an error).
@@ -90,7 +106,11 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     }
 }
 
-fn resolve<R: ChainOutput>(chain: &'static str, domain: &'static str, r: &std::result::Result<Completion, Failure>) -> Result<R> {
+fn resolve<R: ChainOutput>(
+    chain: &'static str,
+    domain: &'static str,
+    r: &std::result::Result<Completion, Failure>,
+) -> Result<R> {
     use crate::gpu::abi::{PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK};
     match r {
         Ok(c) if c.status == PPTM_STATUS_OK => Ok(R::from_completion(c)),
@@ -103,7 +123,10 @@ fn resolve<R: ChainOutput>(chain: &'static str, domain: &'static str, r: &std::r
             },
         }),
         Err(Failure::ShutDown) => Err(Error::ShutDown),
-        Err(Failure::Stopped(reason)) => Err(Error::ManifoldStopped { domain, reason: reason.clone() }),
+        Err(Failure::Stopped(reason)) => Err(Error::ManifoldStopped {
+            domain,
+            reason: reason.clone(),
+        }),
     }
 }
 
@@ -113,7 +136,11 @@ impl<R: ChainOutput> Drop for Ticket<'_, R> {
             // The device may still write buffers this ticket borrows: wait before releasing them.
             let deadline = Instant::now() + manifold.shutdown_timeout();
             if manifold.wait(cell, Some(deadline)).is_err() {
-                tracing::error!(chain = self.chain, seq = cell.seq, "dropped a ticket whose item did not finish in time");
+                tracing::error!(
+                    chain = self.chain,
+                    seq = cell.seq,
+                    "dropped a ticket whose item did not finish in time"
+                );
             }
         }
     }

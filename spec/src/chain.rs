@@ -14,7 +14,13 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub const ALL: [Precision; 5] = [Precision::Fp64, Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Fp8];
+    pub const ALL: [Precision; 5] = [
+        Precision::Fp64,
+        Precision::Fp32,
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Fp8,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -36,10 +42,16 @@ impl fmt::Display for Precision {
 impl FromStr for Precision {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Precision::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Precision::ALL.iter().map(|p| format!("\"{p}\"")).collect();
-            format!("unknown precision \"{s}\"; expected one of {}", names.join(", "))
-        })
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Precision::ALL.iter().map(|p| format!("\"{p}\"")).collect();
+                format!(
+                    "unknown precision \"{s}\"; expected one of {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 

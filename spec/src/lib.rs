@@ -16,7 +16,9 @@ pub mod ops;
 pub mod parse;
 
 pub use chain::{ChainSpec, Precision, StageSpec};
-pub use lower::{ArgKind, ArgSlot, Blame, ChainIr, ChainOutput, Evaluated, Source, SpecError, StageIr, lower};
+pub use lower::{
+    ArgKind, ArgSlot, Blame, ChainIr, ChainOutput, Evaluated, Source, SpecError, StageIr, lower,
+};
 pub use ops::{CpuImpl, FusionClass, Kind, OpDef, Param};
 
 /// Threads per block of every manifold. The generated PTX is compiled for it

@@ -86,27 +86,57 @@ pub enum Blame {
 /// Why a chain is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    #[error("a fusion chain needs at least one stage: add fields marked #[stage(1)], #[stage(2)], ...")]
+    #[error(
+        "a fusion chain needs at least one stage: add fields marked #[stage(1)], #[stage(2)], ..."
+    )]
     Empty,
-    #[error("domain \"{0}\" is not a valid domain name: use lowercase ASCII letters, digits and '_', starting with a letter")]
+    #[error(
+        "domain \"{0}\" is not a valid domain name: use lowercase ASCII letters, digits and '_', starting with a letter"
+    )]
     BadDomain(String),
     #[error("stage number {number} is used twice")]
     DuplicateStage { stage: usize, number: u32 },
-    #[error("stage numbers must run 1, 2, 3, ... without gaps: expected stage {expected} here, found {found}")]
-    StageGap { stage: usize, expected: u32, found: u32 },
+    #[error(
+        "stage numbers must run 1, 2, 3, ... without gaps: expected stage {expected} here, found {found}"
+    )]
+    StageGap {
+        stage: usize,
+        expected: u32,
+        found: u32,
+    },
     #[error("unknown op `{name}`{hint}")]
-    UnknownOp { stage: usize, name: String, hint: String },
+    UnknownOp {
+        stage: usize,
+        name: String,
+        hint: String,
+    },
     #[error("`{op}` {is} a reduction, but the stage says `reduction = {said}`")]
-    ReductionMismatch { stage: usize, op: &'static str, is: &'static str, said: bool },
+    ReductionMismatch {
+        stage: usize,
+        op: &'static str,
+        is: &'static str,
+        said: bool,
+    },
     #[error("`{op}` has no tensor-core path; remove `tensor_eligible = true`")]
     TensorUnsupported { stage: usize, op: &'static str },
     #[error("`{op}` does not implement precision \"{precision}\" (it implements {supported})")]
-    PrecisionUnsupported { stage: usize, op: &'static str, precision: Precision, supported: String },
+    PrecisionUnsupported {
+        stage: usize,
+        op: &'static str,
+        precision: Precision,
+        supported: String,
+    },
     #[error(
         "`{op}` needs {needs} as its input, but the stage before it (`{prev}`) produces {gives}; \
          a reduction can only end a chain"
     )]
-    FlowMismatch { stage: usize, op: &'static str, needs: &'static str, prev: &'static str, gives: &'static str },
+    FlowMismatch {
+        stage: usize,
+        op: &'static str,
+        needs: &'static str,
+        prev: &'static str,
+        gives: &'static str,
+    },
     #[error("`{op}` has an input named `out`, which is reserved for the chain's output")]
     ReservedName { stage: usize, op: &'static str },
     #[error("the chain needs {count} descriptor arguments; at most {max} fit")]
@@ -119,12 +149,16 @@ impl SpecError {
         match *self {
             SpecError::Empty | SpecError::TooManyArgs { .. } => Blame::Chain,
             SpecError::BadDomain(_) => Blame::Domain,
-            SpecError::DuplicateStage { stage, .. } | SpecError::StageGap { stage, .. } => Blame::StageNumber(stage),
+            SpecError::DuplicateStage { stage, .. } | SpecError::StageGap { stage, .. } => {
+                Blame::StageNumber(stage)
+            }
             SpecError::UnknownOp { stage, .. }
             | SpecError::FlowMismatch { stage, .. }
             | SpecError::ReservedName { stage, .. } => Blame::StageOp(stage),
             SpecError::ReductionMismatch { stage, .. } => Blame::StageAttr(stage, "reduction"),
-            SpecError::TensorUnsupported { stage, .. } => Blame::StageAttr(stage, "tensor_eligible"),
+            SpecError::TensorUnsupported { stage, .. } => {
+                Blame::StageAttr(stage, "tensor_eligible")
+            }
             SpecError::PrecisionUnsupported { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
     }
@@ -144,11 +178,18 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     for (pos, &i) in order.iter().enumerate() {
         let found = spec.stages[i].number;
         if pos > 0 && spec.stages[order[pos - 1]].number == found {
-            return Err(SpecError::DuplicateStage { stage: i, number: found });
+            return Err(SpecError::DuplicateStage {
+                stage: i,
+                number: found,
+            });
         }
         let expected = pos as u32 + 1;
         if found != expected {
-            return Err(SpecError::StageGap { stage: i, expected, found });
+            return Err(SpecError::StageGap {
+                stage: i,
+                expected,
+                found,
+            });
         }
     }
 
@@ -172,16 +213,29 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             && said != is_reduction
         {
             let is = if is_reduction { "is" } else { "is not" };
-            return Err(SpecError::ReductionMismatch { stage: i, op: op.name, is, said });
+            return Err(SpecError::ReductionMismatch {
+                stage: i,
+                op: op.name,
+                is,
+                said,
+            });
         }
         let tensor = st.tensor_eligible.unwrap_or(false);
         if tensor && !op.tensor_core {
-            return Err(SpecError::TensorUnsupported { stage: i, op: op.name });
+            return Err(SpecError::TensorUnsupported {
+                stage: i,
+                op: op.name,
+            });
         }
         let precision = st.precision.unwrap_or(Precision::Fp32);
         if !op.precisions.contains(&precision) {
             let supported: Vec<_> = op.precisions.iter().map(|p| format!("\"{p}\"")).collect();
-            return Err(SpecError::PrecisionUnsupported { stage: i, op: op.name, precision, supported: supported.join(", ") });
+            return Err(SpecError::PrecisionUnsupported {
+                stage: i,
+                op: op.name,
+                precision,
+                supported: supported.join(", "),
+            });
         }
         let mut inputs = Vec::with_capacity(op.inputs.len());
         for (k, param) in op.inputs.iter().enumerate() {
@@ -200,20 +254,37 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                 continue;
             }
             if param.name == "out" {
-                return Err(SpecError::ReservedName { stage: i, op: op.name });
+                return Err(SpecError::ReservedName {
+                    stage: i,
+                    op: op.name,
+                });
             }
-            debug_assert_eq!(param.kind, Kind::Vector, "scalar op parameters are not supported yet");
+            debug_assert_eq!(
+                param.kind,
+                Kind::Vector,
+                "scalar op parameters are not supported yet"
+            );
             // Inputs of the same name are the same argument.
             let slot = match args.iter().position(|a| a.name == param.name) {
                 Some(slot) => slot,
                 None => {
-                    args.push(ArgSlot { name: param.name.to_string(), kind: ArgKind::Input });
+                    args.push(ArgSlot {
+                        name: param.name.to_string(),
+                        kind: ArgKind::Input,
+                    });
                     args.len() - 1
                 }
             };
             inputs.push(Source::Arg(slot));
         }
-        stages.push(StageIr { field: st.field.clone(), number: st.number, op, precision, tensor, inputs });
+        stages.push(StageIr {
+            field: st.field.clone(),
+            number: st.number,
+            op,
+            precision,
+            tensor,
+            inputs,
+        });
     }
 
     let output = match stages.last().map(|s| s.op.output) {
@@ -221,23 +292,48 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         _ => ChainOutput::Vector,
     };
     if output == ChainOutput::Vector {
-        args.push(ArgSlot { name: "out".into(), kind: ArgKind::Output });
+        args.push(ArgSlot {
+            name: "out".into(),
+            kind: ArgKind::Output,
+        });
     }
-    args.push(ArgSlot { name: "n".into(), kind: ArgKind::Len });
+    args.push(ArgSlot {
+        name: "n".into(),
+        kind: ArgKind::Len,
+    });
     if args.len() > DESC_ARGS {
-        return Err(SpecError::TooManyArgs { count: args.len(), max: DESC_ARGS });
+        return Err(SpecError::TooManyArgs {
+            count: args.len(),
+            max: DESC_ARGS,
+        });
     }
 
     let mut canonical = format!("pptm-chain/1 domain={} name={}\n", spec.domain, spec.name);
     for s in &stages {
-        canonical.push_str(&format!("stage {} {} precision={} tensor={}\n", s.number, s.op.name, s.precision, s.tensor));
+        canonical.push_str(&format!(
+            "stage {} {} precision={} tensor={}\n",
+            s.number, s.op.name, s.precision, s.tensor
+        ));
     }
     let digest = Sha256::digest(canonical.as_bytes());
     let spec_hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let raw = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    let opcode = if raw < FIRST_VARIANT_OPCODE { raw + FIRST_VARIANT_OPCODE } else { raw };
+    let opcode = if raw < FIRST_VARIANT_OPCODE {
+        raw + FIRST_VARIANT_OPCODE
+    } else {
+        raw
+    };
 
-    Ok(ChainIr { name: spec.name.clone(), domain: spec.domain.clone(), stages, args, output, canonical, spec_hash, opcode })
+    Ok(ChainIr {
+        name: spec.name.clone(),
+        domain: spec.domain.clone(),
+        stages,
+        args,
+        output,
+        canonical,
+        spec_hash,
+        opcode,
+    })
 }
 
 /// Result of running a chain on the CPU reference.
@@ -250,26 +346,40 @@ pub enum Evaluated {
 impl ChainIr {
     /// Descriptor slots of the input vectors, in order.
     pub fn input_slots(&self) -> impl Iterator<Item = (usize, &ArgSlot)> {
-        self.args.iter().enumerate().filter(|(_, a)| a.kind == ArgKind::Input)
+        self.args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.kind == ArgKind::Input)
     }
 
     /// The reduction that ends the chain, if any.
     pub fn reduction(&self) -> Option<&StageIr> {
-        self.stages.last().filter(|s| s.op.class == FusionClass::Reduction)
+        self.stages
+            .last()
+            .filter(|s| s.op.class == FusionClass::Reduction)
     }
 
     /// How many compute blocks an item over `n` elements asks for (the device caps it at its grid).
     pub fn blocks_for(&self, n: usize) -> u32 {
-        n.div_ceil(crate::ELEMS_PER_BLOCK).clamp(1, u32::MAX as usize) as u32
+        n.div_ceil(crate::ELEMS_PER_BLOCK)
+            .clamp(1, u32::MAX as usize) as u32
     }
 
     /// Short human-readable form: `KlDivergence -> SumReduction`.
     pub fn describe(&self) -> String {
-        self.stages.iter().map(|s| s.op.name).collect::<Vec<_>>().join(" -> ")
+        self.stages
+            .iter()
+            .map(|s| s.op.name)
+            .collect::<Vec<_>>()
+            .join(" -> ")
     }
 
     /// Runs the chain with each op's f64 reference. `inputs[k]` is the k-th input vector (in
     /// [`ChainIr::input_slots`] order); all must have the same length (the caller checks).
+    #[allow(
+        clippy::needless_range_loop,
+        reason = "`i` indexes every input vector, not one"
+    )]
     pub fn eval_f64(&self, inputs: &[&[f32]]) -> Evaluated {
         let n = inputs.first().map_or(0, |v| v.len());
         debug_assert!(inputs.iter().all(|v| v.len() == n));
@@ -282,7 +392,11 @@ impl ChainIr {
             Some(CpuImpl::Reduction { identity, .. }) => identity,
             _ => 0.0,
         };
-        let mut out = Vec::with_capacity(if self.output == ChainOutput::Vector { n } else { 0 });
+        let mut out = Vec::with_capacity(if self.output == ChainOutput::Vector {
+            n
+        } else {
+            0
+        });
         let mut values = vec![0.0f64; self.stages.len()];
         let mut x = Vec::with_capacity(4);
         for i in 0..n {
@@ -328,15 +442,30 @@ mod tests {
     }
 
     fn chain(stages: Vec<StageSpec>) -> ChainSpec {
-        ChainSpec { name: "C".into(), domain: "inference".into(), stages }
+        ChainSpec {
+            name: "C".into(),
+            domain: "inference".into(),
+            stages,
+        }
     }
 
     #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
-        let ir = lower(&chain(vec![stage(1, "KlDivergence"), stage(2, "SumReduction")])).unwrap();
+        let ir = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(2, "SumReduction"),
+        ]))
+        .unwrap();
         assert_eq!(ir.output, ChainOutput::Scalar);
         let names: Vec<_> = ir.args.iter().map(|a| (a.name.as_str(), a.kind)).collect();
-        assert_eq!(names, [("q", ArgKind::Input), ("p", ArgKind::Input), ("n", ArgKind::Len)]);
+        assert_eq!(
+            names,
+            [
+                ("q", ArgKind::Input),
+                ("p", ArgKind::Input),
+                ("n", ArgKind::Len)
+            ]
+        );
         assert_eq!(ir.stages[1].inputs, [Source::Stage(0)]);
         assert!(ir.opcode >= FIRST_VARIANT_OPCODE);
         assert_eq!(ir.describe(), "KlDivergence -> SumReduction");
@@ -344,7 +473,11 @@ mod tests {
 
     #[test]
     fn declaration_order_does_not_matter_and_defaults_hash_like_explicit_values() {
-        let a = lower(&chain(vec![stage(1, "KlDivergence"), stage(2, "SumReduction")])).unwrap();
+        let a = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(2, "SumReduction"),
+        ]))
+        .unwrap();
         let mut s2 = stage(2, "SumReduction");
         s2.reduction = Some(true);
         s2.precision = Some(Precision::Fp32);
@@ -362,7 +495,11 @@ mod tests {
         let mut moved = chain(vec![stage(1, "KlDivergence")]);
         moved.domain = "other".into();
         assert_ne!(lower(&moved).unwrap().spec_hash, base.spec_hash);
-        let longer = lower(&chain(vec![stage(1, "KlDivergence"), stage(2, "SumReduction")])).unwrap();
+        let longer = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(2, "SumReduction"),
+        ]))
+        .unwrap();
         assert_ne!(longer.spec_hash, base.spec_hash);
     }
 
@@ -370,33 +507,77 @@ mod tests {
     fn vector_chain_gets_an_out_argument() {
         let ir = lower(&chain(vec![stage(1, "KlDivergence")])).unwrap();
         assert_eq!(ir.output, ChainOutput::Vector);
-        assert_eq!(ir.args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["q", "p", "out", "n"]);
+        assert_eq!(
+            ir.args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+            ["q", "p", "out", "n"]
+        );
     }
 
     #[test]
     fn errors() {
         assert_eq!(lower(&chain(vec![])).unwrap_err(), SpecError::Empty);
-        let e = lower(&chain(vec![stage(1, "KlDivergence"), stage(3, "SumReduction")])).unwrap_err();
-        assert_eq!(e, SpecError::StageGap { stage: 1, expected: 2, found: 3 });
+        let e = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(3, "SumReduction"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::StageGap {
+                stage: 1,
+                expected: 2,
+                found: 3
+            }
+        );
         assert_eq!(e.blame(), Blame::StageNumber(1));
-        let e = lower(&chain(vec![stage(1, "KlDivergence"), stage(1, "SumReduction")])).unwrap_err();
-        assert_eq!(e, SpecError::DuplicateStage { stage: 1, number: 1 });
+        let e = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(1, "SumReduction"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            SpecError::DuplicateStage {
+                stage: 1,
+                number: 1
+            }
+        );
         let e = lower(&chain(vec![stage(2, "KlDivergence")])).unwrap_err();
-        assert!(matches!(e, SpecError::StageGap { expected: 1, found: 2, .. }));
+        assert!(matches!(
+            e,
+            SpecError::StageGap {
+                expected: 1,
+                found: 2,
+                ..
+            }
+        ));
         let e = lower(&chain(vec![stage(1, "KlDivergance")])).unwrap_err();
         assert!(e.to_string().contains("did you mean `KlDivergence`"), "{e}");
-        let e = lower(&chain(vec![stage(1, "SumReduction"), stage(2, "KlDivergence")])).unwrap_err();
-        assert!(matches!(e, SpecError::FlowMismatch { stage: 1, .. }), "{e:?}");
+        let e = lower(&chain(vec![
+            stage(1, "SumReduction"),
+            stage(2, "KlDivergence"),
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(e, SpecError::FlowMismatch { stage: 1, .. }),
+            "{e:?}"
+        );
         let mut s = stage(1, "KlDivergence");
         s.reduction = Some(true);
-        assert!(matches!(lower(&chain(vec![s])).unwrap_err(), SpecError::ReductionMismatch { .. }));
+        assert!(matches!(
+            lower(&chain(vec![s])).unwrap_err(),
+            SpecError::ReductionMismatch { .. }
+        ));
         let mut s = stage(1, "KlDivergence");
         s.precision = Some(Precision::Bf16);
         let e = lower(&chain(vec![s])).unwrap_err();
         assert_eq!(e.blame(), Blame::StageAttr(0, "precision"));
         let mut s = stage(1, "KlDivergence");
         s.tensor_eligible = Some(true);
-        assert!(matches!(lower(&chain(vec![s])).unwrap_err(), SpecError::TensorUnsupported { .. }));
+        assert!(matches!(
+            lower(&chain(vec![s])).unwrap_err(),
+            SpecError::TensorUnsupported { .. }
+        ));
         let mut bad = chain(vec![stage(1, "KlDivergence")]);
         bad.domain = "Bad Domain".into();
         assert!(matches!(lower(&bad).unwrap_err(), SpecError::BadDomain(_)));
@@ -404,13 +585,21 @@ mod tests {
 
     #[test]
     fn eval_matches_hand_computed_values() {
-        let ir = lower(&chain(vec![stage(1, "KlDivergence"), stage(2, "SumReduction")])).unwrap();
+        let ir = lower(&chain(vec![
+            stage(1, "KlDivergence"),
+            stage(2, "SumReduction"),
+        ]))
+        .unwrap();
         let q = [0.5f32, 0.0, 0.25];
         let p = [0.25f32, 0.3, 0.25];
-        let Evaluated::Scalar(s) = ir.eval_f64(&[&q, &p]) else { panic!() };
+        let Evaluated::Scalar(s) = ir.eval_f64(&[&q, &p]) else {
+            panic!()
+        };
         assert!((s - 0.5 * 2f64.ln()).abs() < 1e-12);
         let ir = lower(&chain(vec![stage(1, "KlDivergence")])).unwrap();
-        let Evaluated::Vector(v) = ir.eval_f64(&[&q, &p]) else { panic!() };
+        let Evaluated::Vector(v) = ir.eval_f64(&[&q, &p]) else {
+            panic!()
+        };
         assert_eq!(v.len(), 3);
         assert_eq!(v[1], 0.0);
         let ir = lower(&chain(vec![stage(1, "SumReduction")])).unwrap();

@@ -35,9 +35,11 @@ impl ParsedChain {
                 Blame::Domain => self.domain_span,
                 Blame::StageNumber(i) => self.stages[i].number,
                 Blame::StageOp(i) => self.stages[i].op,
-                Blame::StageAttr(i, name) => {
-                    self.stages[i].attrs.iter().find(|(n, _)| *n == name).map_or(self.stages[i].op, |(_, s)| *s)
-                }
+                Blame::StageAttr(i, name) => self.stages[i]
+                    .attrs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(self.stages[i].op, |(_, s)| *s),
             };
             syn::Error::new(span, e)
         })
@@ -46,22 +48,33 @@ impl ParsedChain {
 
 /// Whether a derive list names FusionBuilder (by its last path segment).
 pub fn derives_fusion_builder(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().filter(|a| a.path().is_ident("derive")).any(|a| {
-        let mut found = false;
-        let _ = a.parse_nested_meta(|meta| {
-            if meta.path.segments.last().is_some_and(|s| s.ident == "FusionBuilder") {
-                found = true;
-            }
-            Ok(())
-        });
-        found
-    })
+    attrs
+        .iter()
+        .filter(|a| a.path().is_ident("derive"))
+        .any(|a| {
+            let mut found = false;
+            let _ = a.parse_nested_meta(|meta| {
+                if meta
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|s| s.ident == "FusionBuilder")
+                {
+                    found = true;
+                }
+                Ok(())
+            });
+            found
+        })
 }
 
 /// Reads a chain declaration. Errors are spanned at the offending tokens.
 pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
     if !input.generics.params.is_empty() {
-        return Err(syn::Error::new(input.generics.span(), "a fusion chain cannot be generic"));
+        return Err(syn::Error::new(
+            input.generics.span(),
+            "a fusion chain cannot be generic",
+        ));
     }
     let fields = match &input.data {
         Data::Struct(s) => match &s.fields {
@@ -73,7 +86,12 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
                 ));
             }
         },
-        _ => return Err(syn::Error::new(input.ident.span(), "#[derive(FusionBuilder)] applies to structs only")),
+        _ => {
+            return Err(syn::Error::new(
+                input.ident.span(),
+                "#[derive(FusionBuilder)] applies to structs only",
+            ));
+        }
     };
 
     let mut domain: Option<(String, Span)> = None;
@@ -101,16 +119,25 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
     let mut stages = Vec::new();
     let mut spans = Vec::new();
     for field in fields {
-        let field_name = field.ident.as_ref().map(|i| i.to_string()).unwrap_or_default();
+        let field_name = field
+            .ident
+            .as_ref()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
         let mut stage_attrs = field.attrs.iter().filter(|a| a.path().is_ident("stage"));
         let Some(attr) = stage_attrs.next() else {
             return Err(syn::Error::new(
                 field.span(),
-                format!("field `{field_name}` has no #[stage(n)]: every field of a fusion chain is a stage"),
+                format!(
+                    "field `{field_name}` has no #[stage(n)]: every field of a fusion chain is a stage"
+                ),
             ));
         };
         if let Some(extra) = stage_attrs.next() {
-            return Err(syn::Error::new(extra.span(), "a field takes one #[stage(...)]"));
+            return Err(syn::Error::new(
+                extra.span(),
+                "a field takes one #[stage(...)]",
+            ));
         }
         let args: StageArgs = attr.parse_args()?;
         let (op, op_span) = op_name(&field.ty)?;
@@ -122,11 +149,19 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             tensor_eligible: args.tensor_eligible,
             precision: args.precision,
         });
-        spans.push(StageSpans { number: args.number_span, op: op_span, attrs: args.spans });
+        spans.push(StageSpans {
+            number: args.number_span,
+            op: op_span,
+            attrs: args.spans,
+        });
     }
 
     Ok(ParsedChain {
-        spec: ChainSpec { name: input.ident.to_string(), domain, stages },
+        spec: ChainSpec {
+            name: input.ident.to_string(),
+            domain,
+            stages,
+        },
         ident: input.ident.clone(),
         domain_span,
         stages: spans,
@@ -140,11 +175,17 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
         && let Some(last) = p.path.segments.last()
     {
         if !last.arguments.is_empty() {
-            return Err(syn::Error::new(last.arguments.span(), "op types take no generic arguments"));
+            return Err(syn::Error::new(
+                last.arguments.span(),
+                "op types take no generic arguments",
+            ));
         }
         return Ok((last.ident.to_string(), last.ident.span()));
     }
-    Err(syn::Error::new(ty.span(), "a stage's type names its op, e.g. `pptm::ops::KlDivergence`"))
+    Err(syn::Error::new(
+        ty.span(),
+        "a stage's type names its op, e.g. `pptm::ops::KlDivergence`",
+    ))
 }
 
 /// `n, reduction = bool, tensor_eligible = bool, precision = "..."`
@@ -185,17 +226,25 @@ impl Parse for StageArgs {
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
-                        format!("unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible` or `precision`"),
+                        format!(
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible` or `precision`"
+                        ),
                     ));
                 }
             };
             if args.spans.iter().any(|(n, _)| *n == name) {
-                return Err(syn::Error::new(key.span(), format!("`{name}` is given twice")));
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("`{name}` is given twice"),
+                ));
             }
             match name {
                 "precision" => {
                     let lit: LitStr = input.parse()?;
-                    let p = lit.value().parse::<Precision>().map_err(|e| syn::Error::new(lit.span(), e))?;
+                    let p = lit
+                        .value()
+                        .parse::<Precision>()
+                        .map_err(|e| syn::Error::new(lit.span(), e))?;
                     args.precision = Some(p);
                     args.spans.push((name, lit.span()));
                 }
@@ -242,20 +291,59 @@ mod tests {
     #[test]
     fn rejects_malformed_declarations_with_messages() {
         let cases = [
-            ("struct A { #[stage(1)] a: KlDivergence }", "missing `#[fusion(domain"),
-            ("#[fusion(domain = \"x\")] struct A(KlDivergence);", "named fields"),
+            (
+                "struct A { #[stage(1)] a: KlDivergence }",
+                "missing `#[fusion(domain",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A(KlDivergence);",
+                "named fields",
+            ),
             ("#[fusion(domain = \"x\")] enum A { B }", "structs only"),
-            ("#[fusion(domain = \"x\")] struct A<T> { #[stage(1)] a: T }", "generic"),
-            ("#[fusion(domain = \"x\")] struct A { a: KlDivergence }", "has no #[stage(n)]"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(reduction = true)] a: KlDivergence }", "stage number first"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1, fused = true)] a: KlDivergence }", "unknown stage attribute `fused`"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1, precision = \"fp31\")] a: KlDivergence }", "unknown precision"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1, reduction = true, reduction = true)] a: SumReduction }", "twice"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Vec<f32> }", "no generic arguments"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: &'static str }", "names its op"),
-            ("#[fusion(domain = \"x\", shape = 3)] struct A { #[stage(1)] a: KlDivergence }", "unknown fusion attribute"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Softmax }", "unknown op `Softmax`"),
-            ("#[fusion(domain = \"x\")] struct A { #[stage(1)] #[stage(2)] a: KlDivergence }", "one #[stage"),
+            (
+                "#[fusion(domain = \"x\")] struct A<T> { #[stage(1)] a: T }",
+                "generic",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { a: KlDivergence }",
+                "has no #[stage(n)]",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(reduction = true)] a: KlDivergence }",
+                "stage number first",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1, fused = true)] a: KlDivergence }",
+                "unknown stage attribute `fused`",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1, precision = \"fp31\")] a: KlDivergence }",
+                "unknown precision",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1, reduction = true, reduction = true)] a: SumReduction }",
+                "twice",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Vec<f32> }",
+                "no generic arguments",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1)] a: &'static str }",
+                "names its op",
+            ),
+            (
+                "#[fusion(domain = \"x\", shape = 3)] struct A { #[stage(1)] a: KlDivergence }",
+                "unknown fusion attribute",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1)] a: Softmax }",
+                "unknown op `Softmax`",
+            ),
+            (
+                "#[fusion(domain = \"x\")] struct A { #[stage(1)] #[stage(2)] a: KlDivergence }",
+                "one #[stage",
+            ),
         ];
         for (src, want) in cases {
             let err = parse(src).expect_err(src).to_string();
@@ -265,7 +353,8 @@ mod tests {
 
     #[test]
     fn finds_the_derive() {
-        let item: DeriveInput = syn::parse_str("#[derive(Debug, pptm::FusionBuilder)] struct A {}").unwrap();
+        let item: DeriveInput =
+            syn::parse_str("#[derive(Debug, pptm::FusionBuilder)] struct A {}").unwrap();
         assert!(derives_fusion_builder(&item.attrs));
         let item: DeriveInput = syn::parse_str("#[derive(Debug)] struct A {}").unwrap();
         assert!(!derives_fusion_builder(&item.attrs));

@@ -39,7 +39,10 @@ struct Stats {
 fn stats(mut t: Vec<Duration>) -> Stats {
     t.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Stats { median_us: us(t[t.len() / 2]), p99_us: us(t[(t.len() * 99 / 100).min(t.len() - 1)]) }
+    Stats {
+        median_us: us(t[t.len() / 2]),
+        p99_us: us(t[(t.len() * 99 / 100).min(t.len() - 1)]),
+    }
 }
 
 fn time<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Stats, E> {
@@ -56,7 +59,16 @@ fn time<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<(), E>) -> 
 }
 
 fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
-    q.iter().zip(p).map(|(&q, &p)| if q == 0.0 { 0.0 } else { f64::from(q) * (f64::from(q).ln() - f64::from(p).ln()) }).sum()
+    q.iter()
+        .zip(p)
+        .map(|(&q, &p)| {
+            if q == 0.0 {
+                0.0
+            } else {
+                f64::from(q) * (f64::from(q).ln() - f64::from(p).ln())
+            }
+        })
+        .sum()
 }
 
 fn main() -> ExitCode {
@@ -83,18 +95,32 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // 1. What a user does today, measured before any manifold occupies the GPU.
     let base = LaunchBaseline::new(&rt, KlComplexity::DOMAIN)?;
     let s = time(1000, 20_000 / scale, || base.launch_and_sync())?;
-    row("empty cuLaunchKernel + cuStreamSynchronize", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+    row(
+        "empty cuLaunchKernel + cuStreamSynchronize",
+        format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us),
+    );
     let s = time(1000, 20_000 / scale, || base.graph_and_sync())?;
-    row("one-node CUDA graph launch + sync", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+    row(
+        "one-node CUDA graph launch + sync",
+        format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us),
+    );
     drop(base);
 
     // 2. The manifold.
     let t = Instant::now();
     rt.prepare::<KlComplexity>()?;
-    row("manifold load + launch (once)", format!("{:.1} ms", t.elapsed().as_secs_f64() * 1e3));
+    row(
+        "manifold load + launch (once)",
+        format!("{:.1} ms", t.elapsed().as_secs_f64() * 1e3),
+    );
     println!("  ({})", rt.describe());
-    let s = time(2000, 50_000 / scale, || rt.submit_noop::<KlComplexity>()?.wait())?;
-    row("pptm no-op submit -> completion", format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us));
+    let s = time(2000, 50_000 / scale, || {
+        rt.submit_noop::<KlComplexity>()?.wait()
+    })?;
+    row(
+        "pptm no-op submit -> completion",
+        format!("median {:7.2} µs  p99 {:7.2} µs", s.median_us, s.p99_us),
+    );
 
     for window in [64usize, 192] {
         let items = 200_000 / scale;
@@ -114,11 +140,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             tk.wait()?;
         }
         let rate = items as f64 / t.elapsed().as_secs_f64();
-        row(&format!("pptm sustained no-ops, {window} in flight"), format!("{:9.0} items/s ({:.2} µs/item)", rate, 1e6 / rate));
+        row(
+            &format!("pptm sustained no-ops, {window} in flight"),
+            format!("{:9.0} items/s ({:.2} µs/item)", rate, 1e6 / rate),
+        );
     }
 
     // 3. KlComplexity: latency and effective bandwidth (8 bytes read per element).
-    for (n, reps, sets) in [(4096usize, 20_000 / scale, 1usize), (1 << 20, 2000 / scale, 8), (1 << 26, 200 / scale, 1)] {
+    for (n, reps, sets) in [
+        (4096usize, 20_000 / scale, 1usize),
+        (1 << 20, 2000 / scale, 8),
+        (1 << 26, 200 / scale, 1),
+    ] {
         // Several input sets where one would sit in L2, so that the figure is memory, not cache.
         let inputs: Vec<_> = (0..sets)
             .map(|i| {
@@ -143,7 +176,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let gbs = 8.0 * n as f64 / (s.median_us * 1e-6) / 1e9;
         row(
             &format!("pptm KlComplexity n = {n}"),
-            format!("median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s", s.median_us, s.p99_us, gbs),
+            format!(
+                "median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s",
+                s.median_us, s.p99_us, gbs
+            ),
         );
     }
     let described = rt.describe();
@@ -158,16 +194,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let want = kl_reference(&q4, &p4);
         for pollers in [1u32, 2, 3] {
             for _repeat in 0..2 {
-                let cfg = pptm::Config { fetch_pollers: pollers, ..Default::default() };
+                let cfg = pptm::Config {
+                    fetch_pollers: pollers,
+                    ..Default::default()
+                };
                 let rt = Runtime::gpu_with(cfg)?;
                 rt.prepare::<KlComplexity>()?;
                 let noop = time(2000, 20_000, || rt.submit_noop::<KlComplexity>()?.wait())?;
                 let (q, p) = (rt.upload(&q4)?, rt.upload(&p4)?);
                 let got = f64::from(KlComplexity::submit(&rt, &q, &p)?.wait()?);
                 if ((got - want) / want).abs() > 1e-5 {
-                    return Err(format!("sweep pollers={pollers}: wrong result {got} vs {want}").into());
+                    return Err(
+                        format!("sweep pollers={pollers}: wrong result {got} vs {want}").into(),
+                    );
                 }
-                let kl = time(2000, 20_000, || KlComplexity::submit(&rt, &q, &p)?.wait().map(|_| ()))?;
+                let kl = time(2000, 20_000, || {
+                    KlComplexity::submit(&rt, &q, &p)?.wait().map(|_| ())
+                })?;
                 let name = format!("fetch_pollers = {pollers}");
                 row(
                     &name,
@@ -186,18 +229,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let (q, p) = (positive(n, 11), positive(n, 12));
         let want = kl_reference(&q, &p);
         for blocks_per_sm in [1u32, 2] {
-            let rt = Runtime::gpu_with(pptm::Config { blocks_per_sm, ..Default::default() })?;
+            let rt = Runtime::gpu_with(pptm::Config {
+                blocks_per_sm,
+                ..Default::default()
+            })?;
             let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
             let got = f64::from(KlComplexity::submit(&rt, &qb, &pb)?.wait()?);
             if ((got - want) / want).abs() > 1e-5 {
-                return Err(format!("blocks_per_sm={blocks_per_sm}: wrong result {got} vs {want}").into());
+                return Err(
+                    format!("blocks_per_sm={blocks_per_sm}: wrong result {got} vs {want}").into(),
+                );
             }
-            let s = time(20, 200, || KlComplexity::submit(&rt, &qb, &pb)?.wait().map(|_| ()))?;
+            let s = time(20, 200, || {
+                KlComplexity::submit(&rt, &qb, &pb)?.wait().map(|_| ())
+            })?;
             let gbs = 8.0 * n as f64 / (s.median_us * 1e-6) / 1e9;
             let blocks = rt.manifold_blocks::<KlComplexity>().unwrap_or(0);
             row(
                 &format!("KlComplexity 2^26, blocks_per_sm = {blocks_per_sm} ({blocks} blocks)"),
-                format!("median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s", s.median_us, s.p99_us, gbs),
+                format!(
+                    "median {:9.2} µs  p99 {:9.2} µs  {:7.1} GB/s",
+                    s.median_us, s.p99_us, gbs
+                ),
             );
         }
     }

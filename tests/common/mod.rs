@@ -15,8 +15,12 @@ pub fn require_gpu() -> bool {
 pub fn init_logging() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        let filter =
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
     });
 }
 
@@ -44,7 +48,6 @@ pub fn skip(test: &str) {
 }
 
 /// Instantiates each named test body (`fn(&Runtime)`) once per backend: `cpu::name`, `gpu::name`.
-
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -94,10 +97,18 @@ pub fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
 
 pub fn kl_term(q: f32, p: f32) -> f64 {
     let (q, p) = (f64::from(q), f64::from(p));
-    if q == 0.0 { 0.0 } else { q * q.ln() - q * p.ln() }
+    if q == 0.0 {
+        0.0
+    } else {
+        q * q.ln() - q * p.ln()
+    }
 }
 
 /// |got − want| / |want|, or |got| when want is 0.
 pub fn rel_err(got: f64, want: f64) -> f64 {
-    if want == 0.0 { got.abs() } else { (got - want).abs() / want.abs() }
+    if want == 0.0 {
+        got.abs()
+    } else {
+        (got - want).abs() / want.abs()
+    }
 }

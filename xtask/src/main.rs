@@ -35,7 +35,10 @@ fn main() -> ExitCode {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn codegen(check: bool) -> Result<String, String> {
@@ -44,18 +47,32 @@ fn codegen(check: bool) -> Result<String, String> {
     if check {
         let diffs = project.check(&nvrtc).map_err(|e| e.to_string())?;
         if diffs.is_empty() {
-            Ok(format!("generated/ is up to date (NVRTC {:?} at {})", nvrtc.version(), nvrtc.path().display()))
+            Ok(format!(
+                "generated/ is up to date (NVRTC {:?} at {})",
+                nvrtc.version(),
+                nvrtc.path().display()
+            ))
         } else {
             Err(format!(
                 "generated/ is stale:\n{}\nrun `cargo xtask codegen` and commit generated/",
-                diffs.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n")
+                diffs
+                    .iter()
+                    .map(|d| format!("  - {d}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             ))
         }
     } else {
         let plan = project.plan().map_err(|e| e.to_string())?;
-        let m = project.regenerate(&plan, &nvrtc).map_err(|e| e.to_string())?;
+        let m = project
+            .regenerate(&plan, &nvrtc)
+            .map_err(|e| e.to_string())?;
         let chains: usize = m.domains.iter().map(|d| d.chains.len()).sum();
-        Ok(format!("generated/: {} domain(s), {chains} chain(s), NVRTC {}", m.domains.len(), m.nvrtc))
+        Ok(format!(
+            "generated/: {} domain(s), {chains} chain(s), NVRTC {}",
+            m.domains.len(),
+            m.nvrtc
+        ))
     }
 }
 
@@ -70,9 +87,15 @@ fn abi(check: bool) -> Result<String, String> {
         .layout_tests(true)
         .generate_comments(true)
         .use_core()
-        .raw_line(format!("// GENERATED from {ABI_HEADER} by `cargo xtask abi`. Do not edit."))
+        .raw_line(format!(
+            "// GENERATED from {ABI_HEADER} by `cargo xtask abi`. Do not edit."
+        ))
         .generate()
-        .map_err(|e| format!("bindgen on {ABI_HEADER}: {e} (is libclang installed? apt-get install libclang1-14)"))?
+        .map_err(|e| {
+            format!(
+                "bindgen on {ABI_HEADER}: {e} (is libclang installed? apt-get install libclang1-14)"
+            )
+        })?
         .to_string();
     let path = root.join(ABI_RUST);
     if check {
@@ -80,7 +103,9 @@ fn abi(check: bool) -> Result<String, String> {
         if committed == bindings {
             Ok(format!("{ABI_RUST} matches {ABI_HEADER}"))
         } else {
-            Err(format!("{ABI_RUST} does not match {ABI_HEADER}; run `cargo xtask abi` and commit it"))
+            Err(format!(
+                "{ABI_RUST} does not match {ABI_HEADER}; run `cargo xtask abi` and commit it"
+            ))
         }
     } else {
         std::fs::write(&path, bindings).map_err(|e| format!("cannot write {ABI_RUST}: {e}"))?;

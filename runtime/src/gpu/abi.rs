@@ -35,7 +35,11 @@ pub(crate) fn payload(desc: &pptm_desc) -> [u32; PPTM_SQ_SLOT_WORDS as usize] {
 /// Decodes what `payload` produced (the device does the same in manifold.cuh).
 #[cfg(test)]
 pub(crate) fn from_payload(w: &[u32; PPTM_SQ_SLOT_WORDS as usize]) -> pptm_desc {
-    let mut d = pptm_desc { opcode: w[0], blocks: w[1], ..Default::default() };
+    let mut d = pptm_desc {
+        opcode: w[0],
+        blocks: w[1],
+        ..Default::default()
+    };
     for i in 0..d.args.len() {
         d.args[i] = u64::from(w[2 + 2 * i]) | (u64::from(w[3 + 2 * i]) << 32);
     }
@@ -48,7 +52,11 @@ mod tests {
 
     #[test]
     fn payload_matches_the_c_layout() {
-        let mut d = pptm_desc { opcode: 0xdead_beef, blocks: 7, ..Default::default() };
+        let mut d = pptm_desc {
+            opcode: 0xdead_beef,
+            blocks: 7,
+            ..Default::default()
+        };
         for (i, a) in d.args.iter_mut().enumerate() {
             *a = 0x0102_0304_0506_0708u64.wrapping_mul(i as u64 + 1);
         }

@@ -29,23 +29,37 @@ unsafe impl Send for LaunchBaseline {}
 impl LaunchBaseline {
     /// Loads `code`'s module a second time (independent of any manifold) on `rt`'s GPU.
     pub fn new(rt: &Runtime, code: &'static DomainCode) -> Result<Self> {
-        let device = rt.gpu_device().ok_or_else(|| Error::NoGpu("the runtime uses the CPU backend".into()))?.clone();
+        let device = rt
+            .gpu_device()
+            .ok_or_else(|| Error::NoGpu("the runtime uses the CPU backend".into()))?
+            .clone();
         let module = device.module(code)?;
         let func = module.empty;
         let stream = Stream::new(&device)?;
         device.bind()?;
         // SAFETY: the stream is ours; capture records one launch of a parameterless kernel.
         let graph = unsafe {
-            result::stream::begin_capture(stream.raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                .map_err(|e| Error::driver("cuStreamBeginCapture", e))?;
-            let launched = result::launch_kernel(func, (1, 1, 1), (32, 1, 1), 0, stream.raw, &mut []);
-            let graph = result::stream::end_capture(stream.raw).map_err(|e| Error::driver("cuStreamEndCapture", e))?;
+            result::stream::begin_capture(
+                stream.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+            .map_err(|e| Error::driver("cuStreamBeginCapture", e))?;
+            let launched =
+                result::launch_kernel(func, (1, 1, 1), (32, 1, 1), 0, stream.raw, &mut []);
+            let graph = result::stream::end_capture(stream.raw)
+                .map_err(|e| Error::driver("cuStreamEndCapture", e))?;
             launched.map_err(|e| Error::driver("cuLaunchKernel (capture)", e))?;
             let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
             let _ = result::graph::destroy(graph);
             exec.map_err(|e| Error::driver("cuGraphInstantiate", e))?
         };
-        Ok(LaunchBaseline { stream, func, graph, _module: module, device })
+        Ok(LaunchBaseline {
+            stream,
+            func,
+            graph,
+            _module: module,
+            device,
+        })
     }
 
     /// One empty-kernel launch, then wait for it.
@@ -53,8 +67,17 @@ impl LaunchBaseline {
         self.device.bind()?;
         let mut none: [*mut c_void; 0] = [];
         // SAFETY: pptm_empty takes no parameters.
-        unsafe { result::launch_kernel(self.func, (1, 1, 1), (32, 1, 1), 0, self.stream.raw, &mut none) }
-            .map_err(|e| Error::driver("cuLaunchKernel", e))?;
+        unsafe {
+            result::launch_kernel(
+                self.func,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                self.stream.raw,
+                &mut none,
+            )
+        }
+        .map_err(|e| Error::driver("cuLaunchKernel", e))?;
         self.stream.synchronize()
     }
 
@@ -62,7 +85,8 @@ impl LaunchBaseline {
     pub fn graph_and_sync(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: graph and stream are valid and ours.
-        unsafe { result::graph::launch(self.graph, self.stream.raw) }.map_err(|e| Error::driver("cuGraphLaunch", e))?;
+        unsafe { result::graph::launch(self.graph, self.stream.raw) }
+            .map_err(|e| Error::driver("cuGraphLaunch", e))?;
         self.stream.synchronize()
     }
 }

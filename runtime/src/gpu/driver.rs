@@ -54,7 +54,11 @@ unsafe impl Sync for Device {}
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Device({} #{}: {}, sm_{}{}, {} SMs)", self.name, self.ordinal, self.cc.0, self.cc.0, self.cc.1, self.sm_count)
+        write!(
+            f,
+            "Device({} #{}: {}, sm_{}{}, {} SMs)",
+            self.name, self.ordinal, self.cc.0, self.cc.0, self.cc.1, self.sm_count
+        )
     }
 }
 
@@ -63,7 +67,11 @@ impl Device {
     /// capability 8.0 is [`Error::NoGpu`], never a panic.
     pub fn open(ordinal: usize) -> Result<Arc<Device>> {
         let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = devices.iter().find(|(o, _)| *o == ordinal).and_then(|(_, w)| w.upgrade()) {
+        if let Some(d) = devices
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, w)| w.upgrade())
+        {
             d.bind()?;
             return Ok(d);
         }
@@ -76,37 +84,64 @@ impl Device {
     fn open_new(ordinal: usize) -> Result<Arc<Device>> {
         // SAFETY: probes for the driver library without calling into it.
         if !unsafe { sys::is_culib_present() } {
-            return Err(Error::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
+            return Err(Error::NoGpu(
+                "the CUDA driver library (libcuda.so) is not installed".into(),
+            ));
         }
-        result::init().map_err(|e| Error::NoGpu(format!("cuInit failed: {}", Error::driver("cuInit", e))))?;
-        let count = result::device::get_count().map_err(|e| Error::driver("cuDeviceGetCount", e))?;
+        result::init()
+            .map_err(|e| Error::NoGpu(format!("cuInit failed: {}", Error::driver("cuInit", e))))?;
+        let count =
+            result::device::get_count().map_err(|e| Error::driver("cuDeviceGetCount", e))?;
         if count <= 0 {
             return Err(Error::NoGpu("the CUDA driver reports no device".into()));
         }
         if ordinal >= count as usize {
-            return Err(Error::NoGpu(format!("device {ordinal} requested but only {count} present")));
+            return Err(Error::NoGpu(format!(
+                "device {ordinal} requested but only {count} present"
+            )));
         }
-        let cu_device = result::device::get(ordinal as i32).map_err(|e| Error::driver("cuDeviceGet", e))?;
+        let cu_device =
+            result::device::get(ordinal as i32).map_err(|e| Error::driver("cuDeviceGet", e))?;
         let attr = |a: sys::CUdevice_attribute, call| -> Result<i32> {
             // SAFETY: cu_device is a valid device handle.
-            unsafe { result::device::get_attribute(cu_device, a) }.map_err(|e| Error::driver(call, e))
+            unsafe { result::device::get_attribute(cu_device, a) }
+                .map_err(|e| Error::driver(call, e))
         };
         use sys::CUdevice_attribute::*;
         let cc = (
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cuDeviceGetAttribute")?,
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cuDeviceGetAttribute")?,
+            attr(
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "cuDeviceGetAttribute",
+            )?,
+            attr(
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "cuDeviceGetAttribute",
+            )?,
         );
-        let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute")? as u32;
-        let cooperative = attr(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, "cuDeviceGetAttribute")? != 0;
-        let name = result::device::get_name(cu_device).map_err(|e| Error::driver("cuDeviceGetName", e))?;
+        let sm_count = attr(
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "cuDeviceGetAttribute",
+        )? as u32;
+        let cooperative = attr(
+            CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+            "cuDeviceGetAttribute",
+        )? != 0;
+        let name =
+            result::device::get_name(cu_device).map_err(|e| Error::driver("cuDeviceGetName", e))?;
         if cc.0 < 8 {
-            return Err(Error::NoGpu(format!("{name} has compute capability {}.{}; pptm needs 8.0 or newer", cc.0, cc.1)));
+            return Err(Error::NoGpu(format!(
+                "{name} has compute capability {}.{}; pptm needs 8.0 or newer",
+                cc.0, cc.1
+            )));
         }
         // SAFETY: cu_device is valid; the retained context is released in Drop.
-        let ctx = unsafe { result::primary_ctx::retain(cu_device) }.map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        let ctx = unsafe { result::primary_ctx::retain(cu_device) }
+            .map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: ctx was just retained.
-        unsafe { result::ctx::set_current(ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        let transfer = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| Error::driver("cuStreamCreate", e))?;
+        unsafe { result::ctx::set_current(ctx) }
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        let transfer = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
         Ok(Arc::new(Device {
             ordinal,
             name,
@@ -124,7 +159,8 @@ impl Device {
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         // SAFETY: ctx stays retained for the life of `self`.
-        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| Error::driver("cuCtxSetCurrent", e))
+        unsafe { result::ctx::set_current(self.ctx) }
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))
     }
 
     /// The loaded module of `code`'s domain: loaded on first use, eagerly, and kept until the
@@ -143,7 +179,11 @@ impl Device {
                     .into(),
             });
         }
-        let (arch, ptx) = if self.cc.0 >= 9 { ("compute_90", code.ptx_compute_90) } else { ("compute_80", code.ptx_compute_80) };
+        let (arch, ptx) = if self.cc.0 >= 9 {
+            ("compute_90", code.ptx_compute_90)
+        } else {
+            ("compute_80", code.ptx_compute_80)
+        };
         let m = Arc::new(Module::load_ptx(self, ptx, code.name, arch)?);
         modules.insert(code.key, m.clone());
         Ok(m)
@@ -163,7 +203,8 @@ impl Device {
         let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
         let out = f(*stream)?;
         // SAFETY: the stream is valid and owned by self.
-        unsafe { result::stream::synchronize(*stream) }.map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+        unsafe { result::stream::synchronize(*stream) }
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
         Ok(out)
     }
 
@@ -171,7 +212,8 @@ impl Device {
     pub fn alloc(&self, bytes: usize, fill: u32) -> Result<sys::CUdeviceptr> {
         let ptr = self.with_transfer(|s| {
             // SAFETY: s is a valid stream of the current context.
-            unsafe { result::malloc_async(s, bytes) }.map_err(|e| Error::driver("cuMemAllocAsync", e))
+            unsafe { result::malloc_async(s, bytes) }
+                .map_err(|e| Error::driver("cuMemAllocAsync", e))
         })?;
         if let Err(e) = self.fill(ptr, bytes, fill) {
             self.free(ptr);
@@ -184,7 +226,13 @@ impl Device {
     /// of a pattern buffer (copy engines only; see the module docs).
     pub fn fill(&self, ptr: sys::CUdeviceptr, bytes: usize, fill: u32) -> Result<()> {
         const CHUNK: usize = 4 << 20;
-        let pattern: Vec<u8> = fill.to_ne_bytes().iter().copied().cycle().take(CHUNK.min(bytes)).collect();
+        let pattern: Vec<u8> = fill
+            .to_ne_bytes()
+            .iter()
+            .copied()
+            .cycle()
+            .take(CHUNK.min(bytes))
+            .collect();
         let mut done = 0;
         while done < bytes {
             let n = CHUNK.min(bytes - done);
@@ -200,7 +248,8 @@ impl Device {
             let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: ptr came from `alloc` and is freed once; later users of this memory are
             // ordered after the free on the same stream.
-            unsafe { result::free_async(ptr, *stream) }.map_err(|e| Error::driver("cuMemFreeAsync", e))
+            unsafe { result::free_async(ptr, *stream) }
+                .map_err(|e| Error::driver("cuMemFreeAsync", e))
         });
         if let Err(e) = r {
             tracing::warn!("leaking device memory: {e}");
@@ -211,14 +260,20 @@ impl Device {
     pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
         // SAFETY: dst has at least src.len() bytes (the caller's buffer); src outlives the copy,
         // which completes before with_transfer returns.
-        self.with_transfer(|s| unsafe { result::memcpy_htod_async(dst, src, s) }.map_err(|e| Error::driver("cuMemcpyHtoDAsync", e)))
+        self.with_transfer(|s| {
+            unsafe { result::memcpy_htod_async(dst, src, s) }
+                .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
+        })
     }
 
     /// Copies device memory to host bytes and waits for the copy.
     pub fn download(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
         // SAFETY: src has at least dst.len() bytes; dst outlives the copy, which completes before
         // with_transfer returns.
-        self.with_transfer(|s| unsafe { result::memcpy_dtoh_async(dst, src, s) }.map_err(|e| Error::driver("cuMemcpyDtoHAsync", e)))
+        self.with_transfer(|s| {
+            unsafe { result::memcpy_dtoh_async(dst, src, s) }
+                .map_err(|e| Error::driver("cuMemcpyDtoHAsync", e))
+        })
     }
 }
 
@@ -260,13 +315,19 @@ impl MappedHost {
         device.bind()?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: allocates `bytes` of pinned memory; freed in Drop.
-        let host = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| Error::driver("cuMemHostAlloc", e))?;
+        let host = unsafe { result::malloc_host(bytes, flags) }
+            .map_err(|e| Error::driver("cuMemHostAlloc", e))?;
         // SAFETY: `host` is `bytes` bytes we own; zero is a valid state for every ring.
         unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: host was allocated with DEVICEMAP; dev is written by the call.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
-        let mapped = MappedHost { device: device.clone(), host, dev, leak: Default::default() };
+        let mapped = MappedHost {
+            device: device.clone(),
+            host,
+            dev,
+            leak: Default::default(),
+        };
         check("cuMemHostGetDevicePointer", r)?;
         Ok(mapped)
     }
@@ -311,31 +372,64 @@ unsafe impl Sync for Module {}
 impl Module {
     /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure, and loads
     /// its kernels eagerly.
-    fn load_ptx(device: &Device, ptx: &str, domain: &'static str, arch: &'static str) -> Result<Self> {
+    fn load_ptx(
+        device: &Device,
+        ptx: &str,
+        domain: &'static str,
+        arch: &'static str,
+    ) -> Result<Self> {
         device.bind()?;
-        let image = CString::new(ptx).map_err(|_| Error::ModuleLoad { domain, arch, log: "PTX contains a NUL byte".into() })?;
+        let image = CString::new(ptx).map_err(|_| Error::ModuleLoad {
+            domain,
+            arch,
+            log: "PTX contains a NUL byte".into(),
+        })?;
         let mut log = vec![0u8; 16 * 1024];
-        let mut options = [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+        let mut options = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
         let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
         let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: image is NUL-terminated PTX; the option arrays have 2 entries; the log buffer
         // outlives the call and its size is what we pass.
-        let r = unsafe { sys::cuModuleLoadDataEx(&mut module, image.as_ptr().cast(), 2, options.as_mut_ptr(), values.as_mut_ptr()) };
+        let r = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut module,
+                image.as_ptr().cast(),
+                2,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
         if let Err(e) = r.result() {
-            let text = String::from_utf8_lossy(&log).trim_end_matches('\0').trim().to_string();
-            return Err(Error::ModuleLoad { domain, arch, log: format!("{}; {text}", Error::driver("cuModuleLoadDataEx", e)) });
+            let text = String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .trim()
+                .to_string();
+            return Err(Error::ModuleLoad {
+                domain,
+                arch,
+                log: format!("{}; {text}", Error::driver("cuModuleLoadDataEx", e)),
+            });
         }
         let function = |name: &str| -> Result<sys::CUfunction> {
             let c = CString::new(name).expect("kernel names have no NUL");
             // SAFETY: module is loaded; the handle lives as long as the module.
-            let f = unsafe { result::module::get_function(module, c) }.map_err(|e| Error::driver("cuModuleGetFunction", e))?;
+            let f = unsafe { result::module::get_function(module, c) }
+                .map_err(|e| Error::driver("cuModuleGetFunction", e))?;
             // SAFETY: f is a valid function; loading it now means no later launch or query has to.
             check("cuFuncLoad", unsafe { sys::cuFuncLoad(f) })?;
             Ok(f)
         };
         let loaded = function("pptm_manifold").and_then(|m| Ok((m, function("pptm_empty")?)));
         match loaded {
-            Ok((manifold, empty)) => Ok(Module { module, arch, manifold, empty }),
+            Ok((manifold, empty)) => Ok(Module {
+                module,
+                arch,
+                manifold,
+                empty,
+            }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.
                 let _ = unsafe { result::module::unload(module) };
@@ -359,8 +453,12 @@ unsafe impl Sync for Stream {}
 impl Stream {
     pub fn new(device: &Arc<Device>) -> Result<Self> {
         device.bind()?;
-        let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| Error::driver("cuStreamCreate", e))?;
-        Ok(Stream { device: device.clone(), raw })
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+        })
     }
 
     /// Ok(true): all work done; Ok(false): still running; Err: the work failed.
@@ -377,7 +475,8 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the stream is valid.
-        unsafe { result::stream::synchronize(self.raw) }.map_err(|e| Error::driver("cuStreamSynchronize", e))
+        unsafe { result::stream::synchronize(self.raw) }
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))
     }
 }
 

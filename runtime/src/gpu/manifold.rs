@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
 
-use super::abi::{PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params};
+use super::abi::{
+    PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params,
+};
 use super::driver::{Device, MappedHost, Stream};
 use super::queue::{self, Cell, Failure, PushError, Queue, RingMemory};
 use crate::chain::DomainCode;
@@ -85,28 +87,45 @@ impl std::fmt::Debug for Manifold {
 
 impl Manifold {
     /// Loads the domain's PTX, sizes the grid with the occupancy API and launches it cooperatively.
-    pub fn launch(device: &Arc<Device>, code: &'static DomainCode, cfg: &Config) -> Result<Arc<Manifold>> {
+    pub fn launch(
+        device: &Arc<Device>,
+        code: &'static DomainCode,
+        cfg: &Config,
+    ) -> Result<Arc<Manifold>> {
         let domain = code.name;
         let launch_err = |reason: String| Error::Launch { domain, reason };
         if !device.cooperative {
-            return Err(launch_err(format!("{} does not support cooperative launches", device.name)));
+            return Err(launch_err(format!(
+                "{} does not support cooperative launches",
+                device.name
+            )));
         }
         tracing::debug!(domain, "loading module");
         let module = device.module(code)?;
         let (arch, func) = (module.arch, module.manifold);
         let threads = pptm_spec::BLOCK_THREADS;
         // SAFETY: func is a kernel of the loaded module.
-        let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(func, threads as i32, 0) }
-            .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        let per_sm = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(func, threads as i32, 0)
+        }
+        .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
         if per_sm < 1 {
-            return Err(launch_err(format!("not one block of {threads} threads fits on an SM")));
+            return Err(launch_err(format!(
+                "not one block of {threads} threads fits on an SM"
+            )));
         }
         // Compute blocks, plus one fetcher block; all must be co-resident.
-        let sms = cfg.max_sms.map_or(device.sm_count, |m| m.min(device.sm_count));
+        let sms = cfg
+            .max_sms
+            .map_or(device.sm_count, |m| m.min(device.sm_count));
         let capacity = device.sm_count * per_sm as u32;
-        let compute = (sms * cfg.blocks_per_sm.min(per_sm as u32)).min(capacity.saturating_sub(1)).min(PPTM_MAX_BLOCKS);
+        let compute = (sms * cfg.blocks_per_sm.min(per_sm as u32))
+            .min(capacity.saturating_sub(1))
+            .min(PPTM_MAX_BLOCKS);
         if compute == 0 {
-            return Err(launch_err(format!("room for {capacity} blocks: not enough for one compute block and the fetcher")));
+            return Err(launch_err(format!(
+                "room for {capacity} blocks: not enough for one compute block and the fetcher"
+            )));
         }
         let grid = compute + 1;
 
@@ -117,7 +136,11 @@ impl Manifold {
         let control_dev = rings.dev + queue::control_offset(cfg.queue_slots) as u64;
         let queue = Queue::new(Box::new(rings), cfg.queue_slots);
         let state_bytes = std::mem::size_of::<pptm_device_state>();
-        let state = DeviceState { device: device.clone(), ptr: device.alloc(state_bytes, 0)?, leak: AtomicBool::new(false) };
+        let state = DeviceState {
+            device: device.clone(),
+            ptr: device.alloc(state_bytes, 0)?,
+            leak: AtomicBool::new(false),
+        };
         let stream = Stream::new(device)?;
 
         let mut params = pptm_manifold_params {
@@ -138,8 +161,22 @@ impl Manifold {
         // SAFETY: func takes one pptm_manifold_params by value (kernels/pptm/manifold.cuh), which
         // the driver copies at launch; every pointer in it stays valid until the kernel exits
         // (the rings and state are owned by the Manifold, which outlives the kernel or leaks them).
-        unsafe { result::launch_cooperative_kernel(func, (grid, 1, 1), (threads, 1, 1), 0, stream.raw, &mut args) }
-            .map_err(|e| launch_err(format!("cuLaunchCooperativeKernel with {grid} blocks: {}", Error::driver("cuLaunchCooperativeKernel", e))))?;
+        unsafe {
+            result::launch_cooperative_kernel(
+                func,
+                (grid, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream.raw,
+                &mut args,
+            )
+        }
+        .map_err(|e| {
+            launch_err(format!(
+                "cuLaunchCooperativeKernel with {grid} blocks: {}",
+                Error::driver("cuLaunchCooperativeKernel", e)
+            ))
+        })?;
 
         // Start handshake: a cooperative launch that cannot be resident (other persistent kernels
         // hold the SMs) would wait forever; cancel it instead and say why.
@@ -173,7 +210,15 @@ impl Manifold {
             std::thread::sleep(Duration::from_micros(20));
         }
         device.manifold_started();
-        tracing::info!(domain, arch, grid, threads, per_sm, start_us = launched.elapsed().as_micros() as u64, "manifold resident");
+        tracing::info!(
+            domain,
+            arch,
+            grid,
+            threads,
+            per_sm,
+            start_us = launched.elapsed().as_micros() as u64,
+            "manifold resident"
+        );
         Ok(Arc::new(Manifold {
             domain,
             arch,
@@ -203,11 +248,18 @@ impl Manifold {
                 Ok(cell) => return Ok(cell),
                 Err(PushError::Closed) => {
                     return Err(match self.life() {
-                        Life::Failed(reason) => Error::ManifoldStopped { domain: self.domain, reason },
+                        Life::Failed(reason) => Error::ManifoldStopped {
+                            domain: self.domain,
+                            reason,
+                        },
                         _ => Error::ShutDown,
                     });
                 }
-                Err(PushError::Full) if !blocking => return Err(Error::QueueFull { capacity: self.queue.slots() as usize }),
+                Err(PushError::Full) if !blocking => {
+                    return Err(Error::QueueFull {
+                        capacity: self.queue.slots() as usize,
+                    });
+                }
                 Err(PushError::Full) => {
                     if let Some(oldest) = self.queue.blocking_item() {
                         self.wait(&oldest, Some(deadline))?;
@@ -284,13 +336,19 @@ impl Manifold {
     pub fn shutdown(&self) -> Result<()> {
         if self.queue.is_closed() {
             return match self.life() {
-                Life::Failed(reason) => Err(Error::ManifoldStopped { domain: self.domain, reason }),
+                Life::Failed(reason) => Err(Error::ManifoldStopped {
+                    domain: self.domain,
+                    reason,
+                }),
                 _ => Ok(()),
             };
         }
         self.queue.close();
         let deadline = Instant::now() + self.shutdown_timeout;
-        let desc = pptm_desc { opcode: PPTM_OP_SHUTDOWN, ..Default::default() };
+        let desc = pptm_desc {
+            opcode: PPTM_OP_SHUTDOWN,
+            ..Default::default()
+        };
         let pushed = loop {
             match self.queue.try_push(&desc, true) {
                 Ok(cell) => break Some(cell),
@@ -314,19 +372,29 @@ impl Manifold {
             self.stopped_running();
             // Anything still without a result was never run (cannot happen in order, but be sure).
             self.queue.fail_pending(Failure::ShutDown);
-            tracing::info!(domain = self.domain, items = self.queue.submitted(), "manifold shut down");
+            tracing::info!(
+                domain = self.domain,
+                items = self.queue.submitted(),
+                "manifold shut down"
+            );
             return Ok(());
         }
         let reason = match self.life() {
             Life::Failed(reason) => reason,
-            _ => format!("it did not stop within {:?}; its memory is leaked", self.shutdown_timeout),
+            _ => format!(
+                "it did not stop within {:?}; its memory is leaked",
+                self.shutdown_timeout
+            ),
         };
         self.fail(reason.clone());
         self.queue.leak_memory();
         self.state.leak.store(true, Ordering::Relaxed);
         // The kernel may still run: its code and context must stay.
         std::mem::forget(self.device.clone());
-        Err(Error::ManifoldStopped { domain: self.domain, reason })
+        Err(Error::ManifoldStopped {
+            domain: self.domain,
+            reason,
+        })
     }
 
     /// Waits for the kernel to return (the stream to drain), until `deadline`.
@@ -334,7 +402,9 @@ impl Manifold {
         loop {
             match self.stream.query() {
                 Ok(true) => return true,
-                Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(50)),
+                Ok(false) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(50))
+                }
                 Ok(false) => return false,
                 Err(e) => {
                     self.stopped_running();
@@ -344,7 +414,6 @@ impl Manifold {
             }
         }
     }
-
 }
 
 impl Drop for Manifold {

@@ -18,7 +18,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::abi::{PPTM_CQ_WORDS, PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control, pptm_sq_slot, sq_tag};
+use super::abi::{
+    PPTM_CQ_WORDS, PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control,
+    pptm_sq_slot, sq_tag,
+};
 use crate::chain::Completion;
 
 /// Memory that holds both rings and the control words: `slots` SQ slots, then `slots` CQ entries,
@@ -64,7 +67,6 @@ impl Cell {
     pub fn result(&self) -> Option<&Result<Completion, Failure>> {
         self.result.get()
     }
-
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -92,13 +94,23 @@ pub(crate) struct Queue {
 impl Queue {
     /// `slots` must be a power of two; `memory` must hold `bytes_for(slots)` zeroed bytes.
     pub fn new(memory: Box<dyn RingMemory>, slots: u32) -> Self {
-        assert!(slots.is_power_of_two(), "queue slots must be a power of two");
-        assert_eq!(memory.base() as usize % 64, 0, "ring memory must be 64-byte aligned");
+        assert!(
+            slots.is_power_of_two(),
+            "queue slots must be a power of two"
+        );
+        assert_eq!(
+            memory.base() as usize % 64,
+            0,
+            "ring memory must be 64-byte aligned"
+        );
         Queue {
             memory,
             slots,
             log2: slots.trailing_zeros(),
-            producer: Mutex::new(Producer { next_seq: 0, cells: vec![None; slots as usize] }),
+            producer: Mutex::new(Producer {
+                next_seq: 0,
+                cells: vec![None; slots as usize],
+            }),
             closed: AtomicBool::new(false),
         }
     }
@@ -116,7 +128,12 @@ impl Queue {
         // SAFETY: the memory holds `slots` SQ slots of `words` u64 each from `base`, 64-byte
         // aligned, alive as long as `self`; AtomicU64 has u64's layout, and every access to these
         // words (host or device) is atomic.
-        unsafe { std::slice::from_raw_parts(self.memory.base().cast::<AtomicU64>().add(slot * words), words) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.memory.base().cast::<AtomicU64>().add(slot * words),
+                words,
+            )
+        }
     }
 
     fn cq_words(&self, slot: usize) -> &[AtomicU64; 8] {
@@ -124,7 +141,11 @@ impl Queue {
         // u64 words), alive as long as `self`; the device writes them atomically and the host
         // only reads them atomically.
         unsafe {
-            &*self.memory.base().add(cq_offset(self.slots) + slot * std::mem::size_of::<pptm_cq_entry>()).cast::<[AtomicU64; 8]>()
+            &*self
+                .memory
+                .base()
+                .add(cq_offset(self.slots) + slot * std::mem::size_of::<pptm_cq_entry>())
+                .cast::<[AtomicU64; 8]>()
         }
     }
 
@@ -142,7 +163,13 @@ impl Queue {
         // SAFETY: the control block (128 bytes = 16 u64 words: `started` at 0, `cancel` at 8)
         // follows the CQ in the same allocation, alive as long as `self`; both sides access it
         // atomically.
-        unsafe { &*self.memory.base().add(control_offset(self.slots)).cast::<[AtomicU64; 16]>() }
+        unsafe {
+            &*self
+                .memory
+                .base()
+                .add(control_offset(self.slots))
+                .cast::<[AtomicU64; 16]>()
+        }
     }
 
     /// Writes `desc` into the next slot. `allow_closed` lets the shutdown item through.
@@ -162,7 +189,10 @@ impl Queue {
         for (word, value) in self.sq_words(slot).iter().zip(payload(desc)) {
             word.store((u64::from(value) << 32) | tag, Ordering::Release);
         }
-        let cell = Arc::new(Cell { seq, result: OnceLock::new() });
+        let cell = Arc::new(Cell {
+            seq,
+            result: OnceLock::new(),
+        });
         p.cells[slot] = Some(cell.clone());
         p.next_seq = seq + 1;
         Ok(cell)
@@ -201,7 +231,10 @@ impl Queue {
             }
             *p = (v >> 32) as u32;
         }
-        Some(Completion { status: payload[0], value: f64::from_bits(u64::from(payload[2]) | (u64::from(payload[3]) << 32)) })
+        Some(Completion {
+            status: payload[0],
+            value: f64::from_bits(u64::from(payload[2]) | (u64::from(payload[3]) << 32)),
+        })
     }
 
     /// Stops accepting items (the shutdown item still goes through `try_push(.., true)`).
@@ -227,7 +260,10 @@ impl Queue {
 
     /// Items submitted so far.
     pub fn submitted(&self) -> u64 {
-        self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_seq
+        self.producer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_seq
     }
 
     /// Marks the ring memory as never to be freed (the device may still use it).
@@ -267,7 +303,10 @@ pub(crate) mod tests {
 
     /// Runs items in order as the device does; the result of an item is 2 × args[0], or the
     /// opcode echoed back for anything else.
-    pub(crate) fn fake_device(queue: Arc<Queue>, pause: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    pub(crate) fn fake_device(
+        queue: Arc<Queue>,
+        pause: Arc<AtomicBool>,
+    ) -> thread::JoinHandle<u64> {
         thread::spawn(move || {
             let slots = queue.slots as usize;
             for seq in 0u64.. {
@@ -296,7 +335,10 @@ pub(crate) mod tests {
                 let words = [PPTM_STATUS_OK, d.opcode, bits as u32, (bits >> 32) as u32];
                 // Written in an arbitrary order: each word stands on its own.
                 for i in [3usize, 1, 0, 2] {
-                    e[i].store(u64::from(words[i]) << 32 | u64::from(tag), Ordering::Relaxed);
+                    e[i].store(
+                        u64::from(words[i]) << 32 | u64::from(tag),
+                        Ordering::Relaxed,
+                    );
                 }
                 if d.opcode == PPTM_OP_SHUTDOWN {
                     return seq + 1;
@@ -307,7 +349,10 @@ pub(crate) mod tests {
     }
 
     fn desc(opcode: u32, arg: u64) -> pptm_desc {
-        let mut d = pptm_desc { opcode, ..Default::default() };
+        let mut d = pptm_desc {
+            opcode,
+            ..Default::default()
+        };
         d.args[0] = arg;
         d
     }
@@ -315,7 +360,11 @@ pub(crate) mod tests {
     fn wait(q: &Queue, c: &Cell) -> Completion {
         let t = Instant::now();
         while !q.poll(c) {
-            assert!(t.elapsed() < Duration::from_secs(20), "item {} never completed", c.seq);
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "item {} never completed",
+                c.seq
+            );
             thread::yield_now();
         }
         c.result().unwrap().clone().unwrap()
@@ -378,7 +427,10 @@ pub(crate) mod tests {
             t.join().unwrap();
         }
         q.close();
-        assert_eq!(q.try_push(&desc(100, 0), false).unwrap_err(), PushError::Closed);
+        assert_eq!(
+            q.try_push(&desc(100, 0), false).unwrap_err(),
+            PushError::Closed
+        );
         let c = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
         wait(&q, &c);
         assert_eq!(dev.join().unwrap(), 12_001);
@@ -389,8 +441,13 @@ pub(crate) mod tests {
         let pause = Arc::new(AtomicBool::new(true));
         let q = Arc::new(Queue::new(HeapRings::new(4), 4));
         let dev = fake_device(q.clone(), pause.clone());
-        let cells: Vec<_> = (0..4).map(|i| q.try_push(&desc(100, i), false).unwrap()).collect();
-        assert_eq!(q.try_push(&desc(100, 99), false).unwrap_err(), PushError::Full);
+        let cells: Vec<_> = (0..4)
+            .map(|i| q.try_push(&desc(100, i), false).unwrap())
+            .collect();
+        assert_eq!(
+            q.try_push(&desc(100, 99), false).unwrap_err(),
+            PushError::Full
+        );
         pause.store(false, Ordering::Release);
         for (i, c) in cells.iter().enumerate() {
             assert_eq!(wait(&q, c).value, 2.0 * i as f64);

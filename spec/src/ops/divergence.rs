@@ -7,7 +7,16 @@ use crate::Precision;
 pub const KL_DIVERGENCE: OpDef = OpDef {
     name: "KlDivergence",
     class: FusionClass::Elementwise,
-    inputs: &[Param { name: "q", kind: Kind::Vector }, Param { name: "p", kind: Kind::Vector }],
+    inputs: &[
+        Param {
+            name: "q",
+            kind: Kind::Vector,
+        },
+        Param {
+            name: "p",
+            kind: Kind::Vector,
+        },
+    ],
     output: Kind::Vector,
     precisions: &[Precision::Fp32],
     tensor_core: false,

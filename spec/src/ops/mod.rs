@@ -53,14 +53,19 @@ pub enum CpuImpl {
     /// f(inputs at index i) for every i.
     Elementwise(fn(&[f64]) -> f64),
     /// Fold every element with `combine`, starting from `identity`.
-    Reduction { identity: f64, combine: fn(f64, f64) -> f64 },
+    Reduction {
+        identity: f64,
+        combine: fn(f64, f64) -> f64,
+    },
 }
 
 impl std::fmt::Debug for CpuImpl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CpuImpl::Elementwise(_) => f.write_str("Elementwise(..)"),
-            CpuImpl::Reduction { identity, .. } => write!(f, "Reduction {{ identity: {identity}, .. }}"),
+            CpuImpl::Reduction { identity, .. } => {
+                write!(f, "Reduction {{ identity: {identity}, .. }}")
+            }
         }
     }
 }
@@ -99,7 +104,12 @@ pub fn find(name: &str) -> Option<&'static OpDef> {
 pub fn closest(name: &str) -> Option<&'static str> {
     CATALOG
         .iter()
-        .map(|op| (edit_distance(&name.to_ascii_lowercase(), &op.name.to_ascii_lowercase()), op.name))
+        .map(|op| {
+            (
+                edit_distance(&name.to_ascii_lowercase(), &op.name.to_ascii_lowercase()),
+                op.name,
+            )
+        })
         .filter(|(d, _)| *d <= 3)
         .min_by_key(|(d, _)| *d)
         .map(|(_, n)| n)
@@ -111,7 +121,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -125,17 +137,37 @@ mod tests {
     #[test]
     fn names_are_unique_and_well_formed() {
         for (i, a) in CATALOG.iter().enumerate() {
-            assert!(a.name.chars().next().unwrap().is_ascii_uppercase(), "{}", a.name);
+            assert!(
+                a.name.chars().next().unwrap().is_ascii_uppercase(),
+                "{}",
+                a.name
+            );
             assert!(!a.inputs.is_empty(), "{} has no inputs", a.name);
-            assert!(a.inputs[0].kind == Kind::Vector, "{}: input 0 is the flow input, a vector", a.name);
-            assert!(a.precisions.contains(&Precision::Fp32), "{}: fp32 is the default precision", a.name);
-            assert!(a.header.starts_with("pptm/ops/") && a.header.ends_with(".cuh"), "{}", a.header);
+            assert!(
+                a.inputs[0].kind == Kind::Vector,
+                "{}: input 0 is the flow input, a vector",
+                a.name
+            );
+            assert!(
+                a.precisions.contains(&Precision::Fp32),
+                "{}: fp32 is the default precision",
+                a.name
+            );
+            assert!(
+                a.header.starts_with("pptm/ops/") && a.header.ends_with(".cuh"),
+                "{}",
+                a.header
+            );
             for b in &CATALOG[i + 1..] {
                 assert_ne!(a.name, b.name);
             }
             match (a.class, a.cpu) {
-                (FusionClass::Elementwise, CpuImpl::Elementwise(_)) => assert_eq!(a.output, Kind::Vector),
-                (FusionClass::Reduction, CpuImpl::Reduction { .. }) => assert_eq!(a.output, Kind::Scalar),
+                (FusionClass::Elementwise, CpuImpl::Elementwise(_)) => {
+                    assert_eq!(a.output, Kind::Vector)
+                }
+                (FusionClass::Reduction, CpuImpl::Reduction { .. }) => {
+                    assert_eq!(a.output, Kind::Scalar)
+                }
                 _ => panic!("{}: class and CPU reference disagree", a.name),
             }
         }
@@ -144,8 +176,25 @@ mod tests {
     #[test]
     fn every_device_symbol_is_defined_in_its_header() {
         for op in CATALOG {
-            let text = crate::ops::header_text(op.header).unwrap_or_else(|| panic!("{} not embedded", op.header));
-            assert!(text.contains(op.device), "{} does not define {}", op.header, op.device);
+            let text =
+                header_text(op.header).unwrap_or_else(|| panic!("{} not embedded", op.header));
+            assert!(
+                text.contains(op.device),
+                "{} does not define {}",
+                op.header,
+                op.device
+            );
+        }
+    }
+
+    /// The text of an op header, for tests that check the catalog against the device code.
+    fn header_text(name: &str) -> Option<&'static str> {
+        match name {
+            "pptm/ops/divergence.cuh" => {
+                Some(include_str!("../../../kernels/pptm/ops/divergence.cuh"))
+            }
+            "pptm/ops/reduce.cuh" => Some(include_str!("../../../kernels/pptm/ops/reduce.cuh")),
+            _ => None,
         }
     }
 
@@ -154,15 +203,5 @@ mod tests {
         assert_eq!(closest("KlDivergance"), Some("KlDivergence"));
         assert_eq!(closest("Sumreduction"), Some("SumReduction"));
         assert_eq!(closest("Softmax"), None);
-    }
-}
-
-/// The text of an op header, for tests that check the catalog against the device code.
-#[cfg(test)]
-fn header_text(name: &str) -> Option<&'static str> {
-    match name {
-        "pptm/ops/divergence.cuh" => Some(include_str!("../../../kernels/pptm/ops/divergence.cuh")),
-        "pptm/ops/reduce.cuh" => Some(include_str!("../../../kernels/pptm/ops/reduce.cuh")),
-        _ => None,
     }
 }
