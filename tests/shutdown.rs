@@ -63,7 +63,7 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
 }
 
 #[test]
-fn submitting_after_shutdown_is_an_error() {
+fn shutdown_drains_and_a_later_submission_relaunches() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for rt in runtimes() {
         let q = rt.upload(&positive(10)).unwrap();

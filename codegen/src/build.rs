@@ -19,12 +19,18 @@ pub fn build_script() {
     let root =
         PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
     let project = Project::at(&root);
+    // Only folders that exist: a missing path makes cargo rerun the script (and rebuild the
+    // crate) on every build.
     for dir in project
         .source_dirs
         .iter()
-        .chain(std::iter::once(&"generated".to_string()))
+        .map(String::as_str)
+        .chain(["generated"])
     {
-        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+        let path = root.join(dir);
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
     println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
     println!("cargo:rerun-if-env-changed=PPTM_NVRTC");

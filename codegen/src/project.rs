@@ -65,6 +65,23 @@ impl DomainPlan {
     }
 }
 
+/// NVRTC writes the sources of `-lineinfo` as `.file` lines prefixed with the process's working
+/// directory. The PTX must not depend on where it was generated: the prefix goes, and headers are
+/// named as they sit in the repository (`kernels/pptm/...`).
+pub fn repo_relative_file_paths(ptx: &str, cwd: &Path) -> String {
+    let prefix = format!("\"{}/", cwd.display());
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.split_inclusive('\n') {
+        if line.trim_start().starts_with(".file") && line.contains(&prefix) {
+            let line = line.replace(&prefix, "\"");
+            out.push_str(&line.replace("\"pptm/", "\"kernels/pptm/"));
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
 /// NVRTC options for one arch. Part of the input hash.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
     vec![
@@ -232,6 +249,8 @@ impl Project {
         }
         let mut nvrtc_build = String::new();
         let mut domains = Vec::new();
+        let cwd =
+            std::env::current_dir().map_err(io("cannot read the working directory of", out))?;
         for d in plan {
             let dir = out.join(&d.name);
             std::fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
@@ -245,11 +264,12 @@ impl Project {
             write(d.source_file(), d.source.as_bytes())?;
             for arch in crate::ARCHS {
                 let ptx = nvrtc.compile(
-                    &format!("{}.cu", d.name),
+                    &format!("generated/{}", d.source_file()),
                     &d.source,
                     crate::kernels::HEADERS,
                     &nvrtc_options(arch),
                 )?;
+                let ptx = repo_relative_file_paths(&ptx, &cwd);
                 if nvrtc_build.is_empty()
                     && let Some(line) = ptx.lines().find(|l| l.contains("Cuda compilation tools"))
                 {
@@ -450,6 +470,17 @@ mod tests {
             "{reasons:?}"
         );
         std::fs::remove_dir_all(&p.root).unwrap();
+    }
+
+    #[test]
+    fn ptx_file_lines_do_not_depend_on_the_working_directory() {
+        let ptx = "\t.file\t1 \"/home/a/repo/pptm/manifold.cuh\"\n\t.file\t2 \"/home/a/repo/generated/x/x.cu\"\n\tld.u32 %r1, [%rd1];\n";
+        let out = repo_relative_file_paths(ptx, Path::new("/home/a/repo"));
+        assert_eq!(
+            out,
+            "\t.file\t1 \"kernels/pptm/manifold.cuh\"\n\t.file\t2 \"generated/x/x.cu\"\n\tld.u32 %r1, [%rd1];\n"
+        );
+        assert_eq!(repo_relative_file_paths(ptx, Path::new("/elsewhere")), ptx);
     }
 
     #[test]

@@ -99,26 +99,19 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         ChainOutput::Vector => quote! { () },
     };
     let inputs: Vec<&str> = ir.input_slots().map(|(_, a)| a.name.as_str()).collect();
-    let submit_doc = match ir.output {
-        ChainOutput::Scalar => format!(
-            "Submits one fused `{describe}` pass over {}. The ticket resolves to the f32 result.\n\n\
-             Every vector must have the same length, and every buffer must belong to `rt`.",
-            inputs
-                .iter()
-                .map(|i| format!("`{i}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        ChainOutput::Vector => format!(
-            "Submits one fused `{describe}` pass over {}, written to `out`. The ticket resolves once `out` holds the result.\n\n\
-             Every vector must have the same length, and every buffer must belong to `rt`.",
-            inputs
-                .iter()
-                .map(|i| format!("`{i}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+    let over = inputs
+        .iter()
+        .map(|i| format!("`{i}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let resolves = match ir.output {
+        ChainOutput::Scalar => "The ticket resolves to the f32 result.",
+        ChainOutput::Vector => "Writes `out`; the ticket resolves once `out` holds the result.",
     };
+    let submit_doc = format!(
+        "Submits one fused `{describe}` pass over {over}. {resolves}\n\n\
+         Every vector must have the same length, and every buffer must belong to `rt`."
+    );
 
     let spec = spec_tokens(&ir, &parsed.spec);
     let field_idents: Vec<syn::Ident> = parsed

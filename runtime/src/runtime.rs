@@ -404,7 +404,8 @@ impl Runtime {
     }
 
     /// Shuts every manifold down, after every submitted item has completed. Dropping the runtime
-    /// does the same; this reports failures.
+    /// does the same; this reports failures. A later submission launches its manifold again; one
+    /// that races with the shutdown gets [`Error::ShutDown`].
     pub fn shutdown(&self) -> Result<()> {
         let Backend::Gpu { manifolds, .. } = &self.backend else {
             return Ok(());

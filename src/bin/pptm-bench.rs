@@ -71,6 +71,26 @@ fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
         .sum()
 }
 
+/// Runs KlComplexity once and refuses (an error naming `what`) a result off the f64 reference by
+/// more than 1e-5 relative: a figure for a wrong answer is not reported.
+fn checked_kl(
+    rt: &Runtime,
+    q: &pptm::Buffer<f32>,
+    p: &pptm::Buffer<f32>,
+    want: f64,
+    what: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let got = f64::from(KlComplexity::submit(rt, q, p)?.wait()?);
+    let rel = (got - want).abs() / want.abs();
+    if rel > 1e-5 {
+        return Err(format!(
+            "KlComplexity {what}: {got} vs f64 {want} (relative error {rel:e}); not reporting"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -161,11 +181,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect::<Result<_, _>>()?;
         for (q, p, want) in &inputs {
-            let got = f64::from(KlComplexity::submit(&rt, q, p)?.wait()?);
-            let rel = (got - want).abs() / want.abs();
-            if rel > 1e-5 {
-                return Err(format!("KlComplexity n={n}: {got} vs f64 {want} (relative error {rel:e}); not reporting").into());
-            }
+            checked_kl(&rt, q, p, *want, &format!("n = {n}"))?;
         }
         let mut i = 0;
         let s = time(reps / 10 + 10, reps.max(20), || {
@@ -202,12 +218,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 rt.prepare::<KlComplexity>()?;
                 let noop = time(2000, 20_000, || rt.submit_noop::<KlComplexity>()?.wait())?;
                 let (q, p) = (rt.upload(&q4)?, rt.upload(&p4)?);
-                let got = f64::from(KlComplexity::submit(&rt, &q, &p)?.wait()?);
-                if ((got - want) / want).abs() > 1e-5 {
-                    return Err(
-                        format!("sweep pollers={pollers}: wrong result {got} vs {want}").into(),
-                    );
-                }
+                checked_kl(
+                    &rt,
+                    &q,
+                    &p,
+                    want,
+                    &format!("with fetch_pollers = {pollers}"),
+                )?;
                 let kl = time(2000, 20_000, || {
                     KlComplexity::submit(&rt, &q, &p)?.wait().map(|_| ())
                 })?;
@@ -234,12 +251,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 ..Default::default()
             })?;
             let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
-            let got = f64::from(KlComplexity::submit(&rt, &qb, &pb)?.wait()?);
-            if ((got - want) / want).abs() > 1e-5 {
-                return Err(
-                    format!("blocks_per_sm={blocks_per_sm}: wrong result {got} vs {want}").into(),
-                );
-            }
+            checked_kl(
+                &rt,
+                &qb,
+                &pb,
+                want,
+                &format!("with blocks_per_sm = {blocks_per_sm}"),
+            )?;
             let s = time(20, 200, || {
                 KlComplexity::submit(&rt, &qb, &pb)?.wait().map(|_| ())
             })?;
