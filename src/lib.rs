@@ -80,6 +80,15 @@ mod tests {
     use super::__private::contains;
 
     #[test]
+    fn every_catalog_op_has_a_marker_type() {
+        let mut catalog: Vec<_> = pptm_spec::ops::CATALOG.iter().map(|op| op.name).collect();
+        let mut markers = crate::ops::NAMES.to_vec();
+        catalog.sort();
+        markers.sort();
+        assert_eq!(catalog, markers);
+    }
+
+    #[test]
     fn const_contains() {
         assert!(contains(b"abc spec=12 x", b"spec=12"));
         assert!(!contains(b"abc spec=13 x", b"spec=12"));

@@ -6,9 +6,33 @@
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KlDivergence;
 
+/// `obs - pred` per element. Inputs `obs`, `pred`; elementwise.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PredictionError;
+
+/// `-1/2 prec e^2` per element: the precision-weighted accuracy of an error. Inputs: the previous
+/// stage's vector (or `e`), `prec`; elementwise.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Accuracy;
+
 /// Sum of every element (f64 accumulation). Input: the previous stage's vector, or `x`; reduction.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SumReduction;
 
+/// Mean of every element (f64 accumulation; NaN for none). Reduction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MeanReduction;
+
+/// Largest element (-inf for none; NaN elements ignored). Reduction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MaxReduction;
+
 /// The DSL name of every marker type above (a test checks it against the catalog).
-pub const NAMES: &[&str] = &["KlDivergence", "SumReduction"];
+pub const NAMES: &[&str] = &[
+    "KlDivergence",
+    "PredictionError",
+    "Accuracy",
+    "SumReduction",
+    "MeanReduction",
+    "MaxReduction",
+];

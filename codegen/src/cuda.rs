@@ -173,9 +173,14 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
     out.push_str("    switch (d.opcode) {\n");
     for c in chains.iter().filter(|c| c.output == ChainOutput::Scalar) {
         let reducer = c.reduction().expect("reduction").op.device;
+        let len = c
+            .args
+            .iter()
+            .position(|a| a.kind == ArgKind::Len)
+            .expect("len slot");
         let _ = writeln!(
             out,
-            "    case 0x{:08x}u: return pptm_combine_partials<{reducer}>(partials, nblocks, smem);  // {}",
+            "    case 0x{:08x}u: return {reducer}::finish(pptm_combine_partials<{reducer}>(partials, nblocks, smem), d.args[{len}]);  // {}",
             c.opcode, c.name
         );
     }
@@ -232,7 +237,9 @@ mod tests {
         assert!(src.contains("return s0;"));
         assert!(src.contains("pptm_map_reduce<2, pptm_op_sum_reduction>"));
         assert!(src.contains(&format!("case {op}u: return pptm_run_{:08x}", kl.opcode)));
-        assert!(src.contains("pptm_combine_partials<pptm_op_sum_reduction>"));
+        assert!(src.contains(
+            "pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), d.args[2])"
+        ));
         assert!(src.contains("#include \"pptm/ops/divergence.cuh\""));
         assert!(src.trim_end().ends_with("#include \"pptm/manifold.cuh\""));
         // The generated code carries no addresses: every pointer comes from the descriptor.
@@ -260,13 +267,10 @@ mod tests {
         );
         // Only the reducing chain has a finish case.
         assert!(src.contains(&format!(
-            "case 0x{:08x}u: return pptm_combine_partials",
+            "case 0x{:08x}u: return pptm_op_sum_reduction::finish",
             sum.opcode
         )));
-        assert!(!src.contains(&format!(
-            "case 0x{:08x}u: return pptm_combine_partials",
-            terms.opcode
-        )));
+        assert!(!src.contains(&format!("case 0x{:08x}u: return pptm_op_sum", terms.opcode)));
     }
 
     #[test]

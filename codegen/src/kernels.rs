@@ -18,6 +18,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../../kernels/pptm/ops/divergence.cuh"),
     ),
     (
+        "pptm/ops/prediction.cuh",
+        include_str!("../../kernels/pptm/ops/prediction.cuh"),
+    ),
+    (
         "pptm/ops/reduce.cuh",
         include_str!("../../kernels/pptm/ops/reduce.cuh"),
     ),

@@ -5,7 +5,24 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/divergence.cuh"
+#include "pptm/ops/prediction.cuh"
 #include "pptm/ops/reduce.cuh"
+
+// chain AccuracyPipeline: PredictionError -> Accuracy -> SumReduction
+// spec hash abdcd509e654fed3a85309084177f403ed276f56b6e5e61509d39513bfea7c20, opcode 0xabdcd509
+struct pptm_body_abdcd509 {
+    __device__ __forceinline__ float operator()(const float (&x)[3]) const {
+        const float s0 = pptm_op_prediction_error(x[0], x[1]);
+        const float s1 = pptm_op_accuracy(s0, x[2]);
+        return s1;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_abdcd509(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const float* const in[3] = {reinterpret_cast<const float*>(d.args[0]), reinterpret_cast<const float*>(d.args[1]), reinterpret_cast<const float*>(d.args[2])};
+    const uint64_t n = d.args[3];
+    partial = pptm_map_reduce<3, pptm_op_sum_reduction>(in, n, pptm_body_abdcd509{}, b);
+    return PPTM_STATUS_OK;
+}
 
 // chain KlComplexity: KlDivergence -> SumReduction
 // spec hash 440cb4529541b3e8c25df32a58a635ece0340277d1198a2e4c9eeaff852ba072, opcode 0x440cb452
@@ -38,17 +55,53 @@ __device__ __forceinline__ uint32_t pptm_run_663983e6(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+// chain LargestError: PredictionError -> MaxReduction
+// spec hash df04940d5666fe67877871a01d38980ac5fb994e18662145435041d3ed0e5458, opcode 0xdf04940d
+struct pptm_body_df04940d {
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_prediction_error(x[0], x[1]);
+        return s0;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_df04940d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const float* const in[2] = {reinterpret_cast<const float*>(d.args[0]), reinterpret_cast<const float*>(d.args[1])};
+    const uint64_t n = d.args[2];
+    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, n, pptm_body_df04940d{}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain MeanKlTerm: KlDivergence -> MeanReduction
+// spec hash 457ec4d3f15614bb1cd4c78f9bb2745999dba1a87ea056590eb1cd2455199b88, opcode 0x457ec4d3
+struct pptm_body_457ec4d3 {
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_kl_divergence(x[0], x[1]);
+        return s0;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_457ec4d3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const float* const in[2] = {reinterpret_cast<const float*>(d.args[0]), reinterpret_cast<const float*>(d.args[1])};
+    const uint64_t n = d.args[2];
+    partial = pptm_map_reduce<2, pptm_op_mean_reduction>(in, n, pptm_body_457ec4d3{}, b);
+    return PPTM_STATUS_OK;
+}
+
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
+    case 0xabdcd509u: return pptm_run_abdcd509(d, b, partial);  // AccuracyPipeline
     case 0x440cb452u: return pptm_run_440cb452(d, b, partial);  // KlComplexity
     case 0x663983e6u: return pptm_run_663983e6(d, b, partial);  // KlTerms
+    case 0xdf04940du: return pptm_run_df04940d(d, b, partial);  // LargestError
+    case 0x457ec4d3u: return pptm_run_457ec4d3(d, b, partial);  // MeanKlTerm
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
-    case 0x440cb452u: return pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem);  // KlComplexity
+    case 0xabdcd509u: return pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), d.args[3]);  // AccuracyPipeline
+    case 0x440cb452u: return pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), d.args[2]);  // KlComplexity
+    case 0xdf04940du: return pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), d.args[2]);  // LargestError
+    case 0x457ec4d3u: return pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), d.args[2]);  // MeanKlTerm
     default: return 0.0;
     }
 }

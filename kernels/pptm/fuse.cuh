@@ -6,16 +6,27 @@
 //     share in f64; the manifold's last-arriving block combines the per-block partials. No grid
 //     barrier.
 //   * pptm_map_store: elementwise body whose result is a vector written to an output buffer.
-// Both walk the grid-stride range with 16-byte loads when every pointer is 16-byte aligned and
-// PPTM_UNROLL independent loads in flight per input, then finish the tail element by element.
+// Both walk the grid-stride range with 16-byte loads when every pointer is 16-byte aligned, keeping
+// about PPTM_LOADS_IN_FLIGHT independent 16-byte loads in flight per thread whatever the number of
+// inputs, then finish the tail element by element.
+//
+// One manifold hosts every variant of its domain, so its register budget is set by the heaviest
+// one: unrolling by a fixed count per input would let a three-input chain push every variant's
+// occupancy down. Bounding the loads in flight keeps them alike.
 #ifndef PPTM_FUSE_CUH
 #define PPTM_FUSE_CUH
 
 #include "pptm/device.cuh"
 
-#ifndef PPTM_UNROLL
-#define PPTM_UNROLL 4
+#ifndef PPTM_LOADS_IN_FLIGHT
+#define PPTM_LOADS_IN_FLIGHT 8
 #endif
+
+// Grid-stride iterations unrolled for a pass over NIN inputs.
+template <int NIN>
+struct pptm_unroll {
+    static constexpr int value = PPTM_LOADS_IN_FLIGHT / NIN > 0 ? PPTM_LOADS_IN_FLIGHT / NIN : 1;
+};
 
 template <int NIN>
 __device__ __forceinline__ bool pptm_all_aligned16(const float* const (&in)[NIN]) {
@@ -48,6 +59,7 @@ __device__ __forceinline__ double pptm_fold4(const pptm_f4 (&v)[NIN], const F& f
 template <int NIN, class R, class F>
 __device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN], uint64_t n, const F& f,
                                                   const pptm_block_ctx& b) {
+    constexpr int PPTM_UNROLL = pptm_unroll<NIN>::value;
     double acc[PPTM_UNROLL];
 #pragma unroll
     for (int u = 0; u < PPTM_UNROLL; ++u) acc[u] = R::identity();

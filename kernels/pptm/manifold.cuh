@@ -235,7 +235,10 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
     }
 }
 
-extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1) pptm_manifold(const pptm_manifold_params P) {
+// Compiled to fit two blocks per SM (at most 64 registers a thread, checked without spills): one
+// for the manifold and one left to the application's kernels by default, or both for the manifold
+// with Config::blocks_per_sm = 2. The heaviest variant of the domain must fit this budget.
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifold(const pptm_manifold_params P) {
     __shared__ int go;
     pptm_device_state* S = P.state;
     const bool fetcher = blockIdx.x == gridDim.x - 1;

@@ -419,7 +419,10 @@ impl ChainIr {
             }
         }
         match self.output {
-            ChainOutput::Scalar => Evaluated::Scalar(acc),
+            ChainOutput::Scalar => Evaluated::Scalar(match self.reduction().map(|r| r.op.cpu) {
+                Some(CpuImpl::Reduction { finish, .. }) => finish(acc, n),
+                _ => acc,
+            }),
             ChainOutput::Vector => Evaluated::Vector(out),
         }
     }

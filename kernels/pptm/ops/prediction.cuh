@@ -1,0 +1,15 @@
+// Op family: prediction errors and their precision-weighted accuracy (active inference). Each op
+// here is elementwise; its CPU reference and fusion class live beside its catalog entry in
+// spec/src/ops/prediction.rs.
+#ifndef PPTM_OPS_PREDICTION_CUH
+#define PPTM_OPS_PREDICTION_CUH
+
+#include "pptm/device.cuh"
+
+// Prediction error: obs - pred.
+__device__ __forceinline__ float pptm_op_prediction_error(float obs, float pred) { return obs - pred; }
+
+// Precision-weighted accuracy of one error: -1/2 prec e^2.
+__device__ __forceinline__ float pptm_op_accuracy(float e, float prec) { return -0.5f * prec * e * e; }
+
+#endif  // PPTM_OPS_PREDICTION_CUH
