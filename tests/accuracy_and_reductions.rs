@@ -3,7 +3,7 @@
 #[macro_use]
 mod common;
 
-use common::{positive, rel_err};
+use common::{assert_close, positive};
 use pptm::chains::AccuracyPipeline;
 use pptm::ops::{KlDivergence, MaxReduction, MeanReduction, PredictionError};
 use pptm::{FusionBuilder, Runtime};
@@ -59,11 +59,7 @@ fn accuracy_pipeline_matches_f64_reference(rt: &Runtime) {
             .unwrap()
             .wait()
             .unwrap();
-        let err = rel_err(f64::from(got), want);
-        assert!(
-            err < 1e-5,
-            "n = {n}: got {got}, f64 reference {want}, relative error {err:e}"
-        );
+        assert_close(got, want, format_args!("n = {n}"));
     }
     // Perfect predictions are perfectly accurate.
     let x = rt.upload(&signed(5000)).unwrap();
@@ -85,10 +81,7 @@ fn mean_reduction_divides_by_n(rt: &Runtime) {
             .unwrap()
             .wait()
             .unwrap();
-        assert!(
-            rel_err(f64::from(got), want) < 1e-5,
-            "n = {n}: got {got}, want {want}"
-        );
+        assert_close(got, want, format_args!("n = {n}"));
     }
     let empty = rt.upload::<f32>(&[]).unwrap();
     assert!(

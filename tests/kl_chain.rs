@@ -3,7 +3,7 @@
 #[macro_use]
 mod common;
 
-use common::{kl_reference, kl_term, positive, rel_err, sprinkle_zeros};
+use common::{REL_TOL, assert_close, kl_reference, kl_term, positive, rel_err, sprinkle_zeros};
 use pptm::Runtime;
 use pptm::chains::{KlComplexity, KlTerms};
 
@@ -17,11 +17,7 @@ fn kl_complexity_matches_f64_reference(rt: &Runtime) {
         let want = kl_reference(&q, &p);
         let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
         let got = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
-        let err = rel_err(f64::from(got), want);
-        assert!(
-            err < 1e-5,
-            "n = {n}: got {got}, f64 reference {want}, relative error {err:e}"
-        );
+        assert_close(got, want, format_args!("n = {n}"));
     }
 }
 
@@ -39,11 +35,7 @@ fn kl_complexity_of_normalised_distributions(rt: &Runtime) {
             .unwrap()
             .wait()
             .unwrap();
-        let err = rel_err(f64::from(got), want);
-        assert!(
-            err < 1e-5,
-            "n = {n}: got {got}, want {want}, relative error {err:e}"
-        );
+        assert_close(got, want, format_args!("n = {n}"));
     }
 }
 
@@ -92,7 +84,7 @@ fn kl_terms_writes_every_element(rt: &Runtime) {
         for i in 0..n {
             let want = kl_term(q[i], p[i]);
             let g = f64::from(got[i]);
-            let tol = 1e-5 * want.abs().max(f64::from(q[i])).max(1e-30);
+            let tol = REL_TOL * want.abs().max(f64::from(q[i])).max(1e-30);
             assert!(
                 (g - want).abs() <= tol,
                 "n = {n}, element {i}: got {g}, want {want} (q {}, p {})",
@@ -120,9 +112,12 @@ fn kl_terms_on_unaligned_lengths_and_reused_buffers(rt: &Runtime) {
             .unwrap();
         let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
         let want = kl_reference(&q, &p);
-        assert!(rel_err(sum, want) < 1e-5, "sum of terms {sum}, want {want}");
+        assert!(
+            rel_err(sum, want) < REL_TOL,
+            "sum of terms {sum}, want {want}"
+        );
         let total = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
-        assert!(rel_err(f64::from(total), want) < 1e-5);
+        assert_close(total, want, "KlComplexity on reused buffers");
     }
 }
 
@@ -157,14 +152,14 @@ fn narrow_and_wide_items_interleave(rt: &Runtime) {
         for (i, (t, (_, _, want))) in tickets.into_iter().zip(&inputs).enumerate() {
             let got = f64::from(t.wait().unwrap());
             assert!(
-                rel_err(got, *want) < 1e-5,
+                rel_err(got, *want) < REL_TOL,
                 "round {round}, item {i} (n = {}): got {got}, want {want}",
                 sizes[i]
             );
         }
         let sum: f64 = out.to_vec().unwrap().iter().map(|&x| f64::from(x)).sum();
         assert!(
-            rel_err(sum, *want3) < 1e-5,
+            rel_err(sum, *want3) < REL_TOL,
             "round {round}: KlTerms sum {sum}, want {want3}"
         );
     }

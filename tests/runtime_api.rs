@@ -6,7 +6,7 @@ mod common;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use common::{kl_reference, positive, rel_err};
+use common::{assert_close, kl_reference, positive};
 use pptm::chains::{KlComplexity, KlTerms};
 use pptm::{Arg, BackendKind, Error, Runtime};
 
@@ -15,7 +15,7 @@ fn tickets_resolve_once(rt: &Runtime) {
     let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
     let mut t = KlComplexity::submit(rt, &qb, &pb).unwrap();
     let v = t.wait_timeout(Duration::from_secs(10)).unwrap();
-    assert!(rel_err(f64::from(v), kl_reference(&q, &p)) < 1e-5);
+    assert_close(v, kl_reference(&q, &p), "wait_timeout");
     assert!(t.is_ready());
     assert!(matches!(
         t.wait_timeout(Duration::from_secs(1)),
@@ -116,10 +116,7 @@ fn many_submissions_complete_exactly_once(rt: &Runtime) {
     let mut check = |(i, t): (usize, pptm::Ticket<'_, f32>)| {
         let got = t.wait().unwrap();
         let want = inputs[i % INPUTS].2;
-        assert!(
-            rel_err(f64::from(got), want) < 1e-5,
-            "item {i}: got {got}, want {want}"
-        );
+        assert_close(got, want, format_args!("item {i}"));
         completed += 1;
     };
     for i in 0..ITEMS {
@@ -172,10 +169,7 @@ fn items_after_idling_complete(rt: &Runtime) {
     for pause_ms in [0u64, 20, 60] {
         std::thread::sleep(Duration::from_millis(pause_ms));
         let got = KlComplexity::submit(rt, &qb, &pb).unwrap().wait().unwrap();
-        assert!(
-            rel_err(f64::from(got), want) < 1e-5,
-            "after {pause_ms} ms idle: {got} vs {want}"
-        );
+        assert_close(got, want, format_args!("after {pause_ms} ms idle"));
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{kl_reference, positive, rel_err};
+use common::{assert_close, kl_reference, positive};
 use pptm::chains::KlComplexity;
 use pptm::{Error, Runtime};
 
@@ -43,7 +43,7 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
         for t in tickets {
             match t.wait() {
                 Ok(v) => {
-                    assert!(rel_err(f64::from(v), want) < 1e-5);
+                    assert_close(v, want, "drained item");
                     ok += 1;
                 }
                 Err(Error::ShutDown) => shut += 1,

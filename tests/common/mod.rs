@@ -104,6 +104,18 @@ pub fn kl_term(q: f32, p: f32) -> f64 {
     }
 }
 
+/// The relative error every chain result must meet against its f64 reference.
+pub const REL_TOL: f64 = 1e-5;
+
+/// Asserts a chain's f32 result is within REL_TOL of the f64 reference; `what` names the case.
+pub fn assert_close(got: f32, want: f64, what: impl std::fmt::Display) {
+    let err = rel_err(f64::from(got), want);
+    assert!(
+        err < REL_TOL,
+        "{what}: got {got}, f64 reference {want}, relative error {err:e}"
+    );
+}
+
 /// |got − want| / |want|, or |got| when want is 0.
 pub fn rel_err(got: f64, want: f64) -> f64 {
     if want == 0.0 {
