@@ -1,7 +1,11 @@
 //! Chains that ship with pptm.
 
 use crate::FusionBuilder;
-use crate::ops::{Accuracy, KlDivergence, PredictionError, SumReduction};
+use crate::ops::{
+    Accuracy, AddBias, AddDigamma, Axpby, ChebyshevDistance, Gelu, Gemv, GemvT, KlDivergence,
+    KsgDigamma, KthSmallest, Matmul, MeanReduction, PrecisionWeight, PredictionError, RadiusCount,
+    Relu, Sigmoid, Square, SubspaceDistances, SumReduction, Tanh,
+};
 
 /// KL divergence of two distributions: `Σ q_i (ln q_i − ln p_i)`, with `0 ln 0 = 0`, in one fused
 /// pass (each block reduces its share; the last block to finish combines the partials).
@@ -32,4 +36,112 @@ pub struct AccuracyPipeline {
     accuracy: Accuracy,
     #[stage(3, reduction = true)]
     total: SumReduction,
+}
+
+/// One gradient step on beliefs: `mu + lr · Jᵀ (prec ⊙ (obs − pred))` (J: m×n, argument `a`;
+/// obs, pred, prec: m; mu, out: n). The weighted error is computed where the transposed GEMV
+/// reads it, and the update is applied to each output before it is stored: one pass.
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct BeliefUpdateStep {
+    #[stage(1)]
+    error: PredictionError,
+    #[stage(2)]
+    weighted: PrecisionWeight,
+    #[stage(3)]
+    gradient: GemvT,
+    #[stage(4)]
+    update: crate::ops::BeliefUpdate,
+}
+
+/// For each of n points (rows of `x`, n×d), the Chebyshev distance to its k-th nearest other
+/// point, written to `out`. The n×n distance matrix is never stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "transfer_entropy")]
+pub struct DistanceKth {
+    #[stage(1)]
+    distances: ChebyshevDistance,
+    #[stage(2)]
+    kth: KthSmallest,
+}
+
+/// The KSG transfer-entropy estimate from radii `eps` (each point's k-th neighbour distance in
+/// the joint space): `ψ(k) + mean_i(ψ(n_z+1) − ψ(n_xz+1) − ψ(n_yz+1))`, counting the points
+/// strictly within `eps[i]` in the (x,z), (y,z) and (z) spaces, in one pass over the pairs.
+#[derive(FusionBuilder)]
+#[fusion(domain = "transfer_entropy")]
+pub struct TeReduction {
+    #[stage(1)]
+    distances: SubspaceDistances,
+    #[stage(2)]
+    counts: RadiusCount,
+    #[stage(3)]
+    terms: KsgDigamma,
+    #[stage(4, reduction = true)]
+    mean: MeanReduction,
+    #[stage(5)]
+    estimate: AddDigamma,
+}
+
+/// `z = α A x + β y` (A: m×n), reduced to `Σ z²` in the same pass (a residual norm).
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvAxpbySum {
+    #[stage(1)]
+    product: Gemv,
+    #[stage(2)]
+    axpby: Axpby,
+    #[stage(3)]
+    square: Square,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+/// A dense layer: `gelu(A W + b)` (A: m×k, W: k×n, b: n), f32 on CUDA cores, the bias and
+/// activation applied to each output before it is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasGelu {
+    #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
+/// `relu(A W + b)`; see [`MatmulBiasGelu`].
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasRelu {
+    #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Relu,
+}
+
+/// `sigmoid(A W + b)`; see [`MatmulBiasGelu`].
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasSigmoid {
+    #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Sigmoid,
+}
+
+/// `tanh(A W + b)`; see [`MatmulBiasGelu`].
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasTanh {
+    #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Tanh,
 }

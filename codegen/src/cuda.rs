@@ -1,17 +1,21 @@
 //! CUDA C generation: one translation unit per domain, holding every fused variant of the domain
 //! and the manifold loop that dispatches to them.
 //!
-//! Fusion rules applied here (the chain IR guarantees the shape: elementwise stages, optionally
-//! ended by one reduction):
-//! * the elementwise stages become one functor: every intermediate stays in a register;
-//! * a chain that ends in a reduction instantiates `pptm_map_reduce` (one pass, blocks reduce, the
-//!   manifold's last block combines: no grid barrier); any other chain instantiates
-//!   `pptm_map_store` (one pass, one store per element).
+//! Each chain becomes:
+//! * an environment struct (`pptm_env_<opcode>`) with one typed field per descriptor word;
+//! * functors that compute runs of fused stages for one element, every intermediate in a
+//!   register: the `Map` body over loaded inputs, the prologue that produces a GEMV's vector
+//!   input where it is read, the epilogue applied to each GEMV/matmul/pairwise output element;
+//! * a run function that instantiates the chain's pass pattern (see `pptm_spec::Plan`) from
+//!   kernels/pptm/fuse.cuh and kernels/pptm/pattern/: `pptm_map_reduce` / `pptm_map_store`,
+//!   `pptm_gemv_n`, `pptm_gemv_t`, `pptm_matmul`, `pptm_pairwise_rows`. A reduction is folded by
+//!   the pattern into a per-block partial that the manifold's last-arriving block combines, and
+//!   the chain's finish stages run on the combined scalar there: no grid barrier.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use pptm_spec::{ArgKind, ChainIr, ChainOutput, FusionClass, Source};
+use pptm_spec::{ArgKind, ChainIr, ChainOutput, Pattern, Shape, Source, StageIr, Ty};
 
 /// Generates the translation unit for one domain. `chains` must all belong to `domain`.
 pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
@@ -30,6 +34,12 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         out,
         "#define PPTM_BLOCK_THREADS {}",
         pptm_spec::BLOCK_THREADS
+    );
+    let _ = writeln!(out, "#define PPTM_MAX_K {}", pptm_spec::ops::MAX_K);
+    let _ = writeln!(
+        out,
+        "#define PPTM_PAIR_MAX_FEATURES {}",
+        pptm_spec::work::PAIRWISE_MAX_FEATURES
     );
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
@@ -51,107 +61,418 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     out
 }
 
-fn body_name(c: &ChainIr) -> String {
-    format!("pptm_body_{:08x}", c.opcode)
+fn tag(c: &ChainIr) -> String {
+    format!("{:08x}", c.opcode)
 }
 
-fn run_name(c: &ChainIr) -> String {
-    format!("pptm_run_{:08x}", c.opcode)
+/// The field of the chain's environment that holds descriptor slot `slot`.
+fn field(slot: usize) -> String {
+    format!("e.a{slot}")
 }
 
-/// The functor computing the fused elementwise body for one element, and the variant's run function.
-fn variant(out: &mut String, c: &ChainIr) {
-    let inputs: Vec<usize> = c.input_slots().map(|(slot, _)| slot).collect();
-    let nin = inputs.len();
-    let x_of = |slot: usize| inputs.iter().position(|&s| s == slot).expect("input slot");
-    let expr = |src: &Source| match *src {
-        Source::Arg(slot) => format!("x[{}]", x_of(slot)),
-        Source::Stage(j) => format!("s{j}"),
-    };
+/// The environment field holding the size of stage `s`'s op letter `l`.
+fn dim_field(c: &ChainIr, st: &StageIr, l: &str) -> String {
+    let d = st.dim(l).expect("op letter bound");
+    field(c.dims[d].slot)
+}
 
-    let _ = writeln!(out, "// chain {}: {}", c.name, c.describe());
-    let _ = writeln!(
-        out,
-        "// spec hash {}, opcode 0x{:08x}",
-        c.spec_hash, c.opcode
-    );
-    let _ = writeln!(out, "struct {} {{", body_name(c));
-    let _ = writeln!(
-        out,
-        "    __device__ __forceinline__ float operator()(const float (&x)[{nin}]) const {{"
-    );
-    let mut result = String::new();
-    for (s, stage) in c.stages.iter().enumerate() {
-        let args: Vec<String> = stage.inputs.iter().map(expr).collect();
-        match stage.op.class {
-            FusionClass::Elementwise => {
-                let _ = writeln!(
-                    out,
-                    "        const float s{s} = {}({});",
-                    stage.op.device,
-                    args.join(", ")
-                );
-                result = format!("s{s}");
+/// How a buffer input is read inside a functor.
+enum Load<'a> {
+    /// From the loaded values of a `Map` pass: `x[k]` for the k-th input slot.
+    Loaded(&'a [usize]),
+    /// From memory at an element index (`Like` inputs) and a column index (`Row` inputs).
+    At { index: &'a str, column: &'a str },
+}
+
+/// Emits statements computing the stages in `range` for one element, starting from the channel
+/// expressions `flow`; returns the last stage's channel expressions.
+fn emit_stages(
+    out: &mut String,
+    c: &ChainIr,
+    range: std::ops::Range<usize>,
+    mut flow: Vec<String>,
+    load: &Load<'_>,
+) -> Vec<String> {
+    for s in range {
+        let st = &c.stages[s];
+        let mut args: Vec<String> = Vec::new();
+        for (k, (p, src)) in st.op.inputs.iter().zip(&st.inputs).enumerate() {
+            if k == 0 {
+                args.extend(flow.iter().cloned());
+                continue;
             }
-            FusionClass::Reduction => result = args[0].clone(),
+            let Source::Arg(slot) = *src else {
+                unreachable!("only input 0 comes from a stage")
+            };
+            args.push(match (p.ty, load) {
+                (ty, _) if ty.is_by_value() => field(slot),
+                (_, Load::Loaded(slots)) => format!(
+                    "x[{}]",
+                    slots.iter().position(|&x| x == slot).expect("loaded slot")
+                ),
+                (Ty::Row, Load::At { column, .. }) => {
+                    format!("pptm_ld_cg_f32({} + {column})", field(slot))
+                }
+                (_, Load::At { index, .. }) => format!("pptm_ld_cg_f32({} + {index})", field(slot)),
+            });
         }
+        let _ = writeln!(
+            out,
+            "        const float s{s} = {}({});",
+            st.op.device,
+            args.join(", ")
+        );
+        flow = vec![format!("s{s}")];
     }
-    let _ = writeln!(out, "        return {result};");
-    let _ = writeln!(out, "    }}");
+    flow
+}
+
+/// The channel expressions of the value a chain reads as stage 0's flow, loaded at `index`.
+fn first_flow(c: &ChainIr, index: &str) -> Vec<String> {
+    match c.stages[0].inputs[0] {
+        Source::Arg(slot) => vec![format!("pptm_ld_cg_f32({} + {index})", field(slot))],
+        Source::Stage(_) => unreachable!(),
+    }
+}
+
+/// The reducer type a chain's pattern folds its values with.
+fn reducer(c: &ChainIr) -> &'static str {
+    c.reduction().map_or("pptm_no_reducer", |r| r.op.device)
+}
+
+/// The environment, functors and run function of one chain.
+fn variant(out: &mut String, c: &ChainIr) {
+    let t = tag(c);
+    let _ = writeln!(
+        out,
+        "// chain {}: {} ({:?} pattern)",
+        c.name,
+        c.describe(),
+        c.plan.pattern
+    );
+    let _ = writeln!(out, "// spec hash {}, opcode 0x{t}", c.spec_hash);
+
+    // The environment: every descriptor word, typed.
+    let _ = writeln!(out, "struct pptm_env_{t} {{");
+    let mut init = Vec::new();
+    for (slot, a) in c.args.iter().enumerate() {
+        let (ty, value) = match a.kind {
+            ArgKind::Input => (
+                "const float*",
+                format!("reinterpret_cast<const float*>(d.args[{slot}])"),
+            ),
+            ArgKind::Output => (
+                "float*",
+                format!("reinterpret_cast<float*>(d.args[{slot}])"),
+            ),
+            ArgKind::F32 => (
+                "float",
+                format!("__uint_as_float((uint32_t)d.args[{slot}])"),
+            ),
+            ArgKind::U32 => ("uint32_t", format!("(uint32_t)d.args[{slot}]")),
+            ArgKind::Len => ("uint64_t", format!("d.args[{slot}]")),
+        };
+        let _ = writeln!(out, "    {ty} a{slot};  // {}", a.name);
+        init.push(format!("a{slot}({value})"));
+    }
+    if init.is_empty() {
+        let _ = writeln!(
+            out,
+            "    __device__ explicit pptm_env_{t}(const pptm_desc&) {{}}"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "    __device__ explicit pptm_env_{t}(const pptm_desc& d) : {} {{}}",
+            init.join(", ")
+        );
+    }
     let _ = writeln!(out, "}};");
 
-    let _ = writeln!(
-        out,
-        "__device__ __forceinline__ uint32_t {}(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {{",
-        run_name(c)
-    );
-    let ptrs: Vec<String> = inputs
-        .iter()
-        .map(|s| format!("reinterpret_cast<const float*>(d.args[{s}])"))
-        .collect();
-    let _ = writeln!(
-        out,
-        "    const float* const in[{nin}] = {{{}}};",
-        ptrs.join(", ")
-    );
-    let len = c
-        .args
-        .iter()
-        .position(|a| a.kind == ArgKind::Len)
-        .expect("len slot");
-    let _ = writeln!(out, "    const uint64_t n = d.args[{len}];");
-    match c.output {
-        ChainOutput::Scalar => {
-            let reducer = c
-                .reduction()
-                .expect("scalar output comes from a reduction")
-                .op
-                .device;
+    let plan = &c.plan;
+    let store = match c.output_slot() {
+        Some(slot) => field(slot),
+        None => "nullptr".to_string(),
+    };
+    let r = reducer(c);
+    let mut call = String::new();
+    match plan.pattern {
+        Pattern::Map => {
+            let inputs: Vec<usize> = c.input_slots().map(|(slot, _)| slot).collect();
+            let nin = inputs.len();
+            let _ = writeln!(out, "struct pptm_body_{t} {{");
+            let _ = writeln!(out, "    pptm_env_{t} e;");
             let _ = writeln!(
                 out,
-                "    partial = pptm_map_reduce<{nin}, {reducer}>(in, n, {}{{}}, b);",
-                body_name(c)
+                "    __device__ __forceinline__ float operator()(const float (&x)[{nin}]) const {{"
             );
+            let first = match c.stages[0].inputs[0] {
+                Source::Arg(slot) => {
+                    format!("x[{}]", inputs.iter().position(|&x| x == slot).unwrap())
+                }
+                Source::Stage(_) => unreachable!(),
+            };
+            let v = emit_stages(
+                out,
+                c,
+                plan.prologue.clone(),
+                vec![first],
+                &Load::Loaded(&inputs),
+            );
+            let _ = writeln!(out, "        return {};", v[0]);
+            let _ = writeln!(out, "    }}\n}};");
+            let ptrs: Vec<String> = inputs.iter().map(|&s| field(s)).collect();
+            let _ = writeln!(
+                call,
+                "    const float* const in[{nin}] = {{{}}};",
+                ptrs.join(", ")
+            );
+            let n = field(
+                c.args[c.input_slots().next().expect("a map reads an input").0]
+                    .shape
+                    .iter()
+                    .map(|&d| c.dims[d].slot)
+                    .next()
+                    .expect("1-D"),
+            );
+            if c.reduction().is_some() {
+                let _ = writeln!(
+                    call,
+                    "    partial = pptm_map_reduce<{nin}, {r}>(in, {n}, pptm_body_{t}{{e}}, b);"
+                );
+            } else {
+                let _ = writeln!(
+                    call,
+                    "    pptm_map_store<{nin}>(in, {store}, {n}, pptm_body_{t}{{e}}, b);"
+                );
+                let _ = writeln!(call, "    partial = 0.0;");
+            }
         }
-        ChainOutput::Vector => {
-            let o = c
-                .args
-                .iter()
-                .position(|a| a.kind == ArgKind::Output)
-                .expect("out slot");
+        Pattern::Gemv | Pattern::GemvT | Pattern::Matmul => {
+            let a = plan.anchor.expect("anchored");
+            let ast = &c.stages[a];
+            let matrix = match ast.inputs[1] {
+                Source::Arg(slot) => field(slot),
+                Source::Stage(_) => unreachable!(),
+            };
+            if plan.pattern != Pattern::Matmul {
+                // The prologue: the vector input at j.
+                let _ = writeln!(out, "struct pptm_pro_{t} {{");
+                let _ = writeln!(out, "    pptm_env_{t} e;");
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ float operator()(uint64_t j) const {{"
+                );
+                let flow = if plan.prologue.is_empty() {
+                    match ast.inputs[0] {
+                        Source::Arg(slot) => vec![format!("pptm_ld_cg_f32({} + j)", field(slot))],
+                        Source::Stage(_) => unreachable!(),
+                    }
+                } else {
+                    first_flow(c, "j")
+                };
+                let v = emit_stages(
+                    out,
+                    c,
+                    plan.prologue.clone(),
+                    flow,
+                    &Load::At {
+                        index: "j",
+                        column: "j",
+                    },
+                );
+                let _ = writeln!(out, "        return {};", v[0]);
+                let _ = writeln!(out, "    }}\n}};");
+            }
+            // The epilogue: the output element from its dot product.
+            let _ = writeln!(out, "struct pptm_epi_{t} {{");
+            let _ = writeln!(out, "    pptm_env_{t} e;");
+            let load = if plan.pattern == Pattern::Matmul {
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {{"
+                );
+                let _ = writeln!(
+                    out,
+                    "        [[maybe_unused]] const uint64_t at = i * {} + j;",
+                    dim_field(c, ast, "n")
+                );
+                Load::At {
+                    index: "at",
+                    column: "j",
+                }
+            } else {
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {{"
+                );
+                Load::At {
+                    index: "i",
+                    column: "i",
+                }
+            };
+            let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
+            let _ = writeln!(out, "        return {};", v[0]);
+            let _ = writeln!(out, "    }}\n}};");
+            let (m, n) = (dim_field(c, ast, "m"), dim_field(c, ast, "n"));
+            match plan.pattern {
+                Pattern::Gemv => {
+                    let _ = writeln!(
+                        call,
+                        "    partial = pptm_gemv_n<{r}>({matrix}, {m}, {n}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);"
+                    );
+                }
+                Pattern::GemvT => {
+                    let _ = writeln!(
+                        call,
+                        "    partial = pptm_gemv_t<{r}>({matrix}, {m}, {n}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);"
+                    );
+                }
+                _ => {
+                    let a_ptr = match ast.inputs[0] {
+                        Source::Arg(slot) => field(slot),
+                        Source::Stage(_) => unreachable!(),
+                    };
+                    let k = dim_field(c, ast, "k");
+                    let _ = writeln!(
+                        call,
+                        "    pptm_matmul({a_ptr}, {matrix}, {m}, {k}, {n}, pptm_epi_{t}{{e}}, {store}, b);"
+                    );
+                    let _ = writeln!(call, "    partial = 0.0;");
+                }
+            }
+        }
+        Pattern::Pairwise => {
+            let a = plan.anchor.expect("anchored");
+            let (pst, rst) = (&c.stages[a], &c.stages[a + 1]);
+            // The distance type: its buffers in op order, then each matrix's column count.
+            let mut dist = Vec::new();
+            let mut cols = Vec::new();
+            for (p, src) in pst.op.inputs.iter().zip(&pst.inputs) {
+                if let (Source::Arg(slot), Ty::Matrix(_, col)) = (src, p.ty) {
+                    dist.push(field(*slot));
+                    cols.push(format!("(uint32_t){}", dim_field(c, pst, col)));
+                }
+            }
+            dist.extend(cols);
+            let mut row = Vec::new();
+            for src in &rst.inputs[1..] {
+                if let Source::Arg(slot) = src {
+                    row.push(field(*slot));
+                }
+            }
+            let pch = match pst.shape {
+                Shape::Pairs { channels, .. } => channels,
+                _ => unreachable!(),
+            };
+            let row_ty = if rst.op.flow_channels.is_none() {
+                format!("{}<{pch}>", rst.op.device)
+            } else {
+                rst.op.device.to_string()
+            };
+            let och = match &rst.shape {
+                Shape::Tensor { channels, .. } => *channels,
+                _ => unreachable!(),
+            };
+            let _ = writeln!(out, "struct pptm_epi_{t} {{");
+            let _ = writeln!(out, "    pptm_env_{t} e;");
             let _ = writeln!(
                 out,
-                "    pptm_map_store<{nin}>(in, reinterpret_cast<float*>(d.args[{o}]), n, {}{{}}, b);",
-                body_name(c)
+                "    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[{och}]) const {{"
             );
-            let _ = writeln!(out, "    partial = 0.0;");
+            let flow: Vec<String> = (0..och).map(|k| format!("v[{k}]")).collect();
+            let v = emit_stages(
+                out,
+                c,
+                plan.epilogue.clone(),
+                flow,
+                &Load::At {
+                    index: "i",
+                    column: "i",
+                },
+            );
+            let _ = writeln!(out, "        return {};", v[0]);
+            let _ = writeln!(out, "    }}\n}};");
+            let n = dim_field(c, pst, "n");
+            let _ = writeln!(
+                call,
+                "    partial = pptm_pairwise_rows<{r}>({n}, {}{{{}}}, {row_ty}{{{}}}, pptm_epi_{t}{{e}}, {store}, b);",
+                pst.op.device,
+                dist.join(", "),
+                row.join(", ")
+            );
         }
     }
+
+    let _ = writeln!(
+        out,
+        "__device__ __forceinline__ uint32_t pptm_run_{t}(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {{"
+    );
+    let _ = writeln!(out, "    const pptm_env_{t} e(d);");
+    out.push_str(&call);
     let _ = writeln!(out, "    return PPTM_STATUS_OK;");
     let _ = writeln!(out, "}}");
+
+    // The last block's finish: combine the partials, finish the reduction, run the finish stages.
+    if let Some(red) = c.reduction() {
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ double pptm_finish_{t}(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {{"
+        );
+        let _ = writeln!(out, "    const pptm_env_{t} e(d);");
+        let r_idx = plan.reduction.expect("reduction");
+        let count = match (r_idx, &c.stages[r_idx.saturating_sub(1)].shape) {
+            (0, _) => {
+                let Source::Arg(slot) = c.stages[0].inputs[0] else {
+                    unreachable!()
+                };
+                c.args[slot]
+                    .shape
+                    .iter()
+                    .map(|&d| field(c.dims[d].slot))
+                    .collect::<Vec<_>>()
+            }
+            (_, Shape::Tensor { dims, .. }) => {
+                dims.iter().map(|&d| field(c.dims[d].slot)).collect()
+            }
+            _ => unreachable!("a reduction reads a tensor"),
+        };
+        let _ = writeln!(
+            out,
+            "    double v = {}::finish(pptm_combine_partials<{}>(partials, nblocks, smem), {});",
+            red.op.device,
+            red.op.device,
+            if count.is_empty() {
+                "1".to_string()
+            } else {
+                count.join(" * ")
+            }
+        );
+        if !plan.finish.is_empty() {
+            let _ = writeln!(out, "    {{");
+            let _ = writeln!(out, "        const float f = (float)v;");
+            let mut body = String::new();
+            let fin = emit_stages(
+                &mut body,
+                c,
+                plan.finish.clone(),
+                vec!["f".into()],
+                &Load::At {
+                    index: "0",
+                    column: "0",
+                },
+            );
+            out.push_str(&body);
+            let _ = writeln!(out, "        v = (double){};", fin[0]);
+            let _ = writeln!(out, "    }}");
+        }
+        let _ = writeln!(out, "    return v;");
+        let _ = writeln!(out, "}}");
+    }
 }
 
-/// The two switches the manifold calls: run a variant, finish a reducing variant.
+/// The three switches the manifold calls: run a variant, finish a reducing variant, and whether a
+/// variant writes memory.
 fn dispatch(out: &mut String, chains: &[ChainIr]) {
     out.push_str(
         "\n__device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {\n",
@@ -160,10 +481,9 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
     for c in chains {
         let _ = writeln!(
             out,
-            "    case 0x{:08x}u: return {}(d, b, partial);  // {}",
-            c.opcode,
-            run_name(c),
-            c.name
+            "    case 0x{t}u: return pptm_run_{t}(d, b, partial);  // {}",
+            c.name,
+            t = tag(c)
         );
     }
     out.push_str("    default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;\n    }\n}\n");
@@ -172,16 +492,11 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
     );
     out.push_str("    switch (d.opcode) {\n");
     for c in chains.iter().filter(|c| c.output == ChainOutput::Scalar) {
-        let reducer = c.reduction().expect("reduction").op.device;
-        let len = c
-            .args
-            .iter()
-            .position(|a| a.kind == ArgKind::Len)
-            .expect("len slot");
         let _ = writeln!(
             out,
-            "    case 0x{:08x}u: return {reducer}::finish(pptm_combine_partials<{reducer}>(partials, nblocks, smem), d.args[{len}]);  // {}",
-            c.opcode, c.name
+            "    case 0x{t}u: return pptm_finish_{t}(d, partials, nblocks, smem);  // {}",
+            c.name,
+            t = tag(c)
         );
     }
     out.push_str("    default: return 0.0;\n    }\n}\n");
@@ -190,11 +505,7 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
     );
     out.push_str("    switch (opcode) {\n");
     for c in chains.iter().filter(|c| c.output == ChainOutput::Vector) {
-        let _ = writeln!(
-            out,
-            "    case 0x{:08x}u: return true;  // {}",
-            c.opcode, c.name
-        );
+        let _ = writeln!(out, "    case 0x{}u: return true;  // {}", tag(c), c.name);
     }
     out.push_str("    default: return false;\n    }\n}\n");
 }
@@ -229,17 +540,19 @@ mod tests {
     fn fuses_elementwise_into_a_reduction_pass() {
         let kl = chain("KlComplexity", &["KlDivergence", "SumReduction"]);
         let src = domain_source("inference", std::slice::from_ref(&kl));
-        let op = format!("0x{:08x}", kl.opcode);
+        let t = tag(&kl);
         assert!(
             src.contains("const float s0 = pptm_op_kl_divergence(x[0], x[1]);"),
             "{src}"
         );
         assert!(src.contains("return s0;"));
-        assert!(src.contains("pptm_map_reduce<2, pptm_op_sum_reduction>"));
-        assert!(src.contains(&format!("case {op}u: return pptm_run_{:08x}", kl.opcode)));
+        assert!(src.contains(&format!(
+            "partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_{t}{{e}}, b);"
+        )), "{src}");
+        assert!(src.contains(&format!("case 0x{t}u: return pptm_run_{t}(d, b, partial);")));
         assert!(src.contains(
-            "pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), d.args[2])"
-        ));
+            "double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);"
+        ), "{src}");
         assert!(src.contains("#include \"pptm/ops/divergence.cuh\""));
         assert!(src.trim_end().ends_with("#include \"pptm/manifold.cuh\""));
         // The generated code carries no addresses: every pointer comes from the descriptor.
@@ -252,25 +565,126 @@ mod tests {
         let sum = chain("Total", &["SumReduction"]);
         let src = domain_source("inference", &[terms.clone(), sum.clone()]);
         assert!(
-            src.contains("pptm_map_store<2>(in, reinterpret_cast<float*>(d.args[2]), n"),
+            src.contains(&format!(
+                "pptm_map_store<2>(in, e.a2, e.a3, pptm_body_{}{{e}}, b);",
+                tag(&terms)
+            )),
             "{src}"
         );
         assert!(src.contains("return x[0];"), "{src}");
         assert!(src.contains("pptm_map_reduce<1, pptm_op_sum_reduction>"));
-        // Only the vector chain writes memory.
         assert!(
             src.contains(&format!(
-                "case 0x{:08x}u: return true;  // KlTerms",
-                terms.opcode
+                "case 0x{}u: return true;  // KlTerms",
+                tag(&terms)
             )),
             "{src}"
         );
-        // Only the reducing chain has a finish case.
         assert!(src.contains(&format!(
-            "case 0x{:08x}u: return pptm_op_sum_reduction::finish",
-            sum.opcode
+            "case 0x{t}u: return pptm_finish_{t}",
+            t = tag(&sum)
         )));
-        assert!(!src.contains(&format!("case 0x{:08x}u: return pptm_op_sum", terms.opcode)));
+        assert!(!src.contains(&format!("pptm_finish_{}", tag(&terms))));
+    }
+
+    #[test]
+    fn prologue_and_epilogue_fuse_into_gemv() {
+        let c = chain(
+            "Belief",
+            &[
+                "PredictionError",
+                "PrecisionWeight",
+                "GemvT",
+                "BeliefUpdate",
+            ],
+        );
+        let src = domain_source("inference", std::slice::from_ref(&c));
+        let t = tag(&c);
+        // The prologue computes the weighted error where GemvT reads it.
+        assert!(src.contains("const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + j), pptm_ld_cg_f32(e.a1 + j));"), "{src}");
+        assert!(
+            src.contains(
+                "const float s1 = pptm_op_precision_weight(s0, pptm_ld_cg_f32(e.a2 + j));"
+            ),
+            "{src}"
+        );
+        // The epilogue runs on each output element.
+        assert!(
+            src.contains(
+                "const float s3 = pptm_op_belief_update(acc, pptm_ld_cg_f32(e.a4 + i), e.a5);"
+            ),
+            "{src}"
+        );
+        assert!(src.contains(&format!(
+            "partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, e.a6, b);"
+        )), "{src}");
+        assert!(
+            src.contains("float a5;  // lr")
+                && src.contains("__uint_as_float((uint32_t)d.args[5])")
+        );
+        let g = chain("Gas", &["Gemv", "Axpby", "Square", "SumReduction"]);
+        let src = domain_source("inference", std::slice::from_ref(&g));
+        assert!(
+            src.contains("pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a6, e.a5,"),
+            "{src}"
+        );
+        assert!(
+            src.contains("const float s2 = pptm_op_square(s1);"),
+            "{src}"
+        );
+    }
+
+    #[test]
+    fn matmul_epilogue_broadcasts_the_bias_by_column() {
+        let c = chain("Mlp", &["Matmul", "AddBias", "Gelu"]);
+        let src = domain_source("inference", std::slice::from_ref(&c));
+        assert!(
+            src.contains("[[maybe_unused]] const uint64_t at = i * e.a6 + j;"),
+            "{src}"
+        );
+        assert!(
+            src.contains("const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));"),
+            "{src}"
+        );
+        assert!(src.contains("const float s2 = pptm_op_gelu(s1);"));
+        assert!(
+            src.contains("pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6,"),
+            "{src}"
+        );
+    }
+
+    #[test]
+    fn pairwise_rows_with_epilogue_reduction_and_finish() {
+        let c = chain(
+            "Te",
+            &[
+                "SubspaceDistances",
+                "RadiusCount",
+                "KsgDigamma",
+                "MeanReduction",
+                "AddDigamma",
+            ],
+        );
+        let src = domain_source("inference", std::slice::from_ref(&c));
+        let t = tag(&c);
+        assert!(src.contains(&format!(
+            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
+        )), "{src}");
+        assert!(
+            src.contains("const float s2 = pptm_op_ksg_digamma(v[0], v[1], v[2]);"),
+            "{src}"
+        );
+        assert!(src.contains("pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a5);"), "{src}");
+        assert!(
+            src.contains("const float s4 = pptm_op_add_digamma(f, e.a4);"),
+            "{src}"
+        );
+        let k = chain("Kth", &["ChebyshevDistance", "KthSmallest"]);
+        let src = domain_source("inference", std::slice::from_ref(&k));
+        assert!(
+            src.contains("pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
+            "{src}"
+        );
     }
 
     #[test]

@@ -14,6 +14,22 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../../kernels/pptm/manifold.cuh"),
     ),
     (
+        "pptm/pattern/linear.cuh",
+        include_str!("../../kernels/pptm/pattern/linear.cuh"),
+    ),
+    (
+        "pptm/pattern/pairwise.cuh",
+        include_str!("../../kernels/pptm/pattern/pairwise.cuh"),
+    ),
+    (
+        "pptm/ops/linalg.cuh",
+        include_str!("../../kernels/pptm/ops/linalg.cuh"),
+    ),
+    (
+        "pptm/ops/neighbours.cuh",
+        include_str!("../../kernels/pptm/ops/neighbours.cuh"),
+    ),
+    (
         "pptm/ops/divergence.cuh",
         include_str!("../../kernels/pptm/ops/divergence.cuh"),
     ),

@@ -63,20 +63,35 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let describe = ir.describe();
 
     // The descriptor's argument words.
+    let dim_names = |shape: &[usize]| -> String {
+        shape
+            .iter()
+            .map(|&d| format!("`{}`", ir.dims[d].name))
+            .collect::<Vec<_>>()
+            .join(" x ")
+    };
     let arg_fields = ir.args.iter().map(|a| {
         let f = syn::Ident::new(&a.name, Span::call_site());
         let doc = match a.kind {
-            ArgKind::Input => format!("Device address of input `{}` (f32, `n` elements).", a.name),
-            ArgKind::Output => {
-                "Device address of the output vector (f32, `n` elements).".to_string()
-            }
-            ArgKind::Len => "Element count `n` shared by every vector.".to_string(),
+            ArgKind::Input => format!(
+                "Device address of input `{}` (f32, {}).",
+                a.name,
+                dim_names(&a.shape)
+            ),
+            ArgKind::Output => format!(
+                "Device address of the output (f32, {}).",
+                dim_names(&a.shape)
+            ),
+            ArgKind::F32 => format!("`{}`, an f32 passed by value (its bits).", a.name),
+            ArgKind::U32 => format!("`{}`, a u32 passed by value.", a.name),
+            ArgKind::Len => format!("Size of dimension `{}`.", a.name),
         };
         quote! { #[doc = #doc] pub #f: u64 }
     });
     let n_args = ir.args.len();
 
-    // The typed submit.
+    // The typed submit: every argument in descriptor order, except dimensions a buffer's length
+    // gives.
     let mut params = Vec::new();
     let mut bindings = Vec::new();
     for a in &ir.args {
@@ -91,26 +106,42 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 params.push(quote! { #f: &'a mut ::pptm::Buffer<f32> });
                 bindings.push(quote! { ::pptm::Arg::Output(#fname, #f) });
             }
-            ArgKind::Len => {}
+            ArgKind::F32 => {
+                params.push(quote! { #f: f32 });
+                bindings.push(quote! { ::pptm::Arg::F32(#fname, #f) });
+            }
+            ArgKind::U32 => {
+                params.push(quote! { #f: u32 });
+                bindings.push(quote! { ::pptm::Arg::U32(#fname, #f) });
+            }
+            ArgKind::Len => {
+                if ir.dims[a.dim.expect("len slot")].inferred_from.is_none() {
+                    params.push(quote! { #f: usize });
+                    bindings.push(quote! { ::pptm::Arg::Dim(#fname, #f) });
+                }
+            }
         }
     }
     let output_ty = match ir.output {
         ChainOutput::Scalar => quote! { f32 },
         ChainOutput::Vector => quote! { () },
     };
-    let inputs: Vec<&str> = ir.input_slots().map(|(_, a)| a.name.as_str()).collect();
-    let over = inputs
+    let shapes: Vec<String> = ir
+        .args
         .iter()
-        .map(|i| format!("`{i}`"))
-        .collect::<Vec<_>>()
-        .join(", ");
+        .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output))
+        .map(|a| format!("`{}`: {}", a.name, dim_names(&a.shape)))
+        .collect();
     let resolves = match ir.output {
         ChainOutput::Scalar => "The ticket resolves to the f32 result.",
         ChainOutput::Vector => "Writes `out`; the ticket resolves once `out` holds the result.",
     };
     let submit_doc = format!(
-        "Submits one fused `{describe}` pass over {over}. {resolves}\n\n\
-         Every vector must have the same length, and every buffer must belong to `rt`."
+        "Submits one fused `{describe}` pass ({:?} pattern). {resolves}\n\n\
+         Shapes (row-major): {}. Every buffer must belong to `rt`; lengths that do not fit are \
+         an `Error::LengthMismatch`.",
+        ir.plan.pattern,
+        shapes.join(", ")
     );
 
     let spec = spec_tokens(&ir, &parsed.spec);
@@ -180,6 +211,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
 
         impl #ident {
             #[doc = #submit_doc]
+            #[allow(clippy::too_many_arguments, reason = "one parameter per chain argument, in descriptor order")]
             #vis fn submit<'a>(rt: &::pptm::Runtime, #(#params),*) -> ::core::result::Result<::pptm::Ticket<'a, #output_ty>, ::pptm::Error> {
                 rt.submit_chain::<Self>(::std::vec![#(#bindings),*])
             }

@@ -151,6 +151,25 @@ struct pptm_max_reducer {
     __device__ __forceinline__ static double finish(double total, uint64_t) { return total; }
 };
 
+// A reducer for chains that store their output and reduce nothing: patterns skip the block
+// reduction for it (see pptm_block_partial).
+struct pptm_no_reducer {
+    static constexpr bool reduces = false;
+    __device__ __forceinline__ static double identity() { return 0.0; }
+    __device__ __forceinline__ static double combine(double a, double) { return a; }
+    __device__ __forceinline__ static double finish(double total, uint64_t) { return total; }
+};
+
+// Whether R produces a value: true unless R declares `reduces = false`.
+template <class R, class = void>
+struct pptm_reducer_reduces {
+    static constexpr bool value = true;
+};
+template <class R>
+struct pptm_reducer_reduces<R, decltype((void)R::reduces)> {
+    static constexpr bool value = R::reduces;
+};
+
 // Reduces one value per thread over the block; the result is valid in thread 0. `smem` holds
 // PPTM_WARPS doubles. Fixed order, so the result is deterministic for a given grid.
 template <class R>
@@ -167,6 +186,16 @@ __device__ __forceinline__ double pptm_block_reduce(double v, double* smem) {
     }
     __syncthreads();  // smem may be reused right after
     return v;
+}
+
+// The block's partial of a pattern that folded its outputs into `acc` with R (valid in thread 0);
+// nothing to reduce for pptm_no_reducer.
+template <class R>
+__device__ __forceinline__ double pptm_block_partial(double acc, double* smem) {
+    if constexpr (pptm_reducer_reduces<R>::value)
+        return pptm_block_reduce<R>(acc, smem);
+    else
+        return 0.0;
 }
 
 // Where a block is within the grid for the item at hand (blocks are numbered by blockIdx.x).

@@ -29,31 +29,47 @@ pub trait Chain: 'static {
     fn ir() -> Result<&'static ChainIr, Error>;
 }
 
-/// A buffer bound to one of a chain's arguments, named as in the chain.
+/// One of a chain's arguments at submission, named as in the chain (the generated `submit` builds
+/// these in descriptor order).
 #[derive(Debug)]
 pub enum Arg<'a> {
     Input(&'static str, &'a Buffer<f32>),
     Output(&'static str, &'a mut Buffer<f32>),
+    F32(&'static str, f32),
+    U32(&'static str, u32),
+    /// The size of a dimension no buffer's length gives (a matrix's column count).
+    Dim(&'static str, usize),
 }
 
 impl Arg<'_> {
     pub fn name(&self) -> &'static str {
         match self {
-            Arg::Input(n, _) | Arg::Output(n, _) => n,
+            Arg::Input(n, _)
+            | Arg::Output(n, _)
+            | Arg::F32(n, _)
+            | Arg::U32(n, _)
+            | Arg::Dim(n, _) => n,
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// The buffer's owner, for buffers.
+    pub(crate) fn owner(&self) -> Option<u64> {
         match self {
-            Arg::Input(_, b) => b.len(),
-            Arg::Output(_, b) => b.len(),
+            Arg::Input(_, b) => Some(b.owner()),
+            Arg::Output(_, b) => Some(b.owner()),
+            _ => None,
         }
     }
 
-    pub(crate) fn owner(&self) -> u64 {
+    /// What [`pptm_spec::ChainIr::bind`] checks.
+    pub(crate) fn value(&self) -> pptm_spec::ArgValue {
+        use pptm_spec::ArgValue;
         match self {
-            Arg::Input(_, b) => b.owner(),
-            Arg::Output(_, b) => b.owner(),
+            Arg::Input(_, b) => ArgValue::Buffer(b.len()),
+            Arg::Output(_, b) => ArgValue::Buffer(b.len()),
+            Arg::F32(_, v) => ArgValue::F32(*v),
+            Arg::U32(_, v) => ArgValue::U32(*v),
+            Arg::Dim(_, v) => ArgValue::Dim(*v),
         }
     }
 }

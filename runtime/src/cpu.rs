@@ -1,24 +1,39 @@
 //! The CPU backend: runs a chain's IR with each op's f64 reference (pptm-spec), at submission.
 
-use pptm_spec::{ChainIr, Evaluated};
+use pptm_spec::{ArgKind, ChainIr, EvalArg, Evaluated};
 
 use crate::chain::{Arg, Completion};
 use crate::error::{Error, Result};
 
-/// Runs `ir` on host buffers; writes the output vector, if any, as f32.
-pub(crate) fn run(chain: &'static str, ir: &ChainIr, args: Vec<Arg<'_>>) -> Result<Completion> {
-    let mut inputs: Vec<&[f32]> = Vec::new();
-    let mut output: Option<&mut [f32]> = None;
+/// Runs `ir` on host buffers; writes the output tensor, if any, as f32. `args` are by descriptor
+/// slot (`None` for dimensions inferred from buffers) and `sizes` come from a successful bind.
+pub(crate) fn run(
+    chain: &'static str,
+    ir: &ChainIr,
+    args: Vec<Option<Arg<'_>>>,
+    sizes: &[usize],
+) -> Result<Completion> {
     let not_host = |arg: &'static str| Error::ForeignBuffer { chain, arg };
-    for a in args {
-        match a {
-            Arg::Input(name, b) => inputs.push(b.host_slice().ok_or_else(|| not_host(name))?),
-            Arg::Output(name, b) => {
-                output = Some(b.host_slice_mut().ok_or_else(|| not_host(name))?)
+    let mut eval = Vec::with_capacity(args.len());
+    let mut output: Option<&mut [f32]> = None;
+    for (a, slot) in args.into_iter().zip(&ir.args) {
+        eval.push(match a {
+            Some(Arg::Input(name, b)) => {
+                EvalArg::Input(b.host_slice().ok_or_else(|| not_host(name))?)
             }
-        }
+            Some(Arg::Output(name, b)) => {
+                output = Some(b.host_slice_mut().ok_or_else(|| not_host(name))?);
+                EvalArg::None
+            }
+            Some(Arg::F32(_, v)) => EvalArg::Value(f64::from(v)),
+            Some(Arg::U32(_, v)) => EvalArg::Value(f64::from(v)),
+            Some(Arg::Dim(..)) | None => {
+                debug_assert_eq!(slot.kind, ArgKind::Len);
+                EvalArg::None
+            }
+        });
     }
-    let value = match ir.eval_f64(&inputs) {
+    let value = match ir.eval_f64(&eval, sizes) {
         Evaluated::Scalar(v) => v,
         Evaluated::Vector(v) => {
             let out = output.ok_or_else(|| Error::BadArguments {

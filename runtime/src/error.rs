@@ -34,16 +34,16 @@ pub enum Error {
         reason: String,
     },
 
-    /// A vector argument's length differs from the chain's other vectors.
-    #[error(
-        "`{chain}`: argument `{arg}` has {got} elements but `{first}` has {expected}; every vector of a chain has the same length"
-    )]
+    /// A buffer's length does not match the chain's shapes: its dimensions come from other
+    /// buffers' lengths and the sizes passed to `submit`.
+    #[error("`{chain}`: argument `{arg}` has {got} elements, but {rule} makes {expected}")]
     LengthMismatch {
         chain: &'static str,
         arg: &'static str,
-        first: &'static str,
         expected: usize,
         got: usize,
+        /// Where the expectation comes from: another buffer, or dimension sizes.
+        rule: String,
     },
 
     /// A host slice's length differs from the buffer's.

@@ -317,41 +317,49 @@ impl Runtime {
         blocking: bool,
     ) -> Result<Ticket<'a, C::Output>> {
         let ir = C::ir()?;
-        let n = self.validate::<C>(ir, &args)?;
+        let (slots, sizes) = self.validate::<C>(ir, args)?;
         match self.manifold(C::DOMAIN)? {
             None => {
-                let c = crate::cpu::run(C::NAME, ir, args)?;
+                let c = crate::cpu::run(C::NAME, ir, slots, &sizes)?;
                 Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
             }
             Some(m) => {
                 let mut words = C::Args::zeroed();
-                let slots: &mut [u64] =
+                let desc_words: &mut [u64] =
                     bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
-                let mut bound = args.iter();
-                for (slot, arg) in slots.iter_mut().zip(&ir.args) {
-                    *slot = match arg.kind {
-                        ArgKind::Len => n as u64,
-                        ArgKind::Input | ArgKind::Output => match bound.next() {
-                            Some(Arg::Input(_, b)) => b.device_ptr(),
-                            Some(Arg::Output(_, b)) => b.device_ptr(),
-                            None => unreachable!("validated"),
-                        },
+                for ((word, arg), slot) in desc_words.iter_mut().zip(&slots).zip(&ir.args) {
+                    *word = match (arg, slot.kind) {
+                        (_, ArgKind::Len) => sizes[slot.dim.expect("len slot")] as u64,
+                        (Some(Arg::Input(_, b)), _) => b.device_ptr(),
+                        (Some(Arg::Output(_, b)), _) => b.device_ptr(),
+                        (Some(Arg::F32(_, v)), _) => u64::from(v.to_bits()),
+                        (Some(Arg::U32(_, v)), _) => u64::from(*v),
+                        (Some(Arg::Dim(..)) | None, _) => unreachable!("validated"),
                     };
                 }
                 let mut desc = pptm_desc {
                     opcode: C::OPCODE,
-                    blocks: ir.blocks_for(n),
+                    blocks: ir.blocks_for(&sizes),
                     ..Default::default()
                 };
-                desc.args[..slots.len()].copy_from_slice(slots);
+                desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 let cell = m.submit(&desc, blocking)?;
                 Ok(Ticket::pending(C::NAME, m, cell))
             }
         }
     }
 
-    /// Checks the arguments against the chain; returns the common length `n`.
-    fn validate<C: Chain>(&self, ir: &pptm_spec::ChainIr, args: &[Arg<'_>]) -> Result<usize> {
+    /// Checks the arguments against the chain. Returns them by descriptor slot (`None` for a
+    /// dimension a buffer's length gives) and every dimension's size.
+    #[allow(
+        clippy::type_complexity,
+        reason = "private; the pair is unpacked at once"
+    )]
+    fn validate<'a, C: Chain>(
+        &self,
+        ir: &pptm_spec::ChainIr,
+        args: Vec<Arg<'a>>,
+    ) -> Result<(Vec<Option<Arg<'a>>>, Vec<usize>)> {
         let chain = C::NAME;
         if std::mem::size_of::<C::Args>() != 8 * ir.args.len() {
             return Err(Error::ChainMismatch {
@@ -359,19 +367,42 @@ impl Runtime {
                 reason: "its Args struct does not match its argument layout".into(),
             });
         }
-        let expected: Vec<_> = ir.args.iter().filter(|a| a.kind != ArgKind::Len).collect();
         let bad = |reason: String| Error::BadArguments { chain, reason };
-        if args.len() != expected.len() {
+        let wanted: Vec<&pptm_spec::ArgSlot> = ir
+            .args
+            .iter()
+            .filter(|a| {
+                a.kind != ArgKind::Len || ir.dims[a.dim.expect("len")].inferred_from.is_none()
+            })
+            .collect();
+        if args.len() != wanted.len() {
             return Err(bad(format!(
-                "expected {} buffers, got {}",
-                expected.len(),
+                "expected {} arguments ({}), got {}",
+                wanted.len(),
+                wanted
+                    .iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 args.len()
             )));
         }
-        for (a, slot) in args.iter().zip(&expected) {
+        let mut given = args.into_iter();
+        let mut slots = Vec::with_capacity(ir.args.len());
+        for slot in &ir.args {
+            if slot.kind == ArgKind::Len && ir.dims[slot.dim.expect("len")].inferred_from.is_some()
+            {
+                slots.push(None);
+                continue;
+            }
+            let a = given.next().expect("counted");
             let kind_ok = matches!(
-                (a, slot.kind),
-                (Arg::Input(..), ArgKind::Input) | (Arg::Output(..), ArgKind::Output)
+                (&a, slot.kind),
+                (Arg::Input(..), ArgKind::Input)
+                    | (Arg::Output(..), ArgKind::Output)
+                    | (Arg::F32(..), ArgKind::F32)
+                    | (Arg::U32(..), ArgKind::U32)
+                    | (Arg::Dim(..), ArgKind::Len)
             );
             if a.name() != slot.name || !kind_ok {
                 return Err(bad(format!(
@@ -381,26 +412,39 @@ impl Runtime {
                     slot.kind
                 )));
             }
-            if a.owner() != self.id {
+            if a.owner().is_some_and(|o| o != self.id) {
                 return Err(Error::ForeignBuffer {
                     chain,
                     arg: a.name(),
                 });
             }
+            slots.push(Some(a));
         }
-        let n = args.first().map_or(0, |a| a.len());
-        for a in args {
-            if a.len() != n {
-                return Err(Error::LengthMismatch {
-                    chain,
-                    arg: a.name(),
-                    first: args[0].name(),
-                    expected: n,
-                    got: a.len(),
-                });
-            }
-        }
-        Ok(n)
+        let values: Vec<pptm_spec::ArgValue> = slots
+            .iter()
+            .map(|a| a.as_ref().map_or(pptm_spec::ArgValue::Inferred, Arg::value))
+            .collect();
+        let sizes = ir.bind(&values).map_err(|e| match e {
+            pptm_spec::BindError::Length {
+                arg,
+                expected,
+                got,
+                rule,
+            } => Error::LengthMismatch {
+                chain,
+                arg: slots
+                    .iter()
+                    .flatten()
+                    .map(Arg::name)
+                    .find(|n| *n == arg)
+                    .unwrap_or("?"),
+                expected,
+                got,
+                rule,
+            },
+            other => bad(other.to_string()),
+        })?;
+        Ok((slots, sizes))
     }
 
     /// Shuts every manifold down, after every submitted item has completed. Dropping the runtime

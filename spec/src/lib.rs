@@ -17,9 +17,10 @@ pub mod parse;
 
 pub use chain::{ChainSpec, Precision, StageSpec};
 pub use lower::{
-    ArgKind, ArgSlot, Blame, ChainIr, ChainOutput, Evaluated, Source, SpecError, StageIr, lower,
+    ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
+    Pattern, Plan, Shape, Source, SpecError, StageIr, lower,
 };
-pub use ops::{CpuImpl, FusionClass, Kind, OpDef, Param};
+pub use ops::{CpuImpl, FusionClass, OpDef, OpInputs, Param, Ty};
 
 /// Threads per block of every manifold. The generated PTX is compiled for it
 /// (`__launch_bounds__`), and the runtime launches with it.
@@ -29,10 +30,25 @@ pub const BLOCK_THREADS: u32 = 512;
 /// the two agree).
 pub const DESC_ARGS: usize = 15;
 
-/// Elements one compute block takes in a fused pass. An item over `n` elements runs on
-/// `ceil(n / ELEMS_PER_BLOCK)` blocks (at least one, at most the grid): a small input stays on one
-/// block, so it costs no grid-wide arrival; a large one spreads over every SM.
-pub const ELEMS_PER_BLOCK: usize = 8192;
+/// How much work one compute block takes in each pass pattern: an item asks for as many blocks as
+/// its size needs (at least one, at most the grid), so a small input stays on one block and costs
+/// no grid-wide arrival, and a large one spreads over every SM. The device patterns are correct
+/// for any block count; these only set how many the host asks for.
+pub mod work {
+    /// Elements per block of an elementwise (`Map`) pass.
+    pub const MAP_ELEMS_PER_BLOCK: usize = 8192;
+    /// Output rows per block of a GEMV (one warp per row, 16 warps, 4 rows each).
+    pub const GEMV_ROWS_PER_BLOCK: usize = 64;
+    /// Output columns per block of a transposed GEMV (a 128-column tile).
+    pub const GEMV_T_COLS_PER_BLOCK: usize = 128;
+    /// Output tile edge of a matmul (64 x 64 per block).
+    pub const MATMUL_TILE: usize = 64;
+    /// Points per block of a pairwise pass (one warp per point).
+    pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
+    /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its
+    /// warps' own points in shared memory.
+    pub const PAIRWISE_MAX_FEATURES: usize = 128;
+}
 
 /// Opcodes below this are built into every manifold (`PPTM_OP_FIRST_VARIANT` in abi.h).
 pub const FIRST_VARIANT_OPCODE: u32 = 16;

@@ -1,9 +1,15 @@
 //! Validation and lowering: [`ChainSpec`] → [`ChainIr`], the form codegen and the CPU backend use.
+//!
+//! Lowering type-checks the chain along its data flow: each op names its dimensions with letters
+//! of its own (`Gemv` is `x[n], a[m×n] → [m]`), and the chain unifies them where a stage's
+//! output feeds the next stage and where two stages share an argument name. What comes out:
+//! the descriptor's argument layout (buffers, by-value arguments, then one word per dimension),
+//! the fusion plan (which pass pattern runs the chain, see [`Plan`]), and the chain's identity.
 
 use sha2::{Digest, Sha256};
 
 use crate::chain::valid_domain_name;
-use crate::ops::{self, CpuImpl, FusionClass, Kind, OpDef};
+use crate::ops::{self, CpuImpl, FusionClass, OpDef, OpInputs, Ty};
 use crate::{ChainSpec, DESC_ARGS, FIRST_VARIANT_OPCODE, Precision};
 
 /// Where a value a stage reads comes from.
@@ -18,11 +24,15 @@ pub enum Source {
 /// What a descriptor argument word holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArgKind {
-    /// Device address of an f32 input vector of `n` elements.
+    /// Device address of an f32 input buffer (its shape is [`ArgSlot::shape`]).
     Input,
-    /// Device address of the f32 output vector of `n` elements.
+    /// Device address of the f32 output buffer.
     Output,
-    /// The element count `n` shared by every vector of the chain.
+    /// An f32 passed by value (its bits in the low half of the word).
+    F32,
+    /// A u32 passed by value.
+    U32,
+    /// The size of one of the chain's dimensions ([`ArgSlot::dim`]).
     Len,
 }
 
@@ -31,6 +41,21 @@ pub enum ArgKind {
 pub struct ArgSlot {
     pub name: String,
     pub kind: ArgKind,
+    /// For buffers: the chain dimensions of the buffer, outermost first (row-major).
+    pub shape: Vec<usize>,
+    /// For [`ArgKind::Len`]: which chain dimension.
+    pub dim: Option<usize>,
+}
+
+/// One dimension of a chain (a size shared by the buffers and stages that use it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DimIr {
+    pub name: String,
+    /// The descriptor slot that carries its size.
+    pub slot: usize,
+    /// The one-dimensional buffer argument whose length gives the size at submission; `None`
+    /// when no buffer has exactly this shape, and the caller passes the size.
+    pub inferred_from: Option<usize>,
 }
 
 /// What a submitted chain hands back.
@@ -38,8 +63,28 @@ pub struct ArgSlot {
 pub enum ChainOutput {
     /// A scalar, returned in the completion entry (the chain ends in a reduction).
     Scalar,
-    /// A vector written to the `out` argument.
+    /// A tensor written to the `out` argument.
     Vector,
+}
+
+/// The shape of the value a stage produces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// A row-major tensor over these chain dimensions, `channels` values per element.
+    Tensor { dims: Vec<usize>, channels: u8 },
+    /// One value per pair of the points of this dimension (never stored).
+    Pairs { dim: usize, channels: u8 },
+    /// One value.
+    Scalar,
+}
+
+impl Shape {
+    fn channels(&self) -> u8 {
+        match self {
+            Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
+            Shape::Scalar => 1,
+        }
+    }
 }
 
 /// One stage after lowering.
@@ -52,6 +97,59 @@ pub struct StageIr {
     pub tensor: bool,
     /// One source per op input.
     pub inputs: Vec<Source>,
+    /// The op's dimension letters and the chain dimension each is bound to.
+    pub dims: Vec<(&'static str, usize)>,
+    /// The shape of the stage's output.
+    pub shape: Shape,
+}
+
+impl StageIr {
+    /// The chain dimension bound to the op's letter `letter`.
+    pub fn dim(&self, letter: &str) -> Option<usize> {
+        self.dims
+            .iter()
+            .find(|(l, _)| *l == letter)
+            .map(|(_, d)| *d)
+    }
+}
+
+/// How codegen runs a chain: which pass pattern, and which stages sit where in it. Every chain
+/// runs as one pass over its data, with no grid-wide barrier:
+///
+/// ```text
+/// prologue* anchor? epilogue* (reduction finish*)?
+/// ```
+///
+/// * `Map`: no anchor; the elementwise stages fuse into one functor per element.
+/// * `Gemv`/`GemvT`/`Matmul`: the prologue's elementwise stages compute the vector input where it
+///   is read; the epilogue's run on each output element before it is stored or reduced.
+/// * `Pairwise`: a pairwise op (no prologue) and the row reduction that consumes its values,
+///   then the epilogue on each point's result.
+///
+/// A reduction ends the pass: blocks reduce, the last block to arrive combines, and the `finish`
+/// stages (elementwise on the scalar, by-value arguments only) run on the result there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    Map,
+    Gemv,
+    GemvT,
+    Matmul,
+    Pairwise,
+}
+
+/// A chain's fusion plan; stage indices into [`ChainIr::stages`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub pattern: Pattern,
+    /// The output-fusable or pairwise stage; for `Pairwise`, the row reduction is `anchor + 1`.
+    pub anchor: Option<usize>,
+    /// Stages before the anchor (for `Map`: every stage before the reduction).
+    pub prologue: std::ops::Range<usize>,
+    /// Elementwise/broadcast stages after the anchor, before the reduction.
+    pub epilogue: std::ops::Range<usize>,
+    pub reduction: Option<usize>,
+    /// Stages after the reduction, applied to its scalar.
+    pub finish: std::ops::Range<usize>,
 }
 
 /// A validated chain: stages in data-flow order, the descriptor's argument layout, its identity.
@@ -61,7 +159,9 @@ pub struct ChainIr {
     pub domain: String,
     pub stages: Vec<StageIr>,
     pub args: Vec<ArgSlot>,
+    pub dims: Vec<DimIr>,
     pub output: ChainOutput,
+    pub plan: Plan,
     /// Normalised text of the chain (defaults applied); what the hash covers.
     pub canonical: String,
     /// SHA-256 of `canonical`, lowercase hex.
@@ -127,15 +227,27 @@ pub enum SpecError {
         supported: String,
     },
     #[error(
-        "`{op}` needs {needs} as its input, but the stage before it (`{prev}`) produces {gives}; \
-         a reduction can only end a chain"
+        "`{op}` needs {needs} as its input, but the stage before it (`{prev}`) produces {gives}"
     )]
     FlowMismatch {
         stage: usize,
         op: &'static str,
-        needs: &'static str,
+        needs: String,
         prev: &'static str,
-        gives: &'static str,
+        gives: String,
+    },
+    #[error("`{op}`: argument `{arg}` {reason}")]
+    ArgConflict {
+        stage: usize,
+        op: &'static str,
+        arg: &'static str,
+        reason: String,
+    },
+    #[error("`{op}` cannot be fused here: {reason}")]
+    Unfusable {
+        stage: usize,
+        op: &'static str,
+        reason: String,
     },
     #[error("`{op}` has an input named `out`, which is reserved for the chain's output")]
     ReservedName { stage: usize, op: &'static str },
@@ -154,6 +266,8 @@ impl SpecError {
             }
             SpecError::UnknownOp { stage, .. }
             | SpecError::FlowMismatch { stage, .. }
+            | SpecError::ArgConflict { stage, .. }
+            | SpecError::Unfusable { stage, .. }
             | SpecError::ReservedName { stage, .. } => Blame::StageOp(stage),
             SpecError::ReductionMismatch { stage, .. } => Blame::StageAttr(stage, "reduction"),
             SpecError::TensorUnsupported { stage, .. } => {
@@ -161,6 +275,70 @@ impl SpecError {
             }
             SpecError::PrecisionUnsupported { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
+    }
+}
+
+/// A chain dimension while lowering. A `weak` name is only a default (`n` for the vector a chain
+/// starts from), which the first op letter bound to it replaces (`m` when it feeds `GemvT`).
+struct DimDraft {
+    name: String,
+    weak: bool,
+}
+
+struct ArgDraft {
+    name: &'static str,
+    kind: ArgKind,
+    shape: Vec<usize>,
+}
+
+/// The dimension and argument tables a chain builds while it is lowered.
+#[derive(Default)]
+struct Tables {
+    dims: Vec<DimDraft>,
+    args: Vec<ArgDraft>,
+}
+
+impl Tables {
+    fn fresh(&mut self, name: &str, weak: bool) -> usize {
+        self.dims.push(DimDraft {
+            name: name.to_string(),
+            weak,
+        });
+        self.dims.len() - 1
+    }
+
+    /// Binds op letter `l` to chain dimension `d` within one stage (`letters`).
+    fn bind(
+        &mut self,
+        letters: &mut Vec<(&'static str, usize)>,
+        l: &'static str,
+        d: usize,
+    ) -> bool {
+        if let Some(&(_, bound)) = letters.iter().find(|(x, _)| *x == l) {
+            return bound == d;
+        }
+        if self.dims[d].weak {
+            self.dims[d] = DimDraft {
+                name: l.to_string(),
+                weak: false,
+            };
+        }
+        letters.push((l, d));
+        true
+    }
+
+    /// The chain dimension of op letter `l` in this stage, fresh if not bound yet.
+    fn letter(&mut self, letters: &mut Vec<(&'static str, usize)>, l: &'static str) -> usize {
+        if let Some(&(_, d)) = letters.iter().find(|(x, _)| *x == l) {
+            return d;
+        }
+        let d = self.fresh(l, false);
+        letters.push((l, d));
+        d
+    }
+
+    fn arg(&self, name: &str) -> Option<usize> {
+        self.args.iter().position(|a| a.name == name)
     }
 }
 
@@ -193,114 +371,335 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         }
     }
 
-    let mut args: Vec<ArgSlot> = Vec::new();
+    let mut t = Tables::default();
     let mut stages: Vec<StageIr> = Vec::new();
     for (pos, &i) in order.iter().enumerate() {
         let st = &spec.stages[i];
-        let op = ops::find(&st.op).ok_or_else(|| SpecError::UnknownOp {
+        let op = check_stage(i, st)?;
+        let conflict = |arg: &'static str, reason: String| SpecError::ArgConflict {
             stage: i,
-            name: st.op.clone(),
-            hint: match ops::closest(&st.op) {
-                Some(n) => format!("; did you mean `{n}`?"),
-                None => {
-                    let names: Vec<_> = ops::CATALOG.iter().map(|o| o.name).collect();
-                    format!("; known ops: {}", names.join(", "))
-                }
-            },
-        })?;
-        let is_reduction = op.class == FusionClass::Reduction;
-        if let Some(said) = st.reduction
-            && said != is_reduction
-        {
-            let is = if is_reduction { "is" } else { "is not" };
-            return Err(SpecError::ReductionMismatch {
-                stage: i,
-                op: op.name,
-                is,
-                said,
-            });
-        }
-        let tensor = st.tensor_eligible.unwrap_or(false);
-        if tensor && !op.tensor_core {
-            return Err(SpecError::TensorUnsupported {
-                stage: i,
-                op: op.name,
-            });
-        }
-        let precision = st.precision.unwrap_or(Precision::Fp32);
-        if !op.precisions.contains(&precision) {
-            let supported: Vec<_> = op.precisions.iter().map(|p| format!("\"{p}\"")).collect();
-            return Err(SpecError::PrecisionUnsupported {
-                stage: i,
-                op: op.name,
-                precision,
-                supported: supported.join(", "),
-            });
-        }
-        let mut inputs = Vec::with_capacity(op.inputs.len());
-        for (k, param) in op.inputs.iter().enumerate() {
-            if k == 0 && pos > 0 {
-                let prev = stages[pos - 1].op;
-                if prev.output != param.kind {
-                    return Err(SpecError::FlowMismatch {
-                        stage: i,
-                        op: op.name,
-                        needs: param.kind.describe(),
-                        prev: prev.name,
-                        gives: prev.output.describe(),
-                    });
-                }
-                inputs.push(Source::Stage(pos - 1));
-                continue;
-            }
-            if param.name == "out" {
+            op: op.name,
+            arg,
+            reason,
+        };
+        let mut letters: Vec<(&'static str, usize)> = Vec::new();
+        let mut inputs = vec![Source::Stage(usize::MAX); op.inputs.len()];
+
+        // The flow input: the previous stage's output, or a chain argument for the first stage.
+        let flow = op.inputs[0];
+        let flow_shape = if pos == 0 {
+            if flow.name == "out" {
                 return Err(SpecError::ReservedName {
                     stage: i,
                     op: op.name,
                 });
             }
-            debug_assert_eq!(
-                param.kind,
-                Kind::Vector,
-                "scalar op parameters are not supported yet"
-            );
-            // Inputs of the same name are the same argument.
-            let slot = match args.iter().position(|a| a.name == param.name) {
-                Some(slot) => slot,
-                None => {
-                    args.push(ArgSlot {
-                        name: param.name.to_string(),
-                        kind: ArgKind::Input,
+            let dims = match flow.ty {
+                Ty::Like => vec![t.fresh("n", true)],
+                Ty::Vector(l) => vec![t.letter(&mut letters, l)],
+                Ty::Matrix(r, c) => vec![t.letter(&mut letters, r), t.letter(&mut letters, c)],
+                other => {
+                    return Err(SpecError::Unfusable {
+                        stage: i,
+                        op: op.name,
+                        reason: format!(
+                            "it cannot start a chain: its input is {}, which only another op produces",
+                            other.describe()
+                        ),
                     });
-                    args.len() - 1
                 }
             };
-            inputs.push(Source::Arg(slot));
+            if let Some(need) = op.flow_channels.filter(|&c| c != 1) {
+                return Err(SpecError::Unfusable {
+                    stage: i,
+                    op: op.name,
+                    reason: format!(
+                        "it cannot start a chain: it reads {need} values per element, which only another op produces"
+                    ),
+                });
+            }
+            t.args.push(ArgDraft {
+                name: flow.name,
+                kind: ArgKind::Input,
+                shape: dims.clone(),
+            });
+            inputs[0] = Source::Arg(t.args.len() - 1);
+            Shape::Tensor { dims, channels: 1 }
+        } else {
+            let prev = &stages[pos - 1];
+            inputs[0] = Source::Stage(pos - 1);
+            let mismatch = |needs: String, gives: String| SpecError::FlowMismatch {
+                stage: i,
+                op: op.name,
+                needs,
+                prev: prev.op.name,
+                gives,
+            };
+            let ok = match (flow.ty, &prev.shape) {
+                (Ty::Like, Shape::Tensor { .. }) => true,
+                (Ty::Like, Shape::Scalar) => op.class == FusionClass::Elementwise,
+                (Ty::Vector(l), Shape::Tensor { dims, .. }) if dims.len() == 1 => {
+                    t.bind(&mut letters, l, dims[0])
+                }
+                (Ty::Matrix(r, c), Shape::Tensor { dims, .. }) if dims.len() == 2 => {
+                    t.bind(&mut letters, r, dims[0]) && t.bind(&mut letters, c, dims[1])
+                }
+                (Ty::Pairs(l), Shape::Pairs { dim, .. }) => t.bind(&mut letters, l, *dim),
+                _ => false,
+            };
+            if !ok {
+                let needs = match (flow.ty, op.class) {
+                    (Ty::Like, FusionClass::Reduction) => "a tensor".to_string(),
+                    (Ty::Like, _) => "a tensor (or, for an elementwise op, a scalar)".to_string(),
+                    (ty, _) => ty.describe().to_string(),
+                };
+                return Err(mismatch(needs, shape_text(&prev.shape)));
+            }
+            let ch = prev.shape.channels();
+            if let Some(need) = op.flow_channels
+                && need != ch
+            {
+                return Err(mismatch(
+                    format!("{need} value(s) per element"),
+                    format!("{ch} value(s) per element"),
+                ));
+            }
+            prev.shape.clone()
+        };
+
+        // The other inputs. Names an earlier stage already declared go first, so their shapes
+        // bind this op's letters before fresh dimensions are made for the rest.
+        let mut rest: Vec<usize> = (1..op.inputs.len()).collect();
+        rest.sort_by_key(|&k| t.arg(op.inputs[k].name).is_none());
+        for k in rest {
+            let p = op.inputs[k];
+            if p.name == "out" {
+                return Err(SpecError::ReservedName {
+                    stage: i,
+                    op: op.name,
+                });
+            }
+            let existing = t.arg(p.name);
+            if p.ty.is_by_value() {
+                let kind = if p.ty == Ty::F32 {
+                    ArgKind::F32
+                } else {
+                    ArgKind::U32
+                };
+                let slot = match existing {
+                    Some(s) if t.args[s].kind == kind => s,
+                    Some(_) => {
+                        return Err(conflict(
+                            p.name,
+                            "is used with another type by an earlier stage".into(),
+                        ));
+                    }
+                    None => {
+                        t.args.push(ArgDraft {
+                            name: p.name,
+                            kind,
+                            shape: vec![],
+                        });
+                        t.args.len() - 1
+                    }
+                };
+                inputs[k] = Source::Arg(slot);
+                continue;
+            }
+            let flow_dims = match &flow_shape {
+                Shape::Tensor { dims, .. } => Some(dims.clone()),
+                _ => None,
+            };
+            // The shape this input must have: a dimension per entry, `Err(letter)` where the
+            // op's letter is not bound yet.
+            let wanted: Vec<Result<usize, &'static str>> = match p.ty {
+                Ty::Like => match flow_dims {
+                    Some(d) => d.into_iter().map(Ok).collect(),
+                    None => {
+                        return Err(SpecError::FlowMismatch {
+                            stage: i,
+                            op: op.name,
+                            needs: format!(
+                                "a tensor (its argument `{}` is a buffer of the same shape)",
+                                p.name
+                            ),
+                            prev: stages[pos - 1].op.name,
+                            gives: format!(
+                                "{}; after a reduction only ops whose other arguments are passed by value can follow",
+                                shape_text(&flow_shape)
+                            ),
+                        });
+                    }
+                },
+                Ty::Row => match flow_dims.as_deref() {
+                    Some([.., last]) => vec![Ok(*last)],
+                    _ => {
+                        return Err(conflict(
+                            p.name,
+                            "needs a tensor flow to broadcast along".into(),
+                        ));
+                    }
+                },
+                Ty::Vector(l) => vec![letters.iter().find(|x| x.0 == l).map(|x| x.1).ok_or(l)],
+                Ty::Matrix(r, c) => [r, c]
+                    .into_iter()
+                    .map(|l| letters.iter().find(|x| x.0 == l).map(|x| x.1).ok_or(l))
+                    .collect(),
+                other => unreachable!("catalog: {} input {} is {other:?}", op.name, p.name),
+            };
+            let shape: Vec<usize> = match existing {
+                Some(s) => {
+                    let have = t.args[s].shape.clone();
+                    if t.args[s].kind != ArgKind::Input || have.len() != wanted.len() {
+                        return Err(conflict(
+                            p.name,
+                            "is used with another shape by an earlier stage".into(),
+                        ));
+                    }
+                    for (w, &h) in wanted.iter().zip(&have) {
+                        let ok = match *w {
+                            Ok(d) => d == h,
+                            Err(l) => t.bind(&mut letters, l, h),
+                        };
+                        if !ok {
+                            return Err(conflict(
+                                p.name,
+                                format!(
+                                    "is used with another shape by an earlier stage ({})",
+                                    have.iter()
+                                        .map(|&d| t.dims[d].name.clone())
+                                        .collect::<Vec<_>>()
+                                        .join(" x ")
+                                ),
+                            ));
+                        }
+                    }
+                    inputs[k] = Source::Arg(s);
+                    have
+                }
+                None => {
+                    let shape: Vec<usize> = wanted
+                        .iter()
+                        .map(|w| match *w {
+                            Ok(d) => d,
+                            Err(l) => t.letter(&mut letters, l),
+                        })
+                        .collect();
+                    t.args.push(ArgDraft {
+                        name: p.name,
+                        kind: ArgKind::Input,
+                        shape: shape.clone(),
+                    });
+                    inputs[k] = Source::Arg(t.args.len() - 1);
+                    shape
+                }
+            };
+            debug_assert!(!shape.is_empty());
         }
+
+        let ch_out = op.out_channels.unwrap_or(flow_shape.channels());
+        let shape = match op.output {
+            Ty::Like => match flow_shape {
+                Shape::Tensor { dims, .. } => Shape::Tensor {
+                    dims,
+                    channels: ch_out,
+                },
+                other => other,
+            },
+            Ty::Vector(l) => Shape::Tensor {
+                dims: vec![t.letter(&mut letters, l)],
+                channels: ch_out,
+            },
+            Ty::Matrix(r, c) => Shape::Tensor {
+                dims: vec![t.letter(&mut letters, r), t.letter(&mut letters, c)],
+                channels: ch_out,
+            },
+            Ty::Pairs(l) => Shape::Pairs {
+                dim: t.letter(&mut letters, l),
+                channels: ch_out,
+            },
+            Ty::Scalar => Shape::Scalar,
+            other => unreachable!("catalog: {} outputs {other:?}", op.name),
+        };
+        let precision = st.precision.unwrap_or(Precision::Fp32);
         stages.push(StageIr {
             field: st.field.clone(),
             number: st.number,
             op,
             precision,
-            tensor,
+            tensor: st.tensor_eligible.unwrap_or(false),
             inputs,
+            dims: letters,
+            shape,
         });
     }
 
-    let output = match stages.last().map(|s| s.op.output) {
-        Some(Kind::Scalar) => ChainOutput::Scalar,
-        _ => ChainOutput::Vector,
+    // Declaration index of the stage at each data-flow position, for errors.
+    let decl = |pos: usize| order[pos];
+    let plan = plan(&stages, decl)?;
+    let last = stages.last().expect("non-empty");
+    let output = match &last.shape {
+        Shape::Scalar => ChainOutput::Scalar,
+        Shape::Tensor { channels: 1, .. } => ChainOutput::Vector,
+        other => {
+            return Err(SpecError::Unfusable {
+                stage: decl(stages.len() - 1),
+                op: last.op.name,
+                reason: format!(
+                    "the chain would end with {}, which cannot be stored; add a stage that combines it into one value per element",
+                    shape_text(other)
+                ),
+            });
+        }
     };
-    if output == ChainOutput::Vector {
+
+    // Descriptor layout: buffers and by-value arguments in order of first use, `out`, then one
+    // word per dimension.
+    let mut args: Vec<ArgSlot> = t
+        .args
+        .iter()
+        .map(|a| ArgSlot {
+            name: a.name.to_string(),
+            kind: a.kind,
+            shape: a.shape.clone(),
+            dim: None,
+        })
+        .collect();
+    if let (ChainOutput::Vector, Shape::Tensor { dims, .. }) = (output, &last.shape) {
         args.push(ArgSlot {
             name: "out".into(),
             kind: ArgKind::Output,
+            shape: dims.clone(),
+            dim: None,
         });
     }
-    args.push(ArgSlot {
-        name: "n".into(),
-        kind: ArgKind::Len,
-    });
+    let mut dims = Vec::with_capacity(t.dims.len());
+    for (d, draft) in t.dims.iter().enumerate() {
+        let mut name = draft.name.clone();
+        let taken = |n: &str, args: &[ArgSlot]| args.iter().any(|a| a.name == n);
+        if taken(&name, &args) {
+            name = format!("{name}_len");
+        }
+        let mut k = 2;
+        while taken(&name, &args) {
+            name = format!("{}{k}", draft.name);
+            k += 1;
+        }
+        let inferred_from = args
+            .iter()
+            .position(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output) && a.shape == [d]);
+        dims.push(DimIr {
+            name: name.clone(),
+            slot: args.len(),
+            inferred_from,
+        });
+        args.push(ArgSlot {
+            name,
+            kind: ArgKind::Len,
+            shape: vec![],
+            dim: Some(d),
+        });
+    }
     if args.len() > DESC_ARGS {
         return Err(SpecError::TooManyArgs {
             count: args.len(),
@@ -308,7 +707,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         });
     }
 
-    let mut canonical = format!("pptm-chain/1 domain={} name={}\n", spec.domain, spec.name);
+    let mut canonical = format!("pptm-chain/2 domain={} name={}\n", spec.domain, spec.name);
     for s in &stages {
         canonical.push_str(&format!(
             "stage {} {} precision={} tensor={}\n",
@@ -329,22 +728,200 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         domain: spec.domain.clone(),
         stages,
         args,
+        dims,
         output,
+        plan,
         canonical,
         spec_hash,
         opcode,
     })
 }
 
-/// Result of running a chain on the CPU reference.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Evaluated {
-    Scalar(f64),
-    Vector(Vec<f64>),
+/// Per-stage checks that need only the declaration: the op exists and honours the attributes.
+fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecError> {
+    let op = ops::find(&st.op).ok_or_else(|| SpecError::UnknownOp {
+        stage: i,
+        name: st.op.clone(),
+        hint: match ops::closest(&st.op) {
+            Some(n) => format!("; did you mean `{n}`?"),
+            None => {
+                let names: Vec<_> = ops::CATALOG.iter().map(|o| o.name).collect();
+                format!("; known ops: {}", names.join(", "))
+            }
+        },
+    })?;
+    let is_reduction = op.class == FusionClass::Reduction;
+    if let Some(said) = st.reduction
+        && said != is_reduction
+    {
+        let is = if is_reduction { "is" } else { "is not" };
+        return Err(SpecError::ReductionMismatch {
+            stage: i,
+            op: op.name,
+            is,
+            said,
+        });
+    }
+    if st.tensor_eligible == Some(true) && !op.tensor_core {
+        return Err(SpecError::TensorUnsupported {
+            stage: i,
+            op: op.name,
+        });
+    }
+    let precision = st.precision.unwrap_or(Precision::Fp32);
+    if !op.precisions.contains(&precision) {
+        let supported: Vec<_> = op.precisions.iter().map(|p| format!("\"{p}\"")).collect();
+        return Err(SpecError::PrecisionUnsupported {
+            stage: i,
+            op: op.name,
+            precision,
+            supported: supported.join(", "),
+        });
+    }
+    Ok(op)
+}
+
+fn shape_text(s: &Shape) -> String {
+    match s {
+        Shape::Tensor { dims, channels: 1 } if dims.len() == 1 => "a vector".into(),
+        Shape::Tensor { dims, channels: 1 } if dims.len() == 2 => "a matrix".into(),
+        Shape::Tensor { channels, .. } => format!("a tensor of {channels} values per element"),
+        Shape::Pairs { channels: 1, .. } => "per-pair values".into(),
+        Shape::Pairs { channels, .. } => format!("per-pair values ({channels} per pair)"),
+        Shape::Scalar => "a scalar".into(),
+    }
+}
+
+/// The fusion rules: fits the stages into `prologue* anchor? epilogue* (reduction finish*)?`
+/// (see [`Plan`]), or says why the chain would need a grid-wide barrier.
+fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecError> {
+    let unfusable = |s: usize, reason: &str| SpecError::Unfusable {
+        stage: decl(s),
+        op: stages[s].op.name,
+        reason: reason.to_string(),
+    };
+    let mut anchor: Option<usize> = None;
+    let mut reduction: Option<usize> = None;
+    for (s, st) in stages.iter().enumerate() {
+        match st.op.class {
+            FusionClass::Elementwise | FusionClass::RowReduction => {}
+            FusionClass::Broadcast => {
+                if anchor.is_none() {
+                    return Err(unfusable(
+                        s,
+                        "a broadcast fuses as the epilogue of a Matmul (or GEMV) before it; it has none",
+                    ));
+                }
+            }
+            FusionClass::Reduction => {
+                if let Some(a) = anchor
+                    && stages[a].op.device == ops::MATMUL.device
+                {
+                    return Err(unfusable(
+                        s,
+                        "a reduction after Matmul is not supported yet",
+                    ));
+                }
+                reduction = Some(s);
+            }
+            FusionClass::OutputFusable | FusionClass::Pairwise => {
+                if anchor.is_some() {
+                    return Err(unfusable(
+                        s,
+                        "it needs every element of an earlier GEMV/matmul/pairwise stage's output, \
+                         which needs a grid-wide barrier between two passes; split the chain in two",
+                    ));
+                }
+                if s > 0
+                    && (st.op.class == FusionClass::Pairwise || st.op.device == ops::MATMUL.device)
+                {
+                    return Err(unfusable(
+                        s,
+                        "it must be the chain's first stage (an elementwise prologue into it is not supported yet)",
+                    ));
+                }
+                anchor = Some(s);
+            }
+        }
+    }
+    let len = stages.len();
+    let end = reduction.unwrap_or(len);
+    let finish = reduction.map_or(len..len, |r| r + 1..len);
+    let Some(a) = anchor else {
+        return Ok(Plan {
+            pattern: Pattern::Map,
+            anchor: None,
+            prologue: 0..end,
+            epilogue: end..end,
+            reduction,
+            finish,
+        });
+    };
+    let pattern = match stages[a].op {
+        op if op.class == FusionClass::Pairwise => Pattern::Pairwise,
+        op if op.device == ops::GEMV.device => Pattern::Gemv,
+        op if op.device == ops::GEMV_T.device => Pattern::GemvT,
+        op if op.device == ops::MATMUL.device => Pattern::Matmul,
+        op => unreachable!("no pattern for output-fusable op {}", op.name),
+    };
+    let first_epilogue = if pattern == Pattern::Pairwise {
+        a + 2
+    } else {
+        a + 1
+    };
+    if first_epilogue > len {
+        return Err(unfusable(
+            a,
+            "its per-pair values must be consumed by a row reduction (KthSmallest, RadiusCount) in the next stage",
+        ));
+    }
+    Ok(Plan {
+        pattern,
+        anchor: Some(a),
+        prologue: 0..a,
+        epilogue: first_epilogue..end,
+        reduction,
+        finish,
+    })
+}
+
+/// One argument at submission, by descriptor slot (see [`ChainIr::bind`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArgValue {
+    /// A buffer (input or output) of this many elements.
+    Buffer(usize),
+    F32(f32),
+    U32(u32),
+    /// The size of a dimension that is not inferred from a buffer.
+    Dim(usize),
+    /// A dimension inferred from a buffer's length: nothing to pass.
+    Inferred,
+}
+
+/// Why a submission's arguments do not fit the chain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    #[error("expected {expected} for argument `{arg}`, got {got}")]
+    Kind {
+        arg: String,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("argument `{arg}` has {got} elements, but {rule} makes {expected}")]
+    Length {
+        arg: String,
+        expected: usize,
+        got: usize,
+        rule: String,
+    },
+    #[error("argument `{arg}` would have more elements than fit in memory ({rule})")]
+    Overflow { arg: String, rule: String },
+    #[error("`{op}`: {reason}")]
+    Op { op: &'static str, reason: String },
 }
 
 impl ChainIr {
-    /// Descriptor slots of the input vectors, in order.
+    /// Descriptor slots of the input buffers, in order.
     pub fn input_slots(&self) -> impl Iterator<Item = (usize, &ArgSlot)> {
         self.args
             .iter()
@@ -352,17 +929,179 @@ impl ChainIr {
             .filter(|(_, a)| a.kind == ArgKind::Input)
     }
 
-    /// The reduction that ends the chain, if any.
-    pub fn reduction(&self) -> Option<&StageIr> {
-        self.stages
-            .last()
-            .filter(|s| s.op.class == FusionClass::Reduction)
+    /// The slot of the output buffer, if the chain writes one.
+    pub fn output_slot(&self) -> Option<usize> {
+        self.args.iter().position(|a| a.kind == ArgKind::Output)
     }
 
-    /// How many compute blocks an item over `n` elements asks for (the device caps it at its grid).
-    pub fn blocks_for(&self, n: usize) -> u32 {
-        n.div_ceil(crate::ELEMS_PER_BLOCK)
-            .clamp(1, u32::MAX as usize) as u32
+    /// The reduction that ends the chain's pass, if any.
+    pub fn reduction(&self) -> Option<&StageIr> {
+        self.plan.reduction.map(|r| &self.stages[r])
+    }
+
+    /// Checks a submission's arguments (one per descriptor slot) and works out every
+    /// dimension's size, in [`ChainIr::dims`] order.
+    pub fn bind(&self, args: &[ArgValue]) -> Result<Vec<usize>, BindError> {
+        assert_eq!(args.len(), self.args.len(), "one value per descriptor slot");
+        let kind_err = |slot: usize, expected: &'static str| BindError::Kind {
+            arg: self.args[slot].name.clone(),
+            expected,
+            got: format!("{:?}", args[slot]),
+        };
+        for (slot, (a, v)) in self.args.iter().zip(args).enumerate() {
+            let ok = match a.kind {
+                ArgKind::Input | ArgKind::Output => matches!(v, ArgValue::Buffer(_)),
+                ArgKind::F32 => matches!(v, ArgValue::F32(_)),
+                ArgKind::U32 => matches!(v, ArgValue::U32(_)),
+                ArgKind::Len => {
+                    let inferred = self.dims[a.dim.expect("len slot")].inferred_from.is_some();
+                    matches!(
+                        (inferred, v),
+                        (true, ArgValue::Inferred) | (false, ArgValue::Dim(_))
+                    )
+                }
+            };
+            if !ok {
+                let expected = match a.kind {
+                    ArgKind::Input | ArgKind::Output => "a buffer",
+                    ArgKind::F32 => "an f32",
+                    ArgKind::U32 => "a u32",
+                    ArgKind::Len if self.dims[a.dim.unwrap()].inferred_from.is_some() => {
+                        "nothing (the size comes from a buffer)"
+                    }
+                    ArgKind::Len => "a size",
+                };
+                return Err(kind_err(slot, expected));
+            }
+        }
+        let len_of = |slot: usize| match args[slot] {
+            ArgValue::Buffer(n) => n,
+            _ => unreachable!("checked"),
+        };
+        let sizes: Vec<usize> = self
+            .dims
+            .iter()
+            .map(|d| match (d.inferred_from, args[d.slot]) {
+                (Some(src), _) => len_of(src),
+                (None, ArgValue::Dim(v)) => v,
+                _ => unreachable!("checked"),
+            })
+            .collect();
+        for (slot, a) in self.args.iter().enumerate() {
+            if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
+                continue;
+            }
+            let rule = match a.shape.as_slice() {
+                [d] => match self.dims[*d].inferred_from {
+                    Some(src) if src != slot => {
+                        format!("`{}` (with {} elements)", self.args[src].name, len_of(src))
+                    }
+                    _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
+                },
+                dims => format!(
+                    "{} = {}",
+                    dims.iter()
+                        .map(|&d| self.dims[d].name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" x "),
+                    dims.iter()
+                        .map(|&d| sizes[d].to_string())
+                        .collect::<Vec<_>>()
+                        .join(" x ")
+                ),
+            };
+            let expected = a
+                .shape
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(sizes[d]))
+                .filter(|&e| e.checked_mul(4).is_some())
+                .ok_or_else(|| BindError::Overflow {
+                    arg: a.name.clone(),
+                    rule: rule.clone(),
+                })?;
+            let got = len_of(slot);
+            if got != expected {
+                return Err(BindError::Length {
+                    arg: a.name.clone(),
+                    expected,
+                    got,
+                    rule,
+                });
+            }
+        }
+        for st in &self.stages {
+            if let Some(check) = st.op.check {
+                let (scalars, dims) = self.op_values(st, args, &sizes);
+                check(&scalars, &dims).map_err(|reason| BindError::Op {
+                    op: st.op.name,
+                    reason,
+                })?;
+            }
+        }
+        Ok(sizes)
+    }
+
+    /// A stage's by-value arguments and dimension sizes, as its op sees them.
+    fn op_values(
+        &self,
+        st: &StageIr,
+        args: &[ArgValue],
+        sizes: &[usize],
+    ) -> (Vec<f64>, Vec<(&'static str, usize)>) {
+        let scalars = st
+            .op
+            .inputs
+            .iter()
+            .zip(&st.inputs)
+            .filter(|(p, _)| p.ty.is_by_value())
+            .map(|(_, src)| match src {
+                Source::Arg(slot) => match args[*slot] {
+                    ArgValue::F32(v) => f64::from(v),
+                    ArgValue::U32(v) => f64::from(v),
+                    _ => f64::NAN,
+                },
+                Source::Stage(_) => f64::NAN,
+            })
+            .collect();
+        let dims = st.dims.iter().map(|&(l, d)| (l, sizes[d])).collect();
+        (scalars, dims)
+    }
+
+    /// How many compute blocks an item asks for, given its dimension sizes (the device caps it
+    /// at its grid). A small input stays on one block, so it costs no grid-wide arrival.
+    pub fn blocks_for(&self, sizes: &[usize]) -> u32 {
+        use crate::work;
+        let dim = |s: usize, l: &str| sizes[self.stages[s].dim(l).expect("op letter")];
+        let blocks = match (self.plan.pattern, self.plan.anchor) {
+            (Pattern::Map, _) => self
+                .flow_elements(0, sizes)
+                .div_ceil(work::MAP_ELEMS_PER_BLOCK),
+            (Pattern::Gemv, Some(a)) => dim(a, "m").div_ceil(work::GEMV_ROWS_PER_BLOCK),
+            (Pattern::GemvT, Some(a)) => dim(a, "n").div_ceil(work::GEMV_T_COLS_PER_BLOCK),
+            (Pattern::Matmul, Some(a)) => {
+                dim(a, "m").div_ceil(work::MATMUL_TILE) * dim(a, "n").div_ceil(work::MATMUL_TILE)
+            }
+            (Pattern::Pairwise, Some(a)) => dim(a, "n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
+            _ => unreachable!("anchored patterns have an anchor"),
+        };
+        blocks.clamp(1, u32::MAX as usize) as u32
+    }
+
+    /// Elements (not channels) of the value stage `s` reads as its flow input.
+    pub fn flow_elements(&self, s: usize, sizes: &[usize]) -> usize {
+        let dims = if s == 0 {
+            match self.stages[0].inputs[0] {
+                Source::Arg(slot) => self.args[slot].shape.clone(),
+                Source::Stage(_) => unreachable!(),
+            }
+        } else {
+            match &self.stages[s - 1].shape {
+                Shape::Tensor { dims, .. } => dims.clone(),
+                Shape::Pairs { dim, .. } => vec![*dim],
+                Shape::Scalar => vec![],
+            }
+        };
+        dims.iter().map(|&d| sizes[d]).product()
     }
 
     /// Short human-readable form: `KlDivergence -> SumReduction`.
@@ -373,57 +1112,163 @@ impl ChainIr {
             .collect::<Vec<_>>()
             .join(" -> ")
     }
+}
 
-    /// Runs the chain with each op's f64 reference. `inputs[k]` is the k-th input vector (in
-    /// [`ChainIr::input_slots`] order); all must have the same length (the caller checks).
-    #[allow(
-        clippy::needless_range_loop,
-        reason = "`i` indexes every input vector, not one"
-    )]
-    pub fn eval_f64(&self, inputs: &[&[f32]]) -> Evaluated {
-        let n = inputs.first().map_or(0, |v| v.len());
-        debug_assert!(inputs.iter().all(|v| v.len() == n));
-        // Map descriptor slot -> position in `inputs`.
-        let mut input_of_slot = vec![usize::MAX; self.args.len()];
-        for (k, (slot, _)) in self.input_slots().enumerate() {
-            input_of_slot[slot] = k;
-        }
-        let mut acc = match self.reduction().map(|r| r.op.cpu) {
-            Some(CpuImpl::Reduction { identity, .. }) => identity,
-            _ => 0.0,
+/// Result of running a chain on the CPU reference.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Evaluated {
+    Scalar(f64),
+    Vector(Vec<f64>),
+}
+
+/// An argument's contents for [`ChainIr::eval_f64`], by descriptor slot.
+#[derive(Debug, Clone, Copy)]
+pub enum EvalArg<'a> {
+    Input(&'a [f32]),
+    Value(f64),
+    /// Output buffers and dimension words: nothing to read.
+    None,
+}
+
+impl ChainIr {
+    /// Runs the chain with each op's f64 reference, stage by stage on whole tensors. `args` has
+    /// one entry per descriptor slot; `sizes` comes from [`ChainIr::bind`], which must have
+    /// accepted the same arguments.
+    pub fn eval_f64(&self, args: &[EvalArg<'_>], sizes: &[usize]) -> Evaluated {
+        let as_f64: Vec<Vec<f64>> = args
+            .iter()
+            .map(|a| match a {
+                EvalArg::Input(v) => v.iter().map(|&x| f64::from(x)).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let value_of = |slot: usize| match args[slot] {
+            EvalArg::Value(v) => v,
+            _ => f64::NAN,
         };
-        let mut out = Vec::with_capacity(if self.output == ChainOutput::Vector {
-            n
-        } else {
-            0
-        });
-        let mut values = vec![0.0f64; self.stages.len()];
-        let mut x = Vec::with_capacity(4);
-        for i in 0..n {
-            for (s, stage) in self.stages.iter().enumerate() {
-                x.clear();
-                x.extend(stage.inputs.iter().map(|src| match *src {
-                    Source::Arg(slot) => f64::from(inputs[input_of_slot[slot]][i]),
-                    Source::Stage(j) => values[j],
-                }));
-                values[s] = match stage.op.cpu {
-                    CpuImpl::Elementwise(f) => f(&x),
-                    CpuImpl::Reduction { combine, .. } => {
-                        acc = combine(acc, x[0]);
-                        f64::NAN
+        // The output of each stage (empty for a pairwise stage, whose values are computed by the
+        // row reduction that consumes them) and its channels.
+        let mut outs: Vec<Vec<f64>> = Vec::with_capacity(self.stages.len());
+        for (s, st) in self.stages.iter().enumerate() {
+            let flow: &[f64] = match st.inputs[0] {
+                Source::Arg(slot) => &as_f64[slot],
+                Source::Stage(j) => &outs[j],
+            };
+            let inputs = self.op_inputs(st, flow, &as_f64, &value_of, sizes);
+            let ch = if s == 0 {
+                1
+            } else {
+                self.stages[s - 1].shape.channels() as usize
+            };
+            let out = match st.op.cpu {
+                CpuImpl::Elementwise(f) => {
+                    let row_len = match &st.shape {
+                        Shape::Tensor { dims, .. } => dims.last().map_or(1, |&d| sizes[d]),
+                        _ => 1,
+                    };
+                    let elements = flow.len() / ch.max(1);
+                    let mut x =
+                        Vec::with_capacity(ch + inputs.tensors.len() + inputs.scalars.len());
+                    (0..elements)
+                        .map(|e| {
+                            x.clear();
+                            x.extend_from_slice(&flow[e * ch..(e + 1) * ch]);
+                            for (p, t) in st.op.inputs[1..]
+                                .iter()
+                                .filter(|p| !p.ty.is_by_value())
+                                .zip(&inputs.tensors)
+                            {
+                                x.push(if p.ty == Ty::Row {
+                                    t[e % row_len]
+                                } else {
+                                    t[e]
+                                });
+                            }
+                            x.extend_from_slice(&inputs.scalars);
+                            f(&x)
+                        })
+                        .collect()
+                }
+                CpuImpl::Reduction {
+                    identity,
+                    combine,
+                    finish,
+                } => {
+                    vec![finish(
+                        flow.iter().copied().fold(identity, combine),
+                        flow.len(),
+                    )]
+                }
+                CpuImpl::Tensor(f) => f(&inputs),
+                CpuImpl::Pair(_) => Vec::new(),
+                CpuImpl::Row(row_fn) => {
+                    let Source::Stage(p) = st.inputs[0] else {
+                        unreachable!("rows follow pairs")
+                    };
+                    let pst = &self.stages[p];
+                    let CpuImpl::Pair(pair_fn) = pst.op.cpu else {
+                        unreachable!()
+                    };
+                    let pflow: &[f64] = match pst.inputs[0] {
+                        Source::Arg(slot) => &as_f64[slot],
+                        Source::Stage(j) => &outs[j],
+                    };
+                    let pin = self.op_inputs(pst, pflow, &as_f64, &value_of, sizes);
+                    let n = sizes[pst.dim("n").expect("pairwise ops count points in `n`")];
+                    let pch = pst.shape.channels() as usize;
+                    let och = st.shape.channels() as usize;
+                    let mut row = Vec::with_capacity(n.saturating_sub(1) * pch);
+                    let mut pair = vec![0.0; pch];
+                    let mut out = vec![0.0; n * och];
+                    for i in 0..n {
+                        row.clear();
+                        for j in (0..n).filter(|&j| j != i) {
+                            pair_fn(&pin, i, j, &mut pair);
+                            row.extend_from_slice(&pair);
+                        }
+                        row_fn(&inputs, i, &row, pch, &mut out[i * och..(i + 1) * och]);
                     }
-                };
-            }
-            if self.output == ChainOutput::Vector {
-                out.push(values[self.stages.len() - 1]);
-            }
+                    out
+                }
+            };
+            outs.push(out);
         }
         match self.output {
-            ChainOutput::Scalar => Evaluated::Scalar(match self.reduction().map(|r| r.op.cpu) {
-                Some(CpuImpl::Reduction { finish, .. }) => finish(acc, n),
-                _ => acc,
-            }),
-            ChainOutput::Vector => Evaluated::Vector(out),
+            ChainOutput::Scalar => Evaluated::Scalar(
+                outs.last()
+                    .and_then(|v| v.first())
+                    .copied()
+                    .unwrap_or(f64::NAN),
+            ),
+            ChainOutput::Vector => Evaluated::Vector(outs.pop().unwrap_or_default()),
+        }
+    }
+
+    fn op_inputs<'a>(
+        &self,
+        st: &StageIr,
+        flow: &'a [f64],
+        as_f64: &'a [Vec<f64>],
+        value_of: &dyn Fn(usize) -> f64,
+        sizes: &[usize],
+    ) -> OpInputs<'a> {
+        let mut tensors = Vec::new();
+        let mut scalars = Vec::new();
+        for (p, src) in st.op.inputs.iter().zip(&st.inputs).skip(1) {
+            let Source::Arg(slot) = *src else {
+                unreachable!("only input 0 comes from a stage")
+            };
+            if p.ty.is_by_value() {
+                scalars.push(value_of(slot));
+            } else {
+                tensors.push(as_f64[slot].as_slice());
+            }
+        }
+        OpInputs {
+            flow,
+            tensors,
+            scalars,
+            dims: st.dims.iter().map(|&(l, d)| (l, sizes[d])).collect(),
         }
     }
 }
@@ -452,35 +1297,357 @@ mod tests {
         }
     }
 
+    fn ops(names: &[&str]) -> Result<ChainIr, SpecError> {
+        lower(&chain(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| stage(i as u32 + 1, n))
+                .collect(),
+        ))
+    }
+
+    fn layout(ir: &ChainIr) -> Vec<(&str, ArgKind)> {
+        ir.args.iter().map(|a| (a.name.as_str(), a.kind)).collect()
+    }
+
     #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
-        let ir = lower(&chain(vec![
-            stage(1, "KlDivergence"),
-            stage(2, "SumReduction"),
-        ]))
-        .unwrap();
+        let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();
         assert_eq!(ir.output, ChainOutput::Scalar);
-        let names: Vec<_> = ir.args.iter().map(|a| (a.name.as_str(), a.kind)).collect();
         assert_eq!(
-            names,
+            layout(&ir),
             [
                 ("q", ArgKind::Input),
                 ("p", ArgKind::Input),
                 ("n", ArgKind::Len)
             ]
         );
+        assert_eq!(ir.dims[0].inferred_from, Some(0));
         assert_eq!(ir.stages[1].inputs, [Source::Stage(0)]);
         assert!(ir.opcode >= FIRST_VARIANT_OPCODE);
         assert_eq!(ir.describe(), "KlDivergence -> SumReduction");
+        assert_eq!(ir.plan.pattern, Pattern::Map);
+        assert_eq!(ir.plan.prologue, 0..1);
+        assert_eq!(ir.plan.reduction, Some(1));
+    }
+
+    #[test]
+    fn belief_update_types_and_names_its_dimensions() {
+        let ir = ops(&[
+            "PredictionError",
+            "PrecisionWeight",
+            "GemvT",
+            "BeliefUpdate",
+        ])
+        .unwrap();
+        assert_eq!(
+            layout(&ir),
+            [
+                ("obs", ArgKind::Input),
+                ("pred", ArgKind::Input),
+                ("prec", ArgKind::Input),
+                ("a", ArgKind::Input),
+                ("mu", ArgKind::Input),
+                ("lr", ArgKind::F32),
+                ("out", ArgKind::Output),
+                ("m", ArgKind::Len),
+                ("n", ArgKind::Len),
+            ]
+        );
+        // obs is m long (the vector GemvT reduces), a is m x n, mu and out are n long.
+        assert_eq!(ir.args[0].shape, [0]);
+        assert_eq!(ir.args[3].shape, [0, 1]);
+        assert_eq!(ir.args[4].shape, [1]);
+        assert_eq!(ir.dims[0].inferred_from, Some(0));
+        assert_eq!(ir.dims[1].inferred_from, Some(4));
+        assert_eq!(ir.plan.pattern, Pattern::GemvT);
+        assert_eq!(ir.plan.prologue, 0..2);
+        assert_eq!(ir.plan.epilogue, 3..4);
+        let sizes = ir
+            .bind(&[
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(6),
+                ArgValue::Buffer(2),
+                ArgValue::F32(0.5),
+                ArgValue::Buffer(2),
+                ArgValue::Inferred,
+                ArgValue::Inferred,
+            ])
+            .unwrap();
+        assert_eq!(sizes, [3, 2]);
+        let e = ir
+            .bind(&[
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(7),
+                ArgValue::Buffer(2),
+                ArgValue::F32(0.5),
+                ArgValue::Buffer(2),
+                ArgValue::Inferred,
+                ArgValue::Inferred,
+            ])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "argument `a` has 7 elements, but m x n = 3 x 2 makes 6"
+        );
+        // obs = (1, 2, 3), pred = 0, prec = 1, a = [[1, 0], [0, 1], [1, 1]], mu = (10, 20).
+        let a = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let got = ir.eval_f64(
+            &[
+                EvalArg::Input(&[1.0, 2.0, 3.0]),
+                EvalArg::Input(&[0.0; 3]),
+                EvalArg::Input(&[1.0; 3]),
+                EvalArg::Input(&a),
+                EvalArg::Input(&[10.0, 20.0]),
+                EvalArg::Value(0.5),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![12.0, 22.5]));
+    }
+
+    #[test]
+    fn gemv_axpby_sum_of_squares() {
+        let ir = ops(&["Gemv", "Axpby", "Square", "SumReduction"]).unwrap();
+        assert_eq!(
+            layout(&ir),
+            [
+                ("x", ArgKind::Input),
+                ("a", ArgKind::Input),
+                ("y", ArgKind::Input),
+                ("alpha", ArgKind::F32),
+                ("beta", ArgKind::F32),
+                ("n", ArgKind::Len),
+                ("m", ArgKind::Len),
+            ]
+        );
+        assert_eq!(ir.plan.pattern, Pattern::Gemv);
+        assert_eq!(ir.plan.epilogue, 1..3);
+        let args = [
+            ArgValue::Buffer(2),
+            ArgValue::Buffer(2),
+            ArgValue::Buffer(1),
+            ArgValue::F32(2.0),
+            ArgValue::F32(-1.0),
+            ArgValue::Inferred,
+            ArgValue::Inferred,
+        ];
+        let sizes = ir.bind(&args).unwrap();
+        assert_eq!(sizes, [2, 1]);
+        let got = ir.eval_f64(
+            &[
+                EvalArg::Input(&[1.0, 2.0]),
+                EvalArg::Input(&[3.0, 4.0]),
+                EvalArg::Input(&[1.0]),
+                EvalArg::Value(2.0),
+                EvalArg::Value(-1.0),
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        // z = 2 * 11 - 1 = 21.
+        assert_eq!(got, Evaluated::Scalar(441.0));
+        assert_eq!(ir.blocks_for(&[100_000, 4096]), 64);
+    }
+
+    #[test]
+    fn pairwise_chains() {
+        let ir = ops(&["ChebyshevDistance", "KthSmallest"]).unwrap();
+        assert_eq!(
+            layout(&ir),
+            [
+                ("x", ArgKind::Input),
+                ("k", ArgKind::U32),
+                ("out", ArgKind::Output),
+                ("n", ArgKind::Len),
+                ("d", ArgKind::Len),
+            ]
+        );
+        assert_eq!(ir.plan.pattern, Pattern::Pairwise);
+        assert_eq!(ir.dims[0].inferred_from, Some(2));
+        assert_eq!(ir.dims[1].inferred_from, None);
+        // Points 0, 1, 3, 3 on a line (d = 1): a tie at distance 0 counts as a neighbour.
+        let x = [0.0f32, 1.0, 3.0, 3.0];
+        let args = [
+            ArgValue::Buffer(4),
+            ArgValue::U32(2),
+            ArgValue::Buffer(4),
+            ArgValue::Inferred,
+            ArgValue::Dim(1),
+        ];
+        let sizes = ir.bind(&args).unwrap();
+        let got = ir.eval_f64(
+            &[
+                EvalArg::Input(&x),
+                EvalArg::Value(2.0),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![3.0, 2.0, 2.0, 2.0]));
+        let mut bad = args;
+        bad[1] = ArgValue::U32(4);
+        assert!(matches!(
+            ir.bind(&bad),
+            Err(BindError::Op {
+                op: "KthSmallest",
+                ..
+            })
+        ));
+        bad[1] = ArgValue::U32(0);
+        assert!(ir.bind(&bad).is_err());
+        bad[1] = ArgValue::U32(2);
+        bad[4] = ArgValue::Inferred;
+        assert!(matches!(ir.bind(&bad), Err(BindError::Kind { .. })));
+
+        let te = ops(&[
+            "SubspaceDistances",
+            "RadiusCount",
+            "KsgDigamma",
+            "MeanReduction",
+            "AddDigamma",
+        ])
+        .unwrap();
+        assert_eq!(
+            layout(&te),
+            [
+                ("x", ArgKind::Input),
+                ("y", ArgKind::Input),
+                ("z", ArgKind::Input),
+                ("eps", ArgKind::Input),
+                ("k", ArgKind::U32),
+                ("n", ArgKind::Len),
+                ("dx", ArgKind::Len),
+                ("dy", ArgKind::Len),
+                ("dz", ArgKind::Len),
+            ]
+        );
+        assert_eq!(te.dims[0].inferred_from, Some(3));
+        assert_eq!(te.plan.epilogue, 2..3);
+        assert_eq!(te.plan.finish, 4..5);
+    }
+
+    #[test]
+    fn matmul_bias_activation() {
+        let ir = ops(&["Matmul", "AddBias", "Gelu"]).unwrap();
+        assert_eq!(
+            layout(&ir),
+            [
+                ("a", ArgKind::Input),
+                ("w", ArgKind::Input),
+                ("b", ArgKind::Input),
+                ("out", ArgKind::Output),
+                ("m", ArgKind::Len),
+                ("k", ArgKind::Len),
+                ("n", ArgKind::Len),
+            ]
+        );
+        assert_eq!(ir.args[3].shape, [0, 2]);
+        assert_eq!(ir.dims[2].inferred_from, Some(2));
+        let sizes = ir
+            .bind(&[
+                ArgValue::Buffer(2),
+                ArgValue::Buffer(1),
+                ArgValue::Buffer(1),
+                ArgValue::Buffer(2),
+                ArgValue::Dim(2),
+                ArgValue::Dim(1),
+                ArgValue::Inferred,
+            ])
+            .unwrap();
+        assert_eq!(sizes, [2, 1, 1]);
+        let relu = ops(&["Matmul", "AddBias", "Relu"]).unwrap();
+        let got = relu.eval_f64(
+            &[
+                EvalArg::Input(&[1.0, -3.0]),
+                EvalArg::Input(&[2.0]),
+                EvalArg::Input(&[1.0]),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![3.0, 0.0]));
+    }
+
+    #[test]
+    fn unfusable_and_mistyped_chains_are_errors() {
+        let e = ops(&["Gemv", "GemvT"]).unwrap_err();
+        assert!(matches!(e, SpecError::Unfusable { stage: 1, .. }), "{e}");
+        assert!(e.to_string().contains("barrier"), "{e}");
+        let e = ops(&["KlDivergence", "ChebyshevDistance", "KthSmallest"]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SpecError::FlowMismatch { .. } | SpecError::Unfusable { .. }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            ops(&["KthSmallest"]).unwrap_err(),
+            SpecError::Unfusable { .. }
+        ));
+        assert!(matches!(
+            ops(&["ChebyshevDistance"]).unwrap_err(),
+            SpecError::Unfusable { .. }
+        ));
+        assert!(matches!(
+            ops(&["AddBias"]).unwrap_err(),
+            SpecError::Unfusable { .. }
+        ));
+        // Three counts per point cannot be stored.
+        let e = ops(&["SubspaceDistances", "RadiusCount"]).unwrap_err();
+        assert!(e.to_string().contains("3 values per element"), "{e}");
+        // KsgDigamma needs three counts per element.
+        assert!(
+            matches!(
+                ops(&["KsgDigamma"]).unwrap_err(),
+                SpecError::FlowMismatch { .. } | SpecError::Unfusable { .. }
+            ) || ops(&["KsgDigamma"]).is_ok()
+        );
+        assert!(matches!(
+            ops(&["KsgDigamma"]).unwrap_err(),
+            SpecError::Unfusable { .. }
+        ));
+        let e = ops(&["ChebyshevDistance", "KthSmallest", "KsgDigamma"]).unwrap_err();
+        assert!(matches!(e, SpecError::FlowMismatch { .. }), "{e}");
+        // A reduction of a reduction, and a buffer after a reduction.
+        assert!(matches!(
+            ops(&["SumReduction", "SumReduction"]).unwrap_err(),
+            SpecError::FlowMismatch { .. }
+        ));
+        assert!(matches!(
+            ops(&["SumReduction", "KlDivergence"]).unwrap_err(),
+            SpecError::FlowMismatch { .. }
+        ));
+        // A by-value name reused as a buffer.
+        let e = ops(&[
+            "ChebyshevDistance",
+            "KthSmallest",
+            "AddDigamma",
+            "PrecisionWeight",
+        ]);
+        assert!(e.is_ok(), "{e:?}");
+        let e = ops(&["Matmul", "AddBias", "SumReduction"]).unwrap_err();
+        assert!(matches!(e, SpecError::Unfusable { .. }));
     }
 
     #[test]
     fn declaration_order_does_not_matter_and_defaults_hash_like_explicit_values() {
-        let a = lower(&chain(vec![
-            stage(1, "KlDivergence"),
-            stage(2, "SumReduction"),
-        ]))
-        .unwrap();
+        let a = ops(&["KlDivergence", "SumReduction"]).unwrap();
         let mut s2 = stage(2, "SumReduction");
         s2.reduction = Some(true);
         s2.precision = Some(Precision::Fp32);
@@ -491,24 +1658,20 @@ mod tests {
 
     #[test]
     fn hash_changes_with_name_domain_and_stages() {
-        let base = lower(&chain(vec![stage(1, "KlDivergence")])).unwrap();
+        let base = ops(&["KlDivergence"]).unwrap();
         let mut renamed = chain(vec![stage(1, "KlDivergence")]);
         renamed.name = "D".into();
         assert_ne!(lower(&renamed).unwrap().spec_hash, base.spec_hash);
         let mut moved = chain(vec![stage(1, "KlDivergence")]);
         moved.domain = "other".into();
         assert_ne!(lower(&moved).unwrap().spec_hash, base.spec_hash);
-        let longer = lower(&chain(vec![
-            stage(1, "KlDivergence"),
-            stage(2, "SumReduction"),
-        ]))
-        .unwrap();
+        let longer = ops(&["KlDivergence", "SumReduction"]).unwrap();
         assert_ne!(longer.spec_hash, base.spec_hash);
     }
 
     #[test]
     fn vector_chain_gets_an_out_argument() {
-        let ir = lower(&chain(vec![stage(1, "KlDivergence")])).unwrap();
+        let ir = ops(&["KlDivergence"]).unwrap();
         assert_eq!(ir.output, ChainOutput::Vector);
         assert_eq!(
             ir.args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
@@ -517,7 +1680,7 @@ mod tests {
     }
 
     #[test]
-    fn errors() {
+    fn declaration_errors() {
         assert_eq!(lower(&chain(vec![])).unwrap_err(), SpecError::Empty);
         let e = lower(&chain(vec![
             stage(1, "KlDivergence"),
@@ -554,17 +1717,10 @@ mod tests {
                 ..
             }
         ));
-        let e = lower(&chain(vec![stage(1, "KlDivergance")])).unwrap_err();
+        let e = ops(&["KlDivergance"]).unwrap_err();
         assert!(e.to_string().contains("did you mean `KlDivergence`"), "{e}");
-        let e = lower(&chain(vec![
-            stage(1, "SumReduction"),
-            stage(2, "KlDivergence"),
-        ]))
-        .unwrap_err();
-        assert!(
-            matches!(e, SpecError::FlowMismatch { stage: 1, .. }),
-            "{e:?}"
-        );
+        let e = ops(&["SumReduction", "KlDivergence"]).unwrap_err();
+        assert_eq!(e.blame(), Blame::StageOp(1));
         let mut s = stage(1, "KlDivergence");
         s.reduction = Some(true);
         assert!(matches!(
@@ -588,25 +1744,34 @@ mod tests {
 
     #[test]
     fn eval_matches_hand_computed_values() {
-        let ir = lower(&chain(vec![
-            stage(1, "KlDivergence"),
-            stage(2, "SumReduction"),
-        ]))
-        .unwrap();
+        let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();
         let q = [0.5f32, 0.0, 0.25];
         let p = [0.25f32, 0.3, 0.25];
-        let Evaluated::Scalar(s) = ir.eval_f64(&[&q, &p]) else {
+        let args = [EvalArg::Input(&q), EvalArg::Input(&p), EvalArg::None];
+        let Evaluated::Scalar(s) = ir.eval_f64(&args, &[3]) else {
             panic!()
         };
         assert!((s - 0.5 * 2f64.ln()).abs() < 1e-12);
-        let ir = lower(&chain(vec![stage(1, "KlDivergence")])).unwrap();
-        let Evaluated::Vector(v) = ir.eval_f64(&[&q, &p]) else {
+        let ir = ops(&["KlDivergence"]).unwrap();
+        let args = [
+            EvalArg::Input(&q),
+            EvalArg::Input(&p),
+            EvalArg::None,
+            EvalArg::None,
+        ];
+        let Evaluated::Vector(v) = ir.eval_f64(&args, &[3]) else {
             panic!()
         };
         assert_eq!(v.len(), 3);
         assert_eq!(v[1], 0.0);
-        let ir = lower(&chain(vec![stage(1, "SumReduction")])).unwrap();
-        assert_eq!(ir.eval_f64(&[&q]), Evaluated::Scalar(0.75));
-        assert_eq!(ir.eval_f64(&[&[]]), Evaluated::Scalar(0.0));
+        let ir = ops(&["SumReduction"]).unwrap();
+        assert_eq!(
+            ir.eval_f64(&[EvalArg::Input(&q), EvalArg::None], &[3]),
+            Evaluated::Scalar(0.75)
+        );
+        assert_eq!(
+            ir.eval_f64(&[EvalArg::Input(&[]), EvalArg::None], &[0]),
+            Evaluated::Scalar(0.0)
+        );
     }
 }

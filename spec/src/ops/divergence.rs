@@ -1,30 +1,16 @@
 //! Divergences between distributions (device side: kernels/pptm/ops/divergence.cuh).
 
-use super::{CpuImpl, FusionClass, Kind, OpDef, Param};
-use crate::Precision;
+use super::{OpDef, Ty, param};
 
 /// `q (ln q - ln p)` per element, with `0 ln 0 = 0`.
-pub const KL_DIVERGENCE: OpDef = OpDef {
-    name: "KlDivergence",
-    class: FusionClass::Elementwise,
-    inputs: &[
-        Param {
-            name: "q",
-            kind: Kind::Vector,
-        },
-        Param {
-            name: "p",
-            kind: Kind::Vector,
-        },
-    ],
-    output: Kind::Vector,
-    precisions: &[Precision::Fp32],
-    tensor_core: false,
-    header: "pptm/ops/divergence.cuh",
-    device: "pptm_op_kl_divergence",
-    cpu: CpuImpl::Elementwise(kl_divergence),
-    doc: "One term of the Kullback-Leibler divergence: q (ln q - ln p), with 0 ln 0 = 0.",
-};
+pub const KL_DIVERGENCE: OpDef = OpDef::elementwise(
+    "KlDivergence",
+    &[param("q", Ty::Like), param("p", Ty::Like)],
+    "pptm/ops/divergence.cuh",
+    "pptm_op_kl_divergence",
+    kl_divergence,
+    "One term of the Kullback-Leibler divergence: q (ln q - ln p), with 0 ln 0 = 0.",
+);
 
 fn kl_divergence(x: &[f64]) -> f64 {
     let (q, p) = (x[0], x[1]);

@@ -1,16 +1,25 @@
 //! The op catalog. One entry per op; the DSL names an op by its type name
 //! (`pptm::ops::KlDivergence`), and everything else about it is here.
 //!
-//! To add an op: write its device function in a header under `kernels/pptm/ops/`, add an [`OpDef`]
+//! To add an op: write its device code in a header under `kernels/pptm/ops/`, add an [`OpDef`]
 //! in the family module here (with the f64 reference), add the marker type in `src/ops.rs` of the
 //! facade crate, and list it in [`CATALOG`].
 
 mod divergence;
+mod linalg;
+mod neighbours;
 mod prediction;
 mod reduce;
 
 pub use divergence::KL_DIVERGENCE;
-pub use prediction::{ACCURACY, PREDICTION_ERROR};
+pub use linalg::{
+    ADD_BIAS, AXPBY, BELIEF_UPDATE, GELU, GEMV, GEMV_T, MATMUL, RELU, SIGMOID, SQUARE, TANH,
+};
+pub use neighbours::{
+    ADD_DIGAMMA, CHEBYSHEV_DISTANCE, DIGAMMA, KSG_DIGAMMA, KTH_SMALLEST, MAX_K, RADIUS_COUNT,
+    SUBSPACE_DISTANCES, digamma,
+};
+pub use prediction::{ACCURACY, PRECISION_WEIGHT, PREDICTION_ERROR};
 pub use reduce::{MAX_REDUCTION, MEAN_REDUCTION, SUM_REDUCTION};
 
 use crate::Precision;
@@ -18,27 +27,63 @@ use crate::Precision;
 /// How an op fuses with its neighbours (after TVM's op-pattern lattice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusionClass {
-    /// One output element from the same-index element of each input: fuses into any pass.
+    /// One output element from the same-index element of each input (and scalar arguments):
+    /// fuses into any pass, as a prologue, a body or an epilogue.
     Elementwise,
+    /// Elementwise, with an input broadcast along the rows of a matrix (a bias): fuses as an
+    /// epilogue of the op that produced the matrix.
+    Broadcast,
     /// Many elements to one value; ends a fused pass (block reduction + last-block combine).
     Reduction,
+    /// GEMV, matmul: each output element is a dot product. Elementwise prologues fuse into the
+    /// vector input, elementwise/broadcast epilogues into the output before it is stored.
+    OutputFusable,
+    /// A value per pair of points (distances), never stored: a [`FusionClass::RowReduction`]
+    /// must consume it in the same pass.
+    Pairwise,
+    /// Reduces each row of a pairwise op's values to one value per point (k-th smallest, count).
+    RowReduction,
 }
 
-/// Shape of a value flowing between stages.
+/// The type of an op's input or output. Dimensions are named by letters local to the op
+/// (`"m"`, `"n"`); a chain unifies them along the data flow and across arguments of one name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `n` f32 elements.
-    Vector,
-    /// One value.
+pub enum Ty {
+    /// The same shape as the op's flow input (input 0). For a chain's first stage, a vector.
+    Like,
+    /// A vector over the flow's last dimension, broadcast along its rows (a bias).
+    Row,
+    /// An f32 vector over one dimension.
+    Vector(&'static str),
+    /// A row-major f32 matrix.
+    Matrix(&'static str, &'static str),
+    /// A value for every pair (i, j), i != j, of `n` points: computed, consumed, never stored.
+    Pairs(&'static str),
+    /// One value: what a reduction produces.
     Scalar,
+    /// An f32 argument passed by value.
+    F32,
+    /// A u32 argument passed by value.
+    U32,
 }
 
-impl Kind {
+impl Ty {
     pub fn describe(self) -> &'static str {
         match self {
-            Kind::Vector => "a vector",
-            Kind::Scalar => "a scalar",
+            Ty::Like => "a value shaped like its flow input",
+            Ty::Row => "a vector over the last dimension",
+            Ty::Vector(_) => "a vector",
+            Ty::Matrix(..) => "a matrix",
+            Ty::Pairs(_) => "per-pair values",
+            Ty::Scalar => "a scalar",
+            Ty::F32 => "an f32 argument",
+            Ty::U32 => "a u32 argument",
         }
+    }
+
+    /// Passed by value in the descriptor rather than as a buffer.
+    pub fn is_by_value(self) -> bool {
+        matches!(self, Ty::F32 | Ty::U32)
     }
 }
 
@@ -46,13 +91,43 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Param {
     pub name: &'static str,
-    pub kind: Kind,
+    pub ty: Ty,
+}
+
+/// Shorthand for catalog entries.
+pub(crate) const fn param(name: &'static str, ty: Ty) -> Param {
+    Param { name, ty }
+}
+
+/// What one op sees when the CPU backend runs it on whole tensors (f64 copies of its inputs).
+#[derive(Debug)]
+pub struct OpInputs<'a> {
+    /// Input 0: the previous stage's output, or the chain argument of a first stage.
+    pub flow: &'a [f64],
+    /// The op's other buffer inputs, in declaration order.
+    pub tensors: Vec<&'a [f64]>,
+    /// The op's by-value inputs ([`Ty::F32`], [`Ty::U32`]), in declaration order.
+    pub scalars: Vec<f64>,
+    /// The op's dimension letters and their sizes.
+    pub dims: Vec<(&'static str, usize)>,
+}
+
+impl OpInputs<'_> {
+    /// The size of dimension `letter` of this op.
+    pub fn dim(&self, letter: &str) -> usize {
+        self.dims
+            .iter()
+            .find(|(l, _)| *l == letter)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("op has no dimension `{letter}`"))
+    }
 }
 
 /// The f64 CPU reference of an op, run by the CPU backend.
 #[derive(Clone, Copy)]
 pub enum CpuImpl {
-    /// f(inputs at index i) for every i.
+    /// f(flow channels, then the other inputs at the same element, then by-value inputs), per
+    /// element. A [`Ty::Row`] input contributes its element at the flow element's column.
     Elementwise(fn(&[f64]) -> f64),
     /// Fold every element with `combine`, starting from `identity`; then `finish(total, n)`.
     Reduction {
@@ -60,6 +135,13 @@ pub enum CpuImpl {
         combine: fn(f64, f64) -> f64,
         finish: fn(f64, usize) -> f64,
     },
+    /// The whole output from the whole inputs (GEMV, matmul).
+    Tensor(fn(&OpInputs) -> Vec<f64>),
+    /// The values of pair (i, j) written to `out` (one per channel).
+    Pair(fn(&OpInputs, usize, usize, &mut [f64])),
+    /// Point i's values (one per channel) from its row of pair values (`row[j]` holds the
+    /// `channels` values of pair (i, j) at `j * channels`; the entry j = i is absent).
+    Row(fn(&OpInputs, usize, &[f64], usize, &mut [f64])),
 }
 
 impl std::fmt::Debug for CpuImpl {
@@ -69,9 +151,15 @@ impl std::fmt::Debug for CpuImpl {
             CpuImpl::Reduction { identity, .. } => {
                 write!(f, "Reduction {{ identity: {identity}, .. }}")
             }
+            CpuImpl::Tensor(_) => f.write_str("Tensor(..)"),
+            CpuImpl::Pair(_) => f.write_str("Pair(..)"),
+            CpuImpl::Row(_) => f.write_str("Row(..)"),
         }
     }
 }
+
+/// An op's submission-time check of its by-value arguments and dimension sizes.
+pub type ArgCheck = fn(&[f64], &[(&'static str, usize)]) -> Result<(), String>;
 
 /// Everything pptm knows about one op.
 #[derive(Debug)]
@@ -82,27 +170,82 @@ pub struct OpDef {
     /// Inputs in order. In a chain, input 0 of every stage after the first is the previous
     /// stage's output; the others become the chain's arguments, by name.
     pub inputs: &'static [Param],
-    pub output: Kind,
+    pub output: Ty,
+    /// Values per element the flow input must carry (`None`: any), and the output carries
+    /// (`None`: as many as the flow). Only the neighbour-count ops use more than one.
+    pub flow_channels: Option<u8>,
+    pub out_channels: Option<u8>,
     /// Precisions the device code implements.
     pub precisions: &'static [Precision],
     /// Whether a tensor-core path exists (`tensor_eligible = true` is refused otherwise).
     pub tensor_core: bool,
     /// The header under `kernels/` that defines the device side.
     pub header: &'static str,
-    /// Device symbol: an `__device__` function for elementwise ops, a reducer type for reductions.
+    /// Device symbol: an `__device__` function for elementwise and broadcast ops, a reducer type
+    /// for reductions, a pattern building block for the others.
     pub device: &'static str,
     pub cpu: CpuImpl,
+    /// Checks by-value arguments and sizes at submission (`scalars` and `dims` as in
+    /// [`OpInputs`]); the message becomes a typed bad-argument error.
+    pub check: Option<ArgCheck>,
     pub doc: &'static str,
+}
+
+impl OpDef {
+    /// An elementwise op of f32 inputs shaped like the flow, in the given header.
+    pub(crate) const fn elementwise(
+        name: &'static str,
+        inputs: &'static [Param],
+        header: &'static str,
+        device: &'static str,
+        f: fn(&[f64]) -> f64,
+        doc: &'static str,
+    ) -> OpDef {
+        OpDef {
+            name,
+            class: FusionClass::Elementwise,
+            inputs,
+            output: Ty::Like,
+            flow_channels: Some(1),
+            out_channels: Some(1),
+            precisions: &[Precision::Fp32],
+            tensor_core: false,
+            header,
+            device,
+            cpu: CpuImpl::Elementwise(f),
+            check: None,
+            doc,
+        }
+    }
 }
 
 /// Every op the DSL knows.
 pub const CATALOG: &[&OpDef] = &[
     &KL_DIVERGENCE,
     &PREDICTION_ERROR,
+    &PRECISION_WEIGHT,
     &ACCURACY,
     &SUM_REDUCTION,
     &MEAN_REDUCTION,
     &MAX_REDUCTION,
+    &GEMV,
+    &GEMV_T,
+    &AXPBY,
+    &BELIEF_UPDATE,
+    &SQUARE,
+    &MATMUL,
+    &ADD_BIAS,
+    &RELU,
+    &SIGMOID,
+    &TANH,
+    &GELU,
+    &CHEBYSHEV_DISTANCE,
+    &SUBSPACE_DISTANCES,
+    &KTH_SMALLEST,
+    &RADIUS_COUNT,
+    &DIGAMMA,
+    &KSG_DIGAMMA,
+    &ADD_DIGAMMA,
 ];
 
 /// Looks an op up by its DSL name.
@@ -154,8 +297,8 @@ mod tests {
             );
             assert!(!a.inputs.is_empty(), "{} has no inputs", a.name);
             assert!(
-                a.inputs[0].kind == Kind::Vector,
-                "{}: input 0 is the flow input, a vector",
+                !a.inputs[0].ty.is_by_value(),
+                "{}: input 0 is the flow input, a tensor",
                 a.name
             );
             assert!(
@@ -168,18 +311,38 @@ mod tests {
                 "{}",
                 a.header
             );
+            for p in a.inputs {
+                assert!(
+                    p.name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "{}: argument names become Rust fields: {}",
+                    a.name,
+                    p.name
+                );
+            }
             for b in &CATALOG[i + 1..] {
                 assert_ne!(a.name, b.name);
             }
-            match (a.class, a.cpu) {
-                (FusionClass::Elementwise, CpuImpl::Elementwise(_)) => {
-                    assert_eq!(a.output, Kind::Vector)
+            let ok = match (a.class, a.cpu) {
+                (FusionClass::Elementwise | FusionClass::Broadcast, CpuImpl::Elementwise(_)) => {
+                    a.output == Ty::Like
                 }
-                (FusionClass::Reduction, CpuImpl::Reduction { .. }) => {
-                    assert_eq!(a.output, Kind::Scalar)
+                (FusionClass::Reduction, CpuImpl::Reduction { .. }) => a.output == Ty::Scalar,
+                (FusionClass::OutputFusable, CpuImpl::Tensor(_)) => {
+                    matches!(a.output, Ty::Vector(_) | Ty::Matrix(..))
                 }
-                _ => panic!("{}: class and CPU reference disagree", a.name),
-            }
+                (FusionClass::Pairwise, CpuImpl::Pair(_)) => matches!(a.output, Ty::Pairs(_)),
+                (FusionClass::RowReduction, CpuImpl::Row(_)) => {
+                    matches!(a.inputs[0].ty, Ty::Pairs(_)) && matches!(a.output, Ty::Vector(_))
+                }
+                _ => false,
+            };
+            assert!(ok, "{}: class, output and CPU reference disagree", a.name);
+            assert_eq!(
+                a.class == FusionClass::Broadcast,
+                a.inputs.iter().any(|p| p.ty == Ty::Row),
+                "{}: broadcast ops are the ones with a Row input",
+                a.name
+            );
         }
     }
 

@@ -1,7 +1,10 @@
 //! Reductions that end a fused pass (device side: kernels/pptm/ops/reduce.cuh).
 
-use super::{CpuImpl, FusionClass, Kind, OpDef, Param};
+use super::{CpuImpl, FusionClass, OpDef, Ty, param};
 use crate::Precision;
+
+/// Every reduction reads one input: the flow.
+const REDUCED: &[super::Param] = &[param("x", Ty::Like)];
 
 /// A reduction of the flow input `x` to one f64-accumulated value: the shape every op here has.
 /// `finish(total, n)` turns the combined accumulator of `n` elements into the result.
@@ -16,11 +19,10 @@ const fn reduction(
     OpDef {
         name,
         class: FusionClass::Reduction,
-        inputs: &[Param {
-            name: "x",
-            kind: Kind::Vector,
-        }],
-        output: Kind::Scalar,
+        inputs: REDUCED,
+        output: Ty::Scalar,
+        flow_channels: Some(1),
+        out_channels: Some(1),
         precisions: &[Precision::Fp32],
         tensor_core: false,
         header: "pptm/ops/reduce.cuh",
@@ -30,6 +32,7 @@ const fn reduction(
             combine,
             finish,
         },
+        check: None,
         doc,
     }
 }

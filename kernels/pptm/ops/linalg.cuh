@@ -1,0 +1,39 @@
+// Op family: linear algebra and activations. The elementwise ops are device functions here; the
+// output-fusable ops are patterns in pptm/pattern/linear.cuh that codegen instantiates with the
+// chain's prologue and epilogue:
+//   Gemv   -> pptm_gemv_n  (A x)
+//   GemvT  -> pptm_gemv_t  (A^T x)
+//   Matmul -> pptm_matmul  (A W)
+// CPU references and fusion classes: spec/src/ops/linalg.rs.
+#ifndef PPTM_OPS_LINALG_CUH
+#define PPTM_OPS_LINALG_CUH
+
+#include "pptm/device.cuh"
+#include "pptm/pattern/linear.cuh"
+
+// Axpby: alpha x + beta y.
+__device__ __forceinline__ float pptm_op_axpby(float x, float y, float alpha, float beta) { return alpha * x + beta * y; }
+
+// BeliefUpdate: mu + lr g.
+__device__ __forceinline__ float pptm_op_belief_update(float g, float mu, float lr) { return mu + lr * g; }
+
+// Square: x^2.
+__device__ __forceinline__ float pptm_op_square(float x) { return x * x; }
+
+// AddBias: x + b (b is the column's bias; codegen indexes it by column).
+__device__ __forceinline__ float pptm_op_add_bias(float x, float b) { return x + b; }
+
+// Relu: max(x, 0); NaN stays NaN, as the reference's f64::max(NaN, 0) = 0 would not: inputs here
+// are finite products, and fmaxf(NaN, 0) = 0 matches f64::max anyway.
+__device__ __forceinline__ float pptm_op_relu(float x) { return fmaxf(x, 0.0f); }
+
+// Sigmoid: 1 / (1 + e^-x), with the accurate expf (the 1e-4 bar rules out __expf near 0 outputs).
+__device__ __forceinline__ float pptm_op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Tanh.
+__device__ __forceinline__ float pptm_op_tanh(float x) { return tanhf(x); }
+
+// Gelu, exact (erf) form, as PyTorch's default.
+__device__ __forceinline__ float pptm_op_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
+
+#endif  // PPTM_OPS_LINALG_CUH

@@ -1,0 +1,188 @@
+//! Linear algebra and activations (device side: kernels/pptm/ops/linalg.cuh, which builds on the
+//! GEMV and matmul patterns of kernels/pptm/pattern/linear.cuh).
+
+use super::{CpuImpl, FusionClass, OpDef, OpInputs, Ty, param};
+use crate::Precision;
+
+const HEADER: &str = "pptm/ops/linalg.cuh";
+
+const fn output_fusable(
+    name: &'static str,
+    inputs: &'static [super::Param],
+    output: Ty,
+    device: &'static str,
+    f: fn(&OpInputs) -> Vec<f64>,
+    doc: &'static str,
+) -> OpDef {
+    OpDef {
+        name,
+        class: FusionClass::OutputFusable,
+        inputs,
+        output,
+        flow_channels: Some(1),
+        out_channels: Some(1),
+        precisions: &[Precision::Fp32],
+        tensor_core: false,
+        header: HEADER,
+        device,
+        cpu: CpuImpl::Tensor(f),
+        check: None,
+        doc,
+    }
+}
+
+/// `A x`: A is m×n row-major, x has n elements; the result has m.
+pub const GEMV: OpDef = output_fusable(
+    "Gemv",
+    &[
+        param("x", Ty::Vector("n")),
+        param("a", Ty::Matrix("m", "n")),
+    ],
+    Ty::Vector("m"),
+    "pptm_gemv_n",
+    |t| {
+        let (m, n) = (t.dim("m"), t.dim("n"));
+        let a = t.tensors[0];
+        (0..m)
+            .map(|i| (0..n).map(|j| a[i * n + j] * t.flow[j]).sum())
+            .collect()
+    },
+    "Matrix-vector product A x (A: m x n, row-major).",
+);
+
+/// `Aᵀ x`: A is m×n row-major, x has m elements; the result has n.
+pub const GEMV_T: OpDef = output_fusable(
+    "GemvT",
+    &[
+        param("x", Ty::Vector("m")),
+        param("a", Ty::Matrix("m", "n")),
+    ],
+    Ty::Vector("n"),
+    "pptm_gemv_t",
+    |t| {
+        let (m, n) = (t.dim("m"), t.dim("n"));
+        let a = t.tensors[0];
+        (0..n)
+            .map(|j| (0..m).map(|i| a[i * n + j] * t.flow[i]).sum())
+            .collect()
+    },
+    "Transposed matrix-vector product A^T x (A: m x n, row-major).",
+);
+
+/// `A W`: A is m×k, W is k×n, both row-major; the result is m×n.
+pub const MATMUL: OpDef = output_fusable(
+    "Matmul",
+    &[
+        param("a", Ty::Matrix("m", "k")),
+        param("w", Ty::Matrix("k", "n")),
+    ],
+    Ty::Matrix("m", "n"),
+    "pptm_matmul",
+    |t| {
+        let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
+        let (a, w) = (t.flow, t.tensors[0]);
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let aip = a[i * k + p];
+                for j in 0..n {
+                    c[i * n + j] += aip * w[p * n + j];
+                }
+            }
+        }
+        c
+    },
+    "Matrix product A W (A: m x k, W: k x n, row-major; f32 on CUDA cores).",
+);
+
+/// `alpha x + beta y` per element.
+pub const AXPBY: OpDef = OpDef::elementwise(
+    "Axpby",
+    &[
+        param("x", Ty::Like),
+        param("y", Ty::Like),
+        param("alpha", Ty::F32),
+        param("beta", Ty::F32),
+    ],
+    HEADER,
+    "pptm_op_axpby",
+    |v| v[2] * v[0] + v[3] * v[1],
+    "alpha x + beta y.",
+);
+
+/// `mu + lr g` per element: a gradient step on beliefs `mu`.
+pub const BELIEF_UPDATE: OpDef = OpDef::elementwise(
+    "BeliefUpdate",
+    &[
+        param("g", Ty::Like),
+        param("mu", Ty::Like),
+        param("lr", Ty::F32),
+    ],
+    HEADER,
+    "pptm_op_belief_update",
+    |v| v[1] + v[2] * v[0],
+    "Belief update mu + lr g.",
+);
+
+/// `x²` per element.
+pub const SQUARE: OpDef = OpDef::elementwise(
+    "Square",
+    &[param("x", Ty::Like)],
+    HEADER,
+    "pptm_op_square",
+    |v| v[0] * v[0],
+    "x^2.",
+);
+
+/// `x[i, j] + b[j]`: a bias per column, broadcast along the rows.
+pub const ADD_BIAS: OpDef = OpDef {
+    class: FusionClass::Broadcast,
+    ..OpDef::elementwise(
+        "AddBias",
+        &[param("x", Ty::Like), param("b", Ty::Row)],
+        HEADER,
+        "pptm_op_add_bias",
+        |v| v[0] + v[1],
+        "x + b, b broadcast along the rows (one value per column).",
+    )
+};
+
+/// `max(x, 0)`.
+pub const RELU: OpDef = OpDef::elementwise(
+    "Relu",
+    &[param("x", Ty::Like)],
+    HEADER,
+    "pptm_op_relu",
+    |v| v[0].max(0.0),
+    "ReLU: max(x, 0).",
+);
+
+/// `1 / (1 + e^-x)`.
+pub const SIGMOID: OpDef = OpDef::elementwise(
+    "Sigmoid",
+    &[param("x", Ty::Like)],
+    HEADER,
+    "pptm_op_sigmoid",
+    |v| 1.0 / (1.0 + (-v[0]).exp()),
+    "Logistic sigmoid 1 / (1 + e^-x).",
+);
+
+/// `tanh x`.
+pub const TANH: OpDef = OpDef::elementwise(
+    "Tanh",
+    &[param("x", Ty::Like)],
+    HEADER,
+    "pptm_op_tanh",
+    |v| v[0].tanh(),
+    "Hyperbolic tangent.",
+);
+
+/// `x Φ(x) = x/2 (1 + erf(x / √2))`: the exact GELU (PyTorch's default), not the tanh form.
+pub const GELU: OpDef = OpDef::elementwise(
+    "Gelu",
+    &[param("x", Ty::Like)],
+    HEADER,
+    "pptm_op_gelu",
+    |v| 0.5 * v[0] * (1.0 + libm::erf(v[0] / std::f64::consts::SQRT_2)),
+    "GELU, exact form: x/2 (1 + erf(x / sqrt 2)).",
+);

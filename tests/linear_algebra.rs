@@ -1,0 +1,190 @@
+//! GemvAxpbySum and MatmulBias{Relu,Sigmoid,Tanh,Gelu} (domain `linear_algebra`) on every
+//! backend, against f64 references written here.
+
+#[macro_use]
+mod common;
+
+use pptm::chains::{
+    GemvAxpbySum, MatmulBiasGelu, MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
+};
+use pptm::{Buffer, Error, Runtime, Ticket};
+use rand::Rng;
+
+fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut rng = rand::rng();
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
+    for (m, n) in [(1, 1), (7, 3), (1023, 1025), (17, 4099), (4096, 4096)] {
+        let (x, a, y) = (
+            uniform(n, -1.0, 1.0),
+            uniform(m * n, -1.0, 1.0),
+            uniform(m, -1.0, 1.0),
+        );
+        let (alpha, beta) = (0.75f32, -1.25f32);
+        let want: f64 = (0..m)
+            .map(|i| {
+                let ax: f64 = (0..n)
+                    .map(|j| f64::from(a[i * n + j]) * f64::from(x[j]))
+                    .sum();
+                let z = f64::from(alpha) * ax + f64::from(beta) * f64::from(y[i]);
+                z * z
+            })
+            .sum();
+        let (xb, ab, yb) = (
+            rt.upload(&x).unwrap(),
+            rt.upload(&a).unwrap(),
+            rt.upload(&y).unwrap(),
+        );
+        let got = GemvAxpbySum::submit(rt, &xb, &ab, &yb, alpha, beta)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let err = common::rel_err(f64::from(got), want);
+        assert!(
+            err < 1e-4,
+            "m={m} n={n}: got {got}, f64 reference {want}, relative error {err:e}"
+        );
+    }
+}
+
+type Submit = for<'a> fn(
+    &Runtime,
+    &'a Buffer<f32>,
+    &'a Buffer<f32>,
+    &'a Buffer<f32>,
+    &'a mut Buffer<f32>,
+    usize,
+    usize,
+) -> Result<Ticket<'a, ()>, Error>;
+
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
+/// An activation's name, its f64 form, and the submit of the chain that applies it.
+type Layer = (&'static str, fn(f64) -> f64, Submit);
+
+fn layers() -> [Layer; 4] {
+    [
+        ("relu", |x| x.max(0.0), MatmulBiasRelu::submit),
+        (
+            "sigmoid",
+            |x| 1.0 / (1.0 + (-x).exp()),
+            MatmulBiasSigmoid::submit,
+        ),
+        ("tanh", f64::tanh, MatmulBiasTanh::submit),
+        ("gelu", gelu, MatmulBiasGelu::submit),
+    ]
+}
+
+fn matmul_bias_act_matches_f64_reference(rt: &Runtime) {
+    let shapes = [
+        (1, 1, 1),
+        (1, 17, 64),
+        (17, 17, 17),
+        (64, 64, 64),
+        (65, 1000, 33),
+        (1000, 64, 1000),
+    ];
+    for (m, k, n) in shapes {
+        let (a, w, b) = (
+            uniform(m * k, -1.0, 1.0),
+            uniform(k * n, -1.0, 1.0),
+            uniform(n, -1.0, 1.0),
+        );
+        // Pre-activation in f64 and the magnitude of its terms (the f32 error scale).
+        let mut pre = vec![0.0f64; m * n];
+        let mut scale = vec![0.0f64; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let aip = f64::from(a[i * k + p]);
+                for j in 0..n {
+                    let t = aip * f64::from(w[p * n + j]);
+                    pre[i * n + j] += t;
+                    scale[i * n + j] += t.abs();
+                }
+            }
+        }
+        let (ab, wb, bb) = (
+            rt.upload(&a).unwrap(),
+            rt.upload(&w).unwrap(),
+            rt.upload(&b).unwrap(),
+        );
+        for (name, act, submit) in layers() {
+            let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+            submit(rt, &ab, &wb, &bb, &mut out, m, k)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let got = out.to_vec().unwrap();
+            for i in 0..m {
+                for (j, &bias) in b.iter().enumerate() {
+                    let at = i * n + j;
+                    let x = pre[at] + f64::from(bias);
+                    let want = act(x);
+                    // Every activation here has slope at most 1.13: an error of the
+                    // pre-activation (judged on its terms' magnitude) passes through scaled by it.
+                    let tol = 1e-4 * (scale[at] + f64::from(bias).abs()).max(1e-3);
+                    let err = (f64::from(got[at]) - want).abs();
+                    assert!(
+                        err < tol,
+                        "{name} m={m} k={k} n={n} at ({i}, {j}): got {}, f64 reference {want}, error {err:e}, tolerance {tol:e}",
+                        got[at]
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn bad_shapes_are_typed_errors(rt: &Runtime) {
+    let a = rt.upload(&[1.0f32; 6]).unwrap();
+    let w = rt.upload(&[1.0f32; 6]).unwrap();
+    let b = rt.upload(&[1.0f32; 2]).unwrap();
+    let mut out = rt.alloc::<f32>(6).unwrap();
+    // a is 2 x 3 but m = 3, k = 3 says 9.
+    assert!(matches!(
+        MatmulBiasRelu::submit(rt, &a, &w, &b, &mut out, 3, 3),
+        Err(Error::LengthMismatch {
+            arg: "a",
+            expected: 9,
+            got: 6,
+            ..
+        })
+    ));
+    // m = 2, k = 3: w must be 3 x 2 = 6 (it is), out 2 x 2 = 4 (it is 6).
+    assert!(matches!(
+        MatmulBiasRelu::submit(rt, &a, &w, &b, &mut out, 2, 3),
+        Err(Error::LengthMismatch {
+            arg: "out",
+            expected: 4,
+            got: 6,
+            ..
+        })
+    ));
+    // Sizes whose product overflows are refused, not wrapped.
+    let mut out4 = rt.alloc::<f32>(4).unwrap();
+    assert!(matches!(
+        MatmulBiasRelu::submit(rt, &a, &w, &b, &mut out4, usize::MAX / 2, 3),
+        Err(Error::BadArguments { .. } | Error::LengthMismatch { .. })
+    ));
+    let x = rt.upload(&[1.0f32; 3]).unwrap();
+    let y = rt.upload(&[1.0f32; 3]).unwrap();
+    assert!(matches!(
+        GemvAxpbySum::submit(rt, &x, &a, &y, 1.0, 1.0),
+        Err(Error::LengthMismatch {
+            arg: "a",
+            expected: 9,
+            got: 6,
+            ..
+        })
+    ));
+}
+
+on_every_backend!(
+    gemv_axpby_sum_matches_f64_reference,
+    matmul_bias_act_matches_f64_reference,
+    bad_shapes_are_typed_errors,
+);
