@@ -38,6 +38,7 @@ extern crate self as pptm;
 
 pub mod chains;
 pub mod ops;
+pub mod timing;
 
 pub use pptm_macros::FusionBuilder;
 pub use pptm_runtime::*;

@@ -180,6 +180,34 @@ __device__ __forceinline__ double pptm_finish_143a17bd(const pptm_desc& d, const
     return v;
 }
 
+// chain Predict: Gemv (Gemv pattern)
+// spec hash 8a7205d2f5ba3d16cd7ad3cf116f23fee289623f90bb4d0a155705209039e882, opcode 0x8a7205d2
+struct pptm_env_8a7205d2 {
+    const float* a0;  // x
+    const float* a1;  // a
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_8a7205d2(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_8a7205d2 {
+    pptm_env_8a7205d2 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_8a7205d2 {
+    pptm_env_8a7205d2 e;
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        return acc;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_8a7205d2(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_8a7205d2 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_8a7205d2{e}, pptm_epi_8a7205d2{e}, e.a2, b);
+    return PPTM_STATUS_OK;
+}
+
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x43ffe357u: return pptm_run_43ffe357(d, b, partial);  // AccuracyPipeline
@@ -188,6 +216,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x00271f25u: return pptm_run_00271f25(d, b, partial);  // KlTerms
     case 0xb5a4b866u: return pptm_run_b5a4b866(d, b, partial);  // LargestError
     case 0x143a17bdu: return pptm_run_143a17bd(d, b, partial);  // MeanKlTerm
+    case 0x8a7205d2u: return pptm_run_8a7205d2(d, b, partial);  // Predict
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -206,6 +235,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x6a371d48u: return true;  // BeliefUpdateStep
     case 0x00271f25u: return true;  // KlTerms
+    case 0x8a7205d2u: return true;  // Predict
     default: return false;
     }
 }

@@ -158,6 +158,38 @@ __device__ __forceinline__ uint32_t pptm_run_1156234b(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+// chain RichardsonStep: Gemv -> Axpby (Gemv pattern)
+// spec hash a4e244f51e48fc139acaabf1984bc3fb82bee7a4a5e9cee359bdc4e3d0fead5e, opcode 0xa4e244f5
+struct pptm_env_a4e244f5 {
+    const float* a0;  // x
+    const float* a1;  // a
+    const float* a2;  // y
+    float a3;  // alpha
+    float a4;  // beta
+    float* a5;  // out
+    uint64_t a6;  // n
+    uint64_t a7;  // m
+    __device__ explicit pptm_env_a4e244f5(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]) {}
+};
+struct pptm_pro_a4e244f5 {
+    pptm_env_a4e244f5 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_a4e244f5 {
+    pptm_env_a4e244f5 e;
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s1 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+        return s1;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_a4e244f5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_a4e244f5 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a7, e.a6, pptm_pro_a4e244f5{e}, pptm_epi_a4e244f5{e}, e.a5, b);
+    return PPTM_STATUS_OK;
+}
+
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x91e20abau: return pptm_run_91e20aba(d, b, partial);  // GemvAxpbySum
@@ -165,6 +197,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
     case 0x9e9087e3u: return pptm_run_9e9087e3(d, b, partial);  // MatmulBiasSigmoid
     case 0x1156234bu: return pptm_run_1156234b(d, b, partial);  // MatmulBiasTanh
+    case 0xa4e244f5u: return pptm_run_a4e244f5(d, b, partial);  // RichardsonStep
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -182,6 +215,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
     case 0x9e9087e3u: return true;  // MatmulBiasSigmoid
     case 0x1156234bu: return true;  // MatmulBiasTanh
+    case 0xa4e244f5u: return true;  // RichardsonStep
     default: return false;
     }
 }

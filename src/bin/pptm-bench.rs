@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pptm::baseline::LaunchBaseline;
 use pptm::chains::KlComplexity;
@@ -31,32 +31,7 @@ mod rand_free {
     }
 }
 
-struct Stats {
-    median_us: f64,
-    p99_us: f64,
-}
-
-fn stats(mut t: Vec<Duration>) -> Stats {
-    t.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Stats {
-        median_us: us(t[t.len() / 2]),
-        p99_us: us(t[(t.len() * 99 / 100).min(t.len() - 1)]),
-    }
-}
-
-fn time<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Stats, E> {
-    for _ in 0..warmup {
-        f()?;
-    }
-    let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let s = Instant::now();
-        f()?;
-        t.push(s.elapsed());
-    }
-    Ok(stats(t))
-}
+use pptm::timing::measure as time;
 
 fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
     q.iter()
