@@ -396,7 +396,7 @@ fn variant(out: &mut String, c: &ChainIr) {
             let n = dim_field(c, pst, "n");
             let _ = writeln!(
                 call,
-                "    partial = pptm_pairwise_rows<{r}>({n}, {}{{{}}}, {row_ty}{{{}}}, pptm_epi_{t}{{e}}, {store}, b);",
+                "    partial = pptm_pairwise_rows<{r}>({n}, {}<0>{{{}}}, {row_ty}{{{}}}, pptm_epi_{t}{{e}}, {store}, b);",
                 pst.op.device,
                 dist.join(", "),
                 row.join(", ")
@@ -668,7 +668,7 @@ mod tests {
         let src = domain_source("inference", std::slice::from_ref(&c));
         let t = tag(&c);
         assert!(src.contains(&format!(
-            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
+            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances<0>{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
         )), "{src}");
         assert!(
             src.contains("const float s2 = pptm_op_ksg_digamma(v[0], v[1], v[2]);"),
@@ -682,7 +682,7 @@ mod tests {
         let k = chain("Kth", &["ChebyshevDistance", "KthSmallest"]);
         let src = domain_source("inference", std::slice::from_ref(&k));
         assert!(
-            src.contains("pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
+            src.contains("pptm_op_chebyshev<0>{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
             "{src}"
         );
     }

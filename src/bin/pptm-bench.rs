@@ -76,7 +76,66 @@ fn main() -> ExitCode {
     }
 }
 
+/// `pptm-bench pairwise`: DistanceKth and TeReduction latency against size, dimension and blocks
+/// per SM, to see where the pairwise pattern's time goes.
+fn pairwise_sweep() -> Result<(), Box<dyn std::error::Error>> {
+    use pptm::chains::{DistanceKth, TeReduction};
+    let mut rng = rand_points::Lcg(7);
+    for blocks_per_sm in [1u32, 2] {
+        let rt = Runtime::gpu_with(pptm::Config {
+            blocks_per_sm,
+            ..Default::default()
+        })?;
+        rt.prepare::<DistanceKth>()?;
+        println!("{} (blocks_per_sm = {blocks_per_sm})", rt.describe());
+        for n in [1024usize, 2048, 4096] {
+            for d in [1usize, 4] {
+                let x = rt.upload(&rng.take(n * d))?;
+                let mut out = rt.alloc::<f32>(n)?;
+                let s = time(50, 300, || {
+                    DistanceKth::submit(&rt, &x, 4, &mut out, d)?.wait()
+                })?;
+                println!("  distance_kth n={n:5} d={d} k=4: {s}");
+            }
+            let (x, y, z) = (
+                rt.upload(&rng.take(n))?,
+                rt.upload(&rng.take(n))?,
+                rt.upload(&rng.take(n))?,
+            );
+            let eps = rt.upload(&vec![0.1f32; n])?;
+            let s = time(50, 300, || {
+                TeReduction::submit(&rt, &x, &y, &z, &eps, 4, 1, 1, 1)?
+                    .wait()
+                    .map(|_| ())
+            })?;
+            println!("  te_reduction n={n:5} d=1: {s}");
+        }
+    }
+    Ok(())
+}
+
+mod rand_points {
+    /// A tiny deterministic generator: the sweep needs values, not statistics.
+    pub struct Lcg(pub u64);
+    impl Lcg {
+        pub fn take(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    self.0 = self
+                        .0
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (self.0 >> 40) as f32 / (1u64 << 24) as f32
+                })
+                .collect()
+        }
+    }
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().any(|a| a == "pairwise") {
+        return pairwise_sweep();
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
     let rt = Runtime::gpu().map_err(|e| format!("needs a GPU: {e}"))?;

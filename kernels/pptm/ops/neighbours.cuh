@@ -5,9 +5,15 @@
 // pptm_pairwise_rows (pptm/pattern/pairwise.cuh) instantiates:
 //   distance: W (values per pair); features() (coordinates per point, all subspaces);
 //             feature(j, c) (coordinate c of point j, from global memory);
-//             pair(fi, fj, stride, d[W]) (point i's coordinates fi[c], point j's at fj[c * stride]).
+//             pairs<U>(fi, fj, stride, d[U][W]) (point i's coordinates fi[c]; U candidates, the
+//             u-th with coordinates at fj[u * 32 + c * stride]).
 //   row:      OUT (values per point); State; init(State&, i); push(State&, d[W]);
+//             step(State&) (warp-collective, after each step of pushes);
 //             finish(State&, out[OUT]) (warp-collective: merges the lanes' states).
+// Distance types take a compile-time dimension D (0: the runtime one). Generated code uses D = 0:
+// compiling in small dimensions (a switch over instantiations) halves the cost of a pair in a
+// kernel of its own, but several inlined instantiations in one manifold made ptxas spill
+// kilobytes, so that waits for per-variant register budgets.
 // Distances are |a - b| of f32 coordinates in f32, maximised exactly: the CPU reference computes
 // the same bits, so counts at the radius agree.
 #ifndef PPTM_OPS_NEIGHBOURS_CUH
@@ -20,47 +26,77 @@
 #error "PPTM_MAX_K must be defined by the generated translation unit"
 #endif
 
-// Chebyshev distance over the d coordinates starting at fi[0] / fj[0].
-__device__ __forceinline__ float pptm_chebyshev_span(const float* fi, const float* fj, uint32_t stride, uint32_t d) {
-    float m = 0.0f;
-    for (uint32_t c = 0; c < d; ++c) m = fmaxf(m, fabsf(fi[c] - fj[c * stride]));
-    return m;
+// Chebyshev distances over the d coordinates from fi[0] to U candidates (the u-th at
+// fj[u * 32 + c * stride]), folded into m[u]: the U chains are independent. D > 0 fixes d at
+// compile time, so the loop unrolls.
+template <int U, int D>
+__device__ __forceinline__ void pptm_chebyshev_span(const float* fi, const float* fj, uint32_t stride, uint32_t d,
+                                                    float (&m)[U]) {
+    const uint32_t dd = D > 0 ? (uint32_t)D : d;
+#pragma unroll
+    for (uint32_t c = 0; c < dd; ++c) {
+        const float a = fi[c];
+        const float* col = fj + c * stride;
+#pragma unroll
+        for (int u = 0; u < U; ++u) m[u] = fmaxf(m[u], fabsf(a - col[u * 32]));
+    }
 }
 
 // ChebyshevDistance: max-norm distance between rows of x (n x d).
+template <int D>
 struct pptm_op_chebyshev {
     static constexpr int W = 1;
     const float* x;
     uint32_t d;
-    __device__ __forceinline__ uint32_t features() const { return d; }
-    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const { return pptm_ld_cg_f32(x + j * d + c); }
-    __device__ __forceinline__ void pair(const float* fi, const float* fj, uint32_t stride, float (&out)[W]) const {
-        out[0] = pptm_chebyshev_span(fi, fj, stride, d);
+    __device__ __forceinline__ uint32_t features() const { return D > 0 ? (uint32_t)D : d; }
+    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
+        return pptm_ld_cg_f32(x + j * features() + c);
+    }
+    template <int U>
+    __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {
+        float m[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) m[u] = 0.0f;
+        pptm_chebyshev_span<U, D>(fi, fj, stride, d, m);
+#pragma unroll
+        for (int u = 0; u < U; ++u) out[u][0] = m[u];
     }
 };
 
 // SubspaceDistances: per pair, the Chebyshev distances in the (x,z), (y,z) and (z) spaces. A
-// point's coordinates are x's, then y's, then z's.
+// point's coordinates are x's, then y's, then z's. D > 0: every subspace has D coordinates.
+template <int D>
 struct pptm_op_subspace_distances {
     static constexpr int W = 3;
     const float* x;
     const float* y;
     const float* z;
     uint32_t dx, dy, dz;
-    __device__ __forceinline__ uint32_t features() const { return dx + dy + dz; }
+    __device__ __forceinline__ uint32_t ddx() const { return D > 0 ? (uint32_t)D : dx; }
+    __device__ __forceinline__ uint32_t ddy() const { return D > 0 ? (uint32_t)D : dy; }
+    __device__ __forceinline__ uint32_t ddz() const { return D > 0 ? (uint32_t)D : dz; }
+    __device__ __forceinline__ uint32_t features() const { return ddx() + ddy() + ddz(); }
     __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
-        if (c < dx) return pptm_ld_cg_f32(x + j * dx + c);
-        c -= dx;
-        if (c < dy) return pptm_ld_cg_f32(y + j * dy + c);
-        return pptm_ld_cg_f32(z + j * dz + (c - dy));
+        if (c < ddx()) return pptm_ld_cg_f32(x + j * ddx() + c);
+        c -= ddx();
+        if (c < ddy()) return pptm_ld_cg_f32(y + j * ddy() + c);
+        return pptm_ld_cg_f32(z + j * ddz() + (c - ddy()));
     }
-    __device__ __forceinline__ void pair(const float* fi, const float* fj, uint32_t stride, float (&out)[W]) const {
-        const float ddx = pptm_chebyshev_span(fi, fj, stride, dx);
-        const float ddy = pptm_chebyshev_span(fi + dx, fj + dx * stride, stride, dy);
-        const float ddz = pptm_chebyshev_span(fi + dx + dy, fj + (dx + dy) * stride, stride, dz);
-        out[0] = fmaxf(ddx, ddz);
-        out[1] = fmaxf(ddy, ddz);
-        out[2] = ddz;
+    template <int U>
+    __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {
+        float mx[U], my[U], mz[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) mx[u] = my[u] = mz[u] = 0.0f;
+        const uint32_t ox = ddx(), oy = ox + ddy();
+        pptm_chebyshev_span<U, D>(fi, fj, stride, dx, mx);
+        pptm_chebyshev_span<U, D>(fi + ox, fj + ox * stride, stride, dy, my);
+        pptm_chebyshev_span<U, D>(fi + oy, fj + oy * stride, stride, dz, mz);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            out[u][0] = fmaxf(mx[u], mz[u]);
+            out[u][1] = fmaxf(my[u], mz[u]);
+            out[u][2] = mz[u];
+        }
     }
 };
 
@@ -74,13 +110,24 @@ struct pptm_op_kth_smallest {
     uint32_t k;
     struct State {
         float top[PPTM_MAX_K];
+        // A bound on the answer shared by the warp: the smallest of the lanes' k-th values. The
+        // k-th smallest of the union is at most any lane's k-th, so a distance not below the
+        // bound cannot change it; after the first steps almost every candidate stops here.
+        float bar;
     };
     __device__ __forceinline__ void init(State& s, uint64_t) const {
 #pragma unroll
         for (int t = 0; t < PPTM_MAX_K; ++t) s.top[t] = __int_as_float(0x7f800000);
+        s.bar = __int_as_float(0x7f800000);
+    }
+    __device__ __forceinline__ void step(State& s) const {
+        float b = fminf(s.bar, s.top[PPTM_MAX_K - 1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) b = fminf(b, __shfl_xor_sync(0xffffffffu, b, o));
+        s.bar = b;
     }
     __device__ __forceinline__ void push(State& s, const float (&d)[1]) const {
-        if (!(d[0] < s.top[PPTM_MAX_K - 1])) return;
+        if (!(d[0] < s.bar) || !(d[0] < s.top[PPTM_MAX_K - 1])) return;
         const int first = PPTM_MAX_K - (int)k;
         float carry = d[0];
 #pragma unroll
@@ -140,6 +187,7 @@ struct pptm_op_radius_count {
         for (int c = 0; c < C; ++c) s.count[c] = 0;
         s.eps = pptm_ld_cg_f32(eps + i);
     }
+    __device__ __forceinline__ void step(State&) const {}
     __device__ __forceinline__ void push(State& s, const float (&d)[C]) const {
 #pragma unroll
         for (int c = 0; c < C; ++c) s.count[c] += d[c] < s.eps ? 1u : 0u;

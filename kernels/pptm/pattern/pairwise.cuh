@@ -20,12 +20,17 @@
 // Floats of shared memory a tile of other points may use (16 KiB).
 #define PPTM_PAIR_TILE_FLOATS 4096u
 
+// Candidates each lane computes at once, and global loads in flight per thread while staging.
+#define PPTM_PAIR_ILP 4
+#define PPTM_PAIR_STAGE_LOADS 8
+
 // Shared scratch for every pairwise pattern of the translation unit: a tile of other points, then
 // each warp's own point. A __shared__ array in the template would be one per instantiation (per
 // chain) and two chains would already pass 48 KiB. Every write follows a barrier after the last
 // read of the previous item.
 __device__ __forceinline__ float* pptm_pairwise_smem() {
-    __shared__ float scratch[PPTM_PAIR_TILE_FLOATS + PPTM_WARPS * PPTM_PAIR_MAX_FEATURES];
+    // The tile is padded by one step of candidates (reads past `count` are computed and dropped).
+    __shared__ float scratch[PPTM_PAIR_TILE_FLOATS + PPTM_PAIR_ILP * 32 + PPTM_WARPS * PPTM_PAIR_MAX_FEATURES];
     return scratch;
 }
 
@@ -33,7 +38,7 @@ template <class R, class Dist, class Row, class Epi>
 __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dist, const Row& row, const Epi& epi,
                                                      float* out, const pptm_block_ctx& b) {
     float* const tile = pptm_pairwise_smem();
-    float* const own = tile + PPTM_PAIR_TILE_FLOATS;
+    float* const own = tile + PPTM_PAIR_TILE_FLOATS + PPTM_PAIR_ILP * 32;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const uint32_t features = dist.features();  // <= PPTM_PAIR_MAX_FEATURES (checked at submission)
     // Points per tile; odd, so the coordinate-major stores of consecutive threads spread over banks.
@@ -54,17 +59,38 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
         for (uint64_t j0 = 0; j0 < n; j0 += stride) {
             const uint32_t count = (uint32_t)min((uint64_t)stride, n - j0);
             __syncthreads();  // the previous tile is consumed (and `mine` written, on the first)
-            for (uint32_t idx = threadIdx.x; idx < count * features; idx += PPTM_BLOCK_THREADS) {
-                const uint32_t jj = idx / features, c = idx - jj * features;
-                tile[c * stride + jj] = dist.feature(j0 + jj, c);
+            // Stage the tile: PPTM_PAIR_STAGE_LOADS loads in flight per thread before any store.
+            const uint32_t total = count * features;
+            for (uint32_t base = 0; base < total; base += PPTM_PAIR_STAGE_LOADS * PPTM_BLOCK_THREADS) {
+                float v[PPTM_PAIR_STAGE_LOADS];
+#pragma unroll
+                for (int u = 0; u < PPTM_PAIR_STAGE_LOADS; ++u) {
+                    const uint32_t idx = base + u * PPTM_BLOCK_THREADS + threadIdx.x;
+                    v[u] = idx < total ? dist.feature(j0 + idx / features, idx % features) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < PPTM_PAIR_STAGE_LOADS; ++u) {
+                    const uint32_t idx = base + u * PPTM_BLOCK_THREADS + threadIdx.x;
+                    if (idx < total) tile[(idx % features) * stride + idx / features] = v[u];
+                }
             }
             __syncthreads();
             if (active) {
-                for (uint32_t jj = lane; jj < count; jj += 32) {
-                    if (j0 + jj == i) continue;
-                    float d[Dist::W];
-                    dist.pair(mine, tile + jj, stride, d);
-                    row.push(state, d);
+                // PPTM_PAIR_ILP candidates per lane per step (32 apart), computed together:
+                // independent chains keep a warp busy where one distance at a time would wait on
+                // each load. The loop is warp-uniform, so the row type may synchronise its lanes
+                // after each step (the k-th select shares its bound).
+                const uint64_t self = i - j0;  // the tile index of point i (huge if not in it)
+                for (uint32_t base = 0; base < count; base += PPTM_PAIR_ILP * 32) {
+                    const uint32_t jj = base + lane;
+                    float d[PPTM_PAIR_ILP][Dist::W];
+                    dist.template pairs<PPTM_PAIR_ILP>(mine, tile + jj, stride, d);
+#pragma unroll
+                    for (int u = 0; u < PPTM_PAIR_ILP; ++u) {
+                        const uint32_t j = jj + u * 32;
+                        if (j < count && j != self) row.push(state, d[u]);
+                    }
+                    row.step(state);
                 }
             }
         }
