@@ -42,6 +42,9 @@ pub struct Config {
     /// sooner, at the cost of more PCIe reads while busy. On an H200, two gave the lowest no-op
     /// round trip and four a higher one (the polls compete with the host's writes).
     pub fetch_pollers: u32,
+    /// SMs' worth of compute blocks for named domains when several start together
+    /// ([`Runtime::prepare_domains`]); domains not named share the rest equally.
+    pub domain_sms: Vec<(String, u32)>,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(5),
             launch_timeout: Duration::from_secs(2),
             fetch_pollers: 2,
+            domain_sms: Vec::new(),
         }
     }
 }
@@ -247,9 +251,85 @@ impl Runtime {
         if let Some(existing) = m.get(code.key) {
             return Ok(Some(existing.clone()));
         }
-        let launched = Manifold::launch(device, code, &self.config)?;
+        let launched = Manifold::launch(device, code, &self.config, None)?;
         m.insert(code.key, launched.clone());
         Ok(Some(launched))
+    }
+
+    /// Starts the manifolds of several domains together, sharing the GPU: every domain's code is
+    /// loaded first (a load could not happen once a manifold is resident), then each manifold is
+    /// launched with its share of the SMs: `Config::domain_sms` where it names the domain, an equal
+    /// split of the rest otherwise. Fails with [`Error::Config`] when the shares cannot all be
+    /// resident at once, and with [`Error::Launch`] when one does not become resident. Submissions
+    /// are then routed to their domain's manifold. Domains already running are left as they are.
+    /// On the CPU backend this only checks the chains' domains exist.
+    ///
+    /// ```ignore
+    /// rt.prepare_domains(&[KlComplexity::DOMAIN, DistanceKth::DOMAIN, GemvAxpbySum::DOMAIN])?;
+    /// ```
+    pub fn prepare_domains(&self, domains: &[&'static DomainCode]) -> Result<()> {
+        let Backend::Gpu { device, manifolds } = &self.backend else {
+            return Ok(());
+        };
+        let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+        let mut todo: Vec<&'static DomainCode> = Vec::new();
+        for d in domains {
+            if !m.contains_key(d.key) && !todo.iter().any(|t| t.key == d.key) {
+                todo.push(d);
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        // Load everything before anything new runs.
+        let mut per_sm = u32::MAX;
+        for d in &todo {
+            per_sm = per_sm.min(device.module(d)?.blocks_per_sm_max()?);
+        }
+        // Shares: named ones first, an equal split of what is left for the others.
+        let total = device.sm_count;
+        let named: Vec<Option<u32>> = todo
+            .iter()
+            .map(|d| {
+                self.config
+                    .domain_sms
+                    .iter()
+                    .find(|(name, _)| name == d.name)
+                    .map(|&(_, s)| s)
+            })
+            .collect();
+        let taken: u32 = named.iter().flatten().sum();
+        let unnamed = named.iter().filter(|s| s.is_none()).count() as u32;
+        let left = total.saturating_sub(taken);
+        let shares: Vec<u32> = named
+            .iter()
+            .map(|s| s.unwrap_or(left.checked_div(unnamed).unwrap_or(0)))
+            .collect();
+        // Every grid (compute blocks + the fetcher) must fit beside those already running.
+        let running: u32 = m.values().map(|x| x.grid).sum();
+        let wanted: u32 = shares
+            .iter()
+            .map(|&s| s.min(total) * self.config.blocks_per_sm.min(per_sm) + 1)
+            .sum();
+        let capacity = total * per_sm;
+        if shares.contains(&0) || running + wanted > capacity {
+            return Err(Error::Config(format!(
+                "cannot make {} manifold(s) resident together: SM shares {:?} of {total} SMs at {} block(s) per SM \
+                 need {wanted} blocks beside {running} running, and {capacity} fit; set Config::domain_sms or \
+                 blocks_per_sm",
+                todo.len(),
+                todo.iter()
+                    .zip(&shares)
+                    .map(|(d, s)| format!("{}={s}", d.name))
+                    .collect::<Vec<_>>(),
+                self.config.blocks_per_sm.min(per_sm),
+            )));
+        }
+        for (d, share) in todo.into_iter().zip(shares) {
+            let launched = Manifold::launch(device, d, &self.config, Some(share))?;
+            m.insert(d.key, launched);
+        }
+        Ok(())
     }
 
     /// Launches the manifold that hosts `C` now, rather than on its first submission.

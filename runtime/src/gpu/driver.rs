@@ -174,8 +174,8 @@ impl Device {
             return Err(Error::Launch {
                 domain: code.name,
                 reason: "its code cannot be loaded while a manifold is resident on this GPU (the load would wait for \
-                         the running kernel, which never finishes); prepare every domain with Runtime::prepare before \
-                         the first submission"
+                         the running kernel, which never finishes); start every domain together with \
+                         Runtime::prepare_domains before the first submission"
                     .into(),
             });
         }
@@ -370,6 +370,17 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
+    /// How many manifold blocks fit on one SM (the occupancy API, for the block size pptm uses).
+    pub fn blocks_per_sm_max(&self) -> Result<u32> {
+        let threads = pptm_spec::BLOCK_THREADS;
+        // SAFETY: `manifold` is a kernel of this loaded module.
+        let per_sm = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(self.manifold, threads as i32, 0)
+        }
+        .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        Ok(per_sm.max(0) as u32)
+    }
+
     /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure, and loads
     /// its kernels eagerly.
     fn load_ptx(

@@ -87,10 +87,13 @@ impl std::fmt::Debug for Manifold {
 
 impl Manifold {
     /// Loads the domain's PTX, sizes the grid with the occupancy API and launches it cooperatively.
+    /// `sms` caps the SMs' worth of compute blocks (the runtime's share for this domain); `None`
+    /// uses `cfg.max_sms` or the whole GPU.
     pub fn launch(
         device: &Arc<Device>,
         code: &'static DomainCode,
         cfg: &Config,
+        sms: Option<u32>,
     ) -> Result<Arc<Manifold>> {
         let domain = code.name;
         let launch_err = |reason: String| Error::Launch { domain, reason };
@@ -104,20 +107,16 @@ impl Manifold {
         let module = device.module(code)?;
         let (arch, func) = (module.arch, module.manifold);
         let threads = pptm_spec::BLOCK_THREADS;
-        // SAFETY: func is a kernel of the loaded module.
-        let per_sm = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(func, threads as i32, 0)
-        }
-        .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        let per_sm = module.blocks_per_sm_max()? as i32;
         if per_sm < 1 {
             return Err(launch_err(format!(
                 "not one block of {threads} threads fits on an SM"
             )));
         }
         // Compute blocks, plus one fetcher block; all must be co-resident.
-        let sms = cfg
-            .max_sms
-            .map_or(device.sm_count, |m| m.min(device.sm_count));
+        let sms = sms
+            .or(cfg.max_sms)
+            .map_or(device.sm_count, |m| m.clamp(1, device.sm_count));
         let capacity = device.sm_count * per_sm as u32;
         let compute = (sms * cfg.blocks_per_sm.min(per_sm as u32))
             .min(capacity.saturating_sub(1))
