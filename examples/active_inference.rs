@@ -9,7 +9,7 @@ use std::error::Error;
 
 use pptm::chains::{AccuracyPipeline, BeliefUpdateStep};
 use pptm::ops::Gemv;
-use pptm::timing::measure;
+use pptm::timing::{measure, variants};
 use pptm::{BackendKind, FusionBuilder, Runtime};
 use rand::Rng;
 
@@ -69,27 +69,28 @@ fn main() -> Result<(), Box<dyn Error>> {
     } else {
         20
     };
-    let update = measure(reps / 10, reps, || {
-        BeliefUpdateStep::submit(&rt, &ob, &pred, &wb, &jb, &mu, lr, &mut next)?.wait()
-    })?;
-    let predict = measure(reps / 10, reps, || {
-        Predict::submit(&rt, &mu, &jb, &mut pred)?.wait()
-    })?;
-    let accuracy = measure(reps / 10, reps, || {
-        AccuracyPipeline::submit(&rt, &ob, &pred, &wb)?
-            .wait()
-            .map(|_| ())
-    })?;
-    let how = if rt.backend() == BackendKind::Gpu {
-        "GPU, fused, persistent manifold"
-    } else {
-        "CPU backend (f64 reference code)"
-    };
-    println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
-    println!("  belief_update {m} x {n}: {update}");
-    println!("  predict (GEMV) {m} x {n}: {predict}");
-    println!("  accuracy_pipeline {m}: {accuracy}");
-    println!("(unfused and fused-launched variants are not built yet)");
-    println!("now running: {}", rt.describe());
+    let (mu_host, pred_host) = (mu.to_vec()?, pred.to_vec()?);
+    for (how, rt) in variants(rt)? {
+        let (jb, ob, wb) = (rt.upload(&jac)?, rt.upload(&obs)?, rt.upload(&prec)?);
+        let (mu, mut pred) = (rt.upload(&mu_host)?, rt.upload(&pred_host)?);
+        let mut next = rt.alloc::<f32>(n)?;
+        let update = measure(reps / 10, reps, || {
+            BeliefUpdateStep::submit(&rt, &ob, &pred, &wb, &jb, &mu, lr, &mut next)?.wait()
+        })?;
+        let predict = measure(reps / 10, reps, || {
+            Predict::submit(&rt, &mu, &jb, &mut pred)?.wait()
+        })?;
+        let accuracy = measure(reps / 10, reps, || {
+            AccuracyPipeline::submit(&rt, &ob, &pred, &wb)?
+                .wait()
+                .map(|_| ())
+        })?;
+        println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
+        println!("  belief_update {m} x {n}: {update}");
+        println!("  predict (GEMV) {m} x {n}: {predict}");
+        println!("  accuracy_pipeline {m}: {accuracy}");
+        println!("  ({})", rt.describe());
+    }
+    println!("\n(the unfused variant, one kernel per op, is not built yet)");
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::error::Error;
 
 use pptm::chains::{GemvAxpbySum, MatmulBiasGelu};
 use pptm::ops::{Axpby, Gemv};
-use pptm::timing::measure;
+use pptm::timing::{measure, variants};
 use pptm::{BackendKind, FusionBuilder, Runtime};
 use rand::Rng;
 
@@ -75,42 +75,48 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
 
     let reps = if gpu { 1000 } else { 5 };
-    let layer = measure(reps / 10, reps, || {
-        MatmulBiasGelu::submit(&rt, &xb, &wb, &bb, &mut h, m, k)?.wait()
-    })?;
-    let step = measure(reps / 10, reps, || {
-        RichardsonStep::submit(&rt, &sol, &bmb, &yb, 1.0, omega, &mut next)?.wait()
-    })?;
-    let resid = measure(reps / 10, reps, || {
-        GemvAxpbySum::submit(&rt, &sol, &ab, &yb, -1.0, 1.0)?
-            .wait()
-            .map(|_| ())
-    })?;
-    let how = if rt.backend() == BackendKind::Gpu {
-        "GPU, fused, persistent manifold"
-    } else {
-        "CPU backend (f64 reference code)"
-    };
-    println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
-    println!("  matmul_bias_gelu {m} x {k} x {n}: {layer}");
-    println!("  richardson step (gemv + axpby) {d}^2: {step}");
-    println!("  gemv_axpby_sum {d}^2: {resid}");
-    if gpu {
-        let big = 16384usize;
-        let (ax, xx, yx) = (
-            rt.upload(&vec![0.5f32; big * big])?,
-            rt.upload(&vec![1.0f32; big])?,
-            rt.upload(&vec![1.0f32; big])?,
+    let sol_host = sol.to_vec()?;
+    for (how, rt) in variants(rt)? {
+        let (xb, wb, bb) = (rt.upload(&x)?, rt.upload(&w)?, rt.upload(&b)?);
+        let (ab, bmb, yb, sol) = (
+            rt.upload(&a)?,
+            rt.upload(&bmat)?,
+            rt.upload(&y)?,
+            rt.upload(&sol_host)?,
         );
-        let t = measure(5, 50, || {
-            GemvAxpbySum::submit(&rt, &xx, &ax, &yx, 1.0, 1.0)?
+        let (mut h, mut next) = (rt.alloc::<f32>(m * n)?, rt.alloc::<f32>(d)?);
+        let layer = measure(reps / 10, reps, || {
+            MatmulBiasGelu::submit(&rt, &xb, &wb, &bb, &mut h, m, k)?.wait()
+        })?;
+        let step = measure(reps / 10, reps, || {
+            RichardsonStep::submit(&rt, &sol, &bmb, &yb, 1.0, omega, &mut next)?.wait()
+        })?;
+        let resid = measure(reps / 10, reps, || {
+            GemvAxpbySum::submit(&rt, &sol, &ab, &yb, -1.0, 1.0)?
                 .wait()
                 .map(|_| ())
         })?;
-        let gbs = 4.0 * (big * big) as f64 / (t.median_us * 1e-6) / 1e9;
-        println!("  gemv_axpby_sum {big}^2: {t} ({gbs:.0} GB/s of A)");
+        println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
+        println!("  matmul_bias_gelu {m} x {k} x {n}: {layer}");
+        println!("  richardson step (gemv + axpby) {d}^2: {step}");
+        println!("  gemv_axpby_sum {d}^2: {resid}");
+        if gpu {
+            let big = 16384usize;
+            let (ax, xx, yx) = (
+                rt.upload(&vec![0.5f32; big * big])?,
+                rt.upload(&vec![1.0f32; big])?,
+                rt.upload(&vec![1.0f32; big])?,
+            );
+            let t = measure(5, 50, || {
+                GemvAxpbySum::submit(&rt, &xx, &ax, &yx, 1.0, 1.0)?
+                    .wait()
+                    .map(|_| ())
+            })?;
+            let gbs = 4.0 * (big * big) as f64 / (t.median_us * 1e-6) / 1e9;
+            println!("  gemv_axpby_sum {big}^2: {t} ({gbs:.0} GB/s of A)");
+        }
+        println!("  ({})", rt.describe());
     }
-    println!("(unfused and fused-launched variants are not built yet)");
-    println!("now running: {}", rt.describe());
+    println!("\n(the unfused variant, one kernel per op, is not built yet)");
     Ok(())
 }

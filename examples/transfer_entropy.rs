@@ -8,7 +8,7 @@
 use std::error::Error;
 
 use pptm::chains::{DistanceKth, TeReduction};
-use pptm::timing::measure;
+use pptm::timing::{measure, variants};
 use pptm::{BackendKind, Runtime};
 use rand::Rng;
 
@@ -58,37 +58,34 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("  TE x -> y = {te_xy:.4}   (x drives y)");
     println!("  TE y -> x = {te_yx:.4}   (no coupling that way: near 0)");
 
-    // What each step costs, fused and persistent: 4096 points, as in the targets.
+    // What each step costs, per variant: 4096 points, as in the targets.
     let n = if gpu { 4096 } else { 512 };
-    let reps = if gpu { 500 } else { 3 };
     let mut rng = rand::rng();
     let mut pts = |d: usize| -> Vec<f32> { (0..n * d).map(|_| rng.random::<f32>()).collect() };
     let (p4, p1a, p1b, p1c) = (pts(4), pts(1), pts(1), pts(1));
-    let (p4b, xb, yb, zb) = (
-        rt.upload(&p4)?,
-        rt.upload(&p1a)?,
-        rt.upload(&p1b)?,
-        rt.upload(&p1c)?,
-    );
-    let mut out = rt.alloc::<f32>(n)?;
-    let kth = measure(reps / 10, reps, || {
-        DistanceKth::submit(&rt, &p4b, 4, &mut out, 4)?.wait()
-    })?;
-    let eps = out;
-    let te = measure(reps / 10, reps, || {
-        TeReduction::submit(&rt, &xb, &yb, &zb, &eps, 4, 1, 1, 1)?
-            .wait()
-            .map(|_| ())
-    })?;
-    let how = if rt.backend() == BackendKind::Gpu {
-        "GPU, fused, persistent manifold"
-    } else {
-        "CPU backend (f64 reference code)"
-    };
-    println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
-    println!("  distance_kth  {n} points, d = 4, k = 4: {kth}");
-    println!("  te_reduction  {n} points, d = 1 each:   {te}");
-    println!("(unfused and fused-launched variants are not built yet)");
-    println!("now running: {}", rt.describe());
+    for (how, rt) in variants(rt)? {
+        let reps = if gpu { 500 } else { 3 };
+        let (p4b, xb, yb, zb) = (
+            rt.upload(&p4)?,
+            rt.upload(&p1a)?,
+            rt.upload(&p1b)?,
+            rt.upload(&p1c)?,
+        );
+        let mut out = rt.alloc::<f32>(n)?;
+        let kth = measure(reps / 10, reps, || {
+            DistanceKth::submit(&rt, &p4b, 4, &mut out, 4)?.wait()
+        })?;
+        let eps = out;
+        let te = measure(reps / 10, reps, || {
+            TeReduction::submit(&rt, &xb, &yb, &zb, &eps, 4, 1, 1, 1)?
+                .wait()
+                .map(|_| ())
+        })?;
+        println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
+        println!("  distance_kth  {n} points, d = 4, k = 4: {kth}");
+        println!("  te_reduction  {n} points, d = 1 each:   {te}");
+        println!("  ({})", rt.describe());
+    }
+    println!("\n(the unfused variant, one kernel per op, is not built yet)");
     Ok(())
 }

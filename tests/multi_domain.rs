@@ -5,7 +5,7 @@
 mod common;
 
 use pptm::chains::{DistanceKth, GemvAxpbySum, KlComplexity};
-use pptm::{BackendKind, Chain, Config, Error, Runtime};
+use pptm::{BackendKind, Chain, Config, Error, Runtime, Variant};
 
 fn three_domains_share_the_gpu(rt: &Runtime) {
     rt.prepare_domains(&[
@@ -14,7 +14,8 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         GemvAxpbySum::DOMAIN,
     ])
     .unwrap();
-    if rt.backend() == BackendKind::Gpu {
+    let persistent = rt.backend() == BackendKind::Gpu && rt.config().variant == Variant::Fused;
+    if persistent {
         let d = rt.describe();
         for domain in ["inference", "transfer_entropy", "linear_algebra"] {
             assert!(d.contains(domain), "{d}");
@@ -88,7 +89,7 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         );
     }
 
-    if rt.backend() == BackendKind::Gpu {
+    if persistent {
         // Shares that cannot all be resident are a typed error, and nothing is launched.
         let greedy = Runtime::gpu_with(Config {
             domain_sms: vec![("inference".into(), 132), ("transfer_entropy".into(), 132)],

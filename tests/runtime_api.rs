@@ -22,8 +22,10 @@ fn tickets_resolve_once(rt: &Runtime) {
         Err(Error::TicketConsumed)
     ));
     assert!(matches!(t.wait(), Err(Error::TicketConsumed)));
+    // Only the persistent manifold queues items (a sequence number); the CPU backend and the
+    // fused-launched variant finish them at submission.
     assert_eq!(
-        rt.backend() == BackendKind::Gpu,
+        rt.backend() == BackendKind::Gpu && rt.config().variant == pptm::Variant::Fused,
         KlComplexity::submit(rt, &qb, &pb).unwrap().seq().is_some()
     );
 }

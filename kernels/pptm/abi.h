@@ -45,7 +45,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 3u
+#define PPTM_ABI_VERSION 4u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -129,5 +129,23 @@ typedef struct pptm_manifold_params {
     uint32_t fetch_pollers;    /* fetcher warps polling the SQ at staggered times (1..PPTM_MAX_POLLERS) */
     uint32_t reserved;
 } pptm_manifold_params;
+
+/* Fused-launched mode (Variant::FusedLaunched): the same fused variant run by one ordinary kernel
+ * launch per item (pptm_launched), so persistence and fusion can be measured apart. Each block runs
+ * its share, the last to arrive combines the partials and writes `out`; the host reads `out` after
+ * synchronising the stream. */
+typedef struct pptm_launch_out {
+    uint32_t status; /* PPTM_STATUS_* */
+    uint32_t pad;
+    double value; /* the scalar of a reducing chain, else 0 */
+} pptm_launch_out;
+
+/* pptm_launched's only parameter, passed by value. */
+typedef struct pptm_launch_params {
+    pptm_desc desc;
+    uint64_t* arrivals;   /* device memory, 0 between launches (the last block resets it) */
+    double* partials;     /* device memory, PPTM_MAX_BLOCKS entries */
+    pptm_launch_out* out; /* mapped host memory */
+} pptm_launch_params;
 
 #endif /* PPTM_ABI_H */

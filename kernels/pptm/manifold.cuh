@@ -259,6 +259,36 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
         pptm_compute_loop(P, gridDim.x - 1);
 }
 
+// Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks (see pptm/abi.h). The
+// variant code is the manifold's; only the dispatch differs.
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launched(const pptm_launch_params P) {
+    __shared__ pptm_loop_smem sh;
+    if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&P.desc)[threadIdx.x];
+    __syncthreads();
+    const uint32_t op = sh.desc.opcode;
+    const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
+    uint32_t status = PPTM_STATUS_OK;
+    double partial = 0.0;
+    if (op >= PPTM_OP_FIRST_VARIANT)
+        status = pptm_run_variant(sh.desc, ctx, partial);
+    else if (op != PPTM_OP_NOOP)
+        status = PPTM_STATUS_BAD_OPCODE;
+    if (threadIdx.x == 0) {
+        P.partials[blockIdx.x] = partial;
+        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(P.arrivals, 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (sh.last) {
+        double value = 0.0;
+        if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT) value = pptm_finish_variant(sh.desc, P.partials, gridDim.x, sh.red);
+        if (threadIdx.x == 0) {
+            P.out->status = status;
+            P.out->value = value;
+            if (gridDim.x > 1) *P.arrivals = 0;
+        }
+    }
+}
+
 // An empty kernel in the same module, for launch-overhead baselines measured beside the manifold.
 extern "C" __global__ void pptm_empty() {}
 

@@ -27,5 +27,5 @@ pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, checked_ir};
 pub use element::{DType, Element};
 pub use error::{Error, Result};
 pub use gpu::baseline;
-pub use runtime::{BackendKind, Config, Runtime};
+pub use runtime::{BackendKind, Config, Runtime, Variant};
 pub use ticket::Ticket;

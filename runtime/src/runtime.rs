@@ -12,10 +12,28 @@ use crate::chain::{Arg, Chain, Completion, DomainCode};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::gpu::abi::{PPTM_OP_NOOP, pptm_desc};
-use crate::gpu::{Device, Manifold};
+use crate::gpu::{Device, Launcher, Manifold};
 use crate::ticket::Ticket;
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Where a submission goes.
+enum Route {
+    Cpu,
+    Manifold(Arc<Manifold>),
+    Launch(Arc<Launcher>),
+}
+
+/// How the GPU backend runs a chain's fused variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Variant {
+    /// In the domain's persistent manifold, fed through the submission ring (what pptm is for).
+    #[default]
+    Fused,
+    /// The same fused code, one ordinary kernel launch per item, waited for at submission: the
+    /// baseline that separates what persistence buys from what fusion buys.
+    FusedLaunched,
+}
 
 /// Runtime settings. `Config::default()` suits most uses.
 #[derive(Debug, Clone)]
@@ -45,6 +63,8 @@ pub struct Config {
     /// SMs' worth of compute blocks for named domains when several start together
     /// ([`Runtime::prepare_domains`]); domains not named share the rest equally.
     pub domain_sms: Vec<(String, u32)>,
+    /// How the GPU backend runs chains (the CPU backend ignores it).
+    pub variant: Variant,
 }
 
 impl Default for Config {
@@ -61,6 +81,7 @@ impl Default for Config {
             launch_timeout: Duration::from_secs(2),
             fetch_pollers: 2,
             domain_sms: Vec::new(),
+            variant: Variant::Fused,
         }
     }
 }
@@ -105,6 +126,8 @@ enum Backend {
     Gpu {
         device: Arc<Device>,
         manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
+        /// `Variant::FusedLaunched` only.
+        launchers: Mutex<HashMap<&'static str, Arc<Launcher>>>,
     },
 }
 
@@ -178,6 +201,7 @@ impl Runtime {
             backend: Backend::Gpu {
                 device,
                 manifolds: Mutex::new(HashMap::new()),
+                launchers: Mutex::new(HashMap::new()),
             },
         };
         tracing::info!("pptm: {}", rt.describe());
@@ -199,11 +223,16 @@ impl Runtime {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Cpu { why } => format!("CPU backend (f64 reference code; {why})"),
-            Backend::Gpu { device, manifolds } => {
+            Backend::Gpu {
+                device, manifolds, ..
+            } => {
                 let mut s = format!(
                     "GPU backend: device {} {} (sm_{}{}, {} SMs)",
                     device.ordinal, device.name, device.cc.0, device.cc.1, device.sm_count
                 );
+                if self.config.variant == Variant::FusedLaunched {
+                    s.push_str("; fused variants as one kernel launch per item");
+                }
                 let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 let mut names: Vec<_> = m.values().map(|m| format!("{m:?}")).collect();
                 names.sort();
@@ -244,7 +273,10 @@ impl Runtime {
 
     /// The manifold of `code`'s domain, launched on first use.
     fn manifold(&self, code: &'static DomainCode) -> Result<Option<Arc<Manifold>>> {
-        let Backend::Gpu { device, manifolds } = &self.backend else {
+        let Backend::Gpu {
+            device, manifolds, ..
+        } = &self.backend
+        else {
             return Ok(None);
         };
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
@@ -254,6 +286,35 @@ impl Runtime {
         let launched = Manifold::launch(device, code, &self.config, None)?;
         m.insert(code.key, launched.clone());
         Ok(Some(launched))
+    }
+
+    /// The launcher of `code`'s domain (`Variant::FusedLaunched`), made on first use.
+    fn launcher(&self, code: &'static DomainCode) -> Result<Arc<Launcher>> {
+        let Backend::Gpu {
+            device, launchers, ..
+        } = &self.backend
+        else {
+            unreachable!("launchers are GPU only")
+        };
+        let mut l = launchers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = l.get(code.key) {
+            return Ok(existing.clone());
+        }
+        let sms = self
+            .config
+            .max_sms
+            .map_or(device.sm_count, |m| m.clamp(1, device.sm_count));
+        let made = Arc::new(Launcher::new(
+            device,
+            code,
+            sms * self.config.blocks_per_sm,
+        )?);
+        l.insert(code.key, made.clone());
+        Ok(made)
+    }
+
+    fn launched(&self) -> bool {
+        matches!(self.backend, Backend::Gpu { .. }) && self.config.variant == Variant::FusedLaunched
     }
 
     /// Starts the manifolds of several domains together, sharing the GPU: every domain's code is
@@ -268,9 +329,18 @@ impl Runtime {
     /// rt.prepare_domains(&[KlComplexity::DOMAIN, DistanceKth::DOMAIN, GemvAxpbySum::DOMAIN])?;
     /// ```
     pub fn prepare_domains(&self, domains: &[&'static DomainCode]) -> Result<()> {
-        let Backend::Gpu { device, manifolds } = &self.backend else {
+        let Backend::Gpu {
+            device, manifolds, ..
+        } = &self.backend
+        else {
             return Ok(());
         };
+        if self.config.variant == Variant::FusedLaunched {
+            for d in domains {
+                self.launcher(d)?;
+            }
+            return Ok(());
+        }
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
         let mut todo: Vec<&'static DomainCode> = Vec::new();
         for d in domains {
@@ -335,6 +405,9 @@ impl Runtime {
     /// Launches the manifold that hosts `C` now, rather than on its first submission.
     pub fn prepare<C: Chain>(&self) -> Result<()> {
         C::ir()?;
+        if self.launched() {
+            return self.launcher(C::DOMAIN).map(|_| ());
+        }
         self.manifold(C::DOMAIN).map(|_| ())
     }
 
@@ -367,6 +440,14 @@ impl Runtime {
     /// Submits an item that does nothing, through the full dispatch path of the manifold hosting
     /// `C` (to measure dispatch).
     pub fn submit_noop<C: Chain>(&self) -> Result<Ticket<'static, ()>> {
+        if self.launched() {
+            let c = self.launcher(C::DOMAIN)?.run(&pptm_desc {
+                opcode: PPTM_OP_NOOP,
+                blocks: 1,
+                ..Default::default()
+            })?;
+            return Ok(Ticket::ready("noop", C::DOMAIN.name, c));
+        }
         match self.manifold(C::DOMAIN)? {
             None => Ok(Ticket::ready(
                 "noop",
@@ -398,12 +479,20 @@ impl Runtime {
     ) -> Result<Ticket<'a, C::Output>> {
         let ir = C::ir()?;
         let (slots, sizes) = self.validate::<C>(ir, args)?;
-        match self.manifold(C::DOMAIN)? {
-            None => {
+        let route = if self.launched() {
+            Route::Launch(self.launcher(C::DOMAIN)?)
+        } else {
+            match self.manifold(C::DOMAIN)? {
+                Some(m) => Route::Manifold(m),
+                None => Route::Cpu,
+            }
+        };
+        match route {
+            Route::Cpu => {
                 let c = crate::cpu::run(C::NAME, ir, slots, &sizes)?;
                 Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
             }
-            Some(m) => {
+            route => {
                 let mut words = C::Args::zeroed();
                 let desc_words: &mut [u64] =
                     bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
@@ -423,8 +512,14 @@ impl Runtime {
                     ..Default::default()
                 };
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
-                let cell = m.submit(&desc, blocking)?;
-                Ok(Ticket::pending(C::NAME, m, cell))
+                match route {
+                    Route::Manifold(m) => {
+                        let cell = m.submit(&desc, blocking)?;
+                        Ok(Ticket::pending(C::NAME, m, cell))
+                    }
+                    Route::Launch(l) => Ok(Ticket::ready(C::NAME, C::DOMAIN.name, l.run(&desc)?)),
+                    Route::Cpu => unreachable!("handled above"),
+                }
             }
         }
     }

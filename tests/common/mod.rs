@@ -43,11 +43,29 @@ pub fn gpu() -> Option<&'static Runtime> {
     .as_ref()
 }
 
+/// A second GPU runtime per test binary that runs the same fused variants as one ordinary kernel
+/// launch per item (`Variant::FusedLaunched`).
+pub fn gpu_launched() -> Option<&'static Runtime> {
+    static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
+    gpu()?;
+    GPU.get_or_init(|| {
+        let rt = Runtime::gpu_with(pptm::Config {
+            variant: pptm::Variant::FusedLaunched,
+            ..Default::default()
+        })
+        .expect("a GPU runtime opened before");
+        eprintln!("pptm tests: {}", rt.describe());
+        Some(rt)
+    })
+    .as_ref()
+}
+
 pub fn skip(test: &str) {
     eprintln!("SKIPPED (no GPU): {test}");
 }
 
-/// Instantiates each named test body (`fn(&Runtime)`) once per backend: `cpu::name`, `gpu::name`.
+/// Instantiates each named test body (`fn(&Runtime)`) once per backend and variant: `cpu::name`,
+/// `gpu::name` (fused, persistent), `gpu_launched::name` (fused, one launch per item).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -65,6 +83,17 @@ macro_rules! on_every_backend {
                 #[test]
                 fn $test() {
                     match crate::common::gpu() {
+                        Some(rt) => super::$test(rt),
+                        None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
+                    }
+                }
+            )*
+        }
+        mod gpu_launched {
+            $(
+                #[test]
+                fn $test() {
+                    match crate::common::gpu_launched() {
                         Some(rt) => super::$test(rt),
                         None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
                     }

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 3;
+pub const PPTM_ABI_VERSION: u32 = 4;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -158,6 +158,54 @@ const _: () = {
         [::core::mem::offset_of!(pptm_manifold_params, reserved) - 52usize];
 };
 impl Default for pptm_manifold_params {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct pptm_launch_out {
+    pub status: u32,
+    pub pad: u32,
+    pub value: f64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pptm_launch_out"][::core::mem::size_of::<pptm_launch_out>() - 16usize];
+    ["Alignment of pptm_launch_out"][::core::mem::align_of::<pptm_launch_out>() - 8usize];
+    ["Offset of field: pptm_launch_out::status"]
+        [::core::mem::offset_of!(pptm_launch_out, status) - 0usize];
+    ["Offset of field: pptm_launch_out::pad"]
+        [::core::mem::offset_of!(pptm_launch_out, pad) - 4usize];
+    ["Offset of field: pptm_launch_out::value"]
+        [::core::mem::offset_of!(pptm_launch_out, value) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct pptm_launch_params {
+    pub desc: pptm_desc,
+    pub arrivals: *mut u64,
+    pub partials: *mut f64,
+    pub out: *mut pptm_launch_out,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pptm_launch_params"][::core::mem::size_of::<pptm_launch_params>() - 152usize];
+    ["Alignment of pptm_launch_params"][::core::mem::align_of::<pptm_launch_params>() - 8usize];
+    ["Offset of field: pptm_launch_params::desc"]
+        [::core::mem::offset_of!(pptm_launch_params, desc) - 0usize];
+    ["Offset of field: pptm_launch_params::arrivals"]
+        [::core::mem::offset_of!(pptm_launch_params, arrivals) - 128usize];
+    ["Offset of field: pptm_launch_params::partials"]
+        [::core::mem::offset_of!(pptm_launch_params, partials) - 136usize];
+    ["Offset of field: pptm_launch_params::out"]
+        [::core::mem::offset_of!(pptm_launch_params, out) - 144usize];
+};
+impl Default for pptm_launch_params {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {

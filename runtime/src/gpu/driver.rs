@@ -362,6 +362,8 @@ pub(crate) struct Module {
     pub manifold: sys::CUfunction,
     /// An empty kernel, for launch-overhead baselines.
     pub empty: sys::CUfunction,
+    /// One item per launch (`Variant::FusedLaunched`).
+    pub launched: sys::CUfunction,
 }
 
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -433,13 +435,15 @@ impl Module {
             check("cuFuncLoad", unsafe { sys::cuFuncLoad(f) })?;
             Ok(f)
         };
-        let loaded = function("pptm_manifold").and_then(|m| Ok((m, function("pptm_empty")?)));
+        let loaded = function("pptm_manifold")
+            .and_then(|m| Ok((m, function("pptm_empty")?, function("pptm_launched")?)));
         match loaded {
-            Ok((manifold, empty)) => Ok(Module {
+            Ok((manifold, empty, launched)) => Ok(Module {
                 module,
                 arch,
                 manifold,
                 empty,
+                launched,
             }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.

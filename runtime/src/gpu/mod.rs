@@ -3,9 +3,11 @@
 pub(crate) mod abi;
 pub mod baseline;
 pub(crate) mod driver;
+pub(crate) mod launched;
 pub(crate) mod manifold;
 pub(crate) mod queue;
 
 pub(crate) use driver::Device;
+pub(crate) use launched::Launcher;
 pub(crate) use manifold::Manifold;
 pub(crate) use queue::{Cell, Failure};

@@ -1,0 +1,99 @@
+//! `Variant::FusedLaunched`: a domain's fused variants run by one ordinary kernel launch per item
+//! (the `pptm_launched` kernel of the same module), waited for on the host. The variant code is the
+//! manifold's; only dispatch differs, so comparing the two measures what persistence buys.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys};
+
+use super::abi::{PPTM_MAX_BLOCKS, pptm_desc, pptm_launch_out, pptm_launch_params};
+use super::driver::{Device, MappedHost, Module, Stream};
+use crate::chain::{Completion, DomainCode};
+use crate::error::{Error, Result};
+
+/// Launches items of one domain, one at a time, on a stream of its own.
+pub(crate) struct Launcher {
+    device: Arc<Device>,
+    module: Arc<Module>,
+    /// Most blocks one launch uses: what a manifold of the same configuration would have.
+    max_blocks: u32,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    stream: Stream,
+    /// Arrival counter, then PPTM_MAX_BLOCKS partials (device memory, zeroed).
+    state: sys::CUdeviceptr,
+    out: MappedHost,
+}
+
+// SAFETY: the raw handles are used under `inner`'s lock with the context bound.
+unsafe impl Send for Launcher {}
+// SAFETY: as above.
+unsafe impl Sync for Launcher {}
+
+const STATE_BYTES: usize = 128 + 8 * PPTM_MAX_BLOCKS as usize;
+
+impl Launcher {
+    pub fn new(device: &Arc<Device>, code: &'static DomainCode, max_blocks: u32) -> Result<Self> {
+        let module = device.module(code)?;
+        let stream = Stream::new(device)?;
+        let state = device.alloc(STATE_BYTES, 0)?;
+        let out = MappedHost::new(device, std::mem::size_of::<pptm_launch_out>())?;
+        Ok(Launcher {
+            device: device.clone(),
+            module,
+            max_blocks: max_blocks.clamp(1, PPTM_MAX_BLOCKS),
+            inner: Mutex::new(Inner { stream, state, out }),
+        })
+    }
+
+    /// Runs one item and waits for it.
+    pub fn run(&self, desc: &pptm_desc) -> Result<Completion> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.device.bind()?;
+        let blocks = match desc.blocks {
+            0 => self.max_blocks,
+            b => b.min(self.max_blocks),
+        };
+        let mut params = pptm_launch_params {
+            desc: *desc,
+            arrivals: inner.state as *mut u64,
+            partials: (inner.state + 128) as *mut f64,
+            out: inner.out.dev as *mut pptm_launch_out,
+        };
+        let mut args: [*mut c_void; 1] = [(&raw mut params).cast()];
+        // SAFETY: pptm_launched takes one pptm_launch_params by value; `params` outlives the call
+        // (the driver copies parameters at launch); its pointers are this launcher's allocations.
+        unsafe {
+            result::launch_kernel(
+                self.module.launched,
+                (blocks, 1, 1),
+                (pptm_spec::BLOCK_THREADS, 1, 1),
+                0,
+                inner.stream.raw,
+                &mut args,
+            )
+        }
+        .map_err(|e| Error::driver("cuLaunchKernel", e))?;
+        inner.stream.synchronize()?;
+        // SAFETY: the kernel finished (stream synchronised), so the mapped words are settled; the
+        // allocation is at least one pptm_launch_out.
+        let out =
+            unsafe { std::ptr::read_volatile(inner.out.host_ptr().cast::<pptm_launch_out>()) };
+        Ok(Completion {
+            status: out.status,
+            value: out.value,
+        })
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _ = self.device.bind();
+        let _ = inner.stream.synchronize();
+        self.device.free(inner.state);
+    }
+}
