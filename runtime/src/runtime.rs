@@ -354,7 +354,7 @@ impl Runtime {
         // Load everything before anything new runs.
         let mut per_sm = u32::MAX;
         for d in &todo {
-            per_sm = per_sm.min(device.module(d)?.blocks_per_sm_max()?);
+            per_sm = per_sm.min(device.module(d)?.blocks_per_sm_max(device)?);
         }
         // Shares: named ones first, an equal split of what is left for the others.
         let total = device.sm_count;

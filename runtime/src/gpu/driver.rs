@@ -373,7 +373,10 @@ unsafe impl Sync for Module {}
 
 impl Module {
     /// How many manifold blocks fit on one SM (the occupancy API, for the block size pptm uses).
-    pub fn blocks_per_sm_max(&self) -> Result<u32> {
+    pub fn blocks_per_sm_max(&self, device: &Device) -> Result<u32> {
+        // The occupancy API needs the context current on this thread (the module may have been
+        // loaded on another).
+        device.bind()?;
         let threads = pptm_spec::BLOCK_THREADS;
         // SAFETY: `manifold` is a kernel of this loaded module.
         let per_sm = unsafe {

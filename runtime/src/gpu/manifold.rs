@@ -107,7 +107,7 @@ impl Manifold {
         let module = device.module(code)?;
         let (arch, func) = (module.arch, module.manifold);
         let threads = pptm_spec::BLOCK_THREADS;
-        let per_sm = module.blocks_per_sm_max()? as i32;
+        let per_sm = module.blocks_per_sm_max(device)? as i32;
         if per_sm < 1 {
             return Err(launch_err(format!(
                 "not one block of {threads} threads fits on an SM"
