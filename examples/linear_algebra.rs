@@ -117,6 +117,5 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         println!("  ({})", rt.describe());
     }
-    println!("\n(the unfused variant, one kernel per op, is not built yet)");
     Ok(())
 }

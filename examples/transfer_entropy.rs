@@ -86,6 +86,5 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("  te_reduction  {n} points, d = 1 each:   {te}");
         println!("  ({})", rt.describe());
     }
-    println!("\n(the unfused variant, one kernel per op, is not built yet)");
     Ok(())
 }

@@ -54,20 +54,28 @@ pub fn measure<E>(
     Ok(Stats::of(t))
 }
 
-/// The runtimes a comparison times, labelled: on a GPU, `rt` (the persistent manifold) and a
-/// runtime that runs the same fused code as one kernel launch per item
-/// ([`crate::Variant::FusedLaunched`]); on the CPU, `rt` alone.
+/// The runtimes a comparison times, labelled: on a GPU, `rt` (the persistent manifold), a runtime
+/// that runs the same fused code as one kernel launch per item
+/// ([`crate::Variant::FusedLaunched`]) and one that runs each stage as its own launch
+/// ([`crate::Variant::Unfused`]); on the CPU, `rt` alone.
 pub fn variants(rt: crate::Runtime) -> crate::Result<Vec<(&'static str, crate::Runtime)>> {
     if rt.backend() != crate::BackendKind::Gpu {
         return Ok(vec![("CPU backend (f64 reference code)", rt)]);
     }
-    let launched = crate::Runtime::gpu_with(crate::Config {
-        variant: crate::Variant::FusedLaunched,
-        ..rt.config().clone()
-    })?;
+    let with = |variant| {
+        crate::Runtime::gpu_with(crate::Config {
+            variant,
+            ..rt.config().clone()
+        })
+    };
+    let (launched, unfused) = (
+        with(crate::Variant::FusedLaunched)?,
+        with(crate::Variant::Unfused)?,
+    );
     Ok(vec![
         ("GPU, fused, persistent manifold", rt),
         ("GPU, fused, one kernel launch per item", launched),
+        ("GPU, unfused, one kernel launch per stage", unfused),
     ])
 }
 

@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use pptm_spec::{ArgKind, ChainIr, ChainOutput, Pattern, Shape, Source, StageIr, Ty};
+use pptm_spec::{ArgKind, ChainIr, ChainOutput, FusionClass, Pattern, Shape, Source, StageIr, Ty};
 
 /// Generates the translation unit for one domain. `chains` must all belong to `domain`.
 pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
@@ -57,6 +57,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         variant(&mut out, chain);
     }
     dispatch(&mut out, chains);
+    unfused(&mut out, chains);
     out.push_str("\n#include \"pptm/manifold.cuh\"\n");
     out
 }
@@ -508,6 +509,244 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
         let _ = writeln!(out, "    case 0x{}u: return true;  // {}", tag(c), c.name);
     }
     out.push_str("    default: return false;\n    }\n}\n");
+}
+
+/// Channel expressions of stage `s`'s flow read from memory at element `index`: the previous
+/// stage's stored output (`scratch[s - 1]`), or the chain argument of the first stage.
+fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
+    match c.stages[s].inputs[0] {
+        Source::Arg(slot) => (
+            field(slot),
+            vec![format!("pptm_ld_cg_f32({} + {index})", field(slot))],
+        ),
+        Source::Stage(j) => {
+            let ch = match &c.stages[j].shape {
+                Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
+                Shape::Scalar => 1,
+            };
+            let src = format!("scratch[{j}]");
+            let exprs = (0..ch)
+                .map(|k| {
+                    if ch == 1 {
+                        format!("pptm_ld_cg_f32({src} + {index})")
+                    } else {
+                        format!("pptm_ld_cg_f32({src} + {index} * {ch} + {k})")
+                    }
+                })
+                .collect();
+            (src, exprs)
+        }
+    }
+}
+
+/// The product of chain dimensions as a C expression.
+fn dims_product(c: &ChainIr, dims: &[usize]) -> String {
+    if dims.is_empty() {
+        "1".into()
+    } else {
+        dims.iter()
+            .map(|&d| field(c.dims[d].slot))
+            .collect::<Vec<_>>()
+            .join(" * ")
+    }
+}
+
+/// The unfused mode's two switches (`pptm_run_stage`, `pptm_finish_stage`): every stage of every
+/// chain as a pass of its own over stored values, from the same op code.
+fn unfused(out: &mut String, chains: &[ChainIr]) {
+    let mut run = String::new();
+    let mut fin = String::new();
+    for c in chains {
+        let t = tag(c);
+        let _ = writeln!(run, "    case 0x{t}u: {{  // {}", c.name);
+        let _ = writeln!(run, "        const pptm_env_{t} e(d);");
+        let _ = writeln!(run, "        switch (stage) {{");
+        let last = c.stages.len() - 1;
+        let after_reduction = |s: usize| c.plan.reduction.is_some_and(|r| s > r);
+        for (s, st) in c.stages.iter().enumerate() {
+            let dst = if s == last && c.output == ChainOutput::Vector {
+                field(c.output_slot().expect("out"))
+            } else {
+                format!("scratch[{s}]")
+            };
+            let _ = writeln!(run, "        case {s}: {{  // {}", st.op.name);
+            let body = &mut run;
+            match st.op.class {
+                FusionClass::Elementwise | FusionClass::Broadcast if after_reduction(s) => {
+                    let _ = writeln!(body, "            if (b.block == 0 && threadIdx.x == 0) {{");
+                    let mut inner = String::new();
+                    let v = emit_stages(
+                        &mut inner,
+                        c,
+                        s..s + 1,
+                        vec![format!("scratch[{}][0]", s - 1)],
+                        &Load::At {
+                            index: "0",
+                            column: "0",
+                        },
+                    );
+                    body.push_str(&inner.replace("        const", "                const"));
+                    let _ = writeln!(body, "                scratch[{s}][0] = {};", v[0]);
+                    let _ = writeln!(body, "                out->value = (double){};", v[0]);
+                    let _ = writeln!(body, "            }}");
+                }
+                FusionClass::Elementwise | FusionClass::Broadcast => {
+                    let dims = match &st.shape {
+                        Shape::Tensor { dims, .. } => dims.clone(),
+                        _ => unreachable!("elementwise on a tensor"),
+                    };
+                    let cols = dims
+                        .last()
+                        .map_or("1".to_string(), |&d| field(c.dims[d].slot));
+                    let _ = writeln!(
+                        body,
+                        "            const uint64_t count = {};",
+                        dims_product(c, &dims)
+                    );
+                    let _ = writeln!(
+                        body,
+                        "            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {{"
+                    );
+                    let _ = writeln!(
+                        body,
+                        "                [[maybe_unused]] const uint64_t col = i % {cols};"
+                    );
+                    let (_, flow) = stored_flow(c, s, "i");
+                    let mut inner = String::new();
+                    let v = emit_stages(
+                        &mut inner,
+                        c,
+                        s..s + 1,
+                        flow,
+                        &Load::At {
+                            index: "i",
+                            column: "col",
+                        },
+                    );
+                    body.push_str(&inner.replace("        const", "                const"));
+                    let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
+                    let _ = writeln!(body, "            }}");
+                }
+                FusionClass::Reduction => {
+                    let (src, _) = stored_flow(c, s, "0");
+                    let dims = match (s, c.stages[s].inputs[0]) {
+                        (0, Source::Arg(slot)) => c.args[slot].shape.clone(),
+                        _ => match &c.stages[s - 1].shape {
+                            Shape::Tensor { dims, .. } => dims.clone(),
+                            _ => unreachable!("a reduction reads a tensor"),
+                        },
+                    };
+                    let count = dims_product(c, &dims);
+                    let _ = writeln!(body, "            const float* const in[1] = {{{src}}};");
+                    let _ = writeln!(
+                        body,
+                        "            partial = pptm_map_reduce<1, {}>(in, {count}, pptm_take_first{{}}, b);",
+                        st.op.device
+                    );
+                    // The last block finishes the reduction.
+                    let _ = writeln!(fin, "    case 0x{t}{s:02x}ull: {{  // {} stage {s}", c.name);
+                    let _ = writeln!(fin, "        const pptm_env_{t} e(d);");
+                    let _ = writeln!(
+                        fin,
+                        "        const double v = {r}::finish(pptm_combine_partials<{r}>(partials, nblocks, smem), {count});",
+                        r = st.op.device
+                    );
+                    let _ = writeln!(
+                        fin,
+                        "        if (threadIdx.x == 0) {{ scratch[{s}][0] = (float)v; out->value = v; }}"
+                    );
+                    let _ = writeln!(fin, "        return;");
+                    let _ = writeln!(fin, "    }}");
+                }
+                FusionClass::OutputFusable => {
+                    let (src, _) = stored_flow(c, s, "0");
+                    let matrix = match st.inputs[1] {
+                        Source::Arg(slot) => field(slot),
+                        Source::Stage(_) => unreachable!(),
+                    };
+                    let (m, n) = (dim_field(c, st, "m"), dim_field(c, st, "n"));
+                    if st.op.device == pptm_spec::ops::MATMUL.device {
+                        let k = dim_field(c, st, "k");
+                        let _ = writeln!(
+                            body,
+                            "            pptm_matmul({src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b);"
+                        );
+                    } else {
+                        let _ = writeln!(
+                            body,
+                            "            {}<pptm_no_reducer>({matrix}, {m}, {n}, pptm_load_at{{{src}}}, pptm_pass_acc{{}}, {dst}, b);",
+                            st.op.device
+                        );
+                    }
+                }
+                FusionClass::Pairwise => {
+                    let mut dist = Vec::new();
+                    let mut cols = Vec::new();
+                    for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
+                        if let (Source::Arg(slot), Ty::Matrix(_, col)) = (src, p.ty) {
+                            dist.push(field(*slot));
+                            cols.push(format!("(uint32_t){}", dim_field(c, st, col)));
+                        }
+                    }
+                    dist.extend(cols);
+                    let _ = writeln!(
+                        body,
+                        "            pptm_pairwise_store({}, {}<0>{{{}}}, {dst}, b);",
+                        dim_field(c, st, "n"),
+                        st.op.device,
+                        dist.join(", ")
+                    );
+                }
+                FusionClass::RowReduction => {
+                    let Source::Stage(p) = st.inputs[0] else {
+                        unreachable!()
+                    };
+                    let pch = match c.stages[p].shape {
+                        Shape::Pairs { channels, .. } => channels,
+                        _ => unreachable!(),
+                    };
+                    let row_ty = if st.op.flow_channels.is_none() {
+                        format!("{}<{pch}>", st.op.device)
+                    } else {
+                        st.op.device.to_string()
+                    };
+                    let row: Vec<String> = st.inputs[1..]
+                        .iter()
+                        .filter_map(|s| match s {
+                            Source::Arg(slot) => Some(field(*slot)),
+                            Source::Stage(_) => None,
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        body,
+                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row_ty}{{{}}}, {dst}, b);",
+                        dim_field(c, st, "n"),
+                        row.join(", ")
+                    );
+                }
+            }
+            if st.op.class != FusionClass::Reduction {
+                let _ = writeln!(body, "            partial = 0.0;");
+            }
+            let _ = writeln!(body, "            return PPTM_STATUS_OK;");
+            let _ = writeln!(body, "        }}");
+        }
+        let _ = writeln!(run, "        default: return PPTM_STATUS_BAD_OPCODE;");
+        let _ = writeln!(run, "        }}");
+        let _ = writeln!(run, "    }}");
+    }
+    out.push_str(
+        "\n__device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {\n",
+    );
+    out.push_str("    (void)out;\n    switch (d.opcode) {\n");
+    out.push_str(&run);
+    out.push_str("    default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;\n    }\n}\n");
+    out.push_str(
+        "\n__device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {\n",
+    );
+    out.push_str("    switch (((uint64_t)d.opcode << 8) | stage) {\n");
+    out.push_str(&fin);
+    out.push_str("    default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;\n    }\n}\n");
 }
 
 #[cfg(test)]

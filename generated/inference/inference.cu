@@ -240,4 +240,203 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     }
 }
 
+__device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
+    (void)out;
+    switch (d.opcode) {
+    case 0x43ffe357u: {  // AccuracyPipeline
+        const pptm_env_43ffe357 e(d);
+        switch (stage) {
+        case 0: {  // PredictionError
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Accuracy
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s1 = pptm_op_accuracy(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // SumReduction
+            const float* const in[1] = {scratch[1]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a3, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x6a371d48u: {  // BeliefUpdateStep
+        const pptm_env_6a371d48 e(d);
+        switch (stage) {
+        case 0: {  // PredictionError
+            const uint64_t count = e.a7;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a7;
+                const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // PrecisionWeight
+            const uint64_t count = e.a7;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a7;
+                const float s1 = pptm_op_precision_weight(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // GemvT
+            pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_load_at{scratch[1]}, pptm_pass_acc{}, scratch[2], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // BeliefUpdate
+            const uint64_t count = e.a8;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a8;
+                const float s3 = pptm_op_belief_update(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a4 + i), e.a5);
+                e.a6[i] = s3;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x7985c08cu: {  // KlComplexity
+        const pptm_env_7985c08c e(d);
+        switch (stage) {
+        case 0: {  // KlDivergence
+            const uint64_t count = e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // SumReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x00271f25u: {  // KlTerms
+        const pptm_env_00271f25 e(d);
+        switch (stage) {
+        case 0: {  // KlDivergence
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                e.a2[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xb5a4b866u: {  // LargestError
+        const pptm_env_b5a4b866 e(d);
+        switch (stage) {
+        case 0: {  // PredictionError
+            const uint64_t count = e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MaxReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x143a17bdu: {  // MeanKlTerm
+        const pptm_env_143a17bd e(d);
+        switch (stage) {
+        case 0: {  // KlDivergence
+            const uint64_t count = e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MeanReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a2, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x8a7205d2u: {  // Predict
+        const pptm_env_8a7205d2 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
+    }
+}
+
+__device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
+    switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0x43ffe35702ull: {  // AccuracyPipeline stage 2
+        const pptm_env_43ffe357 e(d);
+        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
+        if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x7985c08c01ull: {  // KlComplexity stage 1
+        const pptm_env_7985c08c e(d);
+        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0xb5a4b86601ull: {  // LargestError stage 1
+        const pptm_env_b5a4b866 e(d);
+        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x143a17bd01ull: {  // MeanKlTerm stage 1
+        const pptm_env_143a17bd e(d);
+        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;
+    }
+}
+
 #include "pptm/manifold.cuh"

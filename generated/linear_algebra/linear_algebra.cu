@@ -220,4 +220,204 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     }
 }
 
+__device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
+    (void)out;
+    switch (d.opcode) {
+    case 0x91e20abau: {  // GemvAxpbySum
+        const pptm_env_91e20aba e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a6, e.a5, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Square
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_square(pptm_ld_cg_f32(scratch[1] + i));
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // SumReduction
+            const float* const in[1] = {scratch[2]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x646fa6dbu: {  // MatmulBiasGelu
+        const pptm_env_646fa6db e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Gelu
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xbf989ba0u: {  // MatmulBiasRelu
+        const pptm_env_bf989ba0 e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Relu
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_relu(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x9e9087e3u: {  // MatmulBiasSigmoid
+        const pptm_env_9e9087e3 e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Sigmoid
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_sigmoid(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x1156234bu: {  // MatmulBiasTanh
+        const pptm_env_1156234b e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Tanh
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_tanh(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xa4e244f5u: {  // RichardsonStep
+        const pptm_env_a4e244f5 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a7, e.a6, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a7;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a7;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+                e.a5[i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
+    }
+}
+
+__device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
+    switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0x91e20aba03ull: {  // GemvAxpbySum stage 3
+        const pptm_env_91e20aba e(d);
+        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
+    default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;
+    }
+}
+
 #include "pptm/manifold.cuh"

@@ -90,4 +90,79 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     }
 }
 
+__device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
+    (void)out;
+    switch (d.opcode) {
+    case 0xa3516b63u: {  // DistanceKth
+        const pptm_env_a3516b63 e(d);
+        switch (stage) {
+        case 0: {  // ChebyshevDistance
+            pptm_pairwise_store(e.a3, pptm_op_chebyshev<0>{e.a0, (uint32_t)e.a4}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // KthSmallest
+            pptm_rows_stored<1>(e.a3, scratch[0], pptm_op_kth_smallest{e.a1}, e.a2, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xd886a50fu: {  // TeReduction
+        const pptm_env_d886a50f e(d);
+        switch (stage) {
+        case 0: {  // SubspaceDistances
+            pptm_pairwise_store(e.a5, pptm_op_subspace_distances<0>{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // RadiusCount
+            pptm_rows_stored<3>(e.a5, scratch[0], pptm_op_radius_count<3>{e.a3}, scratch[1], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // KsgDigamma
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s2 = pptm_op_ksg_digamma(pptm_ld_cg_f32(scratch[1] + i * 3 + 0), pptm_ld_cg_f32(scratch[1] + i * 3 + 1), pptm_ld_cg_f32(scratch[1] + i * 3 + 2));
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // MeanReduction
+            const float* const in[1] = {scratch[2]};
+            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a5, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        case 4: {  // AddDigamma
+            if (b.block == 0 && threadIdx.x == 0) {
+                const float s4 = pptm_op_add_digamma(scratch[3][0], e.a4);
+                scratch[4][0] = s4;
+                out->value = (double)s4;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
+    }
+}
+
+__device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
+    switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0xd886a50f03ull: {  // TeReduction stage 3
+        const pptm_env_d886a50f e(d);
+        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a5);
+        if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
+    default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;
+    }
+}
+
 #include "pptm/manifold.cuh"

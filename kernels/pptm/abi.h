@@ -45,7 +45,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 4u
+#define PPTM_ABI_VERSION 5u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -147,5 +147,21 @@ typedef struct pptm_launch_params {
     double* partials;     /* device memory, PPTM_MAX_BLOCKS entries */
     pptm_launch_out* out; /* mapped host memory */
 } pptm_launch_params;
+
+/* Unfused mode (Variant::Unfused): every stage of a chain is its own launch of pptm_unfused_stage,
+ * in order on one stream; stage s writes its output to scratch[s] (the last one of a chain that
+ * returns a tensor writes `out`), and reductions and the stages after them write `out->value`.
+ * A stage that fails sets out->status (the host clears it before the first stage). */
+#define PPTM_MAX_STAGES 16u
+
+typedef struct pptm_unfused_params {
+    pptm_desc desc;
+    uint32_t stage;
+    uint32_t pad;
+    float* scratch[PPTM_MAX_STAGES]; /* device memory, one output per stage */
+    uint64_t* arrivals;              /* as in pptm_launch_params */
+    double* partials;
+    pptm_launch_out* out;
+} pptm_unfused_params;
 
 #endif /* PPTM_ABI_H */

@@ -145,4 +145,17 @@ __device__ __forceinline__ double pptm_combine_partials(const double* partials, 
     return pptm_block_reduce<R>(acc, smem);
 }
 
+// Trivial functors for the unfused mode, where each stage is its own pass over stored values.
+struct pptm_take_first {
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const { return x[0]; }
+};
+struct pptm_load_at {
+    const float* p;
+    __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(p + j); }
+};
+struct pptm_pass_acc {
+    __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
+    __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc) const { return acc; }
+};
+
 #endif  // PPTM_FUSE_CUH

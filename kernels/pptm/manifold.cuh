@@ -289,6 +289,29 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
     }
 }
 
+// Unfused mode: one stage of one item per launch (see pptm/abi.h); the generated translation unit
+// defines pptm_run_stage and pptm_finish_stage.
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused_stage(const pptm_unfused_params P) {
+    __shared__ pptm_loop_smem sh;
+    if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&P.desc)[threadIdx.x];
+    __syncthreads();
+    const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
+    double partial = 0.0;
+    const uint32_t status = pptm_run_stage(sh.desc, P.stage, P.scratch, P.out, ctx, partial);
+    if (threadIdx.x == 0) {
+        P.partials[blockIdx.x] = partial;
+        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(P.arrivals, 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (sh.last) {
+        if (status == PPTM_STATUS_OK) pptm_finish_stage(sh.desc, P.stage, P.scratch, P.out, P.partials, gridDim.x, sh.red);
+        if (threadIdx.x == 0) {
+            if (status != PPTM_STATUS_OK) P.out->status = status;
+            if (gridDim.x > 1) *P.arrivals = 0;
+        }
+    }
+}
+
 // An empty kernel in the same module, for launch-overhead baselines measured beside the manifold.
 extern "C" __global__ void pptm_empty() {}
 

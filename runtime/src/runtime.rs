@@ -33,6 +33,10 @@ pub enum Variant {
     /// The same fused code, one ordinary kernel launch per item, waited for at submission: the
     /// baseline that separates what persistence buys from what fusion buys.
     FusedLaunched,
+    /// Every stage its own kernel launch, one after another, each storing its output for the
+    /// next (a pairwise stage stores its n×n values), waited for at submission: the debugging
+    /// path and the baseline for what fusion buys.
+    Unfused,
 }
 
 /// Runtime settings. `Config::default()` suits most uses.
@@ -230,8 +234,12 @@ impl Runtime {
                     "GPU backend: device {} {} (sm_{}{}, {} SMs)",
                     device.ordinal, device.name, device.cc.0, device.cc.1, device.sm_count
                 );
-                if self.config.variant == Variant::FusedLaunched {
-                    s.push_str("; fused variants as one kernel launch per item");
+                match self.config.variant {
+                    Variant::Fused => {}
+                    Variant::FusedLaunched => {
+                        s.push_str("; fused variants as one kernel launch per item")
+                    }
+                    Variant::Unfused => s.push_str("; unfused: one kernel launch per stage"),
                 }
                 let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 let mut names: Vec<_> = m.values().map(|m| format!("{m:?}")).collect();
@@ -314,7 +322,7 @@ impl Runtime {
     }
 
     fn launched(&self) -> bool {
-        matches!(self.backend, Backend::Gpu { .. }) && self.config.variant == Variant::FusedLaunched
+        matches!(self.backend, Backend::Gpu { .. }) && self.config.variant != Variant::Fused
     }
 
     /// Starts the manifolds of several domains together, sharing the GPU: every domain's code is
@@ -335,7 +343,7 @@ impl Runtime {
         else {
             return Ok(());
         };
-        if self.config.variant == Variant::FusedLaunched {
+        if self.config.variant != Variant::Fused {
             for d in domains {
                 self.launcher(d)?;
             }
@@ -517,7 +525,14 @@ impl Runtime {
                         let cell = m.submit(&desc, blocking)?;
                         Ok(Ticket::pending(C::NAME, m, cell))
                     }
-                    Route::Launch(l) => Ok(Ticket::ready(C::NAME, C::DOMAIN.name, l.run(&desc)?)),
+                    Route::Launch(l) => {
+                        let c = if self.config.variant == Variant::Unfused {
+                            l.run_unfused(&desc, ir, &sizes)?
+                        } else {
+                            l.run(&desc)?
+                        };
+                        Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
+                    }
                     Route::Cpu => unreachable!("handled above"),
                 }
             }

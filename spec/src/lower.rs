@@ -1087,6 +1087,42 @@ impl ChainIr {
         blocks.clamp(1, u32::MAX as usize) as u32
     }
 
+    /// Values (channels included) stage `s` produces when the chain runs unfused, one kernel per
+    /// stage with its output stored: a pairwise stage stores its n×n values, a reduction one.
+    pub fn stage_output_len(&self, s: usize, sizes: &[usize]) -> usize {
+        match &self.stages[s].shape {
+            Shape::Tensor { dims, channels } => {
+                dims.iter().map(|&d| sizes[d]).product::<usize>() * usize::from(*channels)
+            }
+            Shape::Pairs { dim, channels } => sizes[*dim] * sizes[*dim] * usize::from(*channels),
+            Shape::Scalar => 1,
+        }
+    }
+
+    /// Blocks stage `s` asks for when the chain runs unfused.
+    pub fn stage_blocks(&self, s: usize, sizes: &[usize]) -> u32 {
+        use crate::work;
+        let st = &self.stages[s];
+        let dim = |l: &str| sizes[st.dim(l).expect("op letter")];
+        let blocks = match st.op.class {
+            FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
+                .flow_elements(s, sizes)
+                .div_ceil(work::MAP_ELEMS_PER_BLOCK),
+            FusionClass::OutputFusable if st.op.device == ops::GEMV.device => {
+                dim("m").div_ceil(work::GEMV_ROWS_PER_BLOCK)
+            }
+            FusionClass::OutputFusable if st.op.device == ops::GEMV_T.device => {
+                dim("n").div_ceil(work::GEMV_T_COLS_PER_BLOCK)
+            }
+            FusionClass::OutputFusable => {
+                dim("m").div_ceil(work::MATMUL_TILE) * dim("n").div_ceil(work::MATMUL_TILE)
+            }
+            FusionClass::Pairwise => (dim("n") * dim("n")).div_ceil(work::MAP_ELEMS_PER_BLOCK),
+            FusionClass::RowReduction => dim("n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
+        };
+        blocks.clamp(1, u32::MAX as usize) as u32
+    }
+
     /// Elements (not channels) of the value stage `s` reads as its flow input.
     pub fn flow_elements(&self, s: usize, sizes: &[usize]) -> usize {
         let dims = if s == 0 {

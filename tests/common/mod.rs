@@ -43,14 +43,20 @@ pub fn gpu() -> Option<&'static Runtime> {
     .as_ref()
 }
 
-/// A second GPU runtime per test binary that runs the same fused variants as one ordinary kernel
-/// launch per item (`Variant::FusedLaunched`).
-pub fn gpu_launched() -> Option<&'static Runtime> {
-    static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
+/// GPU runtimes per test binary for the launched variants: the same fused code as one ordinary
+/// kernel launch per item, and the unfused chain (one launch per stage).
+pub fn gpu_variant(variant: pptm::Variant) -> Option<&'static Runtime> {
+    static LAUNCHED: OnceLock<Option<Runtime>> = OnceLock::new();
+    static UNFUSED: OnceLock<Option<Runtime>> = OnceLock::new();
     gpu()?;
-    GPU.get_or_init(|| {
+    let cell = match variant {
+        pptm::Variant::FusedLaunched => &LAUNCHED,
+        pptm::Variant::Unfused => &UNFUSED,
+        pptm::Variant::Fused => return gpu(),
+    };
+    cell.get_or_init(|| {
         let rt = Runtime::gpu_with(pptm::Config {
-            variant: pptm::Variant::FusedLaunched,
+            variant,
             ..Default::default()
         })
         .expect("a GPU runtime opened before");
@@ -65,7 +71,8 @@ pub fn skip(test: &str) {
 }
 
 /// Instantiates each named test body (`fn(&Runtime)`) once per backend and variant: `cpu::name`,
-/// `gpu::name` (fused, persistent), `gpu_launched::name` (fused, one launch per item).
+/// `gpu::name` (fused, persistent), `gpu_launched::name` (fused, one launch per item),
+/// `gpu_unfused::name` (one launch per stage).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -93,7 +100,18 @@ macro_rules! on_every_backend {
             $(
                 #[test]
                 fn $test() {
-                    match crate::common::gpu_launched() {
+                    match crate::common::gpu_variant(pptm::Variant::FusedLaunched) {
+                        Some(rt) => super::$test(rt),
+                        None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
+                    }
+                }
+            )*
+        }
+        mod gpu_unfused {
+            $(
+                #[test]
+                fn $test() {
+                    match crate::common::gpu_variant(pptm::Variant::Unfused) {
                         Some(rt) => super::$test(rt),
                         None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
                     }

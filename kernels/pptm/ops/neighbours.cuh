@@ -52,6 +52,12 @@ struct pptm_op_chebyshev {
     __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
         return pptm_ld_cg_f32(x + j * features() + c);
     }
+    // One pair from global memory (the unfused mode).
+    __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
+        float m = 0.0f;
+        for (uint32_t c = 0; c < features(); ++c) m = fmaxf(m, fabsf(feature(i, c) - feature(j, c)));
+        out[0] = m;
+    }
     template <int U>
     __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {
         float m[U];
@@ -81,6 +87,17 @@ struct pptm_op_subspace_distances {
         c -= ddx();
         if (c < ddy()) return pptm_ld_cg_f32(y + j * ddy() + c);
         return pptm_ld_cg_f32(z + j * ddz() + (c - ddy()));
+    }
+    // One pair from global memory (the unfused mode).
+    __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
+        float m[3] = {0.0f, 0.0f, 0.0f};
+        const uint32_t ends[3] = {ddx(), ddx() + ddy(), features()};
+        uint32_t c = 0;
+        for (int s = 0; s < 3; ++s)
+            for (; c < ends[s]; ++c) m[s] = fmaxf(m[s], fabsf(feature(i, c) - feature(j, c)));
+        out[0] = fmaxf(m[0], m[2]);
+        out[1] = fmaxf(m[1], m[2]);
+        out[2] = m[2];
     }
     template <int U>
     __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {

@@ -108,4 +108,44 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
     return pptm_block_partial<R>(acc, b.red_smem);
 }
 
+// Unfused mode, pairwise stage: every pair's W values stored at pairs[(i * n + j) * W + c] (the
+// diagonal too, unused).
+template <class Dist>
+__device__ __forceinline__ void pptm_pairwise_store(uint64_t n, const Dist& dist, float* pairs, const pptm_block_ctx& b) {
+    const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
+    for (uint64_t p = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; p < n * n; p += stride) {
+        float v[Dist::W];
+        dist.pair_direct(p / n, p % n, v);
+#pragma unroll
+        for (int c = 0; c < Dist::W; ++c) pairs[p * Dist::W + c] = v[c];
+    }
+}
+
+// Unfused mode, row-reduction stage: one warp per point reduces its stored row (j != i) and writes
+// Row::OUT values per point.
+template <int W, class Row>
+__device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs, const Row& row, float* out,
+                                                 const pptm_block_ctx& b) {
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (uint64_t i = (uint64_t)b.block * PPTM_WARPS + warp; i < n; i += (uint64_t)b.nblocks * PPTM_WARPS) {
+        typename Row::State state;
+        row.init(state, i);
+        for (uint64_t base = 0; base < n; base += 32) {
+            const uint64_t j = base + lane;
+            if (j < n && j != i) {
+                float v[W];
+#pragma unroll
+                for (int c = 0; c < W; ++c) v[c] = pptm_ld_cg_f32(pairs + (i * n + j) * W + c);
+                row.push(state, v);
+            }
+            row.step(state);
+        }
+        float v[Row::OUT];
+        row.finish(state, v);
+        if (lane == 0)
+#pragma unroll
+            for (int c = 0; c < Row::OUT; ++c) out[i * Row::OUT + c] = v[c];
+    }
+}
+
 #endif  // PPTM_PATTERN_PAIRWISE_CUH

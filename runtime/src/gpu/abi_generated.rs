@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 4;
+pub const PPTM_ABI_VERSION: u32 = 5;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -14,6 +14,7 @@ pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
 pub const PPTM_CQ_WORDS: u32 = 4;
 pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
+pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_desc {
@@ -206,6 +207,45 @@ const _: () = {
         [::core::mem::offset_of!(pptm_launch_params, out) - 144usize];
 };
 impl Default for pptm_launch_params {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct pptm_unfused_params {
+    pub desc: pptm_desc,
+    pub stage: u32,
+    pub pad: u32,
+    pub scratch: [*mut f32; 16usize],
+    pub arrivals: *mut u64,
+    pub partials: *mut f64,
+    pub out: *mut pptm_launch_out,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pptm_unfused_params"][::core::mem::size_of::<pptm_unfused_params>() - 288usize];
+    ["Alignment of pptm_unfused_params"][::core::mem::align_of::<pptm_unfused_params>() - 8usize];
+    ["Offset of field: pptm_unfused_params::desc"]
+        [::core::mem::offset_of!(pptm_unfused_params, desc) - 0usize];
+    ["Offset of field: pptm_unfused_params::stage"]
+        [::core::mem::offset_of!(pptm_unfused_params, stage) - 128usize];
+    ["Offset of field: pptm_unfused_params::pad"]
+        [::core::mem::offset_of!(pptm_unfused_params, pad) - 132usize];
+    ["Offset of field: pptm_unfused_params::scratch"]
+        [::core::mem::offset_of!(pptm_unfused_params, scratch) - 136usize];
+    ["Offset of field: pptm_unfused_params::arrivals"]
+        [::core::mem::offset_of!(pptm_unfused_params, arrivals) - 264usize];
+    ["Offset of field: pptm_unfused_params::partials"]
+        [::core::mem::offset_of!(pptm_unfused_params, partials) - 272usize];
+    ["Offset of field: pptm_unfused_params::out"]
+        [::core::mem::offset_of!(pptm_unfused_params, out) - 280usize];
+};
+impl Default for pptm_unfused_params {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {

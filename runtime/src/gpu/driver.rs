@@ -364,6 +364,8 @@ pub(crate) struct Module {
     pub empty: sys::CUfunction,
     /// One item per launch (`Variant::FusedLaunched`).
     pub launched: sys::CUfunction,
+    /// One stage of one item per launch (`Variant::Unfused`).
+    pub unfused: sys::CUfunction,
 }
 
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -438,15 +440,22 @@ impl Module {
             check("cuFuncLoad", unsafe { sys::cuFuncLoad(f) })?;
             Ok(f)
         };
-        let loaded = function("pptm_manifold")
-            .and_then(|m| Ok((m, function("pptm_empty")?, function("pptm_launched")?)));
+        let loaded = function("pptm_manifold").and_then(|m| {
+            Ok((
+                m,
+                function("pptm_empty")?,
+                function("pptm_launched")?,
+                function("pptm_unfused_stage")?,
+            ))
+        });
         match loaded {
-            Ok((manifold, empty, launched)) => Ok(Module {
+            Ok((manifold, empty, launched, unfused)) => Ok(Module {
                 module,
                 arch,
                 manifold,
                 empty,
                 launched,
+                unfused,
             }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.

@@ -1,13 +1,20 @@
-//! `Variant::FusedLaunched`: a domain's fused variants run by one ordinary kernel launch per item
-//! (the `pptm_launched` kernel of the same module), waited for on the host. The variant code is the
-//! manifold's; only dispatch differs, so comparing the two measures what persistence buys.
+//! The launched variants, waited for on the host:
+//! * `Variant::FusedLaunched`: a domain's fused variants run by one ordinary kernel launch per item
+//!   (the `pptm_launched` kernel of the same module). The variant code is the manifold's; only
+//!   dispatch differs, so comparing the two measures what persistence buys.
+//! * `Variant::Unfused`: every stage of the chain its own launch (`pptm_unfused_stage`), one after
+//!   another on the stream, each storing its output in a scratch buffer the next one reads: the
+//!   debugging path and the baseline that measures what fusion buys.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys};
 
-use super::abi::{PPTM_MAX_BLOCKS, pptm_desc, pptm_launch_out, pptm_launch_params};
+use super::abi::{
+    PPTM_MAX_BLOCKS, PPTM_MAX_STAGES, pptm_desc, pptm_launch_out, pptm_launch_params,
+    pptm_unfused_params,
+};
 use super::driver::{Device, MappedHost, Module, Stream};
 use crate::chain::{Completion, DomainCode};
 use crate::error::{Error, Result};
@@ -26,6 +33,8 @@ struct Inner {
     /// Arrival counter, then PPTM_MAX_BLOCKS partials (device memory, zeroed).
     state: sys::CUdeviceptr,
     out: MappedHost,
+    /// Unfused mode: each stage's output buffer (address, bytes), grown on demand.
+    scratch: Vec<(sys::CUdeviceptr, usize)>,
 }
 
 // SAFETY: the raw handles are used under `inner`'s lock with the context bound.
@@ -45,7 +54,12 @@ impl Launcher {
             device: device.clone(),
             module,
             max_blocks: max_blocks.clamp(1, PPTM_MAX_BLOCKS),
-            inner: Mutex::new(Inner { stream, state, out }),
+            inner: Mutex::new(Inner {
+                stream,
+                state,
+                out,
+                scratch: Vec::new(),
+            }),
         })
     }
 
@@ -89,11 +103,102 @@ impl Launcher {
     }
 }
 
+impl Launcher {
+    /// Runs one item unfused, stage by stage, and waits for it. `sizes` are the chain's dimension
+    /// sizes (from `ChainIr::bind`).
+    pub fn run_unfused(
+        &self,
+        desc: &pptm_desc,
+        ir: &pptm_spec::ChainIr,
+        sizes: &[usize],
+    ) -> Result<Completion> {
+        if ir.stages.len() > PPTM_MAX_STAGES as usize {
+            return Err(Error::BadArguments {
+                chain: "unfused",
+                reason: format!("more than {PPTM_MAX_STAGES} stages"),
+            });
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.device.bind()?;
+        // Every stage's output buffer, at least as large as this item needs.
+        let mut scratch = [std::ptr::null_mut::<f32>(); PPTM_MAX_STAGES as usize];
+        for (s, slot) in scratch.iter_mut().enumerate().take(ir.stages.len()) {
+            let bytes =
+                ir.stage_output_len(s, sizes)
+                    .max(1)
+                    .checked_mul(4)
+                    .ok_or(Error::TooLarge {
+                        what: "an unfused stage's output",
+                        len: usize::MAX,
+                    })?;
+            if inner.scratch.len() <= s {
+                inner.scratch.push((0, 0));
+            }
+            if inner.scratch[s].1 < bytes {
+                if inner.scratch[s].0 != 0 {
+                    self.device.free(inner.scratch[s].0);
+                    inner.scratch[s] = (0, 0);
+                }
+                inner.scratch[s] = (self.device.alloc(bytes, 0)?, bytes);
+            }
+            *slot = inner.scratch[s].0 as *mut f32;
+        }
+        // SAFETY: the previous item's launches finished (its run synchronised the stream), so
+        // nothing writes the mapped words now.
+        unsafe {
+            std::ptr::write_volatile(
+                inner.out.host_ptr().cast::<pptm_launch_out>(),
+                pptm_launch_out::default(),
+            )
+        };
+        for s in 0..ir.stages.len() {
+            let blocks = ir.stage_blocks(s, sizes).min(self.max_blocks);
+            let mut params = pptm_unfused_params {
+                desc: *desc,
+                stage: s as u32,
+                pad: 0,
+                scratch,
+                arrivals: inner.state as *mut u64,
+                partials: (inner.state + 128) as *mut f64,
+                out: inner.out.dev as *mut pptm_launch_out,
+            };
+            let mut args: [*mut c_void; 1] = [(&raw mut params).cast()];
+            // SAFETY: pptm_unfused_stage takes one pptm_unfused_params by value (copied at launch);
+            // its pointers are this launcher's allocations, sized for this item above.
+            unsafe {
+                result::launch_kernel(
+                    self.module.unfused,
+                    (blocks, 1, 1),
+                    (pptm_spec::BLOCK_THREADS, 1, 1),
+                    0,
+                    inner.stream.raw,
+                    &mut args,
+                )
+            }
+            .map_err(|e| Error::driver("cuLaunchKernel", e))?;
+        }
+        inner.stream.synchronize()?;
+        // SAFETY: every stage finished (stream synchronised); the allocation holds one
+        // pptm_launch_out.
+        let out =
+            unsafe { std::ptr::read_volatile(inner.out.host_ptr().cast::<pptm_launch_out>()) };
+        Ok(Completion {
+            status: out.status,
+            value: out.value,
+        })
+    }
+}
+
 impl Drop for Launcher {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         let _ = self.device.bind();
         let _ = inner.stream.synchronize();
         self.device.free(inner.state);
+        for &(ptr, _) in &inner.scratch {
+            if ptr != 0 {
+                self.device.free(ptr);
+            }
+        }
     }
 }
