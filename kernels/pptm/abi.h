@@ -45,7 +45,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 5u
+#define PPTM_ABI_VERSION 6u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -114,6 +114,7 @@ typedef struct pptm_device_state {
     uint64_t pad_resident[14];
     pptm_sq_slot stage[PPTM_STAGE_SLOTS]; /* item seq, tagged, at stage[seq % PPTM_STAGE_SLOTS] */
     double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
+    uint32_t smid[PPTM_MAX_BLOCKS + 32];  /* the SM each block runs on (start-up role assignment) */
 } pptm_device_state;
 
 /* The manifold kernel's only parameter, passed by value at launch. */

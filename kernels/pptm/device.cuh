@@ -93,6 +93,12 @@ __device__ __forceinline__ float pptm_ld_cg_f32(const float* p) {
     return v;
 }
 
+__device__ __forceinline__ uint32_t pptm_ld_cg_u32(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ double pptm_ld_cg_f64(const double* p) {
     double v;
     asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p));

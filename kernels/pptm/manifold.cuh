@@ -131,11 +131,11 @@ __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_
 // takes part in every item) reads the whole stage slot, and the other blocks only its first two
 // words (tag, opcode, block count), reading the rest once they know they are needed.
 __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
-                                                  uint32_t nblocks) {
+                                                  uint32_t nblocks, uint32_t me) {
     if (threadIdx.x < 32) {
         pptm_device_state* S = P.state;
         const unsigned lane = threadIdx.x;
-        const bool whole_slot = blockIdx.x == 0;
+        const bool whole_slot = me == 0;
         uint32_t idle = 0, busy = 0;
         for (;;) {
             const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
@@ -161,7 +161,7 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
                 continue;
             }
             const uint32_t blocks = pptm_item_blocks((uint32_t)(__shfl_sync(PPTM_FULL_MASK, w, 1) >> 32), nblocks);
-            if (blockIdx.x >= blocks) {
+            if (me >= blocks) {
                 ++seq;  // not needed for this item
                 continue;
             }
@@ -184,15 +184,16 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
     __syncthreads();
 }
 
-__device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks) {
+// `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
+__device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
     pptm_device_state* S = P.state;
     for (uint64_t seq = 0;; ++seq) {
-        pptm_compute_wait(P, sh, seq, nblocks);
+        pptm_compute_wait(P, sh, seq, nblocks, me);
         seq = sh.seq;
         const uint32_t op = sh.desc.opcode;
         const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
-        const pptm_block_ctx ctx = {blockIdx.x, blocks, sh.red};
+        const pptm_block_ctx ctx = {me, blocks, sh.red};
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
@@ -205,7 +206,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         // block, acquires every other block's.
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (threadIdx.x == 0) {
-            if (op >= PPTM_OP_FIRST_VARIANT) S->partials[blockIdx.x] = partial;
+            if (op >= PPTM_OP_FIRST_VARIANT) S->partials[me] = partial;
             // A one-block item (a no-op, a small input) is trivially last: no atomic.
             sh.last = blocks == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
         }
@@ -238,25 +239,52 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 // Compiled to fit two blocks per SM (at most 64 registers a thread, checked without spills): one
 // for the manifold and one left to the application's kernels by default, or both for the manifold
 // with Config::blocks_per_sm = 2. The heaviest variant of the domain must fit this budget.
+//
+// Roles are given by where blocks landed, not by their index: the grid has one block more than
+// it has SMs' worth of compute blocks, so some SM holds two blocks, and the block scheduler picks
+// which (on an H200, compute blocks 4 and 8 of 133). Had both been compute blocks, that SM would
+// run two shares of every wide item at half speed and set the item's time; so, once every block
+// is resident, the block that shares an SM with a lower-numbered one (the highest such) becomes
+// the fetcher, and the others number themselves 0.. in block order.
 extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifold(const pptm_manifold_params P) {
     __shared__ int go;
+    __shared__ unsigned fetcher_block;
     pptm_device_state* S = P.state;
-    const bool fetcher = blockIdx.x == gridDim.x - 1;
     if (threadIdx.x == 0) {
-        // Start handshake. The fetcher decides for the grid whether to run (a launch the host gave
-        // up on exits at once); the last block to become resident tells the host it started.
-        if (fetcher) pptm_st_release_gpu(&S->decision, pptm_ld_relaxed_sys(&P.control->cancel) == 0 ? 1 : 2);
+        // Start handshake. The last block decides for the grid whether to run (a launch the host
+        // gave up on exits at once); the last block to become resident tells the host it started.
+        if (blockIdx.x == gridDim.x - 1)
+            pptm_st_release_gpu(&S->decision, pptm_ld_relaxed_sys(&P.control->cancel) == 0 ? 1 : 2);
         uint64_t decision;
         while ((decision = pptm_ld_acquire_gpu(&S->decision)) == 0) pptm_sleep(64);
         go = decision == 1;
-        if (go && pptm_atom_add_acq_rel_gpu(&S->resident, 1) == gridDim.x - 1) pptm_st_release_sys(&P.control->started, 1);
+        if (go) {
+            uint32_t sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            S->smid[blockIdx.x] = sm;
+            if (pptm_atom_add_acq_rel_gpu(&S->resident, 1) == gridDim.x - 1) pptm_st_release_sys(&P.control->started, 1);
+            // A cooperative grid is resident all at once: wait for every block's SM.
+            while (pptm_ld_acquire_gpu(&S->resident) < gridDim.x) pptm_sleep(64);
+        }
+        fetcher_block = 0;
     }
     __syncthreads();
     if (!go) return;
-    if (fetcher)
+    // The highest block that shares its SM with a lower-numbered block; the last block if none.
+    for (uint32_t b = threadIdx.x; b < gridDim.x; b += PPTM_BLOCK_THREADS) {
+        const uint32_t sm = pptm_ld_cg_u32(&S->smid[b]);
+        for (uint32_t a = 0; a < b; ++a)
+            if (pptm_ld_cg_u32(&S->smid[a]) == sm) {
+                atomicMax(&fetcher_block, b + 1);
+                break;
+            }
+    }
+    __syncthreads();
+    const uint32_t fetcher = fetcher_block == 0 ? gridDim.x - 1 : fetcher_block - 1;
+    if (blockIdx.x == fetcher)
         pptm_fetcher(P);
     else
-        pptm_compute_loop(P, gridDim.x - 1);
+        pptm_compute_loop(P, gridDim.x - 1, blockIdx.x - (blockIdx.x > fetcher ? 1u : 0u));
 }
 
 // Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks (see pptm/abi.h). The

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 5;
+pub const PPTM_ABI_VERSION: u32 = 6;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -88,10 +88,11 @@ pub struct pptm_device_state {
     pub pad_resident: [u64; 14usize],
     pub stage: [pptm_sq_slot; 64usize],
     pub partials: [f64; 1024usize],
+    pub smid: [u32; 1056usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 25344usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 29568usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
@@ -109,6 +110,8 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, stage) - 768usize];
     ["Offset of field: pptm_device_state::partials"]
         [::core::mem::offset_of!(pptm_device_state, partials) - 17152usize];
+    ["Offset of field: pptm_device_state::smid"]
+        [::core::mem::offset_of!(pptm_device_state, smid) - 25344usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {
