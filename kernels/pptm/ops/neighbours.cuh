@@ -102,6 +102,19 @@ struct pptm_op_subspace_distances {
     template <int U>
     __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {
         float mx[U], my[U], mz[U];
+        if (D == 0 && dx == 1 && dy == 1 && dz == 1) {
+            // One coordinate per subspace (scalar series, history 1: the common case): straight-line
+            // code, no loop set-up per subspace. The branch is uniform across the grid.
+            const float ax = fi[0], ay = fi[1], az = fi[2];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float ddz = fabsf(az - fj[u * 32 + 2 * stride]);
+                out[u][0] = fmaxf(fabsf(ax - fj[u * 32]), ddz);
+                out[u][1] = fmaxf(fabsf(ay - fj[u * 32 + stride]), ddz);
+                out[u][2] = ddz;
+            }
+            return;
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) mx[u] = my[u] = mz[u] = 0.0f;
         const uint32_t ox = ddx(), oy = ox + ddy();
