@@ -31,7 +31,7 @@ mod rand_free {
     }
 }
 
-use pptm::timing::measure as time;
+use pptm::timing::{Stats, measure as time};
 
 fn kl_reference(q: &[f32], p: &[f32]) -> f64 {
     q.iter()
@@ -132,9 +132,166 @@ mod rand_points {
     }
 }
 
+/// `pptm-bench chains`: every chain at a small and a large size on the three GPU variants, in one
+/// run, domain by domain (each domain's manifold gets the whole GPU while it is timed).
+fn chain_variants() -> Result<(), Box<dyn std::error::Error>> {
+    use pptm::chains::{
+        AccuracyPipeline, BeliefUpdateStep, DistanceKth, GemvAxpbySum, MatmulBiasGelu, TeReduction,
+    };
+    type Case = (
+        &'static str,
+        usize,
+        Box<dyn Fn(&Runtime) -> Result<Stats, pptm::Error>>,
+    );
+    let mut lcg = rand_points::Lcg(11);
+    let mut v = move |n: usize| lcg.take(n);
+    let reps = |big: bool| if big { 50 } else { 1000 };
+    let mut domains: Vec<(&str, Vec<Case>)> = Vec::new();
+    let mut inference: Vec<Case> = Vec::new();
+    for n in [4096usize, 1 << 26] {
+        let (q, p) = (v(n), v(n));
+        inference.push((
+            "kl_complexity",
+            n,
+            Box::new(move |rt| {
+                let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
+                time(reps(n > 4096) / 10, reps(n > 4096), || {
+                    KlComplexity::submit(rt, &qb, &pb)?.wait().map(|_| ())
+                })
+            }),
+        ));
+        let (o, pr, w) = (v(n), v(n), v(n));
+        inference.push((
+            "accuracy_pipeline",
+            n,
+            Box::new(move |rt| {
+                let (ob, pb, wb) = (rt.upload(&o)?, rt.upload(&pr)?, rt.upload(&w)?);
+                time(reps(n > 4096) / 10, reps(n > 4096), || {
+                    AccuracyPipeline::submit(rt, &ob, &pb, &wb)?
+                        .wait()
+                        .map(|_| ())
+                })
+            }),
+        ));
+    }
+    for d in [256usize, 4096] {
+        let (o, pr, w, j, mu) = (v(d), v(d), v(d), v(d * d), v(d));
+        inference.push((
+            "belief_update (m = n)",
+            d,
+            Box::new(move |rt| {
+                let (ob, pb, wb, jb, mb) = (
+                    rt.upload(&o)?,
+                    rt.upload(&pr)?,
+                    rt.upload(&w)?,
+                    rt.upload(&j)?,
+                    rt.upload(&mu)?,
+                );
+                let mut out = rt.alloc::<f32>(d)?;
+                time(reps(d > 256) / 10, reps(d > 256), || {
+                    BeliefUpdateStep::submit(rt, &ob, &pb, &wb, &jb, &mb, 0.1, &mut out)?.wait()
+                })
+            }),
+        ));
+    }
+    domains.push(("inference", inference));
+    let mut te: Vec<Case> = Vec::new();
+    for n in [1024usize, 4096] {
+        let x = v(n * 4);
+        te.push((
+            "distance_kth (d = 4, k = 4)",
+            n,
+            Box::new(move |rt| {
+                let xb = rt.upload(&x)?;
+                let mut out = rt.alloc::<f32>(n)?;
+                time(20, 200, || {
+                    DistanceKth::submit(rt, &xb, 4, &mut out, 4)?.wait()
+                })
+            }),
+        ));
+        let (x, y, z) = (v(n), v(n), v(n));
+        te.push((
+            "te_reduction (d = 1 each)",
+            n,
+            Box::new(move |rt| {
+                let (xb, yb, zb, eb) = (
+                    rt.upload(&x)?,
+                    rt.upload(&y)?,
+                    rt.upload(&z)?,
+                    rt.upload(&vec![0.1f32; n])?,
+                );
+                time(20, 200, || {
+                    TeReduction::submit(rt, &xb, &yb, &zb, &eb, 4, 1, 1, 1)?
+                        .wait()
+                        .map(|_| ())
+                })
+            }),
+        ));
+    }
+    domains.push(("transfer_entropy", te));
+    let mut la: Vec<Case> = Vec::new();
+    for d in [256usize, 16384] {
+        let (x, a, y) = (v(d), v(d * d), v(d));
+        la.push((
+            "gemv_axpby_sum (m = n)",
+            d,
+            Box::new(move |rt| {
+                let (xb, ab, yb) = (rt.upload(&x)?, rt.upload(&a)?, rt.upload(&y)?);
+                time(reps(d > 256) / 10, reps(d > 256), || {
+                    GemvAxpbySum::submit(rt, &xb, &ab, &yb, 1.0, 0.5)?
+                        .wait()
+                        .map(|_| ())
+                })
+            }),
+        ));
+    }
+    for (m, k, n) in [(64usize, 256usize, 256usize), (1024, 1024, 1024)] {
+        let (a, w, b) = (v(m * k), v(k * n), v(n));
+        la.push((
+            "matmul_bias_gelu f32 (m; k, n below)",
+            m,
+            Box::new(move |rt| {
+                let (ab, wb, bb) = (rt.upload(&a)?, rt.upload(&w)?, rt.upload(&b)?);
+                let mut out = rt.alloc::<f32>(m * n)?;
+                time(10, if m > 64 { 100 } else { 1000 }, || {
+                    MatmulBiasGelu::submit(rt, &ab, &wb, &bb, &mut out, m, k)?.wait()
+                })
+            }),
+        ));
+    }
+    domains.push(("linear_algebra", la));
+
+    println!(
+        "| domain | chain | size | fused persistent µs | fused launched µs | unfused µs | unfused / persistent |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (domain, cases) in &domains {
+        let rt = Runtime::gpu()?;
+        let variants = pptm::timing::variants(rt)?;
+        for (name, size, case) in cases {
+            let mut medians = Vec::new();
+            for (_, rt) in &variants {
+                medians.push(case(rt)?.median_us);
+            }
+            println!(
+                "| {domain} | {name} | {size} | {:.1} | {:.1} | {:.1} | {:.2}x |",
+                medians[0],
+                medians[1],
+                medians[2],
+                medians[2] / medians[0]
+            );
+        }
+        eprintln!("({})", variants[0].1.describe());
+    }
+    Ok(())
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().any(|a| a == "pairwise") {
         return pairwise_sweep();
+    }
+    if std::env::args().any(|a| a == "chains") {
+        return chain_variants();
     }
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
