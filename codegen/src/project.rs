@@ -315,7 +315,15 @@ impl Project {
         let tmp = self
             .generated
             .with_file_name(format!("generated.tmp-{}", std::process::id()));
-        let m = self.generate_into(plan, nvrtc, &tmp)?;
+        let m = match self.generate_into(plan, nvrtc, &tmp) {
+            Ok(m) => m,
+            Err(e) => {
+                // A failed generation (an NVRTC error) must not leave a half-written folder
+                // beside generated/, where it would be committed.
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(e);
+            }
+        };
         if self.generated.exists() {
             std::fs::remove_dir_all(&self.generated)
                 .map_err(io("cannot replace", &self.generated))?;
@@ -329,7 +337,10 @@ impl Project {
     pub fn check(&self, nvrtc: &Nvrtc) -> Result<Vec<String>, CodegenError> {
         let plan = self.plan()?;
         let tmp = std::env::temp_dir().join(format!("pptm-codegen-check-{}", std::process::id()));
-        self.generate_into(&plan, nvrtc, &tmp)?;
+        if let Err(e) = self.generate_into(&plan, nvrtc, &tmp) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
         let mut diffs = Vec::new();
         let fresh = list_files(&tmp);
         let committed = list_files(&self.generated);
