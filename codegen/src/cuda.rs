@@ -136,6 +136,45 @@ fn first_flow(c: &ChainIr, index: &str) -> Vec<String> {
     }
 }
 
+/// The constructor of a pairwise stage's distance type: its buffers in op order, then each
+/// matrix's column count (`pptm_op_chebyshev{x, d}`).
+fn distance_ctor(c: &ChainIr, st: &StageIr) -> String {
+    let mut dist = Vec::new();
+    let mut cols = Vec::new();
+    for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
+        if let (Source::Arg(slot), Ty::Matrix(_, col)) = (src, p.ty) {
+            dist.push(field(*slot));
+            cols.push(format!("(uint32_t){}", dim_field(c, st, col)));
+        }
+    }
+    dist.extend(cols);
+    format!("{}{{{}}}", st.op.device, dist.join(", "))
+}
+
+/// Values per pair of the pairwise stage a row reduction `st` reads, and the constructor of the
+/// row type (its other inputs in op order; channel-generic rows take the channel count).
+fn row_ctor(c: &ChainIr, st: &StageIr) -> (u8, String) {
+    let Source::Stage(p) = st.inputs[0] else {
+        unreachable!("a row reduction reads a pairwise stage")
+    };
+    let Shape::Pairs { channels: pch, .. } = c.stages[p].shape else {
+        unreachable!("a row reduction reads a pairwise stage")
+    };
+    let ty = if st.op.flow_channels.is_none() {
+        format!("{}<{pch}>", st.op.device)
+    } else {
+        st.op.device.to_string()
+    };
+    let args: Vec<String> = st.inputs[1..]
+        .iter()
+        .filter_map(|s| match s {
+            Source::Arg(slot) => Some(field(*slot)),
+            Source::Stage(_) => None,
+        })
+        .collect();
+    (pch, format!("{ty}{{{}}}", args.join(", ")))
+}
+
 /// The reducer type a chain's pattern folds its values with.
 fn reducer(c: &ChainIr) -> &'static str {
     c.reduction().map_or("pptm_no_reducer", |r| r.op.device)
@@ -346,31 +385,7 @@ fn variant(out: &mut String, c: &ChainIr) {
         Pattern::Pairwise => {
             let a = plan.anchor.expect("anchored");
             let (pst, rst) = (&c.stages[a], &c.stages[a + 1]);
-            // The distance type: its buffers in op order, then each matrix's column count.
-            let mut dist = Vec::new();
-            let mut cols = Vec::new();
-            for (p, src) in pst.op.inputs.iter().zip(&pst.inputs) {
-                if let (Source::Arg(slot), Ty::Matrix(_, col)) = (src, p.ty) {
-                    dist.push(field(*slot));
-                    cols.push(format!("(uint32_t){}", dim_field(c, pst, col)));
-                }
-            }
-            dist.extend(cols);
-            let mut row = Vec::new();
-            for src in &rst.inputs[1..] {
-                if let Source::Arg(slot) = src {
-                    row.push(field(*slot));
-                }
-            }
-            let pch = match pst.shape {
-                Shape::Pairs { channels, .. } => channels,
-                _ => unreachable!(),
-            };
-            let row_ty = if rst.op.flow_channels.is_none() {
-                format!("{}<{pch}>", rst.op.device)
-            } else {
-                rst.op.device.to_string()
-            };
+            let (_, row) = row_ctor(c, rst);
             let och = match &rst.shape {
                 Shape::Tensor { channels, .. } => *channels,
                 _ => unreachable!(),
@@ -397,10 +412,8 @@ fn variant(out: &mut String, c: &ChainIr) {
             let n = dim_field(c, pst, "n");
             let _ = writeln!(
                 call,
-                "    partial = pptm_pairwise_rows<{r}>({n}, {}<0>{{{}}}, {row_ty}{{{}}}, pptm_epi_{t}{{e}}, {store}, b);",
-                pst.op.device,
-                dist.join(", "),
-                row.join(", ")
+                "    partial = pptm_pairwise_rows<{r}>({n}, {}, {row}, pptm_epi_{t}{{e}}, {store}, b);",
+                distance_ctor(c, pst)
             );
         }
     }
@@ -680,48 +693,22 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     }
                 }
                 FusionClass::Pairwise => {
-                    let mut dist = Vec::new();
-                    let mut cols = Vec::new();
-                    for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
-                        if let (Source::Arg(slot), Ty::Matrix(_, col)) = (src, p.ty) {
-                            dist.push(field(*slot));
-                            cols.push(format!("(uint32_t){}", dim_field(c, st, col)));
-                        }
-                    }
-                    dist.extend(cols);
                     let _ = writeln!(
                         body,
-                        "            pptm_pairwise_store({}, {}<0>{{{}}}, {dst}, b);",
+                        "            pptm_pairwise_store({}, {}, {dst}, b);",
                         dim_field(c, st, "n"),
-                        st.op.device,
-                        dist.join(", ")
+                        distance_ctor(c, st)
                     );
                 }
                 FusionClass::RowReduction => {
                     let Source::Stage(p) = st.inputs[0] else {
                         unreachable!()
                     };
-                    let pch = match c.stages[p].shape {
-                        Shape::Pairs { channels, .. } => channels,
-                        _ => unreachable!(),
-                    };
-                    let row_ty = if st.op.flow_channels.is_none() {
-                        format!("{}<{pch}>", st.op.device)
-                    } else {
-                        st.op.device.to_string()
-                    };
-                    let row: Vec<String> = st.inputs[1..]
-                        .iter()
-                        .filter_map(|s| match s {
-                            Source::Arg(slot) => Some(field(*slot)),
-                            Source::Stage(_) => None,
-                        })
-                        .collect();
+                    let (pch, row) = row_ctor(c, st);
                     let _ = writeln!(
                         body,
-                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row_ty}{{{}}}, {dst}, b);",
-                        dim_field(c, st, "n"),
-                        row.join(", ")
+                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row}, {dst}, b);",
+                        dim_field(c, st, "n")
                     );
                 }
             }
@@ -907,7 +894,7 @@ mod tests {
         let src = domain_source("inference", std::slice::from_ref(&c));
         let t = tag(&c);
         assert!(src.contains(&format!(
-            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances<0>{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
+            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
         )), "{src}");
         assert!(
             src.contains("const float s2 = pptm_op_ksg_digamma(v[0], v[1], v[2]);"),
@@ -921,7 +908,7 @@ mod tests {
         let k = chain("Kth", &["ChebyshevDistance", "KthSmallest"]);
         let src = domain_source("inference", std::slice::from_ref(&k));
         assert!(
-            src.contains("pptm_op_chebyshev<0>{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
+            src.contains("pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
             "{src}"
         );
     }

@@ -27,7 +27,7 @@ struct pptm_epi_a3516b63 {
 };
 __device__ __forceinline__ uint32_t pptm_run_a3516b63(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_a3516b63 e(d);
-    partial = pptm_pairwise_rows<pptm_no_reducer>(e.a3, pptm_op_chebyshev<0>{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}, pptm_epi_a3516b63{e}, e.a2, b);
+    partial = pptm_pairwise_rows<pptm_no_reducer>(e.a3, pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}, pptm_epi_a3516b63{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -54,7 +54,7 @@ struct pptm_epi_d886a50f {
 };
 __device__ __forceinline__ uint32_t pptm_run_d886a50f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d886a50f e(d);
-    partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances<0>{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_d886a50f{e}, nullptr, b);
+    partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_d886a50f{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d886a50f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -97,7 +97,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         const pptm_env_a3516b63 e(d);
         switch (stage) {
         case 0: {  // ChebyshevDistance
-            pptm_pairwise_store(e.a3, pptm_op_chebyshev<0>{e.a0, (uint32_t)e.a4}, scratch[0], b);
+            pptm_pairwise_store(e.a3, pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, scratch[0], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -113,7 +113,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         const pptm_env_d886a50f e(d);
         switch (stage) {
         case 0: {  // SubspaceDistances
-            pptm_pairwise_store(e.a5, pptm_op_subspace_distances<0>{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, scratch[0], b);
+            pptm_pairwise_store(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, scratch[0], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

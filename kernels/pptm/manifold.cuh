@@ -287,12 +287,32 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
         pptm_compute_loop(P, gridDim.x - 1, blockIdx.x - (blockIdx.x > fetcher ? 1u : 0u));
 }
 
-// Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks (see pptm/abi.h). The
-// variant code is the manifold's; only the dispatch differs.
+// ---- launched entry points (Variant::FusedLaunched, Variant::Unfused; see pptm/abi.h) ----------
+
+// The descriptor into shared memory, where the variant code reads it, as in the manifold.
+__device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm_desc& d) {
+    if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&d)[threadIdx.x];
+    __syncthreads();
+}
+
+// Publishes this block's partial and arrives. Returns true, in every thread, in the last block to
+// arrive; that block may read every partial, and the counter is reset for the next launch.
+__device__ __forceinline__ bool pptm_launch_arrive(pptm_loop_smem& sh, uint64_t* arrivals, double* partials,
+                                                   double partial) {
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = partial;
+        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == gridDim.x - 1;
+        if (sh.last && gridDim.x > 1) *arrivals = 0;  // every block has arrived
+    }
+    __syncthreads();
+    return sh.last;
+}
+
+// Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks. The variant code is the
+// manifold's; only the dispatch differs.
 extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launched(const pptm_launch_params P) {
     __shared__ pptm_loop_smem sh;
-    if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&P.desc)[threadIdx.x];
-    __syncthreads();
+    pptm_launch_begin(sh, P.desc);
     const uint32_t op = sh.desc.opcode;
     const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
     uint32_t status = PPTM_STATUS_OK;
@@ -301,42 +321,27 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
         status = pptm_run_variant(sh.desc, ctx, partial);
     else if (op != PPTM_OP_NOOP)
         status = PPTM_STATUS_BAD_OPCODE;
-    if (threadIdx.x == 0) {
-        P.partials[blockIdx.x] = partial;
-        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(P.arrivals, 1) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (sh.last) {
+    if (pptm_launch_arrive(sh, P.arrivals, P.partials, partial)) {
         double value = 0.0;
         if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT) value = pptm_finish_variant(sh.desc, P.partials, gridDim.x, sh.red);
         if (threadIdx.x == 0) {
             P.out->status = status;
             P.out->value = value;
-            if (gridDim.x > 1) *P.arrivals = 0;
         }
     }
 }
 
-// Unfused mode: one stage of one item per launch (see pptm/abi.h); the generated translation unit
-// defines pptm_run_stage and pptm_finish_stage.
+// Unfused mode: one stage of one item per launch; the generated translation unit defines
+// pptm_run_stage and pptm_finish_stage.
 extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused_stage(const pptm_unfused_params P) {
     __shared__ pptm_loop_smem sh;
-    if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&P.desc)[threadIdx.x];
-    __syncthreads();
+    pptm_launch_begin(sh, P.desc);
     const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
     double partial = 0.0;
     const uint32_t status = pptm_run_stage(sh.desc, P.stage, P.scratch, P.out, ctx, partial);
-    if (threadIdx.x == 0) {
-        P.partials[blockIdx.x] = partial;
-        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(P.arrivals, 1) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (sh.last) {
+    if (pptm_launch_arrive(sh, P.arrivals, P.partials, partial)) {
         if (status == PPTM_STATUS_OK) pptm_finish_stage(sh.desc, P.stage, P.scratch, P.out, P.partials, gridDim.x, sh.red);
-        if (threadIdx.x == 0) {
-            if (status != PPTM_STATUS_OK) P.out->status = status;
-            if (gridDim.x > 1) *P.arrivals = 0;
-        }
+        if (threadIdx.x == 0 && status != PPTM_STATUS_OK) P.out->status = status;
     }
 }
 

@@ -1070,21 +1070,14 @@ impl ChainIr {
     /// How many compute blocks an item asks for, given its dimension sizes (the device caps it
     /// at its grid). A small input stays on one block, so it costs no grid-wide arrival.
     pub fn blocks_for(&self, sizes: &[usize]) -> u32 {
-        use crate::work;
-        let dim = |s: usize, l: &str| sizes[self.stages[s].dim(l).expect("op letter")];
-        let blocks = match (self.plan.pattern, self.plan.anchor) {
-            (Pattern::Map, _) => self
-                .flow_elements(0, sizes)
-                .div_ceil(work::MAP_ELEMS_PER_BLOCK),
-            (Pattern::Gemv, Some(a)) => dim(a, "m").div_ceil(work::GEMV_ROWS_PER_BLOCK),
-            (Pattern::GemvT, Some(a)) => dim(a, "n").div_ceil(work::GEMV_T_COLS_PER_BLOCK),
-            (Pattern::Matmul, Some(a)) => {
-                dim(a, "m").div_ceil(work::MATMUL_TILE) * dim(a, "n").div_ceil(work::MATMUL_TILE)
-            }
-            (Pattern::Pairwise, Some(a)) => dim(a, "n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
-            _ => unreachable!("anchored patterns have an anchor"),
+        // The fused pass spreads the work of the stage that sets its shape: the anchor, the row
+        // reduction of a pairwise pair (points, not pairs), or the first stage of a map.
+        let s = match (self.plan.pattern, self.plan.anchor) {
+            (Pattern::Map, _) | (_, None) => 0,
+            (Pattern::Pairwise, Some(a)) => a + 1,
+            (_, Some(a)) => a,
         };
-        blocks.clamp(1, u32::MAX as usize) as u32
+        self.stage_blocks(s, sizes)
     }
 
     /// Values (channels included) stage `s` produces when the chain runs unfused, one kernel per

@@ -80,7 +80,11 @@ fn main() -> ExitCode {
 /// per SM, to see where the pairwise pattern's time goes.
 fn pairwise_sweep() -> Result<(), Box<dyn std::error::Error>> {
     use pptm::chains::{DistanceKth, TeReduction};
-    let mut rng = rand_points::Lcg(7);
+    let mut seed = 7u64;
+    let mut take = |n: usize| {
+        seed += 1;
+        positive(n, seed)
+    };
     for blocks_per_sm in [1u32, 2] {
         let rt = Runtime::gpu_with(pptm::Config {
             blocks_per_sm,
@@ -90,7 +94,7 @@ fn pairwise_sweep() -> Result<(), Box<dyn std::error::Error>> {
         println!("{} (blocks_per_sm = {blocks_per_sm})", rt.describe());
         for n in [1024usize, 2048, 4096] {
             for d in [1usize, 4] {
-                let x = rt.upload(&rng.take(n * d))?;
+                let x = rt.upload(&take(n * d))?;
                 let mut out = rt.alloc::<f32>(n)?;
                 let s = time(50, 300, || {
                     DistanceKth::submit(&rt, &x, 4, &mut out, d)?.wait()
@@ -98,9 +102,9 @@ fn pairwise_sweep() -> Result<(), Box<dyn std::error::Error>> {
                 println!("  distance_kth n={n:5} d={d} k=4: {s}");
             }
             let (x, y, z) = (
-                rt.upload(&rng.take(n))?,
-                rt.upload(&rng.take(n))?,
-                rt.upload(&rng.take(n))?,
+                rt.upload(&take(n))?,
+                rt.upload(&take(n))?,
+                rt.upload(&take(n))?,
             );
             let eps = rt.upload(&vec![0.1f32; n])?;
             let s = time(50, 300, || {
@@ -114,24 +118,6 @@ fn pairwise_sweep() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-mod rand_points {
-    /// A tiny deterministic generator: the sweep needs values, not statistics.
-    pub struct Lcg(pub u64);
-    impl Lcg {
-        pub fn take(&mut self, n: usize) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.0 = self
-                        .0
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    (self.0 >> 40) as f32 / (1u64 << 24) as f32
-                })
-                .collect()
-        }
-    }
-}
-
 /// `pptm-bench chains`: every chain at a small and a large size on the three GPU variants, in one
 /// run, domain by domain (each domain's manifold gets the whole GPU while it is timed).
 fn chain_variants() -> Result<(), Box<dyn std::error::Error>> {
@@ -143,8 +129,11 @@ fn chain_variants() -> Result<(), Box<dyn std::error::Error>> {
         usize,
         Box<dyn Fn(&Runtime) -> Result<Stats, pptm::Error>>,
     );
-    let mut lcg = rand_points::Lcg(11);
-    let mut v = move |n: usize| lcg.take(n);
+    let mut seed = 11u64;
+    let mut v = move |n: usize| {
+        seed += 1;
+        positive(n, seed)
+    };
     let reps = |big: bool| if big { 50 } else { 1000 };
     let mut domains: Vec<(&str, Vec<Case>)> = Vec::new();
     let mut inference: Vec<Case> = Vec::new();

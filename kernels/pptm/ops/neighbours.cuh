@@ -10,10 +10,9 @@
 //   row:      OUT (values per point); State; init(State&, i); push(State&, d[W]);
 //             step(State&) (warp-collective, after each step of pushes);
 //             finish(State&, out[OUT]) (warp-collective: merges the lanes' states).
-// Distance types take a compile-time dimension D (0: the runtime one). Generated code uses D = 0:
-// compiling in small dimensions (a switch over instantiations) halves the cost of a pair in a
-// kernel of its own, but several inlined instantiations in one manifold made ptxas spill
-// kilobytes, so that waits for per-variant register budgets.
+// Dimensions are runtime values. Compiling small ones in (a switch over instantiations) halved the
+// cost of a pair in a kernel of its own, but several inlined instantiations in one manifold made
+// ptxas spill kilobytes; that waits for per-variant register budgets.
 // Distances are |a - b| of f32 coordinates in f32, maximised exactly: the CPU reference computes
 // the same bits, so counts at the radius agree.
 #ifndef PPTM_OPS_NEIGHBOURS_CUH
@@ -27,14 +26,11 @@
 #endif
 
 // Chebyshev distances over the d coordinates from fi[0] to U candidates (the u-th at
-// fj[u * 32 + c * stride]), folded into m[u]: the U chains are independent. D > 0 fixes d at
-// compile time, so the loop unrolls.
-template <int U, int D>
+// fj[u * 32 + c * stride]), folded into m[u]: the U chains are independent.
+template <int U>
 __device__ __forceinline__ void pptm_chebyshev_span(const float* fi, const float* fj, uint32_t stride, uint32_t d,
                                                     float (&m)[U]) {
-    const uint32_t dd = D > 0 ? (uint32_t)D : d;
-#pragma unroll
-    for (uint32_t c = 0; c < dd; ++c) {
+    for (uint32_t c = 0; c < d; ++c) {
         const float a = fi[c];
         const float* col = fj + c * stride;
 #pragma unroll
@@ -43,15 +39,12 @@ __device__ __forceinline__ void pptm_chebyshev_span(const float* fi, const float
 }
 
 // ChebyshevDistance: max-norm distance between rows of x (n x d).
-template <int D>
 struct pptm_op_chebyshev {
     static constexpr int W = 1;
     const float* x;
     uint32_t d;
-    __device__ __forceinline__ uint32_t features() const { return D > 0 ? (uint32_t)D : d; }
-    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
-        return pptm_ld_cg_f32(x + j * features() + c);
-    }
+    __device__ __forceinline__ uint32_t features() const { return d; }
+    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const { return pptm_ld_cg_f32(x + j * d + c); }
     // One pair from global memory (the unfused mode).
     __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
         float m = 0.0f;
@@ -63,35 +56,31 @@ struct pptm_op_chebyshev {
         float m[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) m[u] = 0.0f;
-        pptm_chebyshev_span<U, D>(fi, fj, stride, d, m);
+        pptm_chebyshev_span<U>(fi, fj, stride, d, m);
 #pragma unroll
         for (int u = 0; u < U; ++u) out[u][0] = m[u];
     }
 };
 
 // SubspaceDistances: per pair, the Chebyshev distances in the (x,z), (y,z) and (z) spaces. A
-// point's coordinates are x's, then y's, then z's. D > 0: every subspace has D coordinates.
-template <int D>
+// point's coordinates are x's, then y's, then z's.
 struct pptm_op_subspace_distances {
     static constexpr int W = 3;
     const float* x;
     const float* y;
     const float* z;
     uint32_t dx, dy, dz;
-    __device__ __forceinline__ uint32_t ddx() const { return D > 0 ? (uint32_t)D : dx; }
-    __device__ __forceinline__ uint32_t ddy() const { return D > 0 ? (uint32_t)D : dy; }
-    __device__ __forceinline__ uint32_t ddz() const { return D > 0 ? (uint32_t)D : dz; }
-    __device__ __forceinline__ uint32_t features() const { return ddx() + ddy() + ddz(); }
+    __device__ __forceinline__ uint32_t features() const { return dx + dy + dz; }
     __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
-        if (c < ddx()) return pptm_ld_cg_f32(x + j * ddx() + c);
-        c -= ddx();
-        if (c < ddy()) return pptm_ld_cg_f32(y + j * ddy() + c);
-        return pptm_ld_cg_f32(z + j * ddz() + (c - ddy()));
+        if (c < dx) return pptm_ld_cg_f32(x + j * dx + c);
+        c -= dx;
+        if (c < dy) return pptm_ld_cg_f32(y + j * dy + c);
+        return pptm_ld_cg_f32(z + j * dz + (c - dy));
     }
     // One pair from global memory (the unfused mode).
     __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
         float m[3] = {0.0f, 0.0f, 0.0f};
-        const uint32_t ends[3] = {ddx(), ddx() + ddy(), features()};
+        const uint32_t ends[3] = {dx, dx + dy, features()};
         uint32_t c = 0;
         for (int s = 0; s < 3; ++s)
             for (; c < ends[s]; ++c) m[s] = fmaxf(m[s], fabsf(feature(i, c) - feature(j, c)));
@@ -102,7 +91,7 @@ struct pptm_op_subspace_distances {
     template <int U>
     __device__ __forceinline__ void pairs(const float* fi, const float* fj, uint32_t stride, float (&out)[U][W]) const {
         float mx[U], my[U], mz[U];
-        if (D == 0 && dx == 1 && dy == 1 && dz == 1) {
+        if (dx == 1 && dy == 1 && dz == 1) {
             // One coordinate per subspace (scalar series, history 1: the common case): straight-line
             // code, no loop set-up per subspace. The branch is uniform across the grid.
             const float ax = fi[0], ay = fi[1], az = fi[2];
@@ -117,10 +106,10 @@ struct pptm_op_subspace_distances {
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) mx[u] = my[u] = mz[u] = 0.0f;
-        const uint32_t ox = ddx(), oy = ox + ddy();
-        pptm_chebyshev_span<U, D>(fi, fj, stride, dx, mx);
-        pptm_chebyshev_span<U, D>(fi + ox, fj + ox * stride, stride, dy, my);
-        pptm_chebyshev_span<U, D>(fi + oy, fj + oy * stride, stride, dz, mz);
+        const uint32_t ox = dx, oy = dx + dy;
+        pptm_chebyshev_span<U>(fi, fj, stride, dx, mx);
+        pptm_chebyshev_span<U>(fi + ox, fj + ox * stride, stride, dy, my);
+        pptm_chebyshev_span<U>(fi + oy, fj + oy * stride, stride, dz, mz);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             out[u][0] = fmaxf(mx[u], mz[u]);

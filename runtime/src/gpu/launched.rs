@@ -73,33 +73,13 @@ impl Launcher {
         };
         let mut params = pptm_launch_params {
             desc: *desc,
-            arrivals: inner.state as *mut u64,
-            partials: (inner.state + 128) as *mut f64,
-            out: inner.out.dev as *mut pptm_launch_out,
+            arrivals: inner.arrivals(),
+            partials: inner.partials(),
+            out: inner.out_dev(),
         };
-        let mut args: [*mut c_void; 1] = [(&raw mut params).cast()];
-        // SAFETY: pptm_launched takes one pptm_launch_params by value; `params` outlives the call
-        // (the driver copies parameters at launch); its pointers are this launcher's allocations.
-        unsafe {
-            result::launch_kernel(
-                self.module.launched,
-                (blocks, 1, 1),
-                (pptm_spec::BLOCK_THREADS, 1, 1),
-                0,
-                inner.stream.raw,
-                &mut args,
-            )
-        }
-        .map_err(|e| Error::driver("cuLaunchKernel", e))?;
-        inner.stream.synchronize()?;
-        // SAFETY: the kernel finished (stream synchronised), so the mapped words are settled; the
-        // allocation is at least one pptm_launch_out.
-        let out =
-            unsafe { std::ptr::read_volatile(inner.out.host_ptr().cast::<pptm_launch_out>()) };
-        Ok(Completion {
-            status: out.status,
-            value: out.value,
-        })
+        // SAFETY: pptm_launched's only parameter is a pptm_launch_params.
+        unsafe { inner.launch(self.module.launched, blocks, &mut params) }?;
+        inner.wait_and_read()
     }
 }
 
@@ -152,36 +132,64 @@ impl Launcher {
             )
         };
         for s in 0..ir.stages.len() {
-            let blocks = ir.stage_blocks(s, sizes).min(self.max_blocks);
             let mut params = pptm_unfused_params {
                 desc: *desc,
                 stage: s as u32,
                 pad: 0,
                 scratch,
-                arrivals: inner.state as *mut u64,
-                partials: (inner.state + 128) as *mut f64,
-                out: inner.out.dev as *mut pptm_launch_out,
+                arrivals: inner.arrivals(),
+                partials: inner.partials(),
+                out: inner.out_dev(),
             };
-            let mut args: [*mut c_void; 1] = [(&raw mut params).cast()];
-            // SAFETY: pptm_unfused_stage takes one pptm_unfused_params by value (copied at launch);
-            // its pointers are this launcher's allocations, sized for this item above.
-            unsafe {
-                result::launch_kernel(
-                    self.module.unfused,
-                    (blocks, 1, 1),
-                    (pptm_spec::BLOCK_THREADS, 1, 1),
-                    0,
-                    inner.stream.raw,
-                    &mut args,
-                )
-            }
-            .map_err(|e| Error::driver("cuLaunchKernel", e))?;
+            let blocks = ir.stage_blocks(s, sizes).min(self.max_blocks);
+            // SAFETY: pptm_unfused_stage's only parameter is a pptm_unfused_params; the scratch
+            // buffers were sized for this item above.
+            unsafe { inner.launch(self.module.unfused, blocks, &mut params) }?;
         }
-        inner.stream.synchronize()?;
-        // SAFETY: every stage finished (stream synchronised); the allocation holds one
-        // pptm_launch_out.
-        let out =
-            unsafe { std::ptr::read_volatile(inner.out.host_ptr().cast::<pptm_launch_out>()) };
+        inner.wait_and_read()
+    }
+}
+
+impl Inner {
+    fn arrivals(&self) -> *mut u64 {
+        self.state as *mut u64
+    }
+
+    fn partials(&self) -> *mut f64 {
+        (self.state + 128) as *mut f64
+    }
+
+    fn out_dev(&self) -> *mut pptm_launch_out {
+        self.out.dev as *mut pptm_launch_out
+    }
+
+    /// Launches `func` with `params` as its only parameter on this launcher's stream.
+    ///
+    /// # Safety
+    /// `P` must be the parameter type `func` declares, and every pointer in it must stay valid
+    /// until the launch finishes (the driver copies `params` itself at launch).
+    unsafe fn launch<P>(&self, func: sys::CUfunction, blocks: u32, params: &mut P) -> Result<()> {
+        let mut args: [*mut c_void; 1] = [(params as *mut P).cast()];
+        // SAFETY: the caller vouches for the parameter type and its pointers; the stream is ours.
+        unsafe {
+            result::launch_kernel(
+                func,
+                (blocks, 1, 1),
+                (pptm_spec::BLOCK_THREADS, 1, 1),
+                0,
+                self.stream.raw,
+                &mut args,
+            )
+        }
+        .map_err(|e| Error::driver("cuLaunchKernel", e))
+    }
+
+    /// Waits for everything launched and reads the item's result.
+    fn wait_and_read(&self) -> Result<Completion> {
+        self.stream.synchronize()?;
+        // SAFETY: the launches finished (stream synchronised), so the mapped words are settled;
+        // the allocation holds one pptm_launch_out.
+        let out = unsafe { std::ptr::read_volatile(self.out.host_ptr().cast::<pptm_launch_out>()) };
         Ok(Completion {
             status: out.status,
             value: out.value,
