@@ -56,8 +56,9 @@ pub fn measure<E>(
 
 /// The runtimes a comparison times, labelled: on a GPU, `rt` (the persistent manifold), a runtime
 /// that runs the same fused code as one kernel launch per item
-/// ([`crate::Variant::FusedLaunched`]) and one that runs each stage as its own launch
-/// ([`crate::Variant::Unfused`]); on the CPU, `rt` alone.
+/// ([`crate::Variant::FusedLaunched`]), one that runs each stage as its own launch
+/// ([`crate::Variant::Unfused`]) and one that replays those launches from a CUDA graph
+/// ([`crate::Variant::UnfusedGraph`]); on the CPU, `rt` alone.
 pub fn variants(rt: crate::Runtime) -> crate::Result<Vec<(&'static str, crate::Runtime)>> {
     if rt.backend() != crate::BackendKind::Gpu {
         return Ok(vec![("CPU backend (f64 reference code)", rt)]);
@@ -68,14 +69,16 @@ pub fn variants(rt: crate::Runtime) -> crate::Result<Vec<(&'static str, crate::R
             ..rt.config().clone()
         })
     };
-    let (launched, unfused) = (
+    let (launched, unfused, graph) = (
         with(crate::Variant::FusedLaunched)?,
         with(crate::Variant::Unfused)?,
+        with(crate::Variant::UnfusedGraph)?,
     );
     Ok(vec![
         ("GPU, fused, persistent manifold", rt),
         ("GPU, fused, one kernel launch per item", launched),
         ("GPU, unfused, one kernel launch per stage", unfused),
+        ("GPU, unfused, replayed as a CUDA graph", graph),
     ])
 }
 

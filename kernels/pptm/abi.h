@@ -19,7 +19,8 @@
  *     its pptm_desc, tagged.
  *   Completion ring (CQ), mapped pinned host memory, `queue_slots` pptm_cq_entry. The device
  *     writes, the host only reads. Item `seq` completes into entry seq & (queue_slots - 1): words
- *     0..3 carry status, opcode, and the low and high halves of the f64 result, tagged.
+ *     0..4 carry status, opcode, the low and high halves of the f64 result, and the item's device
+ *     time, tagged.
  *   Flow control: the host reuses slot s & (N-1) for item s only after it has read the completion
  *     of item s - N. The device completes items in order and reads an item before it completes it,
  *     so neither side can overrun the other.
@@ -45,7 +46,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 6u
+#define PPTM_ABI_VERSION 7u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -65,8 +66,9 @@ typedef unsigned long long uint64_t;
 #define PPTM_OP_SHUTDOWN 1u
 #define PPTM_OP_FIRST_VARIANT 16u
 
-/* Tagged u64 words per completion entry that carry data (status, opcode, value lo, value hi). */
-#define PPTM_CQ_WORDS 4u
+/* Tagged u64 words per completion entry that carry data (status, opcode, value lo, value hi,
+ * device time). */
+#define PPTM_CQ_WORDS 5u
 
 /* Completion status words. */
 #define PPTM_STATUS_OK 0u
@@ -87,10 +89,12 @@ typedef struct pptm_sq_slot {
 
 /* One completion entry (64 bytes, one cache line): tagged words
  *   [0] status (PPTM_STATUS_*)  [1] opcode (echo)  [2] result bits 0..31  [3] result bits 32..63
+ *   [4] device time in ns (saturated at 2^32 - 1): %globaltimer from compute block 0 taking the
+ *       item to the last block finishing it
  * where the result is the f64 scalar of a reducing chain, else 0. */
 typedef struct pptm_cq_entry {
     uint64_t words[PPTM_CQ_WORDS];
-    uint64_t reserved[4];
+    uint64_t reserved[3];
 } pptm_cq_entry;
 
 /* Host <-> device control words, in mapped host memory after the CQ (one 64-byte line each).
@@ -113,6 +117,7 @@ typedef struct pptm_device_state {
     uint64_t resident; /* blocks that have entered the kernel (start handshake) */
     uint64_t pad_resident[14];
     pptm_sq_slot stage[PPTM_STAGE_SLOTS]; /* item seq, tagged, at stage[seq % PPTM_STAGE_SLOTS] */
+    uint64_t started_ns[PPTM_STAGE_SLOTS]; /* %globaltimer when block 0 took item seq (its arrival releases it) */
     double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
     uint32_t smid[PPTM_MAX_BLOCKS + 32];  /* the SM each block runs on (start-up role assignment) */
 } pptm_device_state;

@@ -176,6 +176,14 @@ struct pptm_reducer_reduces<R, decltype((void)R::reduces)> {
     static constexpr bool value = R::reduces;
 };
 
+// Nanoseconds on the GPU's global timer: comparable across SMs (unlike clock64). Its resolution
+// depends on the GPU (tens of ns to 1 µs), so short intervals are averaged over many items.
+__device__ __forceinline__ uint64_t pptm_globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // Reduces one value per thread over the block; the result is valid in thread 0. `smem` holds
 // PPTM_WARPS doubles. Fixed order, so the result is deterministic for a given grid.
 template <class R>

@@ -138,8 +138,22 @@ __device__ __forceinline__ void pptm_map_store(const float* const (&in)[NIN], fl
 
 // Combines the per-block partials of the finished item, in the last-arriving block. All threads of
 // the block call it; the result is valid in thread 0.
+//
+// Small items are the latency-bound ones, so their combine is kept short: one block's partial is
+// taken as it is (`partials` may then point to shared memory, see pptm_compute_loop), and up to 32
+// partials are folded by warp 0 alone, with no block barrier.
 template <class R>
 __device__ __forceinline__ double pptm_combine_partials(const double* partials, uint32_t nblocks, double* smem) {
+    if (nblocks == 1) return *partials;
+    if (nblocks <= 32) {
+        double v = R::identity();
+        if (threadIdx.x < 32) {
+            if (threadIdx.x < nblocks) v = pptm_ld_cg_f64(partials + threadIdx.x);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v = R::combine(v, __shfl_down_sync(0xffffffffu, v, o));
+        }
+        return v;
+    }
     double acc = R::identity();
     for (uint32_t i = threadIdx.x; i < nblocks; i += PPTM_BLOCK_THREADS) acc = R::combine(acc, pptm_ld_cg_f64(partials + i));
     return pptm_block_reduce<R>(acc, smem);

@@ -114,6 +114,7 @@ struct pptm_loop_smem {
         uint32_t desc_words[PPTM_SQ_SLOT_WORDS];
     };
     double red[PPTM_WARPS];  // block-reduction scratch
+    double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
     int last;
 };
@@ -194,6 +195,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         const uint32_t op = sh.desc.opcode;
         const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
         const pptm_block_ctx ctx = {me, blocks, sh.red};
+        // Block 0 runs every item: its start is the item's (read by the last arriver, released to
+        // it by block 0's arrival).
+        if (me == 0 && threadIdx.x == 0) S->started_ns[seq % PPTM_STAGE_SLOTS] = pptm_globaltimer();
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
@@ -206,7 +210,12 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         // block, acquires every other block's.
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (threadIdx.x == 0) {
-            if (op >= PPTM_OP_FIRST_VARIANT) S->partials[me] = partial;
+            if (op >= PPTM_OP_FIRST_VARIANT) {
+                if (blocks == 1)
+                    sh.own = partial;
+                else
+                    S->partials[me] = partial;
+            }
             // A one-block item (a no-op, a small input) is trivially last: no atomic.
             sh.last = blocks == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
         }
@@ -214,18 +223,20 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         if (sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
-                value = pptm_finish_variant(sh.desc, S->partials, blocks, sh.red);
+                value = pptm_finish_variant(sh.desc, blocks == 1 ? &sh.own : S->partials, blocks, sh.red);
             if (threadIdx.x == 0) {
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
                 if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
                 const uint32_t tag = pptm_tag(seq, P.queue_slots_log2);
                 const uint64_t bits = (uint64_t)__double_as_longlong(value);
+                const uint64_t ns = pptm_globaltimer() - pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
                 uint64_t* e = P.cq[seq & (P.queue_slots - 1)].words;
                 pptm_st_relaxed_sys(e + 0, pptm_tagged(status, tag));
                 pptm_st_relaxed_sys(e + 1, pptm_tagged(op, tag));
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
+                pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, 0xFFFFFFFFull), tag));
                 // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
                 if (blocks > 1) *arrivals = 0;
                 pptm_st_release_gpu(&S->completed, seq + 1);
@@ -347,5 +358,19 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused
 
 // An empty kernel in the same module, for launch-overhead baselines measured beside the manifold.
 extern "C" __global__ void pptm_empty() {}
+
+// The latency floor of any host-visible result, for benchmarks: one thread answers every word the
+// host writes to `in` by writing it back to `out` (both mapped host memory), until it reads ~0.
+extern "C" __global__ void pptm_echo(const uint64_t* in, uint64_t* out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (uint64_t last = 0;;) {
+        uint64_t v;
+        while ((v = pptm_ld_acquire_sys(in)) == last) {
+        }
+        if (v == ~0ull) return;
+        pptm_st_release_sys(out, v);
+        last = v;
+    }
+}
 
 #endif  // PPTM_MANIFOLD_CUH

@@ -79,6 +79,10 @@ impl Arg<'_> {
 pub struct Completion {
     pub status: u32,
     pub value: f64,
+    /// Time the item took on the device, where the backend measures it: the manifold from its
+    /// first block taking the item to its last block finishing it (%globaltimer), the launched
+    /// variants between CUDA events around their launches. `None` on the CPU backend.
+    pub device_ns: Option<u64>,
 }
 
 /// Converts a completion into a chain's result type.

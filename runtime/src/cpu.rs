@@ -46,5 +46,9 @@ pub(crate) fn run(
             0.0
         }
     };
-    Ok(Completion { status: 0, value })
+    Ok(Completion {
+        status: 0,
+        value,
+        device_ns: None,
+    })
 }

@@ -28,4 +28,4 @@ pub use element::{DType, Element};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use runtime::{BackendKind, Config, Runtime, Variant};
-pub use ticket::Ticket;
+pub use ticket::{Ticket, Timed};

@@ -37,6 +37,10 @@ pub enum Variant {
     /// next (a pairwise stage stores its n×n values), waited for at submission: the debugging
     /// path and the baseline for what fusion buys.
     Unfused,
+    /// The unfused launches, captured into a CUDA graph the first time an item (opcode, arguments,
+    /// sizes) is seen and replayed after: the baseline for users who capture their launch
+    /// sequence. Waited for at submission.
+    UnfusedGraph,
 }
 
 /// Runtime settings. `Config::default()` suits most uses.
@@ -240,6 +244,9 @@ impl Runtime {
                         s.push_str("; fused variants as one kernel launch per item")
                     }
                     Variant::Unfused => s.push_str("; unfused: one kernel launch per stage"),
+                    Variant::UnfusedGraph => s.push_str(
+                        "; unfused: one kernel launch per stage, replayed as a CUDA graph",
+                    ),
                 }
                 let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 let mut names: Vec<_> = m.values().map(|m| format!("{m:?}")).collect();
@@ -463,6 +470,7 @@ impl Runtime {
                 Completion {
                     status: 0,
                     value: 0.0,
+                    device_ns: None,
                 },
             )),
             Some(m) => {
@@ -526,10 +534,10 @@ impl Runtime {
                         Ok(Ticket::pending(C::NAME, m, cell))
                     }
                     Route::Launch(l) => {
-                        let c = if self.config.variant == Variant::Unfused {
-                            l.run_unfused(&desc, ir, &sizes)?
-                        } else {
-                            l.run(&desc)?
+                        let c = match self.config.variant {
+                            Variant::Unfused => l.run_unfused(&desc, ir, &sizes, false)?,
+                            Variant::UnfusedGraph => l.run_unfused(&desc, ir, &sizes, true)?,
+                            Variant::Fused | Variant::FusedLaunched => l.run(&desc)?,
                         };
                         Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
                     }

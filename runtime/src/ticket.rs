@@ -8,6 +8,16 @@ use crate::chain::{ChainOutput, Completion};
 use crate::error::{Error, Result};
 use crate::gpu::{Cell, Failure, Manifold};
 
+/// A chain's result with the time its item took on the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timed<R> {
+    pub value: R,
+    /// From the manifold's first block taking the item to its last block finishing it
+    /// (`%globaltimer`, whose resolution depends on the GPU), or between CUDA events around the
+    /// launches of the launched variants; `None` on the CPU backend.
+    pub device: Option<Duration>,
+}
+
 /// Borrows the submitted buffers for `'a` (mutably: outputs may be among them) and yields an `R`.
 type Borrows<'a, R> = PhantomData<(&'a mut (), fn() -> R)>;
 
@@ -68,12 +78,22 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
 
     /// Waits for the result, however long it takes (a manifold that stops makes this an error).
     pub fn wait(mut self) -> Result<R> {
-        self.take(None)
+        self.take(None).map(|c| R::from_completion(&c))
+    }
+
+    /// As [`Ticket::wait`], with the time the item took on the device (see [`Timed`]).
+    pub fn wait_timed(mut self) -> Result<Timed<R>> {
+        let c = self.take(None)?;
+        Ok(Timed {
+            value: R::from_completion(&c),
+            device: c.device_ns.map(Duration::from_nanos),
+        })
     }
 
     /// Waits up to `timeout`. On [`Error::Timeout`] the ticket stays valid: wait again later.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<R> {
         self.take(Some(Instant::now() + timeout))
+            .map(|c| R::from_completion(&c))
     }
 
     /// Whether the result is available (never blocks).
@@ -92,7 +112,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         }
     }
 
-    fn take(&mut self, deadline: Option<Instant>) -> Result<R> {
+    fn take(&mut self, deadline: Option<Instant>) -> Result<Completion> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),
             State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c)),
@@ -106,14 +126,14 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     }
 }
 
-fn resolve<R: ChainOutput>(
+fn resolve(
     chain: &'static str,
     domain: &'static str,
     r: &std::result::Result<Completion, Failure>,
-) -> Result<R> {
+) -> Result<Completion> {
     use crate::gpu::abi::{PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK};
     match r {
-        Ok(c) if c.status == PPTM_STATUS_OK => Ok(R::from_completion(c)),
+        Ok(c) if c.status == PPTM_STATUS_OK => Ok(*c),
         Ok(c) => Err(Error::Device {
             chain,
             status: c.status,

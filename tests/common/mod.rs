@@ -48,10 +48,12 @@ pub fn gpu() -> Option<&'static Runtime> {
 pub fn gpu_variant(variant: pptm::Variant) -> Option<&'static Runtime> {
     static LAUNCHED: OnceLock<Option<Runtime>> = OnceLock::new();
     static UNFUSED: OnceLock<Option<Runtime>> = OnceLock::new();
+    static UNFUSED_GRAPH: OnceLock<Option<Runtime>> = OnceLock::new();
     gpu()?;
     let cell = match variant {
         pptm::Variant::FusedLaunched => &LAUNCHED,
         pptm::Variant::Unfused => &UNFUSED,
+        pptm::Variant::UnfusedGraph => &UNFUSED_GRAPH,
         pptm::Variant::Fused => return gpu(),
     };
     cell.get_or_init(|| {
@@ -72,7 +74,8 @@ pub fn skip(test: &str) {
 
 /// Instantiates each named test body (`fn(&Runtime)`) once per backend and variant: `cpu::name`,
 /// `gpu::name` (fused, persistent), `gpu_launched::name` (fused, one launch per item),
-/// `gpu_unfused::name` (one launch per stage).
+/// `gpu_unfused::name` (one launch per stage), `gpu_unfused_graph::name` (those launches replayed
+/// from a CUDA graph).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -112,6 +115,17 @@ macro_rules! on_every_backend {
                 #[test]
                 fn $test() {
                     match crate::common::gpu_variant(pptm::Variant::Unfused) {
+                        Some(rt) => super::$test(rt),
+                        None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
+                    }
+                }
+            )*
+        }
+        mod gpu_unfused_graph {
+            $(
+                #[test]
+                fn $test() {
+                    match crate::common::gpu_variant(pptm::Variant::UnfusedGraph) {
                         Some(rt) => super::$test(rt),
                         None => crate::common::skip(concat!(module_path!(), "::", stringify!($test))),
                     }

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 6;
+pub const PPTM_ABI_VERSION: u32 = 7;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -11,7 +11,7 @@ pub const PPTM_MAX_POLLERS: u32 = 8;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
-pub const PPTM_CQ_WORDS: u32 = 4;
+pub const PPTM_CQ_WORDS: u32 = 5;
 pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 pub const PPTM_MAX_STAGES: u32 = 16;
@@ -44,8 +44,8 @@ const _: () = {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_cq_entry {
-    pub words: [u64; 4usize],
-    pub reserved: [u64; 4usize],
+    pub words: [u64; 5usize],
+    pub reserved: [u64; 3usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -54,7 +54,7 @@ const _: () = {
     ["Offset of field: pptm_cq_entry::words"]
         [::core::mem::offset_of!(pptm_cq_entry, words) - 0usize];
     ["Offset of field: pptm_cq_entry::reserved"]
-        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 32usize];
+        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 40usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -87,12 +87,13 @@ pub struct pptm_device_state {
     pub resident: u64,
     pub pad_resident: [u64; 14usize],
     pub stage: [pptm_sq_slot; 64usize],
+    pub started_ns: [u64; 64usize],
     pub partials: [f64; 1024usize],
     pub smid: [u32; 1056usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 29568usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 30080usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
@@ -108,10 +109,12 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, pad_resident) - 656usize];
     ["Offset of field: pptm_device_state::stage"]
         [::core::mem::offset_of!(pptm_device_state, stage) - 768usize];
+    ["Offset of field: pptm_device_state::started_ns"]
+        [::core::mem::offset_of!(pptm_device_state, started_ns) - 17152usize];
     ["Offset of field: pptm_device_state::partials"]
-        [::core::mem::offset_of!(pptm_device_state, partials) - 17152usize];
+        [::core::mem::offset_of!(pptm_device_state, partials) - 17664usize];
     ["Offset of field: pptm_device_state::smid"]
-        [::core::mem::offset_of!(pptm_device_state, smid) - 25344usize];
+        [::core::mem::offset_of!(pptm_device_state, smid) - 25856usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {

@@ -366,6 +366,8 @@ pub(crate) struct Module {
     pub launched: sys::CUfunction,
     /// One stage of one item per launch (`Variant::Unfused`).
     pub unfused: sys::CUfunction,
+    /// Answers words written to mapped memory (the round-trip floor).
+    pub echo: sys::CUfunction,
 }
 
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -446,16 +448,18 @@ impl Module {
                 function("pptm_empty")?,
                 function("pptm_launched")?,
                 function("pptm_unfused_stage")?,
+                function("pptm_echo")?,
             ))
         });
         match loaded {
-            Ok((manifold, empty, launched, unfused)) => Ok(Module {
+            Ok((manifold, empty, launched, unfused, echo)) => Ok(Module {
                 module,
                 arch,
                 manifold,
                 empty,
                 launched,
                 unfused,
+                echo,
             }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.

@@ -5,7 +5,13 @@
 //! * `Variant::Unfused`: every stage of the chain its own launch (`pptm_unfused_stage`), one after
 //!   another on the stream, each storing its output in a scratch buffer the next one reads: the
 //!   debugging path and the baseline that measures what fusion buys.
+//! * `Variant::UnfusedGraph`: the same stage launches captured once per distinct item (opcode,
+//!   arguments and sizes) into a CUDA graph and replayed: what a user who captures their launch
+//!   sequence gets.
+//!
+//! Every item's device time is taken between CUDA events recorded around its launches.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -35,7 +41,16 @@ struct Inner {
     out: MappedHost,
     /// Unfused mode: each stage's output buffer (address, bytes), grown on demand.
     scratch: Vec<(sys::CUdeviceptr, usize)>,
+    /// Recorded before the first launch and after the last of every item.
+    events: [sys::CUevent; 2],
+    /// Graph mode: an executable graph per distinct item (see `graph_key`). The graphs hold the
+    /// scratch addresses, so they are dropped whenever a scratch buffer is reallocated.
+    graphs: HashMap<Vec<u64>, sys::CUgraphExec>,
 }
+
+/// Most graphs kept per launcher; beyond it the cache starts again (a benchmark or a loop over a
+/// few shapes stays far below).
+const MAX_GRAPHS: usize = 256;
 
 // SAFETY: the raw handles are used under `inner`'s lock with the context bound.
 unsafe impl Send for Launcher {}
@@ -50,6 +65,11 @@ impl Launcher {
         let stream = Stream::new(device)?;
         let state = device.alloc(STATE_BYTES, 0)?;
         let out = MappedHost::new(device, std::mem::size_of::<pptm_launch_out>())?;
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(|e| Error::driver("cuEventCreate", e))
+        };
+        let events = [event()?, event()?];
         Ok(Launcher {
             device: device.clone(),
             module,
@@ -59,6 +79,8 @@ impl Launcher {
                 state,
                 out,
                 scratch: Vec::new(),
+                events,
+                graphs: HashMap::new(),
             }),
         })
     }
@@ -77,20 +99,24 @@ impl Launcher {
             partials: inner.partials(),
             out: inner.out_dev(),
         };
+        inner.record(0)?;
         // SAFETY: pptm_launched's only parameter is a pptm_launch_params.
         unsafe { inner.launch(self.module.launched, blocks, &mut params) }?;
+        inner.record(1)?;
         inner.wait_and_read()
     }
 }
 
 impl Launcher {
-    /// Runs one item unfused, stage by stage, and waits for it. `sizes` are the chain's dimension
-    /// sizes (from `ChainIr::bind`).
+    /// Runs one item unfused, stage by stage, and waits for it: launched one by one, or with
+    /// `graph`, replayed from a CUDA graph captured the first time this item was seen. `sizes` are
+    /// the chain's dimension sizes (from `ChainIr::bind`).
     pub fn run_unfused(
         &self,
         desc: &pptm_desc,
         ir: &pptm_spec::ChainIr,
         sizes: &[usize],
+        graph: bool,
     ) -> Result<Completion> {
         if ir.stages.len() > PPTM_MAX_STAGES as usize {
             return Err(Error::BadArguments {
@@ -115,6 +141,7 @@ impl Launcher {
                 inner.scratch.push((0, 0));
             }
             if inner.scratch[s].1 < bytes {
+                inner.drop_graphs();
                 if inner.scratch[s].0 != 0 {
                     self.device.free(inner.scratch[s].0);
                     inner.scratch[s] = (0, 0);
@@ -131,23 +158,62 @@ impl Launcher {
                 pptm_launch_out::default(),
             )
         };
-        for s in 0..ir.stages.len() {
-            let mut params = pptm_unfused_params {
-                desc: *desc,
-                stage: s as u32,
-                pad: 0,
-                scratch,
-                arrivals: inner.arrivals(),
-                partials: inner.partials(),
-                out: inner.out_dev(),
-            };
-            let blocks = ir.stage_blocks(s, sizes).min(self.max_blocks);
-            // SAFETY: pptm_unfused_stage's only parameter is a pptm_unfused_params; the scratch
-            // buffers were sized for this item above.
-            unsafe { inner.launch(self.module.unfused, blocks, &mut params) }?;
+        let launch_stages = |inner: &Inner| -> Result<()> {
+            for s in 0..ir.stages.len() {
+                let mut params = pptm_unfused_params {
+                    desc: *desc,
+                    stage: s as u32,
+                    pad: 0,
+                    scratch,
+                    arrivals: inner.arrivals(),
+                    partials: inner.partials(),
+                    out: inner.out_dev(),
+                };
+                let blocks = ir.stage_blocks(s, sizes).min(self.max_blocks);
+                // SAFETY: pptm_unfused_stage's only parameter is a pptm_unfused_params; the
+                // scratch buffers were sized for this item above (and a graph that holds them is
+                // dropped before they are reallocated).
+                unsafe { inner.launch(self.module.unfused, blocks, &mut params) }?;
+            }
+            Ok(())
+        };
+        if !graph {
+            inner.record(0)?;
+            launch_stages(&inner)?;
+            inner.record(1)?;
+            return inner.wait_and_read();
         }
+        let key = graph_key(desc, sizes);
+        let exec = match inner.graphs.get(&key) {
+            Some(&exec) => exec,
+            None => {
+                let exec = inner.capture(|inner| launch_stages(inner))?;
+                if inner.graphs.len() >= MAX_GRAPHS {
+                    inner.drop_graphs();
+                }
+                inner.graphs.insert(key, exec);
+                exec
+            }
+        };
+        inner.record(0)?;
+        // SAFETY: the graph was instantiated from launches on this launcher's buffers, which are
+        // still allocated (a reallocation drops every graph first); the stream is ours.
+        unsafe { result::graph::launch(exec, inner.stream.raw) }
+            .map_err(|e| Error::driver("cuGraphLaunch", e))?;
+        inner.record(1)?;
         inner.wait_and_read()
     }
+}
+
+/// What makes two unfused items the same graph: opcode, block count, every argument word and
+/// every dimension size.
+fn graph_key(desc: &pptm_desc, sizes: &[usize]) -> Vec<u64> {
+    let mut key = Vec::with_capacity(2 + desc.args.len() + sizes.len());
+    key.push(u64::from(desc.opcode));
+    key.push(u64::from(desc.blocks));
+    key.extend_from_slice(&desc.args);
+    key.extend(sizes.iter().map(|&s| s as u64));
+    key
 }
 
 impl Inner {
@@ -184,15 +250,58 @@ impl Inner {
         .map_err(|e| Error::driver("cuLaunchKernel", e))
     }
 
-    /// Waits for everything launched and reads the item's result.
+    /// Records event `which` (0: before the item's launches, 1: after them) on the stream.
+    fn record(&self, which: usize) -> Result<()> {
+        // SAFETY: the event and the stream are ours and valid.
+        unsafe { result::event::record(self.events[which], self.stream.raw) }
+            .map_err(|e| Error::driver("cuEventRecord", e))
+    }
+
+    /// Captures what `launch` enqueues on the stream into an executable graph.
+    fn capture(&self, launch: impl FnOnce(&Inner) -> Result<()>) -> Result<sys::CUgraphExec> {
+        // SAFETY: the stream is ours and idle (every item synchronises it); capture only records
+        // the launches, and the graph is destroyed once instantiated (the exec keeps what it
+        // needs).
+        unsafe {
+            result::stream::begin_capture(
+                self.stream.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+            .map_err(|e| Error::driver("cuStreamBeginCapture", e))?;
+            let launched = launch(self);
+            let graph = result::stream::end_capture(self.stream.raw)
+                .map_err(|e| Error::driver("cuStreamEndCapture", e))?;
+            if let Err(e) = launched {
+                let _ = result::graph::destroy(graph);
+                return Err(e);
+            }
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+            let _ = result::graph::destroy(graph);
+            exec.map_err(|e| Error::driver("cuGraphInstantiate", e))
+        }
+    }
+
+    fn drop_graphs(&mut self) {
+        for (_, exec) in self.graphs.drain() {
+            // SAFETY: every item synchronised the stream, so no replay is running; each exec is
+            // destroyed once (drained from the map).
+            let _ = unsafe { result::graph::exec_destroy(exec) };
+        }
+    }
+
+    /// Waits for everything launched and reads the item's result and device time.
     fn wait_and_read(&self) -> Result<Completion> {
         self.stream.synchronize()?;
         // SAFETY: the launches finished (stream synchronised), so the mapped words are settled;
         // the allocation holds one pptm_launch_out.
         let out = unsafe { std::ptr::read_volatile(self.out.host_ptr().cast::<pptm_launch_out>()) };
+        // SAFETY: both events were recorded on this stream, which has finished.
+        let ms = unsafe { result::event::elapsed(self.events[0], self.events[1]) }
+            .map_err(|e| Error::driver("cuEventElapsedTime", e))?;
         Ok(Completion {
             status: out.status,
             value: out.value,
+            device_ns: Some((f64::from(ms) * 1e6) as u64),
         })
     }
 }
@@ -202,6 +311,11 @@ impl Drop for Launcher {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         let _ = self.device.bind();
         let _ = inner.stream.synchronize();
+        inner.drop_graphs();
+        for &event in &inner.events {
+            // SAFETY: created in `new`, destroyed once, after the stream finished.
+            let _ = unsafe { result::event::destroy(event) };
+        }
         self.device.free(inner.state);
         for &(ptr, _) in &inner.scratch {
             if ptr != 0 {

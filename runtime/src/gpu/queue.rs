@@ -234,6 +234,7 @@ impl Queue {
         Some(Completion {
             status: payload[0],
             value: f64::from_bits(u64::from(payload[2]) | (u64::from(payload[3]) << 32)),
+            device_ns: Some(u64::from(payload[4])),
         })
     }
 

@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""The chains of pptm-bench in PyTorch, timed the way pptm-bench times pptm.
+
+    python3 bench/peers.py [--quick] [--chains a,b] [--sizes small,medium,large]
+                           [--variants eager,graph,compile,compile-graph]
+                           [--compile-mode max-autotune] [--pptm bench/results/pptm.json]
+                           [--out bench/results/peers.json]
+
+Runs where PyTorch and a GPU are (the GPU hosts). For every chain and size of pptm-bench, with the
+same inputs (the counter-based generator of bench/src/cases.rs, reproduced bit for bit below):
+  * eager                     -- PyTorch ops, one launch each
+  * eager + CUDA graph        -- the same ops captured once with torch.cuda.graph and replayed
+  * torch.compile <mode>      -- inductor (its own CUDA graphs off)
+  * torch.compile <mode> + CUDA graph -- the compiled function captured with torch.cuda.graph
+Each call is timed on the host from the call to the result being usable on the host (a scalar is
+copied to pinned host memory asynchronously, inside the graph where there is one, then the stream
+is synchronised; a tensor result is synchronised), after warm-up, for about a second (a tenth
+with --quick); median and p99. Device time comes from CUDA events around the call. Every variant's
+result is checked against a float64 evaluation before and after timing (1e-4 relative) and is not
+reported if it fails. With --pptm, the script prints each chain's relative difference from pptm's
+result on the same inputs. Writes the pptm-bench/1 schema that `pptm-bench report` merges.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SCHEMA = "pptm-bench/1"
+
+# Input streams and fixed parameters: the same numbers as bench/src/cases.rs.
+SEED = dict(KL_Q=1, KL_P=2, ACC_OBS=3, ACC_PRED=4, ACC_PREC=5, BEL_OBS=6, BEL_PRED=7, BEL_PREC=8,
+            BEL_J=9, BEL_MU=10, DIST_X=11, TE_X=12, TE_Y=13, TE_Z=14, TE_EPS=15, GEMV_A=16,
+            GEMV_X=17, GEMV_Y=18, MM_A=19, MM_W=20, MM_B=21)
+BELIEF_LR = 0.1
+GEMV_ALPHA, GEMV_BETA = 1.0, 0.5
+KTH_K, KTH_D = 4, 4
+TE_K, TE_EPS_SCALE = 4, 0.1
+PSI_K = sum(1.0 / i for i in range(1, TE_K)) - 0.5772156649015329  # digamma(TE_K)
+SIZES = ["small", "medium", "large"]
+CHAINS = ["kl_complexity", "accuracy_pipeline", "belief_update", "distance_kth", "te_reduction",
+          "gemv_axpby_sum", "matmul_bias_gelu"]
+
+
+def uniform(seed, n):
+    """n values of stream `seed`, uniform in (0, 1]: splitmix64 of (seed, i), as cases.rs."""
+    g = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) * g + np.arange(n, dtype=np.uint64) + g
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return ((z >> np.uint64(40)).astype(np.float32) + np.float32(1)) / np.float32(16777216)
+
+
+def check_generator():
+    bits = uniform(1, 3).view(np.uint32).tolist()
+    want = [1054667070, 1061088142, 1061144647]  # pinned in cases.rs's tests as well
+    if bits != want:
+        sys.exit(f"peers.py: the input generator differs from pptm-bench's ({bits} != {want})")
+
+
+def cases(torch):
+    """(chain, size, shape, x, bytes, flops, inputs(dtype) -> tuple, fn(*inputs), scalar?)"""
+    out = []
+    dev = "cuda"
+
+    def t(seed, n, dtype, shape=None, scale=1.0):
+        a = torch.from_numpy(uniform(seed, n) * np.float32(scale)).to(dev)
+        a = a.to(dtype)
+        return a.reshape(shape) if shape else a
+
+    for size, n in zip(SIZES, [4096, 1 << 20, 1 << 26]):
+        out.append(("kl_complexity", size, f"n = {n}", n, 8 * n, 4 * n,
+                    lambda d, n=n: (t(SEED["KL_Q"], n, d), t(SEED["KL_P"], n, d)),
+                    lambda q, p: torch.where(q > 0, q * (torch.log(q) - torch.log(p)), 0).sum(),
+                    True))
+        out.append(("accuracy_pipeline", size, f"n = {n}", n, 12 * n, 4 * n,
+                    lambda d, n=n: (t(SEED["ACC_OBS"], n, d), t(SEED["ACC_PRED"], n, d),
+                                    t(SEED["ACC_PREC"], n, d)),
+                    lambda o, p, w: -0.5 * (w * (o - p) ** 2).sum(),
+                    True))
+    for size, n in zip(SIZES, [256, 1024, 4096]):
+        m = n
+        out.append(("belief_update", size, f"m = n = {n}", n, 4 * (m * n + 3 * m + 2 * n),
+                    2 * m * n + 4 * m,
+                    lambda d, n=n, m=m: (t(SEED["BEL_OBS"], m, d), t(SEED["BEL_PRED"], m, d),
+                                         t(SEED["BEL_PREC"], m, d),
+                                         t(SEED["BEL_J"], m * n, d, (m, n)),
+                                         t(SEED["BEL_MU"], n, d)),
+                    lambda o, p, w, j, mu: mu + BELIEF_LR * (j.t() @ (w * (o - p))),
+                    False))
+    for size, n in zip(SIZES, [1024, 4096, 16384]):
+        # The k-th smallest distance to the others is the (k+1)-th of the row with the point
+        # itself (distance 0, the smallest), whatever the ties.
+        out.append(("distance_kth", size, f"n = {n}, d = {KTH_D}, k = {KTH_K}", n,
+                    4 * (n * KTH_D + n), 3 * n * (n - 1) * KTH_D,
+                    lambda d, n=n: (t(SEED["DIST_X"], n * KTH_D, d, (n, KTH_D)),),
+                    lambda x: torch.topk((x[:, None, :] - x[None, :, :]).abs().amax(-1),
+                                         KTH_K + 1, dim=1, largest=False).values[:, KTH_K],
+                    False))
+
+        def te(x, y, z, eps):
+            dx = (x[:, None] - x[None, :]).abs()
+            dy = (y[:, None] - y[None, :]).abs()
+            dz = (z[:, None] - z[None, :]).abs()
+            e = eps[:, None]
+            # Every point is within its own radius (distance 0 < eps): subtract it.
+            nxz = (torch.maximum(dx, dz) < e).sum(1) - 1
+            nyz = (torch.maximum(dy, dz) < e).sum(1) - 1
+            nz = (dz < e).sum(1) - 1
+            dg = lambda c: torch.special.digamma(c.to(x.dtype) + 1)
+            return PSI_K + (dg(nz) - dg(nxz) - dg(nyz)).mean()
+
+        out.append(("te_reduction", size, f"n = {n}, d = 1 each, k = {TE_K}", n, 16 * n,
+                    11 * n * (n - 1),
+                    lambda d, n=n: (t(SEED["TE_X"], n, d), t(SEED["TE_Y"], n, d),
+                                    t(SEED["TE_Z"], n, d), t(SEED["TE_EPS"], n, d, None,
+                                                             TE_EPS_SCALE)),
+                    te, True))
+    for size, n in zip(SIZES, [256, 4096, 16384]):
+        m = n
+        out.append(("gemv_axpby_sum", size, f"m = n = {n}", n, 4 * (m * n + m + n),
+                    2 * m * n + 5 * m,
+                    lambda d, n=n, m=m: (t(SEED["GEMV_X"], n, d),
+                                         t(SEED["GEMV_A"], m * n, d, (m, n)),
+                                         t(SEED["GEMV_Y"], m, d)),
+                    lambda x, a, y: ((GEMV_ALPHA * (a @ x) + GEMV_BETA * y) ** 2).sum(),
+                    True))
+    for size, (m, k, n) in zip(SIZES, [(64, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096)]):
+        out.append(("matmul_bias_gelu", size, f"{m}×{k}×{n} f32", m, 4 * (m * k + k * n + n + m * n),
+                    2 * m * k * n,
+                    lambda d, m=m, k=k, n=n: (t(SEED["MM_A"], m * k, d, (m, k)),
+                                              t(SEED["MM_W"], k * n, d, (k, n)),
+                                              t(SEED["MM_B"], n, d)),
+                    lambda a, w, b: torch.nn.functional.gelu(a @ w + b),
+                    False))
+    return out
+
+
+def stat(ts):
+    ts = sorted(ts)
+    return dict(median=ts[len(ts) // 2] * 1e6, p99=ts[min(len(ts) * 99 // 100, len(ts) - 1)] * 1e6,
+                reps=len(ts))
+
+
+def time_loop(torch, call, budget, max_reps):
+    """Warm-up for a tenth of the budget, then time; returns (host stat, device stat)."""
+    start = time.perf_counter()
+    warm = 0
+    while warm < 3 or time.perf_counter() - start < budget / 10:
+        call()
+        warm += 1
+    per = (time.perf_counter() - start) / warm
+    reps = max(10, min(max_reps, int(budget / max(per, 1e-9))))
+    host, device = [], []
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    for i in range(reps):
+        t0 = time.perf_counter()
+        ev[i][0].record()
+        call(ev[i][1])
+        host.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    device = [a.elapsed_time(b) * 1e-3 for a, b in ev]
+    return stat(host), stat(device)
+
+
+def summary(torch, r):
+    return float(r.double().sum().item()) if r.dim() > 0 else float(r.double().item())
+
+
+def max_rel(torch, got, want):
+    """Norm-wise: the largest error over the largest reference magnitude (a GEMV output may
+    cancel to near zero, so an element-wise ratio would judge rounding, not correctness)."""
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return math.inf
+    return float(((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item())
+
+
+def nvidia_smi(query):
+    try:
+        o = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=True)
+        return o.stdout.strip().splitlines()[0]
+    except Exception:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--chains")
+    ap.add_argument("--sizes")
+    ap.add_argument("--variants", default="eager,graph,compile,compile-graph")
+    ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--pptm", help="pptm-bench's results, to cross-check results against")
+    ap.add_argument("--out", default="bench/results/peers.json")
+    a = ap.parse_args()
+    check_generator()
+
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as in pptm's f32 matmul
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch._dynamo.config.cache_size_limit = 256
+    budget, max_reps = (0.12, 2000) if a.quick else (1.0, 20000)
+    wanted_chains = a.chains.split(",") if a.chains else CHAINS
+    wanted_sizes = a.sizes.split(",") if a.sizes else SIZES
+    variants = a.variants.split(",")
+    mode = a.compile_mode
+    # Inductor's own CUDA graphs stay off: the graph variants capture by hand, which costs less
+    # per call than cudagraph trees.
+    compile_mode = {"max-autotune": "max-autotune-no-cudagraphs",
+                    "reduce-overhead": "default"}.get(mode, mode)
+    names = {"eager": "torch eager", "graph": "torch eager + CUDA graph",
+             "compile": f"torch.compile {mode}",
+             "compile-graph": f"torch.compile {mode} + CUDA graph"}
+    pptm_values = {}
+    if a.pptm:
+        with open(a.pptm) as f:
+            for m in json.load(f)["results"]:
+                if m["variant"] == "pptm fused persistent" and m.get("value") is not None:
+                    pptm_values[(m["chain"], m["size"])] = m["value"]
+
+    results, refused = [], []
+    for chain, size, shape, x, nbytes, flops, make, fn, scalar in cases(torch):
+        if chain not in wanted_chains or size not in wanted_sizes:
+            continue
+        inputs = make(torch.float32)
+        with torch.no_grad():
+            want = fn(*make(torch.float64)) if chain not in ("distance_kth", "te_reduction") \
+                else None
+            eager_value = None
+            compiled = None
+            # A scalar result is copied to pinned host memory without a blocking .item() (the
+            # fastest way to get it to the host), inside the graph where there is one.
+            host_buf = torch.empty((), dtype=torch.float32, pin_memory=True)
+
+            def to_host(r):
+                if scalar:
+                    host_buf.copy_(r, non_blocking=True)
+                return r
+
+            for v in variants:
+                name = names[v]
+                try:
+                    if v == "eager":
+                        f = lambda: to_host(fn(*inputs))
+                    elif v in ("graph", "compile-graph"):
+                        # Captured once (after warm-up on a side stream), replayed per call.
+                        if v == "compile-graph" and compiled is None:
+                            compiled = torch.compile(fn, mode=compile_mode, dynamic=False)
+                        body = fn if v == "graph" else compiled
+                        s = torch.cuda.Stream()
+                        s.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(s):
+                            for _ in range(3):
+                                body(*inputs)
+                        torch.cuda.current_stream().wait_stream(s)
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            static_out = to_host(body(*inputs))
+                        f = lambda g=g, o=static_out: (g.replay(), o)[1]
+                    elif v == "compile":
+                        compiled = torch.compile(fn, mode=compile_mode, dynamic=False)
+                        f = lambda c=compiled: to_host(c(*inputs))
+                    else:
+                        raise ValueError(f"unknown variant {v}")
+
+                    def call(end=None, f=f):
+                        r = f()
+                        if end is not None:
+                            end.record()
+                        torch.cuda.current_stream().synchronize()
+                        if scalar:
+                            host_buf.item()  # on the host already: no device access
+                        return r
+
+                    def checked(f=f):
+                        r = f().clone()
+                        torch.cuda.synchronize()
+                        if want is not None:
+                            err = max_rel(torch, r, want)
+                        elif eager_value is not None:
+                            err = abs(summary(torch, r) - eager_value) / max(abs(eager_value), 1e-30)
+                        else:
+                            err = 0.0 if torch.isfinite(r).all() else math.inf
+                        if not err <= 1e-4:
+                            raise RuntimeError(f"relative error {err:.2e} against the reference")
+                        return err, summary(torch, r)
+
+                    err0, value = checked()
+                    if v == "eager":
+                        eager_value = value
+                    host, device = time_loop(torch, call, budget, max_reps)
+                    err1, _ = checked()
+                except Exception as e:  # a peer that fails is reported as refused, not fatal
+                    reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    print(f"REFUSED {chain} {size} {name}: {reason}", flush=True)
+                    refused.append(dict(chain=chain, size=size, variant=name, reason=reason))
+                    torch.cuda.synchronize()
+                    continue
+                med = host["median"]
+                results.append(dict(chain=chain, size=size, shape=shape, x=float(x), variant=name,
+                                    host_us=host, device_us=device, gbps=nbytes / (med * 1e3),
+                                    tflops=flops / (med * 1e6), max_rel_err=max(err0, err1),
+                                    value=value))
+                cross = ""
+                if (chain, size) in pptm_values:
+                    p = pptm_values[(chain, size)]
+                    cross = f"  vs pptm {abs(value - p) / max(abs(value), 1e-30):.1e}"
+                print(f"{chain:<18} {size:<7} {name:<40} median {med:10.2f} µs  "
+                      f"p99 {host['p99']:10.2f} µs{cross}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+    smi = nvidia_smi("name,driver_version")
+    name, driver = (smi.split(", ") + ["", ""])[:2] if smi else (torch.cuda.get_device_name(), "")
+    clocks = nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw")
+    doc = dict(schema=SCHEMA, source="peers",
+               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               commit=f"torch {torch.__version__}", quick=a.quick,
+               device=dict(name=name, driver=driver,
+                           clocks=[f"after: sm, mem, max sm, temperature, power = {clocks}"]
+                           if clocks else []),
+               results=results, refused=refused)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {a.out} ({len(results)} measurements, {len(refused)} refused)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,632 @@
+//! What is measured: every chain at a small, a medium and a large size. Each case knows how to
+//! generate its inputs (with the generator bench/peers.py reproduces, so PyTorch runs on the same
+//! numbers), how to submit it to a runtime, how many bytes and flops the chain must move and do,
+//! and its f64 reference, written here independently of the op catalog.
+
+use std::time::Duration;
+
+use pptm::chains::{
+    AccuracyPipeline, BeliefUpdateStep, DistanceKth, GemvAxpbySum, KlComplexity, MatmulBiasGelu,
+    TeReduction,
+};
+use pptm::{Chain, Runtime};
+
+/// `n` values of input stream `seed`, uniform in (0, 1]: value i is a splitmix64 hash of
+/// (seed, i), so a prefix does not depend on n and numpy computes the same bits (peers.py).
+pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n as u64)
+        .map(|i| {
+            let mut z = seed
+                .wrapping_mul(GOLDEN)
+                .wrapping_add(i)
+                .wrapping_add(GOLDEN);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 40) as f32 + 1.0) / 16_777_216.0
+        })
+        .collect()
+}
+
+/// What a variant's result must match.
+pub enum Expect {
+    /// A scalar, judged relative to `scale` (the magnitude of the terms it sums).
+    Scalar { value: f64, scale: f64 },
+    /// Sampled elements of the output: (index, value, scale). `exact`: bit-equal as f32.
+    Elements {
+        at: Vec<(usize, f64, f64)>,
+        exact: bool,
+    },
+}
+
+/// What a run returned.
+pub enum Got {
+    Scalar(f64),
+    Vector(Vec<f32>),
+}
+
+impl Got {
+    /// One number to cross-check against PyTorch: the scalar, or the sum of the output.
+    pub fn summary(&self) -> f64 {
+        match self {
+            Got::Scalar(v) => *v,
+            Got::Vector(v) => v.iter().map(|&x| f64::from(x)).sum(),
+        }
+    }
+}
+
+/// One submit → result; the output is read back (outside any timing) when asked for.
+pub struct Sample {
+    pub device: Option<Duration>,
+    pub got: Option<Got>,
+}
+
+pub type Runner<'a> = Box<dyn FnMut(bool) -> pptm::Result<Sample> + 'a>;
+type Prepare = Box<dyn for<'a> Fn(&'a Runtime) -> pptm::Result<Runner<'a>>>;
+
+pub struct Case {
+    pub chain: &'static str,
+    pub domain: &'static str,
+    /// small, medium or large.
+    pub size: &'static str,
+    pub shape: String,
+    /// The size axis of the plot (elements, points or matrix side).
+    pub x: f64,
+    /// Bytes the chain must move and flops it must do at this size (for GB/s and TFLOP/s).
+    pub bytes: f64,
+    pub flops: f64,
+    /// Uploads the inputs to a runtime and returns what runs the case there.
+    pub prepare: Prepare,
+    pub expect: Box<dyn Fn() -> Expect>,
+}
+
+/// The relative error of `got` against `want`, or why it is wrong.
+pub fn check(want: &Expect, got: &Got) -> Result<f64, String> {
+    let rel = |g: f64, v: f64, scale: f64| (g - v).abs() / scale.abs().max(v.abs()).max(1e-30);
+    match (want, got) {
+        (Expect::Scalar { value, scale }, Got::Scalar(g)) => {
+            if g.is_finite() {
+                Ok(rel(*g, *value, *scale))
+            } else {
+                Err(format!("result {g} is not finite (f64 reference {value})"))
+            }
+        }
+        (Expect::Elements { at, exact }, Got::Vector(v)) => {
+            let mut worst = 0.0f64;
+            for &(i, value, scale) in at {
+                let g = *v
+                    .get(i)
+                    .ok_or_else(|| format!("output has {} elements, wanted {}", v.len(), i + 1))?;
+                let e = match exact {
+                    true if g == value as f32 => 0.0,
+                    true => f64::INFINITY,
+                    false => rel(f64::from(g), value, scale),
+                };
+                if !e.is_finite() {
+                    return Err(format!("element {i}: {g} vs reference {value}"));
+                }
+                worst = worst.max(e);
+            }
+            Ok(worst)
+        }
+        _ => Err("result of the wrong kind".into()),
+    }
+}
+
+/// Indices to check in an output of `len` elements: both ends and 62 spread between.
+fn sample_indices(len: usize) -> Vec<usize> {
+    let mut at: Vec<usize> = (0..64).map(|s| s * len / 64).collect();
+    at.push(len - 1);
+    at.dedup();
+    at
+}
+
+/// Input stream numbers, shared with peers.py.
+mod seed {
+    pub const KL_Q: u64 = 1;
+    pub const KL_P: u64 = 2;
+    pub const ACC_OBS: u64 = 3;
+    pub const ACC_PRED: u64 = 4;
+    pub const ACC_PREC: u64 = 5;
+    pub const BEL_OBS: u64 = 6;
+    pub const BEL_PRED: u64 = 7;
+    pub const BEL_PREC: u64 = 8;
+    pub const BEL_J: u64 = 9;
+    pub const BEL_MU: u64 = 10;
+    pub const DIST_X: u64 = 11;
+    pub const TE_X: u64 = 12;
+    pub const TE_Y: u64 = 13;
+    pub const TE_Z: u64 = 14;
+    pub const TE_EPS: u64 = 15;
+    pub const GEMV_A: u64 = 16;
+    pub const GEMV_X: u64 = 17;
+    pub const GEMV_Y: u64 = 18;
+    pub const MM_A: u64 = 19;
+    pub const MM_W: u64 = 20;
+    pub const MM_B: u64 = 21;
+}
+
+/// Fixed parameters, shared with peers.py.
+pub const BELIEF_LR: f32 = 0.1;
+pub const GEMV_ALPHA: f32 = 1.0;
+pub const GEMV_BETA: f32 = 0.5;
+pub const KTH_K: u32 = 4;
+pub const KTH_D: usize = 4;
+pub const TE_K: u32 = 4;
+/// TE radii are 0.1 × uniform: a few per cent of the points fall inside.
+pub const TE_EPS_SCALE: f32 = 0.1;
+
+const SIZES: [&str; 3] = ["small", "medium", "large"];
+
+/// Every case, in domain order (each domain's manifold is timed on its own).
+pub fn all() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (size, n) in SIZES.into_iter().zip([4096usize, 1 << 20, 1 << 26]) {
+        cases.push(kl_complexity(size, n));
+        cases.push(accuracy_pipeline(size, n));
+    }
+    for (size, n) in SIZES.into_iter().zip([256usize, 1024, 4096]) {
+        cases.push(belief_update(size, n));
+    }
+    for (size, n) in SIZES.into_iter().zip([1024usize, 4096, 16384]) {
+        cases.push(distance_kth(size, n));
+        cases.push(te_reduction(size, n));
+    }
+    for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
+        cases.push(gemv_axpby_sum(size, n));
+    }
+    for (size, (m, k, n)) in SIZES.into_iter().zip([
+        (64usize, 256usize, 256usize),
+        (1024, 1024, 1024),
+        (4096, 4096, 4096),
+    ]) {
+        cases.push(matmul_bias_gelu(size, m, k, n));
+    }
+    cases
+}
+
+/// The chains, as named in results, in report order.
+pub const CHAINS: [&str; 7] = [
+    "kl_complexity",
+    "accuracy_pipeline",
+    "belief_update",
+    "distance_kth",
+    "te_reduction",
+    "gemv_axpby_sum",
+    "matmul_bias_gelu",
+];
+
+fn scalar(t: pptm::Timed<f32>, read: bool) -> Sample {
+    Sample {
+        device: t.device,
+        got: read.then(|| Got::Scalar(f64::from(t.value))),
+    }
+}
+
+fn vector(device: Option<Duration>, out: &pptm::Buffer<f32>, read: bool) -> pptm::Result<Sample> {
+    Ok(Sample {
+        device,
+        got: if read {
+            Some(Got::Vector(out.to_vec()?))
+        } else {
+            None
+        },
+    })
+}
+
+fn kl_complexity(size: &'static str, n: usize) -> Case {
+    Case {
+        chain: "kl_complexity",
+        domain: KlComplexity::DOMAIN.name,
+        size,
+        shape: format!("n = {n}"),
+        x: n as f64,
+        bytes: 8.0 * n as f64,
+        flops: 4.0 * n as f64,
+        prepare: Box::new(move |rt| {
+            let (q, p) = (
+                rt.upload(&uniform(seed::KL_Q, n))?,
+                rt.upload(&uniform(seed::KL_P, n))?,
+            );
+            Ok(Box::new(move |read| {
+                Ok(scalar(
+                    KlComplexity::submit(rt, &q, &p)?.wait_timed()?,
+                    read,
+                ))
+            }))
+        }),
+        expect: Box::new(move || {
+            let (q, p) = (uniform(seed::KL_Q, n), uniform(seed::KL_P, n));
+            let (mut value, mut scale) = (0.0, 0.0);
+            for (&q, &p) in q.iter().zip(&p) {
+                let (q, p) = (f64::from(q), f64::from(p));
+                let t = q * (q.ln() - p.ln());
+                value += t;
+                scale += t.abs();
+            }
+            Expect::Scalar { value, scale }
+        }),
+    }
+}
+
+fn accuracy_pipeline(size: &'static str, n: usize) -> Case {
+    Case {
+        chain: "accuracy_pipeline",
+        domain: AccuracyPipeline::DOMAIN.name,
+        size,
+        shape: format!("n = {n}"),
+        x: n as f64,
+        bytes: 12.0 * n as f64,
+        flops: 4.0 * n as f64,
+        prepare: Box::new(move |rt| {
+            let (o, p, w) = (
+                rt.upload(&uniform(seed::ACC_OBS, n))?,
+                rt.upload(&uniform(seed::ACC_PRED, n))?,
+                rt.upload(&uniform(seed::ACC_PREC, n))?,
+            );
+            Ok(Box::new(move |read| {
+                Ok(scalar(
+                    AccuracyPipeline::submit(rt, &o, &p, &w)?.wait_timed()?,
+                    read,
+                ))
+            }))
+        }),
+        expect: Box::new(move || {
+            let (o, p, w) = (
+                uniform(seed::ACC_OBS, n),
+                uniform(seed::ACC_PRED, n),
+                uniform(seed::ACC_PREC, n),
+            );
+            let value: f64 = (0..n)
+                .map(|i| {
+                    let e = f64::from(o[i]) - f64::from(p[i]);
+                    -0.5 * f64::from(w[i]) * e * e
+                })
+                .sum();
+            Expect::Scalar {
+                value,
+                scale: value.abs(),
+            }
+        }),
+    }
+}
+
+/// belief_update with m = n: mu + lr · Jᵀ (prec ⊙ (obs − pred)), J m×n.
+fn belief_update(size: &'static str, n: usize) -> Case {
+    let m = n;
+    Case {
+        chain: "belief_update",
+        domain: BeliefUpdateStep::DOMAIN.name,
+        size,
+        shape: format!("m = n = {n}"),
+        x: n as f64,
+        bytes: 4.0 * (m * n + 3 * m + 2 * n) as f64,
+        flops: 2.0 * (m * n) as f64 + 4.0 * m as f64,
+        prepare: Box::new(move |rt| {
+            let (o, p, w, j, mu) = (
+                rt.upload(&uniform(seed::BEL_OBS, m))?,
+                rt.upload(&uniform(seed::BEL_PRED, m))?,
+                rt.upload(&uniform(seed::BEL_PREC, m))?,
+                rt.upload(&uniform(seed::BEL_J, m * n))?,
+                rt.upload(&uniform(seed::BEL_MU, n))?,
+            );
+            let mut out = rt.alloc::<f32>(n)?;
+            Ok(Box::new(move |read| {
+                let t = BeliefUpdateStep::submit(rt, &o, &p, &w, &j, &mu, BELIEF_LR, &mut out)?
+                    .wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (o, p, w, j, mu) = (
+                uniform(seed::BEL_OBS, m),
+                uniform(seed::BEL_PRED, m),
+                uniform(seed::BEL_PREC, m),
+                uniform(seed::BEL_J, m * n),
+                uniform(seed::BEL_MU, n),
+            );
+            let g: Vec<f64> = (0..m)
+                .map(|i| f64::from(w[i]) * (f64::from(o[i]) - f64::from(p[i])))
+                .collect();
+            let lr = f64::from(BELIEF_LR);
+            let at = sample_indices(n)
+                .into_iter()
+                .map(|c| {
+                    let (mut s, mut a) = (0.0, 0.0);
+                    for (i, gi) in g.iter().enumerate() {
+                        let t = f64::from(j[i * n + c]) * gi;
+                        s += t;
+                        a += t.abs();
+                    }
+                    let base = f64::from(mu[c]);
+                    (c, base + lr * s, base.abs() + lr * a)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
+}
+
+/// Chebyshev distance between points i and j of x (n × d), in f32 as the chain promises.
+fn cheb(x: &[f32], d: usize, i: usize, j: usize) -> f32 {
+    (0..d)
+        .map(|c| (x[i * d + c] - x[j * d + c]).abs())
+        .fold(0.0, f32::max)
+}
+
+fn distance_kth(size: &'static str, n: usize) -> Case {
+    let d = KTH_D;
+    Case {
+        chain: "distance_kth",
+        domain: DistanceKth::DOMAIN.name,
+        size,
+        shape: format!("n = {n}, d = {d}, k = {KTH_K}"),
+        x: n as f64,
+        bytes: 4.0 * (n * d + n) as f64,
+        // Per ordered pair and coordinate: a difference, an absolute value, a max.
+        flops: 3.0 * (n * (n - 1) * d) as f64,
+        prepare: Box::new(move |rt| {
+            let x = rt.upload(&uniform(seed::DIST_X, n * d))?;
+            let mut out = rt.alloc::<f32>(n)?;
+            Ok(Box::new(move |read| {
+                let t = DistanceKth::submit(rt, &x, KTH_K, &mut out, d)?.wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let x = uniform(seed::DIST_X, n * d);
+            let at = sample_indices(n)
+                .into_iter()
+                .map(|i| {
+                    let mut row: Vec<f32> = (0..n)
+                        .filter(|&j| j != i)
+                        .map(|j| cheb(&x, d, i, j))
+                        .collect();
+                    row.sort_unstable_by(f32::total_cmp);
+                    let v = f64::from(row[KTH_K as usize - 1]);
+                    (i, v, v)
+                })
+                .collect();
+            Expect::Elements { at, exact: true }
+        }),
+    }
+}
+
+/// ψ(x) for x > 0: recurrence up to 10, then the asymptotic series (error below 1e-14).
+fn digamma(mut x: f64) -> f64 {
+    let mut acc = 0.0;
+    while x < 10.0 {
+        acc -= 1.0 / x;
+        x += 1.0;
+    }
+    let r = 1.0 / (x * x);
+    acc + x.ln()
+        - 0.5 / x
+        - r * (1.0 / 12.0 - r * (1.0 / 120.0 - r * (1.0 / 252.0 - r * (1.0 / 240.0 - r / 132.0))))
+}
+
+/// te_reduction with one coordinate per subspace: ψ(k) + mean(ψ(n_z+1) − ψ(n_xz+1) − ψ(n_yz+1)).
+fn te_reduction(size: &'static str, n: usize) -> Case {
+    let inputs = move || {
+        let eps: Vec<f32> = uniform(seed::TE_EPS, n)
+            .into_iter()
+            .map(|e| e * TE_EPS_SCALE)
+            .collect();
+        (
+            uniform(seed::TE_X, n),
+            uniform(seed::TE_Y, n),
+            uniform(seed::TE_Z, n),
+            eps,
+        )
+    };
+    Case {
+        chain: "te_reduction",
+        domain: TeReduction::DOMAIN.name,
+        size,
+        shape: format!("n = {n}, d = 1 each, k = {TE_K}"),
+        x: n as f64,
+        bytes: 16.0 * n as f64,
+        // Per ordered pair: three differences and absolute values, two maxima, three compares.
+        flops: 11.0 * (n * (n - 1)) as f64,
+        prepare: Box::new(move |rt| {
+            let (x, y, z, eps) = inputs();
+            let (x, y, z, eps) = (
+                rt.upload(&x)?,
+                rt.upload(&y)?,
+                rt.upload(&z)?,
+                rt.upload(&eps)?,
+            );
+            Ok(Box::new(move |read| {
+                Ok(scalar(
+                    TeReduction::submit(rt, &x, &y, &z, &eps, TE_K, 1, 1, 1)?.wait_timed()?,
+                    read,
+                ))
+            }))
+        }),
+        expect: Box::new(move || {
+            let (x, y, z, eps) = inputs();
+            let (mut sum, mut abs) = (0.0, 0.0);
+            for i in 0..n {
+                let e = eps[i];
+                let (mut nxz, mut nyz, mut nz) = (0u32, 0u32, 0u32);
+                for j in (0..n).filter(|&j| j != i) {
+                    let (dx, dy, dz) = (
+                        (x[i] - x[j]).abs(),
+                        (y[i] - y[j]).abs(),
+                        (z[i] - z[j]).abs(),
+                    );
+                    nxz += u32::from(dx.max(dz) < e);
+                    nyz += u32::from(dy.max(dz) < e);
+                    nz += u32::from(dz < e);
+                }
+                let term = digamma(f64::from(nz) + 1.0)
+                    - digamma(f64::from(nxz) + 1.0)
+                    - digamma(f64::from(nyz) + 1.0);
+                sum += term;
+                abs += term.abs();
+            }
+            let psi_k = digamma(f64::from(TE_K));
+            Expect::Scalar {
+                value: psi_k + sum / n as f64,
+                scale: psi_k.abs() + abs / n as f64,
+            }
+        }),
+    }
+}
+
+/// gemv_axpby_sum with m = n: z = αAx + βy, Σz².
+fn gemv_axpby_sum(size: &'static str, n: usize) -> Case {
+    let m = n;
+    Case {
+        chain: "gemv_axpby_sum",
+        domain: GemvAxpbySum::DOMAIN.name,
+        size,
+        shape: format!("m = n = {n}"),
+        x: n as f64,
+        bytes: 4.0 * (m * n + m + n) as f64,
+        flops: 2.0 * (m * n) as f64 + 5.0 * m as f64,
+        prepare: Box::new(move |rt| {
+            let (x, a, y) = (
+                rt.upload(&uniform(seed::GEMV_X, n))?,
+                rt.upload(&uniform(seed::GEMV_A, m * n))?,
+                rt.upload(&uniform(seed::GEMV_Y, m))?,
+            );
+            Ok(Box::new(move |read| {
+                Ok(scalar(
+                    GemvAxpbySum::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?.wait_timed()?,
+                    read,
+                ))
+            }))
+        }),
+        expect: Box::new(move || {
+            let (x, a, y) = (
+                uniform(seed::GEMV_X, n),
+                uniform(seed::GEMV_A, m * n),
+                uniform(seed::GEMV_Y, m),
+            );
+            let value: f64 = (0..m)
+                .map(|i| {
+                    let row = &a[i * n..(i + 1) * n];
+                    let ax: f64 = row
+                        .iter()
+                        .zip(&x)
+                        .map(|(&a, &x)| f64::from(a) * f64::from(x))
+                        .sum();
+                    let z = f64::from(GEMV_ALPHA) * ax + f64::from(GEMV_BETA) * f64::from(y[i]);
+                    z * z
+                })
+                .sum();
+            Expect::Scalar {
+                value,
+                scale: value,
+            }
+        }),
+    }
+}
+
+/// matmul_bias_gelu in f32 on CUDA cores: gelu(A W + b), A m×k, W k×n, exact (erf) GELU.
+fn matmul_bias_gelu(size: &'static str, m: usize, k: usize, n: usize) -> Case {
+    Case {
+        chain: "matmul_bias_gelu",
+        domain: MatmulBiasGelu::DOMAIN.name,
+        size,
+        shape: format!("{m}×{k}×{n} f32"),
+        x: m as f64,
+        bytes: 4.0 * (m * k + k * n + n + m * n) as f64,
+        flops: 2.0 * (m * k * n) as f64,
+        prepare: Box::new(move |rt| {
+            let (a, w, b) = (
+                rt.upload(&uniform(seed::MM_A, m * k))?,
+                rt.upload(&uniform(seed::MM_W, k * n))?,
+                rt.upload(&uniform(seed::MM_B, n))?,
+            );
+            let mut out = rt.alloc::<f32>(m * n)?;
+            Ok(Box::new(move |read| {
+                let t = MatmulBiasGelu::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (a, w, b) = (
+                uniform(seed::MM_A, m * k),
+                uniform(seed::MM_W, k * n),
+                uniform(seed::MM_B, n),
+            );
+            let at = sample_indices(m * n)
+                .into_iter()
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let (mut s, mut abs) = (f64::from(b[j]), f64::from(b[j]).abs());
+                    for p in 0..k {
+                        let t = f64::from(a[i * k + p]) * f64::from(w[p * n + j]);
+                        s += t;
+                        abs += t.abs();
+                    }
+                    let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
+                    (e, gelu, abs)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generator_is_counter_based_and_in_range() {
+        let long = uniform(3, 1000);
+        assert_eq!(&long[..10], &uniform(3, 10)[..]);
+        assert!(long.iter().all(|&v| v > 0.0 && v <= 1.0));
+        assert_ne!(uniform(3, 10), uniform(4, 10));
+        // The first values of stream 1: bench/peers.py checks it reproduces these same bits.
+        let bits: Vec<u32> = uniform(1, 3).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(bits, [1054667070, 1061088142, 1061144647]);
+    }
+
+    #[test]
+    fn digamma_matches_known_values() {
+        let euler = 0.577_215_664_901_532_9;
+        assert!((digamma(1.0) + euler).abs() < 1e-12);
+        assert!((digamma(4.0) - (1.0 + 0.5 + 1.0 / 3.0 - euler)).abs() < 1e-12);
+        assert!((digamma(0.5) - (-euler - 2.0 * 2f64.ln())).abs() < 1e-12);
+    }
+
+    #[test]
+    fn check_flags_wrong_results() {
+        let want = Expect::Scalar {
+            value: 2.0,
+            scale: 2.0,
+        };
+        assert!(check(&want, &Got::Scalar(2.0)).unwrap() == 0.0);
+        assert!(check(&want, &Got::Scalar(2.1)).unwrap() > 1e-2);
+        assert!(check(&want, &Got::Scalar(f64::NAN)).is_err());
+        let want = Expect::Elements {
+            at: vec![(0, 1.0, 1.0), (2, 3.0, 3.0)],
+            exact: true,
+        };
+        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.0])).unwrap() == 0.0);
+        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.5])).is_err());
+        assert!(check(&want, &Got::Vector(vec![1.0])).is_err());
+    }
+
+    #[test]
+    fn every_case_has_a_reference_on_the_cpu_backend() {
+        // The small cases, end to end on the CPU backend: inputs, submission, read-back, check.
+        let rt = Runtime::cpu();
+        for case in all().into_iter().filter(|c| c.size == "small") {
+            let mut run = (case.prepare)(&rt).unwrap();
+            let got = run(true).unwrap().got.unwrap();
+            let err = check(&(case.expect)(), &got).unwrap();
+            assert!(
+                err < 1e-4,
+                "{} {}: relative error {err}",
+                case.chain,
+                case.shape
+            );
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! pptm-bench: pptm against what its users run today, on one GPU, in one process.
+//!
+//!     pptm-bench [--quick] [--chains a,b] [--sizes small,medium,large] [--out DIR]
+//!     pptm-bench report [--out DIR] [FILE.json | DIR]...
+//!
+//! The first form measures the dispatch floors (empty launch + sync, a one-node CUDA graph, a
+//! mapped-memory round trip to one polling GPU thread) and every chain at three sizes on four
+//! variants: pptm's persistent manifold, the same fused code as one launch per item, one launch
+//! per stage, and those launches replayed as a CUDA graph. Each variant's result is checked
+//! against an f64 reference before and after it is timed; one that fails is not reported, and
+//! the results file says why. Writes DIR/pptm.json (default DIR: bench/results).
+//!
+//! The second form merges results files (pptm's and bench/peers.py's) into DIR/REPORT.md and
+//! DIR/latency.png (default DIR: bench; default input: bench/results).
+//!
+//! Timing: host clock around submit → result on the host (one item in flight), after warm-up,
+//! repeated for about a second per variant (a tenth with --quick); median and p99. Device time:
+//! the manifold's own %globaltimer stamps, CUDA events for the launched variants.
+
+mod cases;
+mod record;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pptm::baseline::LaunchBaseline;
+use pptm::chains::KlComplexity;
+use pptm::{Chain, Config, Runtime, Variant};
+
+use cases::{Case, Expect};
+use record::{DeviceInfo, Measurement, Refusal, Results, Stat};
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = if args.first().map(String::as_str) == Some("report") {
+        report::run(&args[1..])
+    } else {
+        Options::parse(&args).and_then(|o| bench(&o))
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pptm-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Options {
+    quick: bool,
+    chains: Option<Vec<String>>,
+    sizes: Option<Vec<String>>,
+    out: PathBuf,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options, BoxError> {
+        let mut o = Options {
+            quick: false,
+            chains: None,
+            sizes: None,
+            out: PathBuf::from("bench/results"),
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{a} needs a value"))
+            };
+            let list = |v: String| v.split(',').map(str::to_string).collect::<Vec<_>>();
+            match a.as_str() {
+                "--quick" => o.quick = true,
+                "--chains" => o.chains = Some(list(value()?)),
+                "--sizes" => o.sizes = Some(list(value()?)),
+                "--out" => o.out = PathBuf::from(value()?),
+                "-h" | "--help" => {
+                    println!("{}", USAGE);
+                    std::process::exit(0);
+                }
+                other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
+            }
+        }
+        for c in o.chains.iter().flatten() {
+            if !cases::CHAINS.contains(&c.as_str()) && c != "dispatch" {
+                return Err(format!(
+                    "unknown chain `{c}` (dispatch, {})",
+                    cases::CHAINS.join(", ")
+                )
+                .into());
+            }
+        }
+        for s in o.sizes.iter().flatten() {
+            if !["small", "medium", "large"].contains(&s.as_str()) {
+                return Err(format!("unknown size `{s}` (small, medium, large)").into());
+            }
+        }
+        Ok(o)
+    }
+
+    fn wants(&self, chain: &str, size: &str) -> bool {
+        self.chains
+            .as_ref()
+            .is_none_or(|c| c.iter().any(|x| x == chain))
+            && (size == "-"
+                || self
+                    .sizes
+                    .as_ref()
+                    .is_none_or(|s| s.iter().any(|x| x == size)))
+    }
+}
+
+const USAGE: &str =
+    "usage: pptm-bench [--quick] [--chains a,b] [--sizes small,medium,large] [--out DIR]
+       pptm-bench report [--out DIR] [FILE.json | DIR]...";
+
+/// The variants every chain runs on, as named in results.
+const PERSISTENT: &str = "pptm fused persistent";
+const LAUNCHED: [(Variant, &str); 3] = [
+    (Variant::FusedLaunched, "fused, one launch per item"),
+    (Variant::Unfused, "unfused, one launch per stage"),
+    (Variant::UnfusedGraph, "unfused, CUDA graph replay"),
+];
+
+/// How long each variant of each case is timed for, and the most repetitions.
+struct Budget {
+    time: Duration,
+    max_reps: usize,
+}
+
+struct Collector {
+    results: Vec<Measurement>,
+    refused: Vec<Refusal>,
+    progress: ProgressBar,
+}
+
+impl Collector {
+    /// A line above the bar, or on stderr where there is no bar (not a terminal).
+    fn say(&self, line: String) {
+        if self.progress.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.progress.println(line);
+        }
+    }
+
+    fn refuse(&mut self, chain: &str, size: &str, variant: &str, reason: String) {
+        self.say(format!("REFUSED {chain} {size} {variant}: {reason}"));
+        self.refused.push(Refusal {
+            chain: chain.into(),
+            size: size.into(),
+            variant: variant.into(),
+            reason,
+        });
+    }
+
+    fn report(&mut self, m: Measurement) {
+        self.say(format!(
+            "{:<18} {:<7} {:<30} median {:>10.2} µs  p99 {:>10.2} µs{}",
+            m.chain,
+            m.size,
+            m.variant,
+            m.host_us.median,
+            m.host_us.p99,
+            m.gbps
+                .map(|g| format!("  {g:8.1} GB/s"))
+                .unwrap_or_default()
+        ));
+        self.results.push(m);
+        self.progress.inc(1);
+    }
+}
+
+fn stat(mut t: Vec<Duration>) -> Stat {
+    t.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    Stat {
+        median: us(t[t.len() / 2]),
+        p99: us(t[(t.len() * 99 / 100).min(t.len() - 1)]),
+        reps: t.len(),
+    }
+}
+
+/// Warms `f` up for a tenth of the budget (at least 3 calls), then times it for the rest.
+fn time_loop<E>(
+    budget: &Budget,
+    mut f: impl FnMut() -> Result<Option<Duration>, E>,
+) -> Result<(Stat, Option<Stat>), E> {
+    let start = Instant::now();
+    let mut warm = 0u32;
+    while warm < 3 || start.elapsed() < budget.time / 10 {
+        f()?;
+        warm += 1;
+    }
+    let per = start.elapsed() / warm;
+    let reps = ((budget.time.as_secs_f64() / per.as_secs_f64().max(1e-9)) as usize)
+        .clamp(10, budget.max_reps);
+    let (mut host, mut device) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        let t = Instant::now();
+        let d = f()?;
+        host.push(t.elapsed());
+        device.extend(d);
+    }
+    let device = (device.len() == host.len()).then(|| stat(device));
+    Ok((stat(host), device))
+}
+
+/// Times one case on one runtime, checking its result against the reference before and after.
+fn measure(
+    case: &Case,
+    expect: &Expect,
+    rt: &Runtime,
+    variant: &str,
+    budget: &Budget,
+    out: &mut Collector,
+) {
+    let attempt = || -> Result<Measurement, String> {
+        let mut run = (case.prepare)(rt).map_err(|e| e.to_string())?;
+        let checked = |run: &mut cases::Runner| -> Result<(f64, f64), String> {
+            let got = run(true)
+                .map_err(|e| e.to_string())?
+                .got
+                .expect("asked to read");
+            let err = cases::check(expect, &got)?;
+            if err > 1e-4 {
+                return Err(format!(
+                    "relative error {err:.2e} against the f64 reference (the bar is 1e-4)"
+                ));
+            }
+            Ok((err, got.summary()))
+        };
+        let (err_before, value) = checked(&mut run)?;
+        let (host, device) =
+            time_loop(budget, || run(false).map(|s| s.device)).map_err(|e| e.to_string())?;
+        let (err_after, _) = checked(&mut run).map_err(|e| format!("after timing: {e}"))?;
+        Ok(Measurement {
+            chain: case.chain.into(),
+            size: case.size.into(),
+            shape: case.shape.clone(),
+            x: case.x,
+            variant: variant.into(),
+            gbps: Some(case.bytes / (host.median * 1e3)),
+            tflops: Some(case.flops / (host.median * 1e6)),
+            host_us: host,
+            device_us: device,
+            max_rel_err: Some(err_before.max(err_after)),
+            value: Some(value),
+        })
+    };
+    match attempt() {
+        Ok(m) => out.report(m),
+        Err(reason) => {
+            out.refuse(case.chain, case.size, variant, reason);
+            out.progress.inc(1);
+        }
+    }
+}
+
+/// A dispatch-only measurement (no data, no reference).
+fn floor(name: &str, stat: Stat, out: &mut Collector) {
+    out.report(Measurement {
+        chain: "dispatch".into(),
+        size: "-".into(),
+        shape: "no work".into(),
+        x: 1.0,
+        variant: name.into(),
+        host_us: stat,
+        device_us: None,
+        gbps: None,
+        tflops: None,
+        max_rel_err: None,
+        value: None,
+    });
+}
+
+fn bench(o: &Options) -> Result<(), BoxError> {
+    let budget = if o.quick {
+        Budget {
+            time: Duration::from_millis(120),
+            max_reps: 2000,
+        }
+    } else {
+        Budget {
+            time: Duration::from_secs(1),
+            max_reps: 20_000,
+        }
+    };
+    let probe = Runtime::gpu().map_err(|e| format!("needs a GPU: {e}"))?;
+    let mut device = device_info(&probe);
+    eprintln!("pptm-bench on {}", probe.describe());
+
+    let all = cases::all();
+    let cases: Vec<&Case> = all.iter().filter(|c| o.wants(c.chain, c.size)).collect();
+    let dispatch = o.wants("dispatch", "-");
+    let total = cases.len() * (1 + LAUNCHED.len()) + if dispatch { 5 } else { 0 };
+    let progress = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
+            .expect("a valid template"),
+    );
+    let mut out = Collector {
+        results: Vec::new(),
+        refused: Vec::new(),
+        progress,
+    };
+
+    // 1. The floors, before any manifold holds the SMs.
+    if dispatch {
+        out.progress.set_message("dispatch floors");
+        let base = LaunchBaseline::new(&probe, KlComplexity::DOMAIN)?;
+        let trips = base.mapped_round_trips(2000, 20_000.min(budget.max_reps * 4))?;
+        floor(
+            "floor: mapped-memory round trip, one GPU thread",
+            stat(trips),
+            &mut out,
+        );
+        let (s, _) = time_loop(&budget, || base.launch_and_sync().map(|_| None))?;
+        floor("empty kernel launch + sync", s, &mut out);
+        let (s, _) = time_loop(&budget, || base.graph_and_sync().map(|_| None))?;
+        floor("one-node CUDA graph + sync", s, &mut out);
+    }
+    drop(probe);
+
+    // 2. Every case, domain by domain: the launched variants first (no manifold resident), then
+    //    the domain's manifold on the whole GPU.
+    let mut expects: Vec<Option<Expect>> = cases.iter().map(|_| None).collect();
+    let mut domains: Vec<&str> = cases.iter().map(|c| c.domain).collect();
+    domains.dedup();
+    if dispatch && !domains.contains(&KlComplexity::DOMAIN.name) {
+        domains.insert(0, KlComplexity::DOMAIN.name);
+    }
+    for domain in domains {
+        let mine: Vec<usize> = (0..cases.len())
+            .filter(|&i| cases[i].domain == domain)
+            .collect();
+        for &i in &mine {
+            out.progress.set_message(format!(
+                "f64 reference: {} {}",
+                cases[i].chain, cases[i].shape
+            ));
+            expects[i] = Some((cases[i].expect)());
+        }
+        for (variant, name) in LAUNCHED {
+            let rt = Runtime::gpu_with(Config {
+                variant,
+                ..Default::default()
+            })?;
+            if dispatch && domain == KlComplexity::DOMAIN.name && variant == Variant::FusedLaunched
+            {
+                let (s, _) = time_loop(&budget, || {
+                    rt.submit_noop::<KlComplexity>()?.wait().map(|_| None)
+                })?;
+                floor(&format!("no-op item: {name}"), s, &mut out);
+            }
+            for &i in &mine {
+                out.progress
+                    .set_message(format!("{} {} {name}", cases[i].chain, cases[i].size));
+                let expect = expects[i].as_ref().expect("computed above");
+                measure(cases[i], expect, &rt, name, &budget, &mut out);
+            }
+        }
+        let rt = Runtime::gpu()?;
+        if dispatch && domain == KlComplexity::DOMAIN.name {
+            rt.prepare::<KlComplexity>()?;
+            let (s, _) = time_loop(&budget, || {
+                rt.submit_noop::<KlComplexity>()?.wait().map(|_| None)
+            })?;
+            floor(&format!("no-op item: {PERSISTENT}"), s, &mut out);
+        }
+        for &i in &mine {
+            out.progress
+                .set_message(format!("{} {} {PERSISTENT}", cases[i].chain, cases[i].size));
+            let expect = expects[i].as_ref().expect("computed above");
+            measure(cases[i], expect, &rt, PERSISTENT, &budget, &mut out);
+        }
+    }
+    out.progress.finish_and_clear();
+
+    device.clocks.extend(nvidia_smi_clocks("after"));
+    let results = Results {
+        schema: record::SCHEMA.into(),
+        source: "pptm".into(),
+        date: utc_now(),
+        commit: env!("PPTM_BENCH_COMMIT").into(),
+        quick: o.quick,
+        device,
+        results: out.results,
+        refused: out.refused,
+    };
+    std::fs::create_dir_all(&o.out)?;
+    let path = o.out.join("pptm.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
+    eprintln!(
+        "wrote {} ({} measurements, {} refused)",
+        path.display(),
+        results.results.len(),
+        results.refused.len()
+    );
+    if !results.refused.is_empty() {
+        return Err(format!(
+            "{} variant(s) refused (see above and `refused` in {})",
+            results.refused.len(),
+            path.display()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The GPU's name and driver from nvidia-smi, with the clocks it reports now.
+fn device_info(rt: &Runtime) -> DeviceInfo {
+    let smi = nvidia_smi(&["--query-gpu=name,driver_version", "--format=csv,noheader"]);
+    let (name, driver) = match smi.as_deref().and_then(|s| s.lines().next()) {
+        Some(line) => {
+            let mut parts = line.split(',').map(|p| p.trim().to_string());
+            (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            )
+        }
+        None => (rt.describe(), "unknown (no nvidia-smi)".into()),
+    };
+    DeviceInfo {
+        name,
+        driver,
+        clocks: nvidia_smi_clocks("before").into_iter().collect(),
+    }
+}
+
+fn nvidia_smi_clocks(when: &str) -> Option<String> {
+    nvidia_smi(&[
+        "--query-gpu=clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw",
+        "--format=csv,noheader",
+    ])
+    .and_then(|s| {
+        s.lines()
+            .next()
+            .map(|l| format!("{when}: sm, mem, max sm, temperature, power = {l}"))
+    })
+}
+
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    let o = std::process::Command::new("nvidia-smi")
+        .args(args)
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Now, UTC, as YYYY-MM-DDTHH:MM:SSZ.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian), by 400-year eras.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
