@@ -333,9 +333,17 @@ pub(crate) mod tests {
                 let d = from_payload(&payload);
                 let e = queue.cq_words(slot);
                 let bits = (d.args[0] as f64 * 2.0).to_bits();
-                let words = [PPTM_STATUS_OK, d.opcode, bits as u32, (bits >> 32) as u32];
+                // The last word is the device time (ns): the fake device reports the item number.
+                let words = [
+                    PPTM_STATUS_OK,
+                    d.opcode,
+                    bits as u32,
+                    (bits >> 32) as u32,
+                    seq as u32,
+                ];
+                const _: () = assert!(PPTM_CQ_WORDS == 5, "the fake device writes every word");
                 // Written in an arbitrary order: each word stands on its own.
-                for i in [3usize, 1, 0, 2] {
+                for i in [3usize, 1, 4, 0, 2] {
                     e[i].store(
                         u64::from(words[i]) << 32 | u64::from(tag),
                         Ordering::Relaxed,
