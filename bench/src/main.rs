@@ -176,13 +176,13 @@ impl Collector {
     }
 }
 
-fn stat(mut t: Vec<Duration>) -> Stat {
-    t.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
+/// Median and p99 as the rest of pptm computes them (`timing::Stats`), in the results' schema.
+fn stat(t: Vec<Duration>) -> Stat {
+    let s = pptm::timing::Stats::of(t);
     Stat {
-        median: us(t[t.len() / 2]),
-        p99: us(t[(t.len() * 99 / 100).min(t.len() - 1)]),
-        reps: t.len(),
+        median: s.median_us,
+        p99: s.p99_us,
+        reps: s.reps,
     }
 }
 
