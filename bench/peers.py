@@ -3,14 +3,15 @@
 
     python3 bench/peers.py [--quick] [--chains a,b] [--sizes small,medium,large]
                            [--variants eager,graph,compile,compile-graph]
-                           [--compile-mode max-autotune] [--pptm bench/results/pptm.json]
+                           [--compile-mode MODE] [--pptm bench/results/pptm.json]
                            [--out bench/results/peers.json]
 
 Runs where PyTorch and a GPU are (the GPU hosts). For every chain and size of pptm-bench, with the
 same inputs (the counter-based generator of bench/src/cases.rs, reproduced bit for bit below):
   * eager                     -- PyTorch ops, one launch each
   * eager + CUDA graph        -- the same ops captured once with torch.cuda.graph and replayed
-  * torch.compile <mode>      -- inductor (its own CUDA graphs off)
+  * torch.compile <mode>      -- inductor (its own CUDA graphs off); max-autotune, or default with
+                                 --quick (autotuning every case takes minutes)
   * torch.compile <mode> + CUDA graph -- the compiled function captured with torch.cuda.graph
 Each call is timed on the host from the call to the result being usable on the host (a scalar is
 copied to pinned host memory asynchronously, inside the graph where there is one, then the stream
@@ -199,7 +200,9 @@ def main():
     ap.add_argument("--chains")
     ap.add_argument("--sizes")
     ap.add_argument("--variants", default="eager,graph,compile,compile-graph")
-    ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--compile-mode",
+                    help="torch.compile mode (default: max-autotune; default with --quick, whose "
+                         "autotuning alone would take minutes)")
     ap.add_argument("--pptm", help="pptm-bench's results, to cross-check results against")
     ap.add_argument("--out", default="bench/results/peers.json")
     a = ap.parse_args()
@@ -214,7 +217,7 @@ def main():
     wanted_chains = a.chains.split(",") if a.chains else CHAINS
     wanted_sizes = a.sizes.split(",") if a.sizes else SIZES
     variants = a.variants.split(",")
-    mode = a.compile_mode
+    mode = a.compile_mode or ("default" if a.quick else "max-autotune")
     # Inductor's own CUDA graphs stay off: the graph variants capture by hand, which costs less
     # per call than cudagraph trees.
     compile_mode = {"max-autotune": "max-autotune-no-cudagraphs",

@@ -16,7 +16,16 @@ fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
 }
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
-    for (m, n) in [(1, 1), (7, 3), (1023, 1025), (17, 4099), (4096, 4096)] {
+    // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).
+    for (m, n) in [
+        (1, 1),
+        (7, 3),
+        (1023, 1025),
+        (17, 4099),
+        (4096, 4096),
+        (8193, 33),
+        (8200, 64),
+    ] {
         let (x, a, y) = (
             uniform(n, -1.0, 1.0),
             uniform(m * n, -1.0, 1.0),

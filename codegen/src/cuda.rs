@@ -41,6 +41,16 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         "#define PPTM_PAIR_MAX_FEATURES {}",
         pptm_spec::work::PAIRWISE_MAX_FEATURES
     );
+    let _ = writeln!(
+        out,
+        "#define PPTM_MATMUL_SMALL_BELOW {}",
+        pptm_spec::work::MATMUL_SMALL_BELOW
+    );
+    let _ = writeln!(
+        out,
+        "#define PPTM_GEMV_N_SHORT_BELOW {}",
+        pptm_spec::work::GEMV_SHORT_BELOW
+    );
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
     let _ = writeln!(out, "#include \"pptm/fuse.cuh\"");

@@ -3,6 +3,8 @@
 #define PPTM_BLOCK_THREADS 512
 #define PPTM_MAX_K 16
 #define PPTM_PAIR_MAX_FEATURES 128
+#define PPTM_MATMUL_SMALL_BELOW 64
+#define PPTM_GEMV_N_SHORT_BELOW 8192
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"

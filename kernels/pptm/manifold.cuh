@@ -127,21 +127,21 @@ __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_
 // Warp 0 finds the next item, from `seq` on, that this block takes part in, waits until it may run
 // (item seq - 1 completed), and leaves it in shared memory (sh.desc, sh.seq).
 //
-// Polling is shaped to keep L2 traffic on the few hot words low: while an earlier item runs, only
-// `completed` is read (and, after a while, not hot); while waiting for the host, block 0 (which
-// takes part in every item) reads the whole stage slot, and the other blocks only its first two
-// words (tag, opcode, block count), reading the rest once they know they are needed.
+// Polling is shaped to keep L2 traffic on the few hot words low while work runs: while an earlier
+// item runs, only `completed` is read (and, after a while, not hot). While waiting for the host,
+// every block reads the whole stage slot, so the block finds the descriptor complete in the same
+// read that shows it arrived: reading two words first and the rest once needed cost a multi-block
+// item one more L2 round trip before it could start.
 __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
                                                   uint32_t nblocks, uint32_t me) {
     if (threadIdx.x < 32) {
         pptm_device_state* S = P.state;
         const unsigned lane = threadIdx.x;
-        const bool whole_slot = me == 0;
         uint32_t idle = 0, busy = 0;
         for (;;) {
             const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
             const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
-            const uint64_t w = (whole_slot || lane < 2) ? pptm_ld_relaxed_gpu(slot + lane) : 0;
+            const uint64_t w = pptm_ld_relaxed_gpu(slot + lane);
             const uint64_t c = lane == 31 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
             const uint64_t done = __shfl_sync(PPTM_FULL_MASK, c, 31);
             if (done > seq) {
@@ -166,15 +166,9 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
                 ++seq;  // not needed for this item
                 continue;
             }
-            uint64_t v = w;
-            if (!whole_slot) {
-                // Stage words land independently: read until every one carries the tag.
-                do v = pptm_ld_relaxed_gpu(slot + lane);
-                while (!__all_sync(PPTM_FULL_MASK, (uint32_t)v == tag));
-            } else if (!__all_sync(PPTM_FULL_MASK, (uint32_t)v == tag)) {
-                continue;
-            }
-            sh.desc_words[lane] = (uint32_t)(v >> 32);
+            // Stage words land independently: read again until every one carries the tag.
+            if (!__all_sync(PPTM_FULL_MASK, (uint32_t)w == tag)) continue;
+            sh.desc_words[lane] = (uint32_t)(w >> 32);
             if (lane == 0) sh.seq = seq;
             break;
         }

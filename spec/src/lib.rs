@@ -37,12 +37,22 @@ pub const DESC_ARGS: usize = 15;
 pub mod work {
     /// Elements per block of an elementwise (`Map`) pass.
     pub const MAP_ELEMS_PER_BLOCK: usize = 8192;
-    /// Output rows per block of a GEMV (one warp per row, 16 warps, 4 rows each).
+    /// Output rows per block of a GEMV (16 warps, 4 rows each).
     pub const GEMV_ROWS_PER_BLOCK: usize = 64;
-    /// Output columns per block of a transposed GEMV (a 128-column tile).
-    pub const GEMV_T_COLS_PER_BLOCK: usize = 128;
+    /// A GEMV of fewer rows than this gives each warp one row (16 a block), for four times the
+    /// blocks (`PPTM_GEMV_N_SHORT_BELOW` in the generated code; kernels/pptm/pattern/linear.cuh).
+    pub const GEMV_SHORT_BELOW: usize = 8192;
+    /// Output rows per block of a GEMV of fewer than `GEMV_SHORT_BELOW` rows.
+    pub const GEMV_SHORT_ROWS_PER_BLOCK: usize = 16;
+    /// Output columns per block of a transposed GEMV (a 32-column tile, a lane per column).
+    pub const GEMV_T_COLS_PER_BLOCK: usize = 32;
     /// Output tile edge of a matmul (64 x 64 per block).
     pub const MATMUL_TILE: usize = 64;
+    /// A matmul with fewer 64 x 64 tiles than this uses 32 x 32 tiles instead, four times the
+    /// blocks (`PPTM_MATMUL_SMALL_BELOW` in the generated code; kernels/pptm/pattern/linear.cuh).
+    pub const MATMUL_SMALL_BELOW: usize = 64;
+    /// Output tile edge of a small matmul.
+    pub const MATMUL_SMALL_TILE: usize = 32;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its

@@ -1102,13 +1102,22 @@ impl ChainIr {
                 .flow_elements(s, sizes)
                 .div_ceil(work::MAP_ELEMS_PER_BLOCK),
             FusionClass::OutputFusable if st.op.device == ops::GEMV.device => {
-                dim("m").div_ceil(work::GEMV_ROWS_PER_BLOCK)
+                let m = dim("m");
+                m.div_ceil(if m < work::GEMV_SHORT_BELOW {
+                    work::GEMV_SHORT_ROWS_PER_BLOCK
+                } else {
+                    work::GEMV_ROWS_PER_BLOCK
+                })
             }
             FusionClass::OutputFusable if st.op.device == ops::GEMV_T.device => {
                 dim("n").div_ceil(work::GEMV_T_COLS_PER_BLOCK)
             }
             FusionClass::OutputFusable => {
-                dim("m").div_ceil(work::MATMUL_TILE) * dim("n").div_ceil(work::MATMUL_TILE)
+                let tiles = |edge| dim("m").div_ceil(edge) * dim("n").div_ceil(edge);
+                match tiles(work::MATMUL_TILE) {
+                    t if t < work::MATMUL_SMALL_BELOW => tiles(work::MATMUL_SMALL_TILE),
+                    t => t,
+                }
             }
             FusionClass::Pairwise => (dim("n") * dim("n")).div_ceil(work::MAP_ELEMS_PER_BLOCK),
             FusionClass::RowReduction => dim("n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
@@ -1485,7 +1494,10 @@ mod tests {
         );
         // z = 2 * 11 - 1 = 21.
         assert_eq!(got, Evaluated::Scalar(441.0));
-        assert_eq!(ir.blocks_for(&[100_000, 4096]), 64);
+        // Sizes are [n, m]: 16 rows a block below 8192 rows, 64 from there.
+        assert_eq!(ir.blocks_for(&[100_000, 4096]), 256);
+        assert_eq!(ir.blocks_for(&[100_000, 16_384]), 256);
+        assert_eq!(ir.blocks_for(&[7, 1]), 1);
     }
 
     #[test]
@@ -1596,6 +1608,11 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(sizes, [2, 1, 1]);
+        // Sizes are [m, k, n]: 32 x 32 tiles below 64 tiles of 64 x 64, 64 x 64 from there.
+        assert_eq!(ir.blocks_for(&[64, 256, 256]), 16);
+        assert_eq!(ir.blocks_for(&[1, 1, 1]), 1);
+        assert_eq!(ir.blocks_for(&[512, 7, 448]), 56 * 4);
+        assert_eq!(ir.blocks_for(&[512, 7, 512]), 64);
         let relu = ops(&["Matmul", "AddBias", "Relu"]).unwrap();
         let got = relu.eval_f64(
             &[

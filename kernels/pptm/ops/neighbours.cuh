@@ -7,9 +7,11 @@
 //             feature(j, c) (coordinate c of point j, from global memory);
 //             pairs<U>(fi, fj, stride, d[U][W]) (point i's coordinates fi[c]; U candidates, the
 //             u-th with coordinates at fj[u * 32 + c * stride]).
-//   row:      OUT (values per point); State; init(State&, i); push(State&, d[W]);
-//             step(State&) (warp-collective, after each step of pushes);
-//             finish(State&, out[OUT]) (warp-collective: merges the lanes' states).
+//   row:      OUT (values per point); State; init(State&, i);
+//             push<U>(State&, d[U][W], valid[U]) (warp-collective: every lane of the warp calls it
+//             with its U candidates, valid[u] false for a candidate that does not count);
+//             finish(State&, out[OUT]) (warp-collective: merges the lanes' states; the result is
+//             valid in lane 0).
 // Dimensions are runtime values. Compiling small ones in (a switch over instantiations) halved the
 // cost of a pair in a kernel of its own, but several inlined instantiations in one manifold made
 // ptxas spill kilobytes; that waits for per-variant register budgets.
@@ -119,76 +121,69 @@ struct pptm_op_subspace_distances {
     }
 };
 
-// KthSmallest: each lane keeps its k smallest distances in registers (k <= PPTM_MAX_K), sorted
-// ascending in the last k slots of `top` (the others hold +inf and are never touched), so the bar
-// a new distance must beat is always top[PPTM_MAX_K - 1]. Every index is a compile-time constant
-// after unrolling: a runtime index (top[k - 1]) would move the array to local memory. The warp then
-// pops the smallest value k times (lowest lane first on ties), so tied distances count once each.
+// KthSmallest: the warp keeps the k smallest distances seen so far (k <= PPTM_MAX_K <= 32), sorted
+// ascending one per lane (lane t holds the (t+1)-th; lanes from k on hold +inf), and the bar a
+// candidate must beat, the k-th. A step's candidates are filtered against the bar with a ballot,
+// and the few that pass are inserted one at a time by the whole warp (a shuffle and a select).
+// With random order only about k ln(n / k) of a point's n candidates ever pass, where keeping a
+// top-k per lane inserted 32 times as many, each a divergent k-slot insertion that the whole warp
+// waited for. The first candidates (one per lane, the bar still +inf) are sorted by a warp bitonic
+// sort instead of inserted. Equal distances are kept each (a tie is inserted after its equals), so
+// the k-th counts multiplicity as the reference does.
 struct pptm_op_kth_smallest {
     static constexpr int OUT = 1;
     uint32_t k;
     struct State {
-        float top[PPTM_MAX_K];
-        // A bound on the answer shared by the warp: the smallest of the lanes' k-th values. The
-        // k-th smallest of the union is at most any lane's k-th, so a distance not below the
-        // bound cannot change it; after the first steps almost every candidate stops here.
-        float bar;
+        float top;   // this lane's entry of the sorted k smallest
+        float bar;   // the k-th smallest so far (+inf while fewer than k were seen)
+        bool fresh;  // no candidate seen yet
     };
     __device__ __forceinline__ void init(State& s, uint64_t) const {
-#pragma unroll
-        for (int t = 0; t < PPTM_MAX_K; ++t) s.top[t] = __int_as_float(0x7f800000);
+        s.top = __int_as_float(0x7f800000);
         s.bar = __int_as_float(0x7f800000);
+        s.fresh = true;
     }
-    __device__ __forceinline__ void step(State& s) const {
-        float b = fminf(s.bar, s.top[PPTM_MAX_K - 1]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) b = fminf(b, __shfl_xor_sync(0xffffffffu, b, o));
-        s.bar = b;
+    // Inserts v (the same in every lane) into the sorted entries and updates the bar.
+    __device__ __forceinline__ void insert(State& s, float v) const {
+        const unsigned lane = threadIdx.x & 31u;
+        const float before = __shfl_up_sync(0xffffffffu, s.top, 1);
+        if (lane < k && s.top > v) s.top = (lane == 0 || before <= v) ? v : before;
+        s.bar = __shfl_sync(0xffffffffu, s.top, k - 1);
     }
-    __device__ __forceinline__ void push(State& s, const float (&d)[1]) const {
-        if (!(d[0] < s.bar) || !(d[0] < s.top[PPTM_MAX_K - 1])) return;
-        const int first = PPTM_MAX_K - (int)k;
-        float carry = d[0];
+    template <int U>
+    __device__ __forceinline__ void push(State& s, const float (&d)[U][1], const bool (&valid)[U]) const {
+        const unsigned lane = threadIdx.x & 31u;
+        const bool seeded = s.fresh;
+        if (seeded) {
+            // Bitonic sort of the lanes' first candidates, ascending by lane.
+            float v = valid[0] ? d[0][0] : __int_as_float(0x7f800000);
 #pragma unroll
-        for (int t = 0; t < PPTM_MAX_K; ++t) {
-            if (t >= first) {
-                const float lo = fminf(s.top[t], carry);
-                carry = fmaxf(s.top[t], carry);
-                s.top[t] = lo;
+            for (unsigned size = 2; size <= 32; size <<= 1)
+#pragma unroll
+                for (unsigned j = size >> 1; j > 0; j >>= 1) {
+                    const float o = __shfl_xor_sync(0xffffffffu, v, j);
+                    const bool ascending = (lane & size) == 0 || size == 32;
+                    v = (((lane & j) == 0) == ascending) ? fminf(v, o) : fmaxf(v, o);
+                }
+            s.top = lane < k ? v : __int_as_float(0x7f800000);
+            s.bar = __shfl_sync(0xffffffffu, s.top, k - 1);
+            s.fresh = false;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (u == 0 && seeded) continue;
+            const float x = d[u][0];
+            unsigned pass = __ballot_sync(0xffffffffu, valid[u] && x < s.bar);
+            while (pass != 0) {
+                insert(s, __shfl_sync(0xffffffffu, x, __ffs(pass) - 1));
+                pass &= pass - 1;
+                // The bar only falls: candidates that passed before may not any more.
+                pass &= __ballot_sync(0xffffffffu, valid[u] && x < s.bar);
             }
         }
     }
     __device__ __forceinline__ void finish(State& s, float (&out)[1]) const {
-        const unsigned lane = threadIdx.x & 31u;
-        float v = 0.0f;
-        for (uint32_t r = 0; r < k; ++r) {
-            float head = s.top[0];
-#pragma unroll
-            for (int t = 1; t < PPTM_MAX_K; ++t) head = fminf(head, s.top[t]);
-            // The warp's smallest head, lowest lane first on ties.
-            v = head;
-            unsigned who = lane;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-                const unsigned ow = __shfl_xor_sync(0xffffffffu, who, o);
-                if (ov < v || (ov == v && ow < who)) {
-                    v = ov;
-                    who = ow;
-                }
-            }
-            if (who == lane) {
-                bool popped = false;
-#pragma unroll
-                for (int t = 0; t < PPTM_MAX_K; ++t) {
-                    if (!popped && s.top[t] == head) {
-                        s.top[t] = __int_as_float(0x7f800000);
-                        popped = true;
-                    }
-                }
-            }
-        }
-        out[0] = v;
+        out[0] = __shfl_sync(0xffffffffu, s.top, k - 1);
     }
 };
 
@@ -206,10 +201,12 @@ struct pptm_op_radius_count {
         for (int c = 0; c < C; ++c) s.count[c] = 0;
         s.eps = pptm_ld_cg_f32(eps + i);
     }
-    __device__ __forceinline__ void step(State&) const {}
-    __device__ __forceinline__ void push(State& s, const float (&d)[C]) const {
+    template <int U>
+    __device__ __forceinline__ void push(State& s, const float (&d)[U][C], const bool (&valid)[U]) const {
 #pragma unroll
-        for (int c = 0; c < C; ++c) s.count[c] += d[c] < s.eps ? 1u : 0u;
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int c = 0; c < C; ++c) s.count[c] += valid[u] && d[u][c] < s.eps ? 1u : 0u;
     }
     __device__ __forceinline__ void finish(State& s, float (&out)[C]) const {
 #pragma unroll

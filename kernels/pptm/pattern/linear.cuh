@@ -55,14 +55,19 @@ __device__ __forceinline__ float pptm_dot4(const pptm_f4& a, const pptm_f4& x) {
 
 // ---- gemv_n: y = epi(A pro) ---------------------------------------------------------------------
 //
-// A block takes a group of PPTM_GEMV_N_ROWS rows (64, the count the host sizes its request by):
-// each warp owns 4 whole rows, and its lanes stride along them, so A streams in fully coalesced
-// 512-byte warp loads. pro is evaluated once per group, not once per row: the block stages x in
-// shared memory, PPTM_GEMV_N_CHUNK elements at a time, double-buffered so that one barrier per
-// chunk suffices and the next chunk's pro loads are in flight while the current chunk streams.
+// A block takes a group of rows: each warp owns PPTM_GEMV_N_ROWS_PER_WARP (4) whole rows, or one
+// when m < PPTM_GEMV_N_SHORT_BELOW, and its lanes stride along them, so A streams in fully
+// coalesced 512-byte warp loads. Four rows a warp stage x once per 64 rows; one row a warp gives
+// four times the blocks, which a matrix of few rows needs to reach more than a handful of SMs (the
+// host sizes its request by the same rule). pro is evaluated once per group, not once per row: the
+// block stages x in shared memory, PPTM_GEMV_N_CHUNK elements at a time, double-buffered so that
+// one barrier per chunk suffices and the next chunk's pro loads are in flight while the current
+// chunk streams.
 
+#ifndef PPTM_GEMV_N_SHORT_BELOW
+#error "PPTM_GEMV_N_SHORT_BELOW must be defined by the generated translation unit"
+#endif
 #define PPTM_GEMV_N_ROWS_PER_WARP 4
-#define PPTM_GEMV_N_ROWS (PPTM_WARPS * PPTM_GEMV_N_ROWS_PER_WARP)
 #define PPTM_GEMV_N_CHUNK 2048
 // Independent 16-byte loads in flight per lane on the aligned path (scalar path: twice as many
 // 4-byte loads).
@@ -101,8 +106,16 @@ __device__ __forceinline__ float pptm_gemv_n_dot_vec(const float* a, const float
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) p[u] += pptm_dot4(v[u], x4[q + 32 * u]);
     }
-#pragma unroll 1
-    for (; q < len4; q += 32) p[0] += pptm_dot4(pptm_ld_cg_f4(a + 4 * (uint64_t)q), x4[q]);
+    if (q < len4) {
+        // Fewer than U loads a lane left: all issued at once, so a short row costs one round trip.
+        pptm_f4 v[U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (q + 32 * u < len4) v[u] = pptm_ld_cg_f4(a + 4 * (uint64_t)(q + 32 * u));
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (q + 32 * u < len4) p[u] += pptm_dot4(v[u], x4[q + 32 * u]);
+    }
 #pragma unroll
     for (uint32_t h = U / 2; h > 0; h /= 2)
 #pragma unroll
@@ -123,25 +136,34 @@ __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const float* a, const fl
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) p[u & 3] = fmaf(v[u], xs[j + 32 * u], p[u & 3]);
     }
-#pragma unroll 1
-    for (; j < len; j += 32) p[0] = fmaf(pptm_ld_cg_f32(a + j), xs[j], p[0]);
+    if (j < len) {
+        // Fewer than U loads a lane left: all issued at once.
+        float v[U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u) v[u] = j + 32 * u < len ? pptm_ld_cg_f32(a + j + 32 * u) : 0.0f;
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (j + 32 * u < len) p[u & 3] = fmaf(v[u], xs[j + 32 * u], p[u & 3]);
+    }
     return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
 template <class R, class Pro, class Epi>
 __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                               float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t RPW = PPTM_GEMV_N_ROWS_PER_WARP, CH = PPTM_GEMV_N_CHUNK;
+    constexpr uint32_t CH = PPTM_GEMV_N_CHUNK;
     static_assert(2 * CH <= PPTM_LINEAR_SMEM_FLOATS, "gemv_n: two chunks of x fit the scratch");
     float* const xs = pptm_linear_smem();
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     // Row i starts at A + i * n: every row start is aligned iff A is and n % 4 == 0; chunk starts
     // are multiples of CH, so every chunk of a row is aligned too.
     const bool vec = pptm_aligned16(A) && n % 4 == 0;
-    const uint64_t groups = m / PPTM_GEMV_N_ROWS + (m % PPTM_GEMV_N_ROWS != 0);
+    const uint32_t rpw = m < PPTM_GEMV_N_SHORT_BELOW ? 1u : PPTM_GEMV_N_ROWS_PER_WARP;
+    const uint64_t group_rows = (uint64_t)PPTM_WARPS * rpw;
+    const uint64_t groups = m / group_rows + (m % group_rows != 0);
     double red = R::identity();
     for (uint64_t g = b.block; g < groups; g += b.nblocks) {
-        const uint64_t row0 = g * PPTM_GEMV_N_ROWS + warp * RPW;
+        const uint64_t row0 = g * group_rows + warp * rpw;
         // Row row0 + r's running sum lives in lane r: one register however many rows a warp owns.
         float acc = 0.0f;
         float xr[CH / PPTM_BLOCK_THREADS];
@@ -158,7 +180,7 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
             if (n - c0 > CH) pptm_gemv_n_stage(pro, n, c0 + CH, xr);
             const uint32_t len = (uint32_t)min((uint64_t)CH, n - c0);
 #pragma unroll 1
-            for (uint32_t r = 0; r < RPW; ++r) {
+            for (uint32_t r = 0; r < rpw; ++r) {
                 const uint64_t i = row0 + r;
                 if (i >= m) break;  // warp-uniform
                 const float* a = A + i * n + c0;
@@ -169,7 +191,7 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
             buf ^= 1u;
         }
         const uint64_t i = row0 + lane;
-        if (lane < RPW && i < m) {
+        if (lane < rpw && i < m) {
             const float y = epi(i, acc);
             if (out != nullptr) out[i] = y;
             red = R::combine(red, (double)y);
@@ -180,150 +202,93 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
 
 // ---- gemv_t: y = epi(A^T pro) -------------------------------------------------------------------
 //
-// A block takes a tile of PPTM_GEMV_T_COLS consecutive columns (the count the host sizes its
-// request by); each warp reads whole 512-byte row segments of the tile (a lane: 4 columns) and the
-// 16 warps split the rows. The per-warp column sums meet in shared memory, summed in a fixed order,
-// so y is deterministic for a given grid. pro(i) is evaluated once per (tile, row): one broadcast
-// load per 512 bytes of A.
+// A block takes a tile of PPTM_GEMV_T_COLS (32) consecutive columns, the count the host sizes its
+// request by; a lane owns one column, so each warp load reads one 128-byte row segment, and the 16
+// warps split the rows. Narrow tiles give many blocks (n / 32): a 4096-column product spreads over
+// 128 SMs and a 256-column one over 8, where 128-column tiles left 32 and 2. The block first stages
+// pro for PPTM_GEMV_T_CHUNK rows in shared memory, one coalesced evaluation per row (evaluated in
+// every lane, as a broadcast, it cost more load instructions than A itself); then each warp keeps
+// PPTM_GEMV_T_UNROLL rows of A in flight, enough to cover memory latency at full bandwidth and, for
+// a short matrix, to read all of a warp's rows at once. The per-warp column sums meet in shared
+// memory, summed in a fixed order, so y is deterministic for a given grid.
 
-#define PPTM_GEMV_T_COLS 128
-// Rows in flight per warp (each one 16-byte load per lane on the aligned path, four 4-byte loads
-// otherwise).
+#define PPTM_GEMV_T_COLS 32
+#define PPTM_GEMV_T_CHUNK 2048
 #ifndef PPTM_GEMV_T_UNROLL
-#define PPTM_GEMV_T_UNROLL 4
+#define PPTM_GEMV_T_UNROLL 16
 #endif
 
-static_assert(PPTM_GEMV_T_COLS == 4 * 32, "gemv_t: a lane owns 4 columns of the tile");
 static_assert((PPTM_GEMV_T_UNROLL & (PPTM_GEMV_T_UNROLL - 1)) == 0, "gemv_t: unroll is a power of two");
+static_assert(PPTM_GEMV_T_CHUNK % PPTM_BLOCK_THREADS == 0, "gemv_t: a chunk is staged in whole rounds");
 
 template <class R, class Pro, class Epi>
 __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                               float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, TW = PPTM_GEMV_T_COLS;
-    static_assert(PPTM_WARPS * TW <= PPTM_LINEAR_SMEM_FLOATS, "gemv_t: the warps' column sums fit the scratch");
-    float(*const part)[TW] = reinterpret_cast<float(*)[TW]>(pptm_linear_smem());
+    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, TW = PPTM_GEMV_T_COLS, CH = PPTM_GEMV_T_CHUNK;
+    static_assert(TW == 32, "gemv_t: a lane owns one column of the tile");
+    static_assert(CH + PPTM_WARPS * TW <= PPTM_LINEAR_SMEM_FLOATS, "gemv_t: staged pro and the column sums fit the scratch");
+    float* const xs = pptm_linear_smem();
+    float(*const part)[TW] = reinterpret_cast<float(*)[TW]>(pptm_linear_smem() + CH);
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const bool vec = pptm_aligned16(A) && n % 4 == 0;
     const uint64_t tiles = n / TW + (n % TW != 0);
     double red = R::identity();
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
-        const uint64_t c0 = t * TW;
-        // Every reader of the scratch before this tile (this call's or an earlier pattern's) is done.
-        __syncthreads();
-        // s[e]: this warp's sum for one of the lane's 4 columns (which ones depends on the path).
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (vec) {
-            // Lane columns c0 + 4 lane .. + 3: all in range or all out, as n % 4 == 0.
-            const uint64_t col = c0 + 4 * lane;
-            if (col < n) {
-                const float* a = A + col;
-                uint64_t i = warp;
-#pragma unroll 1
-                for (; i + (uint64_t)PPTM_WARPS * (U - 1) < m; i += (uint64_t)PPTM_WARPS * U) {
-                    pptm_f4 v[U];
-                    float x[U];
+        const uint64_t col = t * TW + lane;
+        const bool in = col < n;
+        float s = 0.0f;
+        for (uint64_t c0 = 0; c0 < m; c0 += CH) {
+            const uint32_t len = (uint32_t)min((uint64_t)CH, m - c0);
+            // Every reader of the scratch before this chunk (this call's or an earlier pattern's)
+            // is done.
+            __syncthreads();
+            float xr[CH / PPTM_BLOCK_THREADS];
 #pragma unroll
-                    for (uint32_t u = 0; u < U; ++u) v[u] = pptm_ld_cg_f4(a + (i + PPTM_WARPS * u) * n);
-#pragma unroll
-                    for (uint32_t u = 0; u < U; ++u) x[u] = pro(i + PPTM_WARPS * u);
-                    // Products summed pairwise before they reach the running sums: short runs.
-                    float px[U], py[U], pz[U], pw[U];
-#pragma unroll
-                    for (uint32_t u = 0; u < U; ++u) {
-                        px[u] = v[u].x * x[u];
-                        py[u] = v[u].y * x[u];
-                        pz[u] = v[u].z * x[u];
-                        pw[u] = v[u].w * x[u];
-                    }
-#pragma unroll
-                    for (uint32_t h = U / 2; h > 0; h /= 2)
-#pragma unroll
-                        for (uint32_t u = 0; u < h; ++u) {
-                            px[u] += px[u + h];
-                            py[u] += py[u + h];
-                            pz[u] += pz[u + h];
-                            pw[u] += pw[u + h];
-                        }
-                    s[0] += px[0];
-                    s[1] += py[0];
-                    s[2] += pz[0];
-                    s[3] += pw[0];
-                }
-#pragma unroll 1
-                for (; i < m; i += PPTM_WARPS) {
-                    const pptm_f4 v = pptm_ld_cg_f4(a + i * n);
-                    const float x = pro(i);
-                    s[0] = fmaf(v.x, x, s[0]);
-                    s[1] = fmaf(v.y, x, s[1]);
-                    s[2] = fmaf(v.z, x, s[2]);
-                    s[3] = fmaf(v.w, x, s[3]);
-                }
-            }
-            pptm_f4 w;
-            w.x = s[0];
-            w.y = s[1];
-            w.z = s[2];
-            w.w = s[3];
-            *reinterpret_cast<pptm_f4*>(&part[warp][4 * lane]) = w;
-        } else {
-            // Lane columns c0 + lane + 32 e: each 4-byte load instruction covers 128 contiguous bytes.
-            const uint64_t col = c0 + lane;
-            bool in[4];
-#pragma unroll
-            for (uint32_t e = 0; e < 4; ++e) in[e] = col + 32 * e < n;
-            if (in[0]) {
-                const float* a = A + col;
-                uint64_t i = warp;
-#pragma unroll 1
-                for (; i + (uint64_t)PPTM_WARPS * (U - 1) < m; i += (uint64_t)PPTM_WARPS * U) {
-                    float v[U][4];
-                    float x[U];
-#pragma unroll
-                    for (uint32_t u = 0; u < U; ++u)
-#pragma unroll
-                        for (uint32_t e = 0; e < 4; ++e)
-                            v[u][e] = in[e] ? pptm_ld_cg_f32(a + (i + PPTM_WARPS * u) * n + 32 * e) : 0.0f;
-#pragma unroll
-                    for (uint32_t u = 0; u < U; ++u) x[u] = pro(i + PPTM_WARPS * u);
-#pragma unroll
-                    for (uint32_t e = 0; e < 4; ++e) {
-                        float p[U];
-#pragma unroll
-                        for (uint32_t u = 0; u < U; ++u) p[u] = v[u][e] * x[u];
-#pragma unroll
-                        for (uint32_t h = U / 2; h > 0; h /= 2)
-#pragma unroll
-                            for (uint32_t u = 0; u < h; ++u) p[u] += p[u + h];
-                        s[e] += p[0];
-                    }
-                }
-#pragma unroll 1
-                for (; i < m; i += PPTM_WARPS) {
-                    const float x = pro(i);
-#pragma unroll
-                    for (uint32_t e = 0; e < 4; ++e)
-                        if (in[e]) s[e] = fmaf(pptm_ld_cg_f32(a + i * n + 32 * e), x, s[e]);
-                }
+            for (uint32_t f = 0; f < CH / PPTM_BLOCK_THREADS; ++f) {
+                const uint32_t r = threadIdx.x + f * PPTM_BLOCK_THREADS;
+                xr[f] = r < len ? pro(c0 + r) : 0.0f;
             }
 #pragma unroll
-            for (uint32_t e = 0; e < 4; ++e) part[warp][lane + 32 * e] = s[e];
+            for (uint32_t f = 0; f < CH / PPTM_BLOCK_THREADS; ++f) xs[threadIdx.x + f * PPTM_BLOCK_THREADS] = xr[f];
+            __syncthreads();
+            const float* const a = A + c0 * n + col;
+            // Rows warp, warp + 16, ... of the chunk: U of them per round; the last round's missing
+            // rows are predicated off (the bound is warp-uniform).
+#pragma unroll 1
+            for (uint32_t i = warp; i < len; i += PPTM_WARPS * U) {
+                float p[U];
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u) {
+                    const uint32_t r = i + PPTM_WARPS * u;
+                    p[u] = in && r < len ? pptm_ld_cg_f32(a + (uint64_t)r * n) : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u) {
+                    const uint32_t r = i + PPTM_WARPS * u;
+                    p[u] *= r < len ? xs[r] : 0.0f;
+                }
+                // Products summed pairwise before they reach the running sum: short runs.
+#pragma unroll
+                for (uint32_t h = U / 2; h > 0; h /= 2)
+#pragma unroll
+                    for (uint32_t u = 0; u < h; ++u) p[u] += p[u + h];
+                s += p[0];
+            }
         }
+        // Warp 0 has read the previous tile's sums (when m == 0 no chunk barrier said so).
+        if (m == 0) __syncthreads();
+        part[warp][lane] = s;
         __syncthreads();
-        if (threadIdx.x < TW) {
-            // Both paths keep column c0 + k in part[.][k]; thread k takes it, so the epilogue's
-            // loads and stores stay coalesced.
-            const uint64_t col = c0 + threadIdx.x;
-            if (col < n) {
-                float h0 = 0.0f, h1 = 0.0f;
+        if (warp == 0 && in) {
+            // Lane k takes column k of the tile: the epilogue's loads and stores stay coalesced.
+            float h0 = 0.0f, h1 = 0.0f;
 #pragma unroll
-                for (uint32_t w = 0; w < PPTM_WARPS; w += 2) {
-                    h0 += part[w][threadIdx.x];
-                    h1 += part[w + 1][threadIdx.x];
-                }
-                const float y = epi(col, h0 + h1);
-                if (out != nullptr) out[col] = y;
-                red = R::combine(red, (double)y);
+            for (uint32_t w = 0; w < PPTM_WARPS; w += 2) {
+                h0 += part[w][lane];
+                h1 += part[w + 1][lane];
             }
+            const float y = epi(col, h0 + h1);
+            if (out != nullptr) out[col] = y;
+            red = R::combine(red, (double)y);
         }
     }
     return pptm_block_partial<R>(red, b.red_smem);
@@ -331,32 +296,58 @@ __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64
 
 // ---- matmul: out = epi(A W) ---------------------------------------------------------------------
 //
-// CUDA-core f32 tiling. A block computes a 64 x 64 tile of out, each thread a 2 x 4 micro-tile
-// (rows 2 ty, 2 ty + 1; columns 4 tx .. 4 tx + 3). K advances in steps of 16: half the block stages
-// the 64 x 16 slice of A, the other half the 16 x 64 slice of W, one 16-byte load (or four 4-byte
-// loads) per thread, zero outside the matrices, so any m, k, n works. The next slice's loads are
-// issued before the current one is multiplied and land in registers; they go to shared memory after
-// the barrier that ends the multiply.
+// CUDA-core f32 tiling. A block computes a T x T tile of out; each thread a 2 x 4 micro-tile (rows
+// 2 ty, 2 ty + 1; columns 4 tx .. 4 tx + 3), which reads 6 shared-memory vectors per 32 FMAs. K
+// advances in slices of TK = 1024 / T: half the block stages the T x TK slice of A, the other half
+// the TK x T slice of W, one 16-byte load (or four 4-byte loads) per thread, zero outside the
+// matrices, so any m, k, n works. The next slice's loads are issued before the current one is
+// multiplied and land in registers; they go to shared memory after the barrier that ends the
+// multiply.
+//
+// Two tile sizes. 64 x 64 (the 512 threads each one micro-tile) reuses each loaded value most and
+// is the choice whenever there are enough tiles to fill the GPU. A small product has few of them
+// (64 x 256 has 4): each block would walk all of k alone while most SMs idle, so below
+// PPTM_MATMUL_SMALL_BELOW tiles of 64 the pattern uses 32 x 32 tiles, four times the blocks. A
+// 32 x 32 tile is 128 micro-tiles, so the block splits each slice's k four ways between groups of
+// 128 threads and adds the four partial tiles in shared memory at the end (micro-tiles of 1 x 2,
+// one per thread, were bound by shared-memory bandwidth). The choice depends only on m and n, and
+// the host's block request (ChainIr::stage_blocks) makes the same one.
 
-#define PPTM_MATMUL_TILE 64
-#define PPTM_MATMUL_TK 16
-// A's slice is stored row-major with rows padded to 20 floats: 16-byte aligned rows, and the two
-// rows a warp reads at once (2 apart) fall 8 banks apart.
-#define PPTM_MATMUL_AS (PPTM_MATMUL_TK + 4)
+#ifndef PPTM_MATMUL_SMALL_BELOW
+#error "PPTM_MATMUL_SMALL_BELOW must be defined by the generated translation unit"
+#endif
 
-static_assert(PPTM_BLOCK_THREADS == 512, "matmul: 512 threads, a 2 x 4 micro-tile each, cover 64 x 64");
+static_assert(PPTM_BLOCK_THREADS == 512, "matmul: 512 threads cover a tile; half stage A, half W");
 
-template <class Epi>
-__device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
-                                            const Epi& epi, float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t T = PPTM_MATMUL_TILE, TK = PPTM_MATMUL_TK;
-    static_assert(T * PPTM_MATMUL_AS + TK * T <= PPTM_LINEAR_SMEM_FLOATS, "matmul: both slices fit the scratch");
-    float(*const as)[PPTM_MATMUL_AS] = reinterpret_cast<float(*)[PPTM_MATMUL_AS]>(pptm_linear_smem());
-    float(*const ws)[T] = reinterpret_cast<float(*)[T]>(pptm_linear_smem() + T * PPTM_MATMUL_AS);
-    const uint32_t tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+// Whether an m x n product uses the small (32 x 32) tiles.
+__device__ __forceinline__ bool pptm_matmul_small(uint64_t m, uint64_t n) {
+    return (m / 64 + (m % 64 != 0)) * (n / 64 + (n % 64 != 0)) < (uint64_t)PPTM_MATMUL_SMALL_BELOW;
+}
+
+template <uint32_t T, class Epi>
+__device__ __forceinline__ void pptm_matmul_tiled(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                                  const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t HALF = PPTM_BLOCK_THREADS / 2;
+    // A slice and a W slice are 4 floats per staging thread each.
+    constexpr uint32_t TK = 4 * HALF / T;
+    // A's slice is stored row-major with rows padded by 4 floats: 16-byte aligned rows, and rows a
+    // warp reads at once fall on different banks.
+    constexpr uint32_t AS = TK + 4;
+    constexpr uint32_t MR = 2, MC = 4, TX = T / MC;
+    // Groups of threads that split each slice's k, and the threads of a group.
+    constexpr uint32_t KG = MR * MC * PPTM_BLOCK_THREADS / (T * T), GT = PPTM_BLOCK_THREADS / KG;
+    static_assert(T == 64 || T == 32, "matmul: 64 or 32 tiles");
+    static_assert(TX * (T / MR) == GT && TK % (4 * KG) == 0, "matmul: each group's micro-tiles cover the tile");
+    static_assert(GT % 32 == 0, "matmul: a k-group is whole warps");
+    static_assert(TK % 4 == 0 && T % 4 == 0, "matmul: slices are staged in float4s");
+    static_assert(T * AS + TK * T <= PPTM_LINEAR_SMEM_FLOATS, "matmul: both slices fit the scratch");
+    static_assert(KG * T * T <= PPTM_LINEAR_SMEM_FLOATS, "matmul: the groups' partial tiles fit the scratch");
+    float(*const as)[AS] = reinterpret_cast<float(*)[AS]>(pptm_linear_smem());
+    float(*const ws)[T] = reinterpret_cast<float(*)[T]>(pptm_linear_smem() + T * AS);
+    const uint32_t group = threadIdx.x / GT, tx = threadIdx.x % GT % TX, ty = threadIdx.x % GT / TX;
     // Warps 0-7 stage A, warps 8-15 stage W: the split is warp-uniform.
-    const bool stages_a = threadIdx.x < PPTM_BLOCK_THREADS / 2;
-    const uint32_t st = threadIdx.x % (PPTM_BLOCK_THREADS / 2);
+    const bool stages_a = threadIdx.x < HALF;
+    const uint32_t st = threadIdx.x % HALF;
     const bool vec_a = pptm_aligned16(A) && k % 4 == 0;
     const bool vec_w = pptm_aligned16(W) && n % 4 == 0;
     const bool vec_out = out != nullptr && pptm_aligned16(out) && n % 4 == 0;
@@ -365,18 +356,19 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
     const uint64_t ktiles = k / TK + (k % TK != 0);
     for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
         const uint64_t i0 = tile / tiles_n * T, j0 = tile % tiles_n * T;
-        float acc[2][4];
+        float acc[MR][MC];
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (uint32_t r = 0; r < MR; ++r)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
+            for (uint32_t c = 0; c < MC; ++c) acc[r][c] = 0.0f;
         // This thread's part of the slice at k0, in the order it is stored below.
         float sv[4];
         auto load = [&](uint64_t k0) {
             if (stages_a) {
                 if (vec_a) {
-                    // Row st / 4, columns k0 + 4 (st % 4) .. + 3: all in range or none (k % 4 == 0).
-                    const uint64_t i = i0 + st / 4, p = k0 + 4 * (st % 4);
+                    // Row st / (TK / 4), columns k0 + 4 (st % (TK / 4)) .. + 3: all in range or
+                    // none (k % 4 == 0).
+                    const uint64_t i = i0 + st / (TK / 4), p = k0 + 4 * (st % (TK / 4));
                     pptm_f4 v = {0.0f, 0.0f, 0.0f, 0.0f};
                     if (i < m && p < k) v = pptm_ld_cg_f4(A + i * k + p);
                     sv[0] = v.x;
@@ -386,15 +378,16 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
                 } else {
 #pragma unroll
                     for (uint32_t e = 0; e < 4; ++e) {
-                        const uint32_t idx = st + e * (PPTM_BLOCK_THREADS / 2);
+                        const uint32_t idx = st + e * HALF;
                         const uint64_t i = i0 + idx / TK, p = k0 + idx % TK;
                         sv[e] = i < m && p < k ? pptm_ld_cg_f32(A + i * k + p) : 0.0f;
                     }
                 }
             } else {
                 if (vec_w) {
-                    // Row k0 + st / 16, columns j0 + 4 (st % 16) .. + 3: all in range or none.
-                    const uint64_t p = k0 + st / 16, j = j0 + 4 * (st % 16);
+                    // Row k0 + st / (T / 4), columns j0 + 4 (st % (T / 4)) .. + 3: all in range or
+                    // none.
+                    const uint64_t p = k0 + st / (T / 4), j = j0 + 4 * (st % (T / 4));
                     pptm_f4 v = {0.0f, 0.0f, 0.0f, 0.0f};
                     if (p < k && j < n) v = pptm_ld_cg_f4(W + p * n + j);
                     sv[0] = v.x;
@@ -404,7 +397,7 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
                 } else {
 #pragma unroll
                     for (uint32_t e = 0; e < 4; ++e) {
-                        const uint32_t idx = st + e * (PPTM_BLOCK_THREADS / 2);
+                        const uint32_t idx = st + e * HALF;
                         const uint64_t p = k0 + idx / T, j = j0 + idx % T;
                         sv[e] = p < k && j < n ? pptm_ld_cg_f32(W + p * n + j) : 0.0f;
                     }
@@ -418,31 +411,23 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
             __syncthreads();
             if (stages_a) {
                 if (vec_a) {
-                    pptm_f4 v;
-                    v.x = sv[0];
-                    v.y = sv[1];
-                    v.z = sv[2];
-                    v.w = sv[3];
-                    *reinterpret_cast<pptm_f4*>(&as[st / 4][4 * (st % 4)]) = v;
+                    const pptm_f4 v = {sv[0], sv[1], sv[2], sv[3]};
+                    *reinterpret_cast<pptm_f4*>(&as[st / (TK / 4)][4 * (st % (TK / 4))]) = v;
                 } else {
 #pragma unroll
                     for (uint32_t e = 0; e < 4; ++e) {
-                        const uint32_t idx = st + e * (PPTM_BLOCK_THREADS / 2);
+                        const uint32_t idx = st + e * HALF;
                         as[idx / TK][idx % TK] = sv[e];
                     }
                 }
             } else {
                 if (vec_w) {
-                    pptm_f4 v;
-                    v.x = sv[0];
-                    v.y = sv[1];
-                    v.z = sv[2];
-                    v.w = sv[3];
-                    *reinterpret_cast<pptm_f4*>(&ws[st / 16][4 * (st % 16)]) = v;
+                    const pptm_f4 v = {sv[0], sv[1], sv[2], sv[3]};
+                    *reinterpret_cast<pptm_f4*>(&ws[st / (T / 4)][4 * (st % (T / 4))]) = v;
                 } else {
 #pragma unroll
                     for (uint32_t e = 0; e < 4; ++e) {
-                        const uint32_t idx = st + e * (PPTM_BLOCK_THREADS / 2);
+                        const uint32_t idx = st + e * HALF;
                         ws[idx / T][idx % T] = sv[e];
                     }
                 }
@@ -450,29 +435,55 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
             __syncthreads();
             if (kt + 1 < ktiles) load((kt + 1) * TK);
 #pragma unroll
-            for (uint32_t p = 0; p < TK; p += 4) {
-                const pptm_f4 a0 = *reinterpret_cast<const pptm_f4*>(&as[2 * ty][p]);
-                const pptm_f4 a1 = *reinterpret_cast<const pptm_f4*>(&as[2 * ty + 1][p]);
-                const float a0v[4] = {a0.x, a0.y, a0.z, a0.w}, a1v[4] = {a1.x, a1.y, a1.z, a1.w};
+            for (uint32_t q = 0; q < TK / KG; q += 4) {
+                const uint32_t p = group * (TK / KG) + q;  // this group's share of the slice
+                float av[MR][4];
+#pragma unroll
+                for (uint32_t r = 0; r < MR; ++r) {
+                    const pptm_f4 a = *reinterpret_cast<const pptm_f4*>(&as[MR * ty + r][p]);
+                    av[r][0] = a.x;
+                    av[r][1] = a.y;
+                    av[r][2] = a.z;
+                    av[r][3] = a.w;
+                }
 #pragma unroll
                 for (uint32_t e = 0; e < 4; ++e) {
-                    const pptm_f4 w = *reinterpret_cast<const pptm_f4*>(&ws[p + e][4 * tx]);
-                    acc[0][0] = fmaf(a0v[e], w.x, acc[0][0]);
-                    acc[0][1] = fmaf(a0v[e], w.y, acc[0][1]);
-                    acc[0][2] = fmaf(a0v[e], w.z, acc[0][2]);
-                    acc[0][3] = fmaf(a0v[e], w.w, acc[0][3]);
-                    acc[1][0] = fmaf(a1v[e], w.x, acc[1][0]);
-                    acc[1][1] = fmaf(a1v[e], w.y, acc[1][1]);
-                    acc[1][2] = fmaf(a1v[e], w.z, acc[1][2]);
-                    acc[1][3] = fmaf(a1v[e], w.w, acc[1][3]);
+                    const pptm_f4 v = *reinterpret_cast<const pptm_f4*>(&ws[p + e][4 * tx]);
+                    const float w[MC] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (uint32_t r = 0; r < MR; ++r)
+#pragma unroll
+                        for (uint32_t c = 0; c < MC; ++c) acc[r][c] = fmaf(av[r][e], w[c], acc[r][c]);
                 }
             }
         }
-        if (out != nullptr) {
-            const uint64_t j = j0 + 4 * tx;
+        if constexpr (KG > 1) {
+            // The groups' partial tiles meet in the scratch (every slice has been read: the
+            // barrier); group 0 adds them, in group order, and runs the epilogue.
+            float(*const red)[T][T] = reinterpret_cast<float(*)[T][T]>(pptm_linear_smem());
+            __syncthreads();
+            if (group > 0)
 #pragma unroll
-            for (uint32_t r = 0; r < 2; ++r) {
-                const uint64_t i = i0 + 2 * ty + r;
+                for (uint32_t r = 0; r < MR; ++r)
+                    *reinterpret_cast<pptm_f4*>(&red[group][MR * ty + r][MC * tx]) = {acc[r][0], acc[r][1], acc[r][2], acc[r][3]};
+            __syncthreads();
+            if (group > 0) continue;
+#pragma unroll
+            for (uint32_t g = 1; g < KG; ++g)
+#pragma unroll
+                for (uint32_t r = 0; r < MR; ++r) {
+                    const pptm_f4 v = *reinterpret_cast<const pptm_f4*>(&red[g][MR * ty + r][MC * tx]);
+                    acc[r][0] += v.x;
+                    acc[r][1] += v.y;
+                    acc[r][2] += v.z;
+                    acc[r][3] += v.w;
+                }
+        }
+        if (out != nullptr) {
+            const uint64_t j = j0 + MC * tx;
+#pragma unroll
+            for (uint32_t r = 0; r < MR; ++r) {
+                const uint64_t i = i0 + MR * ty + r;
                 if (i >= m) continue;
                 if (vec_out && j < n) {
                     // n % 4 == 0: columns j .. j + 3 are all in range.
@@ -484,12 +495,21 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
                     *reinterpret_cast<pptm_f4*>(out + i * n + j) = v;
                 } else {
 #pragma unroll
-                    for (uint32_t c = 0; c < 4; ++c)
+                    for (uint32_t c = 0; c < MC; ++c)
                         if (j + c < n) out[i * n + j + c] = epi(i, j + c, acc[r][c]);
                 }
             }
         }
     }
+}
+
+template <class Epi>
+__device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                            const Epi& epi, float* out, const pptm_block_ctx& b) {
+    if (pptm_matmul_small(m, n))
+        pptm_matmul_tiled<32>(A, W, m, k, n, epi, out, b);
+    else
+        pptm_matmul_tiled<64>(A, W, m, k, n, epi, out, b);
 }
 
 #endif  // PPTM_PATTERN_LINEAR_CUH

@@ -78,19 +78,19 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
             if (active) {
                 // PPTM_PAIR_ILP candidates per lane per step (32 apart), computed together:
                 // independent chains keep a warp busy where one distance at a time would wait on
-                // each load. The loop is warp-uniform, so the row type may synchronise its lanes
-                // after each step (the k-th select shares its bound).
+                // each load. The loop is warp-uniform: the row type pushes warp-collectively.
                 const uint64_t self = i - j0;  // the tile index of point i (huge if not in it)
                 for (uint32_t base = 0; base < count; base += PPTM_PAIR_ILP * 32) {
                     const uint32_t jj = base + lane;
                     float d[PPTM_PAIR_ILP][Dist::W];
+                    bool valid[PPTM_PAIR_ILP];
                     dist.template pairs<PPTM_PAIR_ILP>(mine, tile + jj, stride, d);
 #pragma unroll
                     for (int u = 0; u < PPTM_PAIR_ILP; ++u) {
                         const uint32_t j = jj + u * 32;
-                        if (j < count && j != self) row.push(state, d[u]);
+                        valid[u] = j < count && j != self;
                     }
-                    row.step(state);
+                    row.push(state, d, valid);
                 }
             }
         }
@@ -132,13 +132,11 @@ __device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs,
         row.init(state, i);
         for (uint64_t base = 0; base < n; base += 32) {
             const uint64_t j = base + lane;
-            if (j < n && j != i) {
-                float v[W];
+            const bool valid[1] = {j < n && j != i};
+            float v[1][W];
 #pragma unroll
-                for (int c = 0; c < W; ++c) v[c] = pptm_ld_cg_f32(pairs + (i * n + j) * W + c);
-                row.push(state, v);
-            }
-            row.step(state);
+            for (int c = 0; c < W; ++c) v[0][c] = valid[0] ? pptm_ld_cg_f32(pairs + (i * n + j) * W + c) : 0.0f;
+            row.push(state, v, valid);
         }
         float v[Row::OUT];
         row.finish(state, v);
