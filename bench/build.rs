@@ -21,4 +21,7 @@ fn main() {
     println!("cargo:rustc-env=PPTM_BENCH_COMMIT={commit}");
     println!("cargo:rerun-if-changed=../.git/HEAD");
     println!("cargo:rerun-if-changed=../.git/index");
+    // HEAD names the branch; a commit moves the branch's ref (or packed-refs), not HEAD.
+    println!("cargo:rerun-if-changed=../.git/refs/heads");
+    println!("cargo:rerun-if-changed=../.git/packed-refs");
 }
