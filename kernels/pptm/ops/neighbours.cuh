@@ -130,6 +130,8 @@ struct pptm_op_subspace_distances {
 // waited for. The first candidates (one per lane, the bar still +inf) are sorted by a warp bitonic
 // sort instead of inserted. Equal distances are kept each (a tie is inserted after its equals), so
 // the k-th counts multiplicity as the reference does.
+static_assert(PPTM_MAX_K <= 32, "kth_smallest: the warp holds the k smallest one per lane");
+
 struct pptm_op_kth_smallest {
     static constexpr int OUT = 1;
     uint32_t k;
