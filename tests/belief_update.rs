@@ -45,6 +45,8 @@ fn reference(
 }
 
 fn belief_update_matches_f64_reference(rt: &Runtime) {
+    // Below 4096 columns a GEMV-T tile is 8 columns with four lanes each, from there 32 (the two
+    // sides of GEMV_T_NARROW_BELOW); 2048 rows are one staged chunk of the prologue.
     for (m, n) in [
         (1, 1),
         (7, 5),
@@ -52,6 +54,8 @@ fn belief_update_matches_f64_reference(rt: &Runtime) {
         (1023, 17),
         (3, 4099),
         (2048, 2048),
+        (4097, 9),
+        (2049, 4096),
     ] {
         let (obs, pred) = (uniform(m, -1.0, 1.0), uniform(m, -1.0, 1.0));
         let prec = uniform(m, 0.1, 2.0);

@@ -96,6 +96,8 @@ fn matmul_bias_act_matches_f64_reference(rt: &Runtime) {
         (64, 64, 64),
         (65, 1000, 33),
         (1000, 64, 1000),
+        (64, 256, 256),
+        (7, 300, 130),
     ];
     for (m, k, n) in shapes {
         let (a, w, b) = (

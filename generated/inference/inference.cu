@@ -5,6 +5,8 @@
 #define PPTM_PAIR_MAX_FEATURES 128
 #define PPTM_MATMUL_SMALL_BELOW 64
 #define PPTM_GEMV_N_SHORT_BELOW 8192
+#define PPTM_GEMV_T_NARROW_BELOW 4096
+#define PPTM_GEMV_T_NARROW_COLS 8
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
@@ -30,7 +32,7 @@ struct pptm_body_43ffe357 {
         return s1;
     }
 };
-__device__ __forceinline__ uint32_t pptm_run_43ffe357(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __noinline__ uint32_t pptm_run_43ffe357(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_43ffe357 e(d);
     const float* const in[3] = {e.a0, e.a1, e.a2};
     partial = pptm_map_reduce<3, pptm_op_sum_reduction>(in, e.a3, pptm_body_43ffe357{e}, b);
@@ -92,7 +94,7 @@ struct pptm_body_7985c08c {
         return s0;
     }
 };
-__device__ __forceinline__ uint32_t pptm_run_7985c08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __noinline__ uint32_t pptm_run_7985c08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_7985c08c e(d);
     const float* const in[2] = {e.a0, e.a1};
     partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_7985c08c{e}, b);
@@ -120,7 +122,7 @@ struct pptm_body_00271f25 {
         return s0;
     }
 };
-__device__ __forceinline__ uint32_t pptm_run_00271f25(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __noinline__ uint32_t pptm_run_00271f25(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_00271f25 e(d);
     const float* const in[2] = {e.a0, e.a1};
     pptm_map_store<2>(in, e.a2, e.a3, pptm_body_00271f25{e}, b);
@@ -143,7 +145,7 @@ struct pptm_body_b5a4b866 {
         return s0;
     }
 };
-__device__ __forceinline__ uint32_t pptm_run_b5a4b866(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __noinline__ uint32_t pptm_run_b5a4b866(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_b5a4b866 e(d);
     const float* const in[2] = {e.a0, e.a1};
     partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_b5a4b866{e}, b);
@@ -170,7 +172,7 @@ struct pptm_body_143a17bd {
         return s0;
     }
 };
-__device__ __forceinline__ uint32_t pptm_run_143a17bd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __noinline__ uint32_t pptm_run_143a17bd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_143a17bd e(d);
     const float* const in[2] = {e.a0, e.a1};
     partial = pptm_map_reduce<2, pptm_op_mean_reduction>(in, e.a2, pptm_body_143a17bd{e}, b);

@@ -5,6 +5,8 @@
 #define PPTM_PAIR_MAX_FEATURES 128
 #define PPTM_MATMUL_SMALL_BELOW 64
 #define PPTM_GEMV_N_SHORT_BELOW 8192
+#define PPTM_GEMV_T_NARROW_BELOW 4096
+#define PPTM_GEMV_T_NARROW_COLS 8
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"

@@ -46,6 +46,12 @@ pub mod work {
     pub const GEMV_SHORT_ROWS_PER_BLOCK: usize = 16;
     /// Output columns per block of a transposed GEMV (a 32-column tile, a lane per column).
     pub const GEMV_T_COLS_PER_BLOCK: usize = 32;
+    /// A transposed GEMV of fewer columns than this takes `GEMV_T_NARROW_COLS_PER_BLOCK` columns
+    /// a block (four lanes per column), for four times the blocks and a quarter of the rounds
+    /// (`PPTM_GEMV_T_NARROW_BELOW` in the generated code; kernels/pptm/pattern/linear.cuh).
+    pub const GEMV_T_NARROW_BELOW: usize = 4096;
+    /// Output columns per block of a transposed GEMV of fewer than `GEMV_T_NARROW_BELOW` columns.
+    pub const GEMV_T_NARROW_COLS_PER_BLOCK: usize = 8;
     /// Output tile edge of a matmul (64 x 64 per block).
     pub const MATMUL_TILE: usize = 64;
     /// A matmul with fewer 64 x 64 tiles than this uses 32 x 32 tiles instead, four times the

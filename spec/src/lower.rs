@@ -1110,7 +1110,12 @@ impl ChainIr {
                 })
             }
             FusionClass::OutputFusable if st.op.device == ops::GEMV_T.device => {
-                dim("n").div_ceil(work::GEMV_T_COLS_PER_BLOCK)
+                let n = dim("n");
+                n.div_ceil(if n < work::GEMV_T_NARROW_BELOW {
+                    work::GEMV_T_NARROW_COLS_PER_BLOCK
+                } else {
+                    work::GEMV_T_COLS_PER_BLOCK
+                })
             }
             FusionClass::OutputFusable => {
                 let tiles = |edge| dim("m").div_ceil(edge) * dim("n").div_ceil(edge);

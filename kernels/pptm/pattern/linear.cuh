@@ -202,18 +202,25 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
 
 // ---- gemv_t: y = epi(A^T pro) -------------------------------------------------------------------
 //
-// A block takes a tile of PPTM_GEMV_T_COLS (32) consecutive columns, the count the host sizes its
-// request by; a lane owns one column, so each warp load reads one 128-byte row segment, and the 16
-// warps split the rows. Narrow tiles give many blocks (n / 32): a 4096-column product spreads over
-// 128 SMs and a 256-column one over 8, where 128-column tiles left 32 and 2. The block first stages
-// pro for PPTM_GEMV_T_CHUNK rows in shared memory, one coalesced evaluation per row (evaluated in
-// every lane, as a broadcast, it cost more load instructions than A itself); then each warp keeps
-// PPTM_GEMV_T_UNROLL (8) rows of A in flight. 16 rows were slower at every size (4096 x 4096: 64
-// against 36 µs on an H200): their 64-bit addresses pushed the manifold past its 64 registers.
-// The per-warp column sums meet in shared memory, summed in a fixed order, so y is deterministic
-// for a given grid.
+// A block takes a tile of consecutive columns, TW of them: 32 when n >= PPTM_GEMV_T_NARROW_BELOW,
+// else PPTM_GEMV_T_NARROW_COLS (8); the host sizes its request by the same rule. Lane l owns column
+// l % TW of the tile and row l / TW of each group of 32 / TW rows, so a warp load reads 32 / TW row
+// segments of TW floats (128 or 32 bytes, whole sectors either way), and the 16 warps split the
+// row groups. Narrow tiles give many blocks: a 256-column product spreads over 32 SMs, not 8, and
+// a 256-row one is read in a single round of loads. The block stages pro for PPTM_GEMV_T_CHUNK rows
+// in shared memory, one coalesced evaluation per row (evaluated in every lane, as a broadcast, it
+// cost more load instructions than A itself); each warp keeps PPTM_GEMV_T_UNROLL (8) loads of A in
+// flight (narrow tiles issue the first round before pro is staged, so the two latencies overlap). 16 loads in
+// flight were slower at every size (4096 x 4096: 64 against 36 µs on an H200): their 64-bit
+// addresses pushed the manifold past its 64 registers. The per-warp column sums meet in shared
+// memory, summed in a fixed order, so y is deterministic for a given grid.
 
-#define PPTM_GEMV_T_COLS 32
+#ifndef PPTM_GEMV_T_NARROW_BELOW
+#error "PPTM_GEMV_T_NARROW_BELOW must be defined by the generated translation unit"
+#endif
+#ifndef PPTM_GEMV_T_NARROW_COLS
+#error "PPTM_GEMV_T_NARROW_COLS must be defined by the generated translation unit"
+#endif
 #define PPTM_GEMV_T_CHUNK 2048
 #ifndef PPTM_GEMV_T_UNROLL
 #define PPTM_GEMV_T_UNROLL 8
@@ -221,24 +228,44 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
 
 static_assert((PPTM_GEMV_T_UNROLL & (PPTM_GEMV_T_UNROLL - 1)) == 0, "gemv_t: unroll is a power of two");
 static_assert(PPTM_GEMV_T_CHUNK % PPTM_BLOCK_THREADS == 0, "gemv_t: a chunk is staged in whole rounds");
+static_assert(PPTM_GEMV_T_NARROW_COLS > 0 && PPTM_GEMV_T_NARROW_COLS <= 32 && 32 % PPTM_GEMV_T_NARROW_COLS == 0,
+              "gemv_t: a narrow tile divides a warp");
 
-template <class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
-                                              float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, TW = PPTM_GEMV_T_COLS, CH = PPTM_GEMV_T_CHUNK;
-    static_assert(TW == 32, "gemv_t: a lane owns one column of the tile");
-    static_assert(CH + PPTM_WARPS * TW <= PPTM_LINEAR_SMEM_FLOATS, "gemv_t: staged pro and the column sums fit the scratch");
+// One tile width's loop (TW columns a tile, 32 / TW rows a warp load).
+template <uint32_t TW, class R, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+                                                    float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, CH = PPTM_GEMV_T_CHUNK, RPL = 32 / TW;
+    // Narrow tiles serve small products, where a round trip saved shows: the first loads of A go
+    // out before pro is staged. 32-column tiles keep the loads inside the loop: a build that held
+    // them across the staging at every width ran 4096 x 4096 in 46 µs against 36 on an H200.
+    constexpr bool EARLY = TW < 32;
+    static_assert(TW <= 32 && 32 % TW == 0, "gemv_t: a tile's lanes divide a warp");
+    static_assert(CH + PPTM_WARPS * 32 <= PPTM_LINEAR_SMEM_FLOATS, "gemv_t: staged pro and the column sums fit the scratch");
     float* const xs = pptm_linear_smem();
-    float(*const part)[TW] = reinterpret_cast<float(*)[TW]>(pptm_linear_smem() + CH);
+    float(*const part)[32] = reinterpret_cast<float(*)[32]>(pptm_linear_smem() + CH);
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint32_t sub = lane / TW;  // this lane's row within a warp load
     const uint64_t tiles = n / TW + (n % TW != 0);
     double red = R::identity();
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
-        const uint64_t col = t * TW + lane;
+        const uint64_t col = t * TW + lane % TW;
         const bool in = col < n;
         float s = 0.0f;
         for (uint64_t c0 = 0; c0 < m; c0 += CH) {
             const uint32_t len = (uint32_t)min((uint64_t)CH, m - c0);
+            const float* const a = A + c0 * n + col;
+            // Row groups warp, warp + 16, ... of the chunk, U of them per round; a missing row of
+            // the last round is predicated off.
+            float p[U];
+            auto load = [&](uint32_t g0) {
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u) {
+                    const uint32_t r = (g0 + PPTM_WARPS * u) * RPL + sub;
+                    p[u] = in && r < len ? pptm_ld_cg_f32(a + (uint64_t)r * n) : 0.0f;
+                }
+            };
+            if (EARLY) load(warp);
             // Every reader of the scratch before this chunk (this call's or an earlier pattern's)
             // is done.
             __syncthreads();
@@ -251,20 +278,12 @@ __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64
 #pragma unroll
             for (uint32_t f = 0; f < CH / PPTM_BLOCK_THREADS; ++f) xs[threadIdx.x + f * PPTM_BLOCK_THREADS] = xr[f];
             __syncthreads();
-            const float* const a = A + c0 * n + col;
-            // Rows warp, warp + 16, ... of the chunk: U of them per round; the last round's missing
-            // rows are predicated off (the bound is warp-uniform).
 #pragma unroll 1
-            for (uint32_t i = warp; i < len; i += PPTM_WARPS * U) {
-                float p[U];
+            for (uint32_t g0 = warp; g0 * RPL < len; g0 += PPTM_WARPS * U) {  // warp-uniform
+                if (!EARLY || g0 != warp) load(g0);
 #pragma unroll
                 for (uint32_t u = 0; u < U; ++u) {
-                    const uint32_t r = i + PPTM_WARPS * u;
-                    p[u] = in && r < len ? pptm_ld_cg_f32(a + (uint64_t)r * n) : 0.0f;
-                }
-#pragma unroll
-                for (uint32_t u = 0; u < U; ++u) {
-                    const uint32_t r = i + PPTM_WARPS * u;
+                    const uint32_t r = (g0 + PPTM_WARPS * u) * RPL + sub;
                     p[u] *= r < len ? xs[r] : 0.0f;
                 }
                 // Products summed pairwise before they reach the running sum: short runs.
@@ -275,12 +294,15 @@ __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64
                 s += p[0];
             }
         }
+        // The lanes that share a column add their rows' sums.
+#pragma unroll
+        for (uint32_t o = TW; o < 32u; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         // Warp 0 has read the previous tile's sums (when m == 0 no chunk barrier said so).
         if (m == 0) __syncthreads();
-        part[warp][lane] = s;
+        if (sub == 0) part[warp][lane] = s;
         __syncthreads();
-        if (warp == 0 && in) {
-            // Lane k takes column k of the tile: the epilogue's loads and stores stay coalesced.
+        if (warp == 0 && lane < TW && in) {
+            // Lane c takes column c of the tile: the epilogue's loads and stores stay coalesced.
             float h0 = 0.0f, h1 = 0.0f;
 #pragma unroll
             for (uint32_t w = 0; w < PPTM_WARPS; w += 2) {
@@ -293,6 +315,14 @@ __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64
         }
     }
     return pptm_block_partial<R>(red, b.red_smem);
+}
+
+template <class R, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+                                              float* out, const pptm_block_ctx& b) {
+    if (n < PPTM_GEMV_T_NARROW_BELOW)
+        return pptm_gemv_t_tiled<PPTM_GEMV_T_NARROW_COLS, R>(A, m, n, pro, epi, out, b);
+    return pptm_gemv_t_tiled<32, R>(A, m, n, pro, epi, out, b);
 }
 
 // ---- matmul: out = epi(A W) ---------------------------------------------------------------------

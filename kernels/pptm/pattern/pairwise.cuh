@@ -17,8 +17,13 @@
 #error "PPTM_PAIR_MAX_FEATURES must be defined by the generated translation unit"
 #endif
 
-// Floats of shared memory a tile of other points may use (16 KiB).
-#define PPTM_PAIR_TILE_FLOATS 4096u
+// Most points a tile holds: odd (see the stride below), and one more than a power of two, so that
+// 1024 or 4096 points make one or four tiles, not two or five (a tile is two barriers and a round
+// of staging loads).
+#define PPTM_PAIR_TILE_POINTS 1025u
+// Floats of shared memory a tile of other points may use: a full tile of four coordinates a point
+// (about 16 KiB).
+#define PPTM_PAIR_TILE_FLOATS (4u * PPTM_PAIR_TILE_POINTS)
 
 // Candidates each lane computes at once, and global loads in flight per thread while staging.
 #define PPTM_PAIR_ILP 4
@@ -43,7 +48,7 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
     const uint32_t features = dist.features();  // <= PPTM_PAIR_MAX_FEATURES (checked at submission)
     // Points per tile; odd, so the coordinate-major stores of consecutive threads spread over banks.
     uint32_t stride = PPTM_PAIR_TILE_FLOATS / (features > 0 ? features : 1u);
-    if (stride > 1024u) stride = 1024u;
+    if (stride > PPTM_PAIR_TILE_POINTS) stride = PPTM_PAIR_TILE_POINTS;
     stride -= (stride % 2u == 0u) ? 1u : 0u;
     float* mine = own + warp * PPTM_PAIR_MAX_FEATURES;
 
