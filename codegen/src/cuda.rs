@@ -30,37 +30,23 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         "// change the chains or kernels/ and run `{}`.",
         crate::REGENERATE_COMMAND
     );
-    let _ = writeln!(
-        out,
-        "#define PPTM_BLOCK_THREADS {}",
-        pptm_spec::BLOCK_THREADS
-    );
-    let _ = writeln!(out, "#define PPTM_MAX_K {}", pptm_spec::ops::MAX_K);
-    let _ = writeln!(
-        out,
-        "#define PPTM_PAIR_MAX_FEATURES {}",
-        pptm_spec::work::PAIRWISE_MAX_FEATURES
-    );
-    let _ = writeln!(
-        out,
-        "#define PPTM_MATMUL_SMALL_BELOW {}",
-        pptm_spec::work::MATMUL_SMALL_BELOW
-    );
-    let _ = writeln!(
-        out,
-        "#define PPTM_GEMV_N_SHORT_BELOW {}",
-        pptm_spec::work::GEMV_SHORT_BELOW
-    );
-    let _ = writeln!(
-        out,
-        "#define PPTM_GEMV_T_NARROW_BELOW {}",
-        pptm_spec::work::GEMV_T_NARROW_BELOW
-    );
-    let _ = writeln!(
-        out,
-        "#define PPTM_GEMV_T_NARROW_COLS {}",
-        pptm_spec::work::GEMV_T_NARROW_COLS_PER_BLOCK
-    );
+    // The spec's constants the device code is compiled with (kernels/ checks each is defined).
+    use pptm_spec::work;
+    let defines: [(&str, usize); 7] = [
+        ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
+        ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
+        ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
+        ("PPTM_MATMUL_SMALL_BELOW", work::MATMUL_SMALL_BELOW),
+        ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
+        ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
+        (
+            "PPTM_GEMV_T_NARROW_COLS",
+            work::GEMV_T_NARROW_COLS_PER_BLOCK,
+        ),
+    ];
+    for (name, value) in defines {
+        let _ = writeln!(out, "#define {name} {value}");
+    }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
     let _ = writeln!(out, "#include \"pptm/fuse.cuh\"");
