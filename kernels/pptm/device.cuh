@@ -112,6 +112,18 @@ __device__ __forceinline__ void pptm_st_cs_f4(float* p, pptm_f4 v) {
 
 __device__ __forceinline__ bool pptm_aligned16(const void* p) { return (reinterpret_cast<uint64_t>(p) & 15u) == 0; }
 
+// ---- asynchronous copies to shared memory (sm_80+) ---------------------------------------------
+
+// Copies 16 bytes from global (through L2, as ld.cg) to shared memory without holding registers:
+// many are in flight per thread. `src_bytes` < 16 fills the rest with zeros; 0 reads nothing.
+__device__ __forceinline__ void pptm_cp_async_16(void* smem, const void* gmem, uint32_t src_bytes) {
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+// Waits for this thread's asynchronous copies; a barrier then shows every thread's to the block.
+__device__ __forceinline__ void pptm_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // ---- fast math with defined edge cases --------------------------------------------------------
 
 // Natural log through lg2.approx (subnormal inputs supported; no .ftz): about 2^-22 absolute error

@@ -59,6 +59,14 @@ pub mod work {
     pub const MATMUL_SMALL_BELOW: usize = 64;
     /// Output tile edge of a small matmul.
     pub const MATMUL_SMALL_TILE: usize = 32;
+    /// Rows of a matmul tile on the direct path (kernels/pptm/pattern/linear.cuh): a warp's 32
+    /// lanes own an 8 x 16 tile, four adjacent columns each, and the block's warps split k.
+    pub const MATMUL_DIRECT_ROWS: usize = 8;
+    /// Columns of a matmul tile on the direct path.
+    pub const MATMUL_DIRECT_COLS: usize = 16;
+    /// An output of at most this many direct tiles (two rounds of an H200's 132 SMs) takes the
+    /// direct path, which has no staging and so the least fixed cost per tile.
+    pub const MATMUL_DIRECT_MAX_TILES: usize = 256;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its

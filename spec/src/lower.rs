@@ -1119,7 +1119,10 @@ impl ChainIr {
             }
             FusionClass::OutputFusable => {
                 let tiles = |edge| dim("m").div_ceil(edge) * dim("n").div_ceil(edge);
+                let direct = dim("m").div_ceil(work::MATMUL_DIRECT_ROWS)
+                    * dim("n").div_ceil(work::MATMUL_DIRECT_COLS);
                 match tiles(work::MATMUL_TILE) {
+                    _ if direct <= work::MATMUL_DIRECT_MAX_TILES => direct,
                     t if t < work::MATMUL_SMALL_BELOW => tiles(work::MATMUL_SMALL_TILE),
                     t => t,
                 }
@@ -1613,8 +1616,11 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(sizes, [2, 1, 1]);
-        // Sizes are [m, k, n]: 32 x 32 tiles below 64 tiles of 64 x 64, 64 x 64 from there.
-        assert_eq!(ir.blocks_for(&[64, 256, 256]), 16);
+        // Sizes are [m, k, n]: 8 x 16 direct tiles up to 256 of them, then 32 x 32 tiles below
+        // 64 tiles of 64 x 64, 64 x 64 from there.
+        assert_eq!(ir.blocks_for(&[64, 256, 256]), 128);
+        assert_eq!(ir.blocks_for(&[128, 9, 256]), 256);
+        assert_eq!(ir.blocks_for(&[129, 9, 256]), 5 * 8);
         assert_eq!(ir.blocks_for(&[1, 1, 1]), 1);
         assert_eq!(ir.blocks_for(&[512, 7, 448]), 56 * 4);
         assert_eq!(ir.blocks_for(&[512, 7, 512]), 64);

@@ -336,9 +336,10 @@ __device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64
 // multiply.
 //
 // Two tile sizes. 64 x 64 (the 512 threads each one micro-tile) reuses each loaded value most and
-// is the choice whenever there are enough tiles to fill the GPU. A small product has few of them
-// (64 x 256 has 4): each block would walk all of k alone while most SMs idle, so below
-// PPTM_MATMUL_SMALL_BELOW tiles of 64 the pattern uses 32 x 32 tiles, four times the blocks. A
+// is the choice whenever there are enough tiles to fill the GPU. A mid-sized product has few of
+// them (256 x 512 has 32): each block would walk all of k alone while most SMs idle, so below
+// PPTM_MATMUL_SMALL_BELOW tiles of 64 the pattern uses 32 x 32 tiles, four times the blocks. (The
+// smallest outputs take neither: see pptm_matmul_direct below.) A
 // 32 x 32 tile is 128 micro-tiles, so the block splits each slice's k four ways between groups of
 // 128 threads and adds the four partial tiles in shared memory at the end (micro-tiles of 1 x 2,
 // one per thread, were bound by shared-memory bandwidth). The choice depends only on m and n, and
@@ -534,10 +535,176 @@ __device__ __forceinline__ void pptm_matmul_tiled(const float* A, const float* W
     }
 }
 
+// ---- matmul of a small output: k split across warps -----------------------------------------------
+//
+// A product whose output is a few thousand values (64 x 256) has too few tiles for the patterns
+// above to fill the GPU, and their slices of k, walked one after another with two barriers each,
+// set its time: 64 x 256 x 256 took 10 µs on the device of an H200 in 32 x 32 tiles on 16 SMs.
+// Here a block computes an 8 x 16 tile: lane l of every warp owns row l / 4 and columns
+// 4 (l % 4) .. + 3 of it, the 16 warps split k, and their partial tiles are added in shared
+// memory before the epilogue. 64 x 256 is 128 tiles, one per SM, and a k of up to 256 is one
+// round trip to L2 (pptm_matmul_direct_staged): the same product takes 6.3 µs, 4.8 of which are
+// the fixed cost any 128-block item pays. An m x n output of at most PPTM_MATMUL_DIRECT_MAX_TILES
+// such tiles takes this path; the choice depends only on m and n, and the host's block request
+// (ChainIr::stage_blocks) makes the same one.
+
+#if !defined(PPTM_MATMUL_DIRECT_MAX_TILES) || !defined(PPTM_MATMUL_DIRECT_ROWS) || !defined(PPTM_MATMUL_DIRECT_COLS)
+#error "PPTM_MATMUL_DIRECT_* must be defined by the generated translation unit"
+#endif
+static_assert(PPTM_MATMUL_DIRECT_ROWS * PPTM_MATMUL_DIRECT_COLS == 4 * 32, "matmul direct: a warp's lanes own the tile, 4 values each");
+static_assert(PPTM_MATMUL_DIRECT_COLS % 4 == 0, "matmul direct: a lane owns 4 adjacent columns");
+// Steps of k whose loads a lane issues together before using any (8 ran no faster when every W took this path).
+#define PPTM_MATMUL_DIRECT_BATCH 4
+static_assert(PPTM_WARPS * PPTM_MATMUL_DIRECT_ROWS * PPTM_MATMUL_DIRECT_COLS <= PPTM_LINEAR_SMEM_FLOATS,
+              "matmul direct: every warp's partial tile fits the scratch");
+
+__device__ __forceinline__ uint64_t pptm_matmul_direct_tiles(uint64_t m, uint64_t n) {
+    return (m / PPTM_MATMUL_DIRECT_ROWS + (m % PPTM_MATMUL_DIRECT_ROWS != 0)) *
+           (n / PPTM_MATMUL_DIRECT_COLS + (n % PPTM_MATMUL_DIRECT_COLS != 0));
+}
+
+// One lane's four sums over `steps` entries of a row of A (from `ap`) times the matching rows of W
+// (from `wp`, a row every n floats), at columns o[0..3] of those rows: the path for a W whose rows
+// are not 16-byte aligned (n % 4 != 0). Each step's loads go out in batches before any is used.
+__device__ __forceinline__ pptm_f4 pptm_matmul_direct_unaligned(const float* ap, const float* wp, uint64_t n,
+                                                                uint32_t steps, const uint32_t (&o)[4]) {
+    pptm_f4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto load_w = [&o](const float* row) {
+        return pptm_f4{pptm_ld_cg_f32(row + o[0]), pptm_ld_cg_f32(row + o[1]), pptm_ld_cg_f32(row + o[2]), pptm_ld_cg_f32(row + o[3])};
+    };
+    auto fma4 = [&acc](float a, const pptm_f4& w) {
+        acc.x = fmaf(a, w.x, acc.x);
+        acc.y = fmaf(a, w.y, acc.y);
+        acc.z = fmaf(a, w.z, acc.z);
+        acc.w = fmaf(a, w.w, acc.w);
+    };
+    uint32_t s = 0;
+    for (; s + PPTM_MATMUL_DIRECT_BATCH <= steps; s += PPTM_MATMUL_DIRECT_BATCH) {
+        float a[PPTM_MATMUL_DIRECT_BATCH];
+        pptm_f4 w[PPTM_MATMUL_DIRECT_BATCH];
+#pragma unroll
+        for (uint32_t e = 0; e < PPTM_MATMUL_DIRECT_BATCH; ++e) a[e] = pptm_ld_cg_f32(ap + e);
+#pragma unroll
+        for (uint32_t e = 0; e < PPTM_MATMUL_DIRECT_BATCH; ++e) w[e] = load_w(wp + e * n);
+#pragma unroll
+        for (uint32_t e = 0; e < PPTM_MATMUL_DIRECT_BATCH; ++e) fma4(a[e], w[e]);
+        ap += PPTM_MATMUL_DIRECT_BATCH;
+        wp += PPTM_MATMUL_DIRECT_BATCH * n;
+    }
+    for (; s < steps; ++s, ++ap, wp += n) fma4(pptm_ld_cg_f32(ap), load_w(wp));
+    return acc;
+}
+
+// The same four sums when W's rows are 16-byte aligned (n % 4 == 0): k is taken in passes of
+// PPTM_LINEAR_SMEM_FLOATS / C rows, whose C columns of W are copied to shared memory with
+// cp.async while each lane loads its sixteenth of row i of A (its warp's share of the pass) into
+// registers. Every load of a pass is in flight at once, so a pass costs one round trip to L2
+// rather than one per batch of steps. Returns after a barrier: the scratch is free again.
+__device__ __forceinline__ pptm_f4 pptm_matmul_direct_staged(const float* A, const float* W, uint64_t m, uint64_t k,
+                                                             uint64_t n, uint64_t i, uint64_t tile_col) {
+    constexpr uint32_t C = PPTM_MATMUL_DIRECT_COLS, CQ = C / 4;
+    constexpr uint32_t P = PPTM_LINEAR_SMEM_FLOATS / C, S = P / PPTM_WARPS;  // rows a pass, a warp's share
+    static_assert(P % PPTM_WARPS == 0 && S % 4 == 0, "matmul direct: a warp's share of a pass is whole quads");
+    float(*const ws)[C] = reinterpret_cast<float(*)[C]>(pptm_linear_smem());
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float* const a_row = A + min(i, m - 1) * k;
+    const bool vec_a = pptm_aligned16(A) && k % 4 == 0;
+    pptm_f4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Every reader of the scratch (an earlier tile's sums, or an earlier pattern) is done.
+    __syncthreads();
+    for (uint64_t k0 = 0; k0 < k; k0 += P) {
+        // Rows k0 .. k0 + P - 1 of W, columns tile_col .. + C - 1, in 16-byte pieces; rows past k
+        // and columns past n are zero (n % 4 == 0: a piece is all in range or all out).
+        for (uint32_t c = threadIdx.x; c < P * CQ; c += PPTM_BLOCK_THREADS) {
+            const uint64_t p = k0 + c / CQ, col = tile_col + 4 * (c % CQ);
+            const bool in = p < k && col < n;
+            pptm_cp_async_16(&ws[c / CQ][4 * (c % CQ)], in ? W + p * n + col : W, in ? 16u : 0u);
+        }
+        // This warp's rows of the pass, k0 + S warp ..: entries of A past k are zero.
+        const uint64_t p0 = k0 + S * warp;
+        float a[S];
+        if (vec_a) {
+#pragma unroll
+            for (uint32_t q = 0; q < S / 4; ++q) {
+                // k % 4 == 0: a quad is all in range or all out.
+                const pptm_f4 v = p0 + 4 * q < k ? pptm_ld_cg_f4(a_row + p0 + 4 * q) : pptm_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                a[4 * q] = v.x;
+                a[4 * q + 1] = v.y;
+                a[4 * q + 2] = v.z;
+                a[4 * q + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (uint32_t e = 0; e < S; ++e) a[e] = p0 + e < k ? pptm_ld_cg_f32(a_row + p0 + e) : 0.0f;
+        }
+        pptm_cp_async_wait_all();
+        __syncthreads();
+#pragma unroll
+        for (uint32_t e = 0; e < S; ++e) {
+            const pptm_f4 w = *reinterpret_cast<const pptm_f4*>(&ws[S * warp + e][4 * (lane % CQ)]);
+            acc.x = fmaf(a[e], w.x, acc.x);
+            acc.y = fmaf(a[e], w.y, acc.y);
+            acc.z = fmaf(a[e], w.z, acc.z);
+            acc.w = fmaf(a[e], w.w, acc.w);
+        }
+        __syncthreads();
+    }
+    return acc;
+}
+
+template <class Epi>
+__device__ __forceinline__ void pptm_matmul_direct(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                                    const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t R = PPTM_MATMUL_DIRECT_ROWS, C = PPTM_MATMUL_DIRECT_COLS, CQ = C / 4, TV = R * C;
+    float(*const red)[TV] = reinterpret_cast<float(*)[TV]>(pptm_linear_smem());
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool vec_w = pptm_aligned16(W) && n % 4 == 0;
+    // This warp's chunk of k: a sixteenth.
+    const uint64_t chunk = (k + PPTM_WARPS - 1) / PPTM_WARPS;
+    const uint64_t p_begin = min(k, warp * chunk), p_end = min(k, p_begin + chunk);
+    // m x n has at most PPTM_MATMUL_DIRECT_MAX_TILES tiles, so 32-bit tile arithmetic is exact.
+    const uint32_t tiles_n = (uint32_t)(n / C + (n % C != 0));
+    const uint32_t tiles = (uint32_t)pptm_matmul_direct_tiles(m, n);
+    for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        const uint64_t i = (uint64_t)(tile / tiles_n) * R + lane / CQ;
+        const uint64_t j = (uint64_t)(tile % tiles_n) * C + 4 * (lane % CQ);
+        pptm_f4 acc;
+        if (vec_w) {
+            acc = pptm_matmul_direct_staged(A, W, m, k, n, i, tile % tiles_n * C);
+        } else {
+            // Loads are never predicated, so a batch of them is in flight at once: a row or
+            // column outside the matrix reads row m - 1 or column n - 1 instead, and its sums,
+            // which only ever meet their own tile position, are not stored.
+            const uint32_t o[4] = {(uint32_t)min(j, n - 1), (uint32_t)min(j + 1, n - 1), (uint32_t)min(j + 2, n - 1),
+                                   (uint32_t)min(j + 3, n - 1)};
+            acc = pptm_matmul_direct_unaligned(A + min(i, m - 1) * k + p_begin, W + p_begin * n, n,
+                                               (uint32_t)(p_end - p_begin), o);  // at most k / 16 + 1 steps
+        }
+        // Every reader of the scratch (an earlier tile's sums, or an earlier pattern) is done.
+        __syncthreads();
+        *reinterpret_cast<pptm_f4*>(&red[warp][4 * lane]) = acc;
+        __syncthreads();
+        // Threads 0 .. TV - 1 add one output's partials in warp order and run the epilogue.
+        if (out != nullptr && threadIdx.x < TV) {
+            const uint32_t t = threadIdx.x;
+            float s = 0.0f;
+#pragma unroll
+            for (uint32_t w = 0; w < PPTM_WARPS; ++w) s += red[w][t];
+            // Value t is lane t / 4's column 4 (lane % CQ) + t % 4 of row lane / CQ.
+            const uint32_t l = t / 4;
+            const uint64_t oi = (uint64_t)(tile / tiles_n) * R + l / CQ;
+            const uint64_t oj = (uint64_t)(tile % tiles_n) * C + 4 * (l % CQ) + t % 4;
+            if (oi < m && oj < n) out[oi * n + oj] = epi(oi, oj, s);
+        }
+    }
+}
+
 template <class Epi>
 __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
                                             const Epi& epi, float* out, const pptm_block_ctx& b) {
-    if (pptm_matmul_small(m, n))
+    if (pptm_matmul_direct_tiles(m, n) <= (uint64_t)PPTM_MATMUL_DIRECT_MAX_TILES)
+        pptm_matmul_direct(A, W, m, k, n, epi, out, b);
+    else if (pptm_matmul_small(m, n))
         pptm_matmul_tiled<32>(A, W, m, k, n, epi, out, b);
     else
         pptm_matmul_tiled<64>(A, W, m, k, n, epi, out, b);
