@@ -39,7 +39,10 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         ("PPTM_MATMUL_SMALL_BELOW", work::MATMUL_SMALL_BELOW),
         ("PPTM_MATMUL_DIRECT_ROWS", work::MATMUL_DIRECT_ROWS),
         ("PPTM_MATMUL_DIRECT_COLS", work::MATMUL_DIRECT_COLS),
-        ("PPTM_MATMUL_DIRECT_MAX_TILES", work::MATMUL_DIRECT_MAX_TILES),
+        (
+            "PPTM_MATMUL_DIRECT_MAX_TILES",
+            work::MATMUL_DIRECT_MAX_TILES,
+        ),
         ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
         ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
         (
