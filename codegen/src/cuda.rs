@@ -140,6 +140,23 @@ fn emit_stages(
     flow
 }
 
+/// The buffers the stages in `range` read besides their flow (by-value arguments excluded), each
+/// once, in first-use order: what a split epilogue loads ahead.
+fn epilogue_buffers(c: &ChainIr, range: std::ops::Range<usize>) -> Vec<usize> {
+    let mut slots = Vec::new();
+    for s in range {
+        let st = &c.stages[s];
+        for (p, src) in st.op.inputs.iter().zip(&st.inputs).skip(1) {
+            if let Source::Arg(slot) = *src {
+                if !p.ty.is_by_value() && !slots.contains(&slot) {
+                    slots.push(slot);
+                }
+            }
+        }
+    }
+    slots
+}
+
 /// The channel expressions of the value a chain reads as stage 0's flow, loaded at `index`.
 fn first_flow(c: &ChainIr, index: &str) -> Vec<String> {
     match c.stages[0].inputs[0] {
@@ -339,7 +356,7 @@ fn variant(out: &mut String, c: &ChainIr) {
             // The epilogue: the output element from its dot product.
             let _ = writeln!(out, "struct pptm_epi_{t} {{");
             let _ = writeln!(out, "    pptm_env_{t} e;");
-            let load = if plan.pattern == Pattern::Matmul {
+            if plan.pattern == Pattern::Matmul {
                 let _ = writeln!(
                     out,
                     "    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {{"
@@ -349,22 +366,56 @@ fn variant(out: &mut String, c: &ChainIr) {
                     "        [[maybe_unused]] const uint64_t at = i * {} + j;",
                     dim_field(c, ast, "n")
                 );
-                Load::At {
+                let load = Load::At {
                     index: "at",
                     column: "j",
-                }
+                };
+                let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
+                let _ = writeln!(out, "        return {};", v[0]);
             } else {
+                // A GEMV's epilogue comes in two halves, so a pattern can issue the loads of
+                // output i before its dot product is done: `load` reads the buffers the epilogue
+                // uses at i, `apply` finishes from them.
+                let slots = epilogue_buffers(c, plan.epilogue.clone());
+                let len = slots.len().max(1);
+                let _ = writeln!(out, "    static constexpr uint32_t loads = {len};");
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ void load(uint64_t i, float (&x)[{len}]) const {{"
+                );
+                if slots.is_empty() {
+                    let _ = writeln!(out, "        x[0] = 0.0f;");
+                }
+                for (k, &slot) in slots.iter().enumerate() {
+                    let _ = writeln!(out, "        x[{k}] = pptm_ld_cg_f32({} + i);", field(slot));
+                }
+                let _ = writeln!(out, "    }}");
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[{len}]) const {{"
+                );
+                let v = emit_stages(
+                    out,
+                    c,
+                    plan.epilogue.clone(),
+                    vec!["acc".into()],
+                    &Load::Loaded(&slots),
+                );
+                let _ = writeln!(out, "        return {};", v[0]);
+                let _ = writeln!(out, "    }}");
                 let _ = writeln!(
                     out,
                     "    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {{"
                 );
-                Load::At {
+                // Written out rather than as apply(i, acc, load(i)): the manifold it is inlined
+                // into spilled 40 bytes more that way.
+                let load = Load::At {
                     index: "i",
                     column: "i",
-                }
-            };
-            let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
-            let _ = writeln!(out, "        return {};", v[0]);
+                };
+                let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
+                let _ = writeln!(out, "        return {};", v[0]);
+            }
             let _ = writeln!(out, "    }}\n}};");
             let (m, n) = (dim_field(c, ast, "m"), dim_field(c, ast, "n"));
             match plan.pattern {
@@ -860,6 +911,12 @@ mod tests {
             src.contains(
                 "const float s3 = pptm_op_belief_update(acc, pptm_ld_cg_f32(e.a4 + i), e.a5);"
             ),
+            "{src}"
+        );
+        // Its split form loads the epilogue's buffer ahead and finishes from the loaded value.
+        assert!(src.contains("x[0] = pptm_ld_cg_f32(e.a4 + i);"), "{src}");
+        assert!(
+            src.contains("const float s3 = pptm_op_belief_update(acc, x[0], e.a5);"),
             "{src}"
         );
         assert!(src.contains(&format!(

@@ -22,7 +22,7 @@ mod build;
 pub use build::build_script;
 
 /// Bumped whenever the generated code changes for the same inputs (it is part of the input hash).
-pub const CODEGEN_VERSION: u32 = 2;
+pub const CODEGEN_VERSION: u32 = 3;
 
 /// PTX targets generated for every domain. compute_80 runs (JIT) on A100, Ada and Hopper;
 /// compute_90 is what Hopper loads.

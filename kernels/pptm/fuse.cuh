@@ -168,6 +168,10 @@ struct pptm_load_at {
     __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(p + j); }
 };
 struct pptm_pass_acc {
+    // The split form a GEMV pattern may use to issue an epilogue's loads early: none here.
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t, float (&x)[1]) const { x[0] = 0.0f; }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&)[1]) const { return acc; }
     __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
     __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc) const { return acc; }
 };

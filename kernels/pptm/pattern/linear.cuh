@@ -251,6 +251,10 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
         const uint64_t col = t * TW + lane % TW;
         const bool in = col < n;
+        // Narrow tiles issue the epilogue's loads for their column now, so their round trip
+        // overlaps the dot products instead of following them (Epi::load / Epi::apply).
+        float ex[Epi::loads];
+        if (EARLY && warp == 0 && lane < TW && in) epi.load(col, ex);
         float s = 0.0f;
         for (uint64_t c0 = 0; c0 < m; c0 += CH) {
             const uint32_t len = (uint32_t)min((uint64_t)CH, m - c0);
@@ -309,7 +313,11 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
                 h0 += part[w][lane];
                 h1 += part[w + 1][lane];
             }
-            const float y = epi(col, h0 + h1);
+            float y;
+            if constexpr (EARLY)
+                y = epi.apply(col, h0 + h1, ex);
+            else
+                y = epi(col, h0 + h1);
             if (out != nullptr) out[col] = y;
             red = R::combine(red, (double)y);
         }
