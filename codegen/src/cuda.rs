@@ -147,10 +147,11 @@ fn epilogue_buffers(c: &ChainIr, range: std::ops::Range<usize>) -> Vec<usize> {
     for s in range {
         let st = &c.stages[s];
         for (p, src) in st.op.inputs.iter().zip(&st.inputs).skip(1) {
-            if let Source::Arg(slot) = *src {
-                if !p.ty.is_by_value() && !slots.contains(&slot) {
-                    slots.push(slot);
-                }
+            if let Source::Arg(slot) = *src
+                && !p.ty.is_by_value()
+                && !slots.contains(&slot)
+            {
+                slots.push(slot);
             }
         }
     }
