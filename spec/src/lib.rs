@@ -65,7 +65,8 @@ pub mod work {
     /// Columns of a matmul tile on the direct path.
     pub const MATMUL_DIRECT_COLS: usize = 16;
     /// An output of at most this many direct tiles (two rounds of an H200's 132 SMs) takes the
-    /// direct path, which has no staging and so the least fixed cost per tile.
+    /// direct path: one pass over k split across the warps (a k of up to 256 is one round trip to
+    /// L2), so the least fixed cost per tile.
     pub const MATMUL_DIRECT_MAX_TILES: usize = 256;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
