@@ -132,6 +132,12 @@ __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_
 // every block reads the whole stage slot, so the block finds the descriptor complete in the same
 // read that shows it arrived: reading two words first and the rest once needed cost a multi-block
 // item one more L2 round trip before it could start.
+//
+// The polls are acquire loads (ld.acquire.gpu: a strong load and an L1 invalidation, no memory
+// barrier), so the read that finds the item is also the acquire that makes the fetcher's and the
+// previous item's writes visible; the __syncthreads after it extends that to the whole block. A
+// relaxed poll followed by fence.acq_rel.gpu did the same with a MEMBAR.ALL.GPU on every item's
+// critical path.
 __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
                                                   uint32_t nblocks, uint32_t me) {
     if (threadIdx.x < 32) {
@@ -141,8 +147,8 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
         for (;;) {
             const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
             const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
-            const uint64_t w = pptm_ld_relaxed_gpu(slot + lane);
-            const uint64_t c = lane == 31 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
+            const uint64_t w = pptm_ld_acquire_gpu(slot + lane);
+            const uint64_t c = lane == 31 ? pptm_ld_acquire_gpu(&S->completed) : 0;
             const uint64_t done = __shfl_sync(PPTM_FULL_MASK, c, 31);
             if (done > seq) {
                 // Items seq .. done-1 finished without this block: none needed it.
@@ -172,9 +178,9 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
             if (lane == 0) sh.seq = seq;
             break;
         }
-        // Acquire: everything released before the fetcher's stage stores and the last arriver's
-        // `completed` store (earlier items' outputs) is visible to this block from here on.
-        pptm_fence_acq_rel_gpu();
+        // The loads that found the item were acquires: everything released before the fetcher's
+        // stage stores and the last arriver's `completed` store (earlier items' outputs) is
+        // visible to this warp, and to the whole block after the barrier.
     }
     __syncthreads();
 }
