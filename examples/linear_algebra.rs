@@ -1,16 +1,17 @@
 //! A small MLP layer and a GEMV solve step on the GPU (or the CPU backend):
 //! `MatmulBiasGelu` computes gelu(X W + b) with the bias and activation fused into the matmul's
-//! output; `RichardsonStep` (GEMV → axpby) iterates x ← B x + ω y with B = I − ω A to solve
+//! output (`MatmulBiasGeluBf16`: the same layer with bf16 X and W on tensor cores);
+//! `RichardsonStep` (GEMV → axpby) iterates x ← B x + ω y with B = I − ω A to solve
 //! A x = y, and `GemvAxpbySum` reports the residual ‖y − A x‖² in the same pass as its GEMV.
 //!
 //!     cargo run --release --example linear_algebra
 
 use std::error::Error;
 
-use pptm::chains::{GemvAxpbySum, MatmulBiasGelu};
+use pptm::chains::{GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluBf16};
 use pptm::ops::{Axpby, Gemv};
 use pptm::timing::{measure, variants};
-use pptm::{BackendKind, FusionBuilder, Runtime};
+use pptm::{BackendKind, FusionBuilder, Runtime, bf16};
 use rand::Rng;
 
 /// x_next = alpha (B x) + beta y: one Richardson iteration with alpha = 1, beta = ω.
@@ -49,6 +50,22 @@ fn main() -> Result<(), Box<dyn Error>> {
         hv[0]
     );
 
+    // The same layer with bf16 operands, on tensor cores (f32 accumulation and output).
+    let to_bf16 = |v: &[f32]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
+    let (x16, w16) = (to_bf16(&x), to_bf16(&w));
+    let (x16b, w16b) = (rt.upload(&x16)?, rt.upload(&w16)?);
+    let mut h16 = rt.alloc::<f32>(m * n)?;
+    MatmulBiasGeluBf16::submit(&rt, &x16b, &w16b, &bb, &mut h16, m, k)?.wait()?;
+    let worst = h16
+        .to_vec()?
+        .iter()
+        .zip(&hv)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!(
+        "the same layer with bf16 X and W (tensor cores on the GPU backend): largest difference from f32 {worst:.2e} (bf16 rounding of the operands)"
+    );
+
     // 2. Solve A x = y for a well-conditioned A = I + small noise, by Richardson iteration.
     let d = 1024usize;
     let mut a = uniform(d * d, 0.2 / (d as f32).sqrt());
@@ -84,9 +101,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             rt.upload(&y)?,
             rt.upload(&sol_host)?,
         );
+        let (x16b, w16b) = (rt.upload(&x16)?, rt.upload(&w16)?);
         let (mut h, mut next) = (rt.alloc::<f32>(m * n)?, rt.alloc::<f32>(d)?);
         let layer = measure(reps / 10, reps, || {
             MatmulBiasGelu::submit(&rt, &xb, &wb, &bb, &mut h, m, k)?.wait()
+        })?;
+        let layer16 = measure(reps / 10, reps, || {
+            MatmulBiasGeluBf16::submit(&rt, &x16b, &w16b, &bb, &mut h, m, k)?.wait()
         })?;
         let step = measure(reps / 10, reps, || {
             RichardsonStep::submit(&rt, &sol, &bmb, &yb, 1.0, omega, &mut next)?.wait()
@@ -98,6 +119,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         })?;
         println!("\n{how} (host-visible, submit -> result; {reps} repetitions):");
         println!("  matmul_bias_gelu {m} x {k} x {n}: {layer}");
+        println!("  matmul_bias_gelu bf16 {m} x {k} x {n}: {layer16}");
         println!("  richardson step (gemv + axpby) {d}^2: {step}");
         println!("  gemv_axpby_sum {d}^2: {resid}");
         if gpu {

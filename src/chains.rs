@@ -145,3 +145,29 @@ pub struct MatmulBiasTanh {
     #[stage(3)]
     activation: Tanh,
 }
+
+/// A dense layer on tensor cores: `gelu(A W + b)` with A (m×k) and W (k×n) in bf16, products
+/// accumulated in f32 by `mma.sync`, the f32 bias and activation applied to each accumulator in
+/// registers before the f32 output is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasGeluBf16 {
+    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
+/// [`MatmulBiasGeluBf16`] with fp16 operands.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasGeluF16 {
+    #[stage(1, tensor_eligible = true, precision = "fp16")]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}

@@ -83,15 +83,21 @@ fn bad_input_is_a_typed_error(rt: &Runtime) {
 
     // Hand-made argument lists (what the generated submit never gets wrong).
     assert!(matches!(
-        rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q)]),
+        rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", (&q).into())]),
         Err(Error::BadArguments { .. })
     ));
     assert!(matches!(
-        rt.submit_chain::<KlComplexity>(vec![Arg::Input("p", &q), Arg::Input("q", &q)]),
+        rt.submit_chain::<KlComplexity>(vec![
+            Arg::Input("p", (&q).into()),
+            Arg::Input("q", (&q).into())
+        ]),
         Err(Error::BadArguments { .. })
     ));
     assert!(matches!(
-        rt.submit_chain::<KlComplexity>(vec![Arg::Input("q", &q), Arg::Output("p", &mut out)]),
+        rt.submit_chain::<KlComplexity>(vec![
+            Arg::Input("q", (&q).into()),
+            Arg::Output("p", &mut out)
+        ]),
         Err(Error::BadArguments { .. })
     ));
     // Oversized allocations are errors too.
@@ -140,7 +146,10 @@ fn try_submit_never_blocks(rt: &Runtime) {
     let mut full = 0;
     let mut tickets = Vec::new();
     for _ in 0..2000 {
-        match rt.try_submit_chain::<KlComplexity>(vec![Arg::Input("q", &q), Arg::Input("p", &q)]) {
+        match rt.try_submit_chain::<KlComplexity>(vec![
+            Arg::Input("q", (&q).into()),
+            Arg::Input("p", (&q).into()),
+        ]) {
             Ok(t) => {
                 accepted += 1;
                 tickets.push(t);

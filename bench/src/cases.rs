@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pptm::chains::{
     AccuracyPipeline, BeliefUpdateStep, DistanceKth, GemvAxpbySum, KlComplexity, MatmulBiasGelu,
-    TeReduction,
+    MatmulBiasGeluBf16, TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -125,7 +125,7 @@ fn sample_indices(len: usize) -> Vec<usize> {
 }
 
 /// Input stream numbers, shared with peers.py.
-mod seed {
+pub mod seed {
     pub const KL_Q: u64 = 1;
     pub const KL_P: u64 = 2;
     pub const ACC_OBS: u64 = 3;
@@ -147,6 +147,9 @@ mod seed {
     pub const MM_A: u64 = 19;
     pub const MM_W: u64 = 20;
     pub const MM_B: u64 = 21;
+    pub const MM16_A: u64 = 22;
+    pub const MM16_W: u64 = 23;
+    pub const MM16_B: u64 = 24;
 }
 
 /// Fixed parameters, shared with peers.py.
@@ -185,11 +188,18 @@ pub fn all() -> Vec<Case> {
     ]) {
         cases.push(matmul_bias_gelu(size, m, k, n));
     }
+    for (size, (m, k, n)) in SIZES.into_iter().zip([
+        (64usize, 256usize, 256usize),
+        (1024, 1024, 1024),
+        (8192, 8192, 8192),
+    ]) {
+        cases.push(matmul_bias_gelu_bf16(size, m, k, n));
+    }
     cases
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 7] = [
+pub const CHAINS: [&str; 8] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
@@ -197,6 +207,7 @@ pub const CHAINS: [&str; 7] = [
     "te_reduction",
     "gemv_axpby_sum",
     "matmul_bias_gelu",
+    "matmul_bias_gelu_bf16",
 ];
 
 fn scalar(t: pptm::Timed<f32>, read: bool) -> Sample {
@@ -559,6 +570,80 @@ fn matmul_bias_gelu(size: &'static str, m: usize, k: usize, n: usize) -> Case {
             Expect::Elements { at, exact: false }
         }),
     }
+}
+
+/// The bf16 operands of matmul_bias_gelu_bf16 (also cuBLAS's, bench/src/cublas.rs): stream
+/// `seed` centred on 0 and rounded to bf16; the bias stays f32.
+pub fn centred_bf16(seed: u64, n: usize) -> Vec<pptm::bf16> {
+    uniform(seed, n)
+        .into_iter()
+        .map(|u| pptm::bf16::from_f32(u - 0.5))
+        .collect()
+}
+
+pub fn centred(seed: u64, n: usize) -> Vec<f32> {
+    uniform(seed, n).into_iter().map(|u| u - 0.5).collect()
+}
+
+/// gelu(A W + b) on tensor cores: A (m×k) and W (k×n) bf16, f32 accumulation, bias and f32 output.
+fn matmul_bias_gelu_bf16(size: &'static str, m: usize, k: usize, n: usize) -> Case {
+    Case {
+        chain: "matmul_bias_gelu_bf16",
+        domain: MatmulBiasGeluBf16::DOMAIN.name,
+        size,
+        shape: format!("{m}×{k}×{n} bf16"),
+        x: m as f64,
+        bytes: (2 * (m * k + k * n) + 4 * (n + m * n)) as f64,
+        flops: 2.0 * (m * k * n) as f64,
+        prepare: Box::new(move |rt| {
+            let (a, w, b) = (
+                rt.upload(&centred_bf16(seed::MM16_A, m * k))?,
+                rt.upload(&centred_bf16(seed::MM16_W, k * n))?,
+                rt.upload(&centred(seed::MM16_B, n))?,
+            );
+            let mut out = rt.alloc::<f32>(m * n)?;
+            Ok(Box::new(move |read| {
+                let t = MatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (a, w, b) = (
+                centred_bf16(seed::MM16_A, m * k),
+                centred_bf16(seed::MM16_W, k * n),
+                centred(seed::MM16_B, n),
+            );
+            let at = sample_indices(m * n)
+                .into_iter()
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let (s, abs) = bf16_dot_bias(&a, &w, &b, k, n, i, j);
+                    let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
+                    (e, gelu, abs)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
+}
+
+/// (A W)[i, j] + b[j] in f64 from bf16 operands, and the magnitude of its terms.
+pub fn bf16_dot_bias(
+    a: &[pptm::bf16],
+    w: &[pptm::bf16],
+    b: &[f32],
+    k: usize,
+    n: usize,
+    i: usize,
+    j: usize,
+) -> (f64, f64) {
+    let (mut s, mut abs) = (f64::from(b[j]), f64::from(b[j]).abs());
+    for p in 0..k {
+        let t = a[i * k + p].to_f64() * w[p * n + j].to_f64();
+        s += t;
+        abs += t.abs();
+    }
+    (s, abs)
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! variants: pptm's persistent manifold, the same fused code as one launch per item, one launch
 //! per stage, and those launches replayed as a CUDA graph. Each variant's result is checked
 //! against an f64 reference before and after it is timed; one that fails is not reported, and
-//! the results file says why. Writes DIR/pptm.json (default DIR: bench/results).
+//! the results file says why. Writes DIR/pptm.json (default DIR: bench/results). Chain
+//! matmul_bias_gelu_bf16 is cuBLAS and cuBLASLt alone, as baselines (src/cublas.rs).
 //!
 //! The second form merges results files (pptm's and bench/peers.py's) into DIR/REPORT.md and
 //! DIR/latency.png (default DIR: bench; default input: bench/results).
@@ -18,6 +19,7 @@
 //! the manifold's own %globaltimer stamps, CUDA events for the launched variants.
 
 mod cases;
+mod cublas;
 mod record;
 mod report;
 
@@ -86,13 +88,13 @@ impl Options {
                 other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
             }
         }
+        let mut known = cases::CHAINS.to_vec();
+        if !known.contains(&cublas::CHAIN) {
+            known.push(cublas::CHAIN);
+        }
         for c in o.chains.iter().flatten() {
-            if !cases::CHAINS.contains(&c.as_str()) && c != "dispatch" {
-                return Err(format!(
-                    "unknown chain `{c}` (dispatch, {})",
-                    cases::CHAINS.join(", ")
-                )
-                .into());
+            if !known.contains(&c.as_str()) && c != "dispatch" {
+                return Err(format!("unknown chain `{c}` (dispatch, {})", known.join(", ")).into());
             }
         }
         for s in o.sizes.iter().flatten() {
@@ -298,7 +300,9 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     let all = cases::all();
     let cases: Vec<&Case> = all.iter().filter(|c| o.wants(c.chain, c.size)).collect();
     let dispatch = o.wants("dispatch", "-");
-    let total = cases.len() * (1 + LAUNCHED.len()) + if dispatch { 5 } else { 0 };
+    let total = cases.len() * (1 + LAUNCHED.len())
+        + if dispatch { 5 } else { 0 }
+        + cublas::count(|size| o.wants(cublas::CHAIN, size));
     let progress = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .expect("a valid template"),
@@ -325,6 +329,9 @@ fn bench(o: &Options) -> Result<(), BoxError> {
         floor("one-node CUDA graph + sync", s, &mut out);
     }
     drop(probe);
+
+    // 1b. cuBLAS / cuBLASLt baselines, while no pptm runtime exists (none may hold the SMs).
+    cublas::run(|size| o.wants(cublas::CHAIN, size), &budget, &mut out);
 
     // 2. Every case, domain by domain: the launched variants first (no manifold resident), then
     //    the domain's manifold on the whole GPU.

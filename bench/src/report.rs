@@ -353,7 +353,7 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
         C[i % C.len()]
     };
 
-    let root = BitMapBackend::new(path, (2000, 1000)).into_drawing_area();
+    let root = BitMapBackend::new(path, (2000, 1500)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let device = files
         .iter()
@@ -367,7 +367,9 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             ("sans-serif", 26),
         )
         .map_err(err)?;
-    let panels = root.split_evenly((2, 4));
+    // One panel per chain and one for the legend.
+    let panels = root.split_evenly((3, 3));
+    debug_assert!(panels.len() > CHAINS.len());
     for (chain, area) in CHAINS.iter().zip(panels.iter()) {
         let ms: Vec<&Measurement> = files
             .iter()

@@ -15,7 +15,9 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use pptm_spec::{ArgKind, ChainIr, ChainOutput, FusionClass, Pattern, Shape, Source, StageIr, Ty};
+use pptm_spec::{
+    ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Shape, Source, StageIr, Ty,
+};
 
 /// Generates the translation unit for one domain. `chains` must all belong to `domain`.
 pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
@@ -32,7 +34,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     );
     // The spec's constants the device code is compiled with (kernels/ checks each is defined).
     use pptm_spec::work;
-    let defines: [(&str, usize); 10] = [
+    let defines: [(&str, usize); 11] = [
         ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
         ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
         ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
@@ -43,6 +45,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
             "PPTM_MATMUL_DIRECT_MAX_TILES",
             work::MATMUL_DIRECT_MAX_TILES,
         ),
+        ("PPTM_MMA_LARGE_FROM", work::MMA_LARGE_FROM),
         ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
         ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
         (
@@ -52,6 +55,14 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     ];
     for (name, value) in defines {
         let _ = writeln!(out, "#define {name} {value}");
+    }
+    // A tensor-core stage stages two slices of its operands in the linear patterns' scratch
+    // (kernels/pptm/pattern/mma.cuh): 36 KB rather than their 16, so only where one is used.
+    if chains.iter().any(|c| c.stages.iter().any(|s| s.tensor)) {
+        let _ = writeln!(
+            out,
+            "#define PPTM_LINEAR_SMEM_ALLOC_FLOATS {MMA_SMEM_FLOATS}"
+        );
     }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
@@ -72,6 +83,31 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     unfused(&mut out, chains);
     out.push_str("\n#include \"pptm/manifold.cuh\"\n");
     out
+}
+
+/// Shared memory (in floats) the tensor-core pattern needs: two slices of a 64 x 64 piece of A and
+/// one of W (its small tiles; the large ones take less), 16-bit values, rows padded by 8
+/// (pattern/mma.cuh checks it).
+const MMA_SMEM_FLOATS: usize = 2 * (64 * (64 + 8) + 64 * (64 + 8)) / 2;
+
+/// The device type of a buffer's elements.
+fn device_elem(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::Bf16 => "pptm_bf16",
+        DType::F16 => "pptm_f16",
+        other => unreachable!("chains read no {other} buffers (the lowering stores none)"),
+    }
+}
+
+/// The matmul pattern call for stage `st` (CUDA cores, or tensor cores for a tensor stage).
+fn matmul_call(st: &StageIr) -> String {
+    if st.tensor {
+        let elem = device_elem(DType::matrix_storage(st.precision));
+        format!("pptm_matmul_mma<{elem}>")
+    } else {
+        "pptm_matmul".to_string()
+    }
 }
 
 fn tag(c: &ChainIr) -> String {
@@ -227,20 +263,23 @@ fn variant(out: &mut String, c: &ChainIr) {
     let mut init = Vec::new();
     for (slot, a) in c.args.iter().enumerate() {
         let (ty, value) = match a.kind {
-            ArgKind::Input => (
-                "const float*",
-                format!("reinterpret_cast<const float*>(d.args[{slot}])"),
-            ),
+            ArgKind::Input => {
+                let elem = device_elem(a.dtype);
+                (
+                    format!("const {elem}*"),
+                    format!("reinterpret_cast<const {elem}*>(d.args[{slot}])"),
+                )
+            }
             ArgKind::Output => (
-                "float*",
+                "float*".to_string(),
                 format!("reinterpret_cast<float*>(d.args[{slot}])"),
             ),
             ArgKind::F32 => (
-                "float",
+                "float".to_string(),
                 format!("__uint_as_float((uint32_t)d.args[{slot}])"),
             ),
-            ArgKind::U32 => ("uint32_t", format!("(uint32_t)d.args[{slot}]")),
-            ArgKind::Len => ("uint64_t", format!("d.args[{slot}]")),
+            ArgKind::U32 => ("uint32_t".to_string(), format!("(uint32_t)d.args[{slot}]")),
+            ArgKind::Len => ("uint64_t".to_string(), format!("d.args[{slot}]")),
         };
         let _ = writeln!(out, "    {ty} a{slot};  // {}", a.name);
         init.push(format!("a{slot}({value})"));
@@ -440,7 +479,8 @@ fn variant(out: &mut String, c: &ChainIr) {
                     let k = dim_field(c, ast, "k");
                     let _ = writeln!(
                         call,
-                        "    pptm_matmul({a_ptr}, {matrix}, {m}, {k}, {n}, pptm_epi_{t}{{e}}, {store}, b);"
+                        "    {}({a_ptr}, {matrix}, {m}, {k}, {n}, pptm_epi_{t}{{e}}, {store}, b);",
+                        matmul_call(ast)
                     );
                     let _ = writeln!(call, "    partial = 0.0;");
                 }
@@ -485,8 +525,12 @@ fn variant(out: &mut String, c: &ChainIr) {
     // A streaming (Map) variant is compiled as a function of its own: inlined into the manifold's
     // dispatch switch, its loop shared one register allocation with the domain's matrix patterns
     // and inherited their spills (kl_complexity at 2^26 fell from 4.0 to 3.2 TB/s on an H200 when
-    // GEMV-T grew). The matrix patterns stay inlined: as calls they ran up to 1.6x slower.
-    let inline = if plan.pattern == Pattern::Map {
+    // GEMV-T grew). The f32 matrix patterns stay inlined: as calls they ran up to 1.6x slower. A
+    // tensor-core matmul is a function of its own too: it holds 32 accumulators a thread, and
+    // inlined beside the f32 patterns it would reshape their register allocation (adding the small
+    // f32 matmul path cost gemv_axpby_sum 16384^2 5%).
+    let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
+    let inline = if plan.pattern == Pattern::Map || tensor {
         "__noinline__"
     } else {
         "__forceinline__"
@@ -755,7 +799,8 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         let k = dim_field(c, st, "k");
                         let _ = writeln!(
                             body,
-                            "            pptm_matmul({src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b);"
+                            "            {}({src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b);",
+                            matmul_call(st)
                         );
                     } else {
                         let _ = writeln!(

@@ -18,6 +18,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../../kernels/pptm/pattern/linear.cuh"),
     ),
     (
+        "pptm/pattern/mma.cuh",
+        include_str!("../../kernels/pptm/pattern/mma.cuh"),
+    ),
+    (
         "pptm/pattern/pairwise.cuh",
         include_str!("../../kernels/pptm/pattern/pairwise.cuh"),
     ),

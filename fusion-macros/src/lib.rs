@@ -24,7 +24,7 @@ use quote::{format_ident, quote};
 use syn::{DeriveInput, parse_macro_input};
 
 use pptm_spec::parse::parse_chain;
-use pptm_spec::{ArgKind, ChainIr, ChainOutput};
+use pptm_spec::{ArgKind, ChainIr, ChainOutput, DType};
 
 #[proc_macro_derive(FusionBuilder, attributes(fusion, stage))]
 pub fn derive_fusion_builder(input: TokenStream) -> TokenStream {
@@ -74,8 +74,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         let f = syn::Ident::new(&a.name, Span::call_site());
         let doc = match a.kind {
             ArgKind::Input => format!(
-                "Device address of input `{}` (f32, {}).",
+                "Device address of input `{}` ({}, {}).",
                 a.name,
+                a.dtype,
                 dim_names(&a.shape)
             ),
             ArgKind::Output => format!(
@@ -99,8 +100,19 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         let fname = &a.name;
         match a.kind {
             ArgKind::Input => {
-                params.push(quote! { #f: &'a ::pptm::Buffer<f32> });
-                bindings.push(quote! { ::pptm::Arg::Input(#fname, #f) });
+                let elem = match a.dtype {
+                    DType::F32 => quote! { f32 },
+                    DType::Bf16 => quote! { ::pptm::bf16 },
+                    DType::F16 => quote! { ::pptm::f16 },
+                    other => {
+                        return Err(syn::Error::new(
+                            ident.span(),
+                            format!("pptm: chains cannot read {other} buffers yet"),
+                        ));
+                    }
+                };
+                params.push(quote! { #f: &'a ::pptm::Buffer<#elem> });
+                bindings.push(quote! { ::pptm::Arg::Input(#fname, ::pptm::InputBuffer::from(#f)) });
             }
             ArgKind::Output => {
                 params.push(quote! { #f: &'a mut ::pptm::Buffer<f32> });
@@ -130,7 +142,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         .args
         .iter()
         .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output))
-        .map(|a| format!("`{}`: {}", a.name, dim_names(&a.shape)))
+        .map(|a| format!("`{}`: {} {}", a.name, a.dtype, dim_names(&a.shape)))
         .collect();
     let resolves = match ir.output {
         ChainOutput::Scalar => "The ticket resolves to the f32 result.",

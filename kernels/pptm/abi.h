@@ -39,6 +39,7 @@
 #define PPTM_ABI_H
 
 #if defined(__CUDACC_RTC__)
+typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 #else

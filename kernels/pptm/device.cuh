@@ -73,6 +73,18 @@ __device__ __forceinline__ void pptm_sleep(uint32_t ns) {
     if (ns != 0) asm volatile("nanosleep.u32 %0;" ::"r"(ns));
 }
 
+// ---- 16-bit floating-point storage types -------------------------------------------------------
+
+// The element types of bf16 and fp16 buffers (the matrix operands of a tensor-core stage), as raw
+// bits: the tensor-core pattern moves them in pairs and 16-byte pieces and never converts them one
+// by one, so it needs no cuda_bf16.h / cuda_fp16.h.
+struct pptm_bf16 {
+    uint16_t bits;
+};
+struct pptm_f16 {
+    uint16_t bits;
+};
+
 // ---- loads and stores that bypass L1 -----------------------------------------------------------
 
 struct __align__(16) pptm_f4 {

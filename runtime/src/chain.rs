@@ -1,5 +1,6 @@
 //! What `#[derive(FusionBuilder)]` implements, and what the runtime needs to run a chain.
 
+use crate::element::{DType, bf16, f16};
 use crate::{Buffer, Error};
 use pptm_spec::ChainIr;
 
@@ -33,12 +34,92 @@ pub trait Chain: 'static {
 /// these in descriptor order).
 #[derive(Debug)]
 pub enum Arg<'a> {
-    Input(&'static str, &'a Buffer<f32>),
+    /// An input buffer: `Arg::Input("q", (&q).into())`.
+    Input(&'static str, InputBuffer<'a>),
     Output(&'static str, &'a mut Buffer<f32>),
     F32(&'static str, f32),
     U32(&'static str, u32),
     /// The size of a dimension no buffer's length gives (a matrix's column count).
     Dim(&'static str, usize),
+}
+
+/// An input buffer of one of the element types chains read: f32, or bf16/fp16 for the matrix
+/// operands of a tensor-core stage. `From` converts a typed buffer reference.
+#[derive(Debug, Clone, Copy)]
+pub enum InputBuffer<'a> {
+    F32(&'a Buffer<f32>),
+    Bf16(&'a Buffer<bf16>),
+    F16(&'a Buffer<f16>),
+}
+
+impl<'a> From<&'a Buffer<f32>> for InputBuffer<'a> {
+    fn from(b: &'a Buffer<f32>) -> Self {
+        InputBuffer::F32(b)
+    }
+}
+
+impl<'a> From<&'a Buffer<bf16>> for InputBuffer<'a> {
+    fn from(b: &'a Buffer<bf16>) -> Self {
+        InputBuffer::Bf16(b)
+    }
+}
+
+impl<'a> From<&'a Buffer<f16>> for InputBuffer<'a> {
+    fn from(b: &'a Buffer<f16>) -> Self {
+        InputBuffer::F16(b)
+    }
+}
+
+impl InputBuffer<'_> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            InputBuffer::F32(b) => b.dtype(),
+            InputBuffer::Bf16(b) => b.dtype(),
+            InputBuffer::F16(b) => b.dtype(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            InputBuffer::F32(b) => b.len(),
+            InputBuffer::Bf16(b) => b.len(),
+            InputBuffer::F16(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn owner(&self) -> u64 {
+        match self {
+            InputBuffer::F32(b) => b.owner(),
+            InputBuffer::Bf16(b) => b.owner(),
+            InputBuffer::F16(b) => b.owner(),
+        }
+    }
+
+    pub(crate) fn device_ptr(&self) -> u64 {
+        match self {
+            InputBuffer::F32(b) => b.device_ptr(),
+            InputBuffer::Bf16(b) => b.device_ptr(),
+            InputBuffer::F16(b) => b.device_ptr(),
+        }
+    }
+
+    /// The contents widened to f64 (exactly), for host buffers; `None` for device buffers.
+    pub(crate) fn host_f64(&self) -> Option<Vec<f64>> {
+        use crate::element::Element;
+        fn widen<T: Element>(b: &Buffer<T>) -> Option<Vec<f64>> {
+            b.host_slice()
+                .map(|v| v.iter().map(|x| x.to_f64()).collect())
+        }
+        match self {
+            InputBuffer::F32(b) => widen(b),
+            InputBuffer::Bf16(b) => widen(b),
+            InputBuffer::F16(b) => widen(b),
+        }
+    }
 }
 
 impl Arg<'_> {

@@ -14,13 +14,19 @@ pub(crate) fn run(
     sizes: &[usize],
 ) -> Result<Completion> {
     let not_host = |arg: &'static str| Error::ForeignBuffer { chain, arg };
+    // Inputs widened to f64 (every element type converts exactly), by slot.
+    let mut wide: Vec<Vec<f64>> = Vec::with_capacity(args.len());
+    for a in &args {
+        wide.push(match a {
+            Some(Arg::Input(name, b)) => b.host_f64().ok_or_else(|| not_host(name))?,
+            _ => Vec::new(),
+        });
+    }
     let mut eval = Vec::with_capacity(args.len());
     let mut output: Option<&mut [f32]> = None;
-    for (a, slot) in args.into_iter().zip(&ir.args) {
+    for ((a, slot), wide) in args.into_iter().zip(&ir.args).zip(&wide) {
         eval.push(match a {
-            Some(Arg::Input(name, b)) => {
-                EvalArg::Input(b.host_slice().ok_or_else(|| not_host(name))?)
-            }
+            Some(Arg::Input(..)) => EvalArg::InputF64(wide),
             Some(Arg::Output(name, b)) => {
                 output = Some(b.host_slice_mut().ok_or_else(|| not_host(name))?);
                 EvalArg::None

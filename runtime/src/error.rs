@@ -46,6 +46,17 @@ pub enum Error {
         rule: String,
     },
 
+    /// A buffer's element type is not the one the chain reads for that argument (the generated
+    /// `submit` takes typed buffers, so only [`Runtime::submit_chain`](crate::Runtime::submit_chain)
+    /// can meet this).
+    #[error("`{chain}`: argument `{arg}` must be a buffer of {expected}, got one of {got}")]
+    DTypeMismatch {
+        chain: &'static str,
+        arg: &'static str,
+        expected: crate::DType,
+        got: crate::DType,
+    },
+
     /// A host slice's length differs from the buffer's.
     #[error("buffer holds {buffer} elements but the slice has {slice}")]
     SliceLength { buffer: usize, slice: usize },

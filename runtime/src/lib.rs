@@ -23,8 +23,8 @@ mod runtime;
 mod ticket;
 
 pub use buffer::Buffer;
-pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, checked_ir};
-pub use element::{DType, Element};
+pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, checked_ir};
+pub use element::{DType, Element, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use runtime::{BackendKind, Config, Runtime, Variant};

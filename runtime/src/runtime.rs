@@ -610,6 +610,16 @@ impl Runtime {
                     slot.kind
                 )));
             }
+            if let Arg::Input(name, b) = &a
+                && b.dtype() != slot.dtype
+            {
+                return Err(Error::DTypeMismatch {
+                    chain,
+                    arg: name,
+                    expected: slot.dtype,
+                    got: b.dtype(),
+                });
+            }
             if a.owner().is_some_and(|o| o != self.id) {
                 return Err(Error::ForeignBuffer {
                     chain,

@@ -10,12 +10,14 @@
 //! implements it (in `kernels/pptm/ops/`), and its f64 CPU reference.
 
 mod chain;
+mod dtype;
 mod lower;
 pub mod ops;
 #[cfg(feature = "parse")]
 pub mod parse;
 
 pub use chain::{ChainSpec, Precision, StageSpec};
+pub use dtype::DType;
 pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
     Pattern, Plan, Shape, Source, SpecError, StageIr, lower,
@@ -68,6 +70,16 @@ pub mod work {
     /// direct path: one pass over k split across the warps (a k of up to 256 is one round trip to
     /// L2), so the least fixed cost per tile.
     pub const MATMUL_DIRECT_MAX_TILES: usize = 256;
+    /// Output tile of a tensor-core matmul (bf16/fp16 operands, `mma.sync` m16n8k16): 128 rows by
+    /// 64 columns, each of a block's 16 warps owning 32 x 16 of it.
+    pub const MMA_LARGE_ROWS: usize = 128;
+    pub const MMA_LARGE_COLS: usize = 64;
+    /// Output tile edge of a tensor-core matmul whose large tiles would be too few to give every
+    /// SM one (64 x 64, each warp owning 16 x 16: twice the blocks).
+    pub const MMA_SMALL_TILE: usize = 64;
+    /// A tensor-core matmul takes large tiles from this many of them on (`PPTM_MMA_LARGE_FROM`
+    /// in the generated code; kernels/pptm/pattern/mma.cuh).
+    pub const MMA_LARGE_FROM: usize = 128;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its

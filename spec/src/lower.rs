@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chain::valid_domain_name;
 use crate::ops::{self, CpuImpl, FusionClass, OpDef, OpInputs, Ty};
-use crate::{ChainSpec, DESC_ARGS, FIRST_VARIANT_OPCODE, Precision};
+use crate::{ChainSpec, DESC_ARGS, DType, FIRST_VARIANT_OPCODE, Precision};
 
 /// Where a value a stage reads comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +24,8 @@ pub enum Source {
 /// What a descriptor argument word holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArgKind {
-    /// Device address of an f32 input buffer (its shape is [`ArgSlot::shape`]).
+    /// Device address of an input buffer (its shape is [`ArgSlot::shape`], its element type
+    /// [`ArgSlot::dtype`]).
     Input,
     /// Device address of the f32 output buffer.
     Output,
@@ -45,6 +46,9 @@ pub struct ArgSlot {
     pub shape: Vec<usize>,
     /// For [`ArgKind::Len`]: which chain dimension.
     pub dim: Option<usize>,
+    /// For buffers: the element type ([`DType::F32`] but for the matrix operands of a bf16/fp16
+    /// tensor-core stage). [`DType::F32`] for the other slots.
+    pub dtype: DType,
 }
 
 /// One dimension of a chain (a size shared by the buffers and stages that use it).
@@ -219,6 +223,14 @@ pub enum SpecError {
     },
     #[error("`{op}` has no tensor-core path; remove `tensor_eligible = true`")]
     TensorUnsupported { stage: usize, op: &'static str },
+    #[error(
+        "`{op}` implements precision \"{precision}\" only on tensor cores: add `tensor_eligible = true` to the stage"
+    )]
+    TensorRequired {
+        stage: usize,
+        op: &'static str,
+        precision: Precision,
+    },
     #[error("`{op}` does not implement precision \"{precision}\" (it implements {supported})")]
     PrecisionUnsupported {
         stage: usize,
@@ -273,7 +285,8 @@ impl SpecError {
             SpecError::TensorUnsupported { stage, .. } => {
                 Blame::StageAttr(stage, "tensor_eligible")
             }
-            SpecError::PrecisionUnsupported { stage, .. } => Blame::StageAttr(stage, "precision"),
+            SpecError::PrecisionUnsupported { stage, .. }
+            | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
     }
 }
@@ -289,6 +302,7 @@ struct ArgDraft {
     name: &'static str,
     kind: ArgKind,
     shape: Vec<usize>,
+    dtype: DType,
 }
 
 /// The dimension and argument tables a chain builds while it is lowered.
@@ -384,6 +398,12 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         };
         let mut letters: Vec<(&'static str, usize)> = Vec::new();
         let mut inputs = vec![Source::Stage(usize::MAX); op.inputs.len()];
+        let precision = st.precision.unwrap_or(Precision::Fp32);
+        // How this stage stores a buffer input of type `ty`: matrices in the stage's precision.
+        let storage = |ty: Ty| match ty {
+            Ty::Matrix(..) => DType::matrix_storage(precision),
+            _ => DType::F32,
+        };
 
         // The flow input: the previous stage's output, or a chain argument for the first stage.
         let flow = op.inputs[0];
@@ -422,6 +442,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                 name: flow.name,
                 kind: ArgKind::Input,
                 shape: dims.clone(),
+                dtype: storage(flow.ty),
             });
             inputs[0] = Source::Arg(t.args.len() - 1);
             Shape::Tensor { dims, channels: 1 }
@@ -499,6 +520,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                             name: p.name,
                             kind,
                             shape: vec![],
+                            dtype: DType::F32,
                         });
                         t.args.len() - 1
                     }
@@ -556,6 +578,16 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                             "is used with another shape by an earlier stage".into(),
                         ));
                     }
+                    if t.args[s].dtype != storage(p.ty) {
+                        return Err(conflict(
+                            p.name,
+                            format!(
+                                "is stored as {} here, but an earlier stage reads it as {}",
+                                storage(p.ty),
+                                t.args[s].dtype
+                            ),
+                        ));
+                    }
                     for (w, &h) in wanted.iter().zip(&have) {
                         let ok = match *w {
                             Ok(d) => d == h,
@@ -589,6 +621,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                         name: p.name,
                         kind: ArgKind::Input,
                         shape: shape.clone(),
+                        dtype: storage(p.ty),
                     });
                     inputs[k] = Source::Arg(t.args.len() - 1);
                     shape
@@ -621,7 +654,6 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             Ty::Scalar => Shape::Scalar,
             other => unreachable!("catalog: {} outputs {other:?}", op.name),
         };
-        let precision = st.precision.unwrap_or(Precision::Fp32);
         stages.push(StageIr {
             field: st.field.clone(),
             number: st.number,
@@ -663,6 +695,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             kind: a.kind,
             shape: a.shape.clone(),
             dim: None,
+            dtype: a.dtype,
         })
         .collect();
     if let (ChainOutput::Vector, Shape::Tensor { dims, .. }) = (output, &last.shape) {
@@ -671,6 +704,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             kind: ArgKind::Output,
             shape: dims.clone(),
             dim: None,
+            dtype: DType::F32,
         });
     }
     let mut dims = Vec::with_capacity(t.dims.len());
@@ -698,6 +732,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             kind: ArgKind::Len,
             shape: vec![],
             dim: Some(d),
+            dtype: DType::F32,
         });
     }
     if args.len() > DESC_ARGS {
@@ -762,20 +797,33 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
             said,
         });
     }
-    if st.tensor_eligible == Some(true) && !op.tensor_core {
+    let tensor = st.tensor_eligible == Some(true);
+    if tensor && op.tensor_precisions.is_empty() {
         return Err(SpecError::TensorUnsupported {
             stage: i,
             op: op.name,
         });
     }
     let precision = st.precision.unwrap_or(Precision::Fp32);
-    if !op.precisions.contains(&precision) {
-        let supported: Vec<_> = op.precisions.iter().map(|p| format!("\"{p}\"")).collect();
+    let (offered, place) = if tensor {
+        (op.tensor_precisions, " on tensor cores")
+    } else {
+        (op.precisions, "")
+    };
+    if !offered.contains(&precision) {
+        if !tensor && op.tensor_precisions.contains(&precision) {
+            return Err(SpecError::TensorRequired {
+                stage: i,
+                op: op.name,
+                precision,
+            });
+        }
+        let supported: Vec<_> = offered.iter().map(|p| format!("\"{p}\"")).collect();
         return Err(SpecError::PrecisionUnsupported {
             stage: i,
             op: op.name,
             precision,
-            supported: supported.join(", "),
+            supported: format!("{}{place}", supported.join(", ")),
         });
     }
     Ok(op)
@@ -1117,6 +1165,13 @@ impl ChainIr {
                     work::GEMV_T_COLS_PER_BLOCK
                 })
             }
+            FusionClass::OutputFusable if st.tensor => {
+                let tiles = |rows, cols| dim("m").div_ceil(rows) * dim("n").div_ceil(cols);
+                match tiles(work::MMA_LARGE_ROWS, work::MMA_LARGE_COLS) {
+                    t if t >= work::MMA_LARGE_FROM => t,
+                    _ => tiles(work::MMA_SMALL_TILE, work::MMA_SMALL_TILE),
+                }
+            }
             FusionClass::OutputFusable => {
                 let tiles = |edge| dim("m").div_ceil(edge) * dim("n").div_ceil(edge);
                 let direct = dim("m").div_ceil(work::MATMUL_DIRECT_ROWS)
@@ -1171,6 +1226,8 @@ pub enum Evaluated {
 #[derive(Debug, Clone, Copy)]
 pub enum EvalArg<'a> {
     Input(&'a [f32]),
+    /// An input already widened to f64 (a bf16 or fp16 buffer's exact values).
+    InputF64(&'a [f64]),
     Value(f64),
     /// Output buffers and dimension words: nothing to read.
     None,
@@ -1185,6 +1242,7 @@ impl ChainIr {
             .iter()
             .map(|a| match a {
                 EvalArg::Input(v) => v.iter().map(|&x| f64::from(x)).collect(),
+                EvalArg::InputF64(v) => v.to_vec(),
                 _ => Vec::new(),
             })
             .collect();
@@ -1797,6 +1855,74 @@ mod tests {
         let mut bad = chain(vec![stage(1, "KlDivergence")]);
         bad.domain = "Bad Domain".into();
         assert!(matches!(lower(&bad).unwrap_err(), SpecError::BadDomain(_)));
+    }
+
+    #[test]
+    fn tensor_core_precisions() {
+        let mm = |precision: Option<Precision>, tensor: Option<bool>| {
+            let mut s = stage(1, "Matmul");
+            s.precision = precision;
+            s.tensor_eligible = tensor;
+            lower(&chain(vec![s, stage(2, "AddBias"), stage(3, "Gelu")]))
+        };
+        // bf16 and fp16 operands are stored in that type; the bias and the output stay f32.
+        for (p, dtype) in [
+            (Precision::Bf16, DType::Bf16),
+            (Precision::Fp16, DType::F16),
+        ] {
+            let ir = mm(Some(p), Some(true)).unwrap();
+            let types: Vec<(&str, DType)> = ir
+                .args
+                .iter()
+                .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output))
+                .map(|a| (a.name.as_str(), a.dtype))
+                .collect();
+            assert_eq!(
+                types,
+                [
+                    ("a", dtype),
+                    ("w", dtype),
+                    ("b", DType::F32),
+                    ("out", DType::F32)
+                ]
+            );
+            assert!(ir.stages[0].tensor);
+            // The attributes are part of the chain's identity.
+            assert_ne!(ir.spec_hash, mm(None, None).unwrap().spec_hash);
+        }
+        assert_ne!(
+            mm(Some(Precision::Bf16), Some(true)).unwrap().spec_hash,
+            mm(Some(Precision::Fp16), Some(true)).unwrap().spec_hash
+        );
+        // A 16-bit precision only exists on tensor cores: the error names the fix.
+        let e = mm(Some(Precision::Bf16), None).unwrap_err();
+        assert!(matches!(e, SpecError::TensorRequired { .. }), "{e}");
+        assert!(e.to_string().contains("tensor_eligible = true"), "{e}");
+        assert_eq!(e.blame(), Blame::StageAttr(0, "precision"));
+        // Tensor cores take no f32 (tf32 would miss the 1e-4 bar) and no fp64.
+        for p in [None, Some(Precision::Fp32), Some(Precision::Fp64)] {
+            let e = mm(p, Some(true)).unwrap_err();
+            assert!(e.to_string().contains("on tensor cores"), "{p:?}: {e}");
+        }
+        // Large outputs take 128 x 64 tiles, smaller ones 64 x 64 (sizes are [m, k, n]).
+        let ir = mm(Some(Precision::Bf16), Some(true)).unwrap();
+        let order: Vec<&str> = ir.dims.iter().map(|d| d.name.as_str()).collect();
+        let sizes = |m: usize, k: usize, n: usize| -> Vec<usize> {
+            order
+                .iter()
+                .map(|d| match *d {
+                    "m" => m,
+                    "k" => k,
+                    "n" => n,
+                    other => panic!("dimension {other}"),
+                })
+                .collect()
+        };
+        assert_eq!(ir.blocks_for(&sizes(8192, 8192, 8192)), 64 * 128);
+        assert_eq!(ir.blocks_for(&sizes(1024, 1024, 1024)), 8 * 16);
+        assert_eq!(ir.blocks_for(&sizes(1024, 1024, 1000)), 16 * 16);
+        assert_eq!(ir.blocks_for(&sizes(64, 256, 256)), 4);
+        assert_eq!(ir.blocks_for(&sizes(1, 1, 1)), 1);
     }
 
     #[test]

@@ -3,13 +3,16 @@
 // chain's prologue and epilogue:
 //   Gemv   -> pptm_gemv_n  (A x)
 //   GemvT  -> pptm_gemv_t  (A^T x)
-//   Matmul -> pptm_matmul  (A W)
+//   Matmul -> pptm_matmul  (A W, f32 on CUDA cores)
+//             pptm_matmul_mma<pptm_bf16 | pptm_f16> (pptm/pattern/mma.cuh: bf16/fp16 operands on
+//             tensor cores, for a stage with tensor_eligible = true)
 // CPU references and fusion classes: spec/src/ops/linalg.rs.
 #ifndef PPTM_OPS_LINALG_CUH
 #define PPTM_OPS_LINALG_CUH
 
 #include "pptm/device.cuh"
 #include "pptm/pattern/linear.cuh"
+#include "pptm/pattern/mma.cuh"
 
 // Axpby: alpha x + beta y.
 __device__ __forceinline__ float pptm_op_axpby(float x, float y, float alpha, float beta) { return alpha * x + beta * y; }

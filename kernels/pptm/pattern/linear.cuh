@@ -36,10 +36,16 @@
 // run past the 48 KiB of static shared memory; one area, reused, costs 16 KiB whatever the chains.
 // Each pattern writes it only after a barrier that follows every earlier read of it (its own
 // previous tile, or a previous pattern's last).
+// The f32 patterns here use PPTM_LINEAR_SMEM_FLOATS of it; a domain with a tensor-core stage
+// allocates more (PPTM_LINEAR_SMEM_ALLOC_FLOATS, set by codegen), for pattern/mma.cuh's slices.
 #define PPTM_LINEAR_SMEM_FLOATS 4096
+#ifndef PPTM_LINEAR_SMEM_ALLOC_FLOATS
+#define PPTM_LINEAR_SMEM_ALLOC_FLOATS PPTM_LINEAR_SMEM_FLOATS
+#endif
+static_assert(PPTM_LINEAR_SMEM_ALLOC_FLOATS >= PPTM_LINEAR_SMEM_FLOATS, "linear: the scratch holds the f32 patterns'");
 
 __device__ __forceinline__ float* pptm_linear_smem() {
-    __shared__ __align__(16) float scratch[PPTM_LINEAR_SMEM_FLOATS];
+    __shared__ __align__(16) float scratch[PPTM_LINEAR_SMEM_ALLOC_FLOATS];
     return scratch;
 }
 

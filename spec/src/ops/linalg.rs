@@ -22,7 +22,7 @@ const fn output_fusable(
         flow_channels: Some(1),
         out_channels: Some(1),
         precisions: &[Precision::Fp32],
-        tensor_core: false,
+        tensor_precisions: &[],
         header: HEADER,
         device,
         cpu: CpuImpl::Tensor(f),
@@ -69,31 +69,35 @@ pub const GEMV_T: OpDef = output_fusable(
     "Transposed matrix-vector product A^T x (A: m x n, row-major).",
 );
 
-/// `A W`: A is m×k, W is k×n, both row-major; the result is m×n.
-pub const MATMUL: OpDef = output_fusable(
-    "Matmul",
-    &[
-        param("a", Ty::Matrix("m", "k")),
-        param("w", Ty::Matrix("k", "n")),
-    ],
-    Ty::Matrix("m", "n"),
-    "pptm_matmul",
-    |t| {
-        let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
-        let (a, w) = (t.flow, t.tensors[0]);
-        let mut c = vec![0.0; m * n];
-        for i in 0..m {
-            for p in 0..k {
-                let aip = a[i * k + p];
-                for j in 0..n {
-                    c[i * n + j] += aip * w[p * n + j];
+/// `A W`: A is m×k, W is k×n, both row-major; the result is m×n. f32 on CUDA cores; with
+/// `tensor_eligible = true`, bf16 or fp16 operands on tensor cores (f32 accumulation, f32 output).
+pub const MATMUL: OpDef = OpDef {
+    tensor_precisions: &[Precision::Bf16, Precision::Fp16],
+    ..output_fusable(
+        "Matmul",
+        &[
+            param("a", Ty::Matrix("m", "k")),
+            param("w", Ty::Matrix("k", "n")),
+        ],
+        Ty::Matrix("m", "n"),
+        "pptm_matmul",
+        |t| {
+            let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
+            let (a, w) = (t.flow, t.tensors[0]);
+            let mut c = vec![0.0; m * n];
+            for i in 0..m {
+                for p in 0..k {
+                    let aip = a[i * k + p];
+                    for j in 0..n {
+                        c[i * n + j] += aip * w[p * n + j];
+                    }
                 }
             }
-        }
-        c
-    },
-    "Matrix product A W (A: m x k, W: k x n, row-major; f32 on CUDA cores).",
-);
+            c
+        },
+        "Matrix product A W (A: m x k, W: k x n, row-major): f32 on CUDA cores, or bf16/fp16 operands on tensor cores with f32 accumulation.",
+    )
+};
 
 /// `alpha x + beta y` per element.
 pub const AXPBY: OpDef = OpDef::elementwise(

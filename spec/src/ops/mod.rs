@@ -175,10 +175,12 @@ pub struct OpDef {
     /// (`None`: as many as the flow). Only the neighbour-count ops use more than one.
     pub flow_channels: Option<u8>,
     pub out_channels: Option<u8>,
-    /// Precisions the device code implements.
+    /// Precisions the device code implements on CUDA cores (the default, `tensor_eligible` off).
     pub precisions: &'static [Precision],
-    /// Whether a tensor-core path exists (`tensor_eligible = true` is refused otherwise).
-    pub tensor_core: bool,
+    /// Precisions its tensor-core path implements (`tensor_eligible = true`); empty when it has
+    /// none, and `tensor_eligible = true` is refused. A precision listed only here is a compile
+    /// error without `tensor_eligible = true`, naming the fix.
+    pub tensor_precisions: &'static [Precision],
     /// The header under `kernels/` that defines the device side.
     pub header: &'static str,
     /// Device symbol: an `__device__` function for elementwise and broadcast ops, a reducer type
@@ -209,7 +211,7 @@ impl OpDef {
             flow_channels: Some(1),
             out_channels: Some(1),
             precisions: &[Precision::Fp32],
-            tensor_core: false,
+            tensor_precisions: &[],
             header,
             device,
             cpu: CpuImpl::Elementwise(f),

@@ -51,7 +51,7 @@ pub const CHEBYSHEV_DISTANCE: OpDef = OpDef {
     flow_channels: Some(1),
     out_channels: Some(1),
     precisions: &[Precision::Fp32],
-    tensor_core: false,
+    tensor_precisions: &[],
     header: HEADER,
     device: "pptm_op_chebyshev",
     cpu: CpuImpl::Pair(|t, i, j, out| out[0] = chebyshev(t.flow, t.dim("d"), i, j)),
@@ -73,7 +73,7 @@ pub const SUBSPACE_DISTANCES: OpDef = OpDef {
     flow_channels: Some(1),
     out_channels: Some(3),
     precisions: &[Precision::Fp32],
-    tensor_core: false,
+    tensor_precisions: &[],
     header: HEADER,
     device: "pptm_op_subspace_distances",
     cpu: CpuImpl::Pair(|t, i, j, out| {
@@ -97,7 +97,7 @@ pub const KTH_SMALLEST: OpDef = OpDef {
     flow_channels: Some(1),
     out_channels: Some(1),
     precisions: &[Precision::Fp32],
-    tensor_core: false,
+    tensor_precisions: &[],
     header: HEADER,
     device: "pptm_op_kth_smallest",
     cpu: CpuImpl::Row(|t, _i, row, _ch, out| {
@@ -130,7 +130,7 @@ pub const RADIUS_COUNT: OpDef = OpDef {
     flow_channels: None,
     out_channels: None,
     precisions: &[Precision::Fp32],
-    tensor_core: false,
+    tensor_precisions: &[],
     header: HEADER,
     device: "pptm_op_radius_count",
     cpu: CpuImpl::Row(|t, i, row, ch, out| {

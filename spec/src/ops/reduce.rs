@@ -24,7 +24,7 @@ const fn reduction(
         flow_channels: Some(1),
         out_channels: Some(1),
         precisions: &[Precision::Fp32],
-        tensor_core: false,
+        tensor_precisions: &[],
         header: "pptm/ops/reduce.cuh",
         device,
         cpu: CpuImpl::Reduction {

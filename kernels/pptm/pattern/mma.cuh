@@ -1,0 +1,241 @@
+// pptm tensor-core pattern: out[i, j] = epi(i, j, sum_p A[i, p] * W[p, j]) with A (m x k) and
+// W (k x n) row-major in bf16 or fp16, products accumulated in f32 by mma.sync (m16n8k16), and the
+// chain's epilogue (bias, activation) applied to each f32 accumulator in registers before the
+// store. Codegen instantiates it for a Matmul stage with `tensor_eligible = true` and precision
+// "bf16" or "fp16" (the stage's matrix operands are then bf16/fp16 buffers; the output is f32).
+//
+// A block computes a BM x BN tile of out; its 16 warps form a 4 x 4 grid, each owning a
+// (BM / 4) x (BN / 4) part of the tile as MT x NT mma tiles of 16 x 8. k advances in slices of BK:
+// the BM x BK slice of A and the BK x BN slice of W are staged in shared memory, two slices deep,
+// with cp.async (16-byte pieces, zero-filled outside the matrices) while the previous slice is
+// multiplied. Fragments come from shared memory through ldmatrix (A as stored, W transposed on the
+// way, .trans), rows padded by 16 bytes so the eight rows one ldmatrix reads fall on different
+// banks. Matrices whose rows are not 16-byte aligned (k or n not a multiple of 8, or an unaligned
+// base) are staged by plain loads instead, with the same zero fill: any m, k, n is correct.
+//
+// Two tile sizes, chosen from m and n alone (the host's block request, ChainIr::stage_blocks,
+// makes the same choice): 128 x 64 with 32 k a slice (each warp 32 x 16: 2 x 2 mma tiles, 16 f32
+// accumulators a thread) when there are at least PPTM_MMA_LARGE_FROM such tiles, else 64 x 64 with
+// 64 k a slice (each warp 16 x 16), twice the blocks for outputs too small to fill the GPU. (Warp
+// parts of 32 x 32 hold 32 accumulators, and under the manifold's 64-register budget ptxas spilled
+// them inside the k loop.)
+//
+// Shared memory: the linear patterns' scratch (pptm_linear_smem), which codegen enlarges to
+// PPTM_LINEAR_SMEM_ALLOC_FLOATS for a domain with a tensor-core stage. Every thread of the block
+// calls the pattern; work is split over blocks grid-stride, so any b.nblocks >= 1 is correct.
+#ifndef PPTM_PATTERN_MMA_CUH
+#define PPTM_PATTERN_MMA_CUH
+
+#include "pptm/pattern/linear.cuh"
+
+#ifndef PPTM_MMA_LARGE_FROM
+#error "PPTM_MMA_LARGE_FROM must be defined by the generated translation unit"
+#endif
+
+// ---- the instructions -------------------------------------------------------------------------
+
+// d += a b for one 16 x 8 x 16 product: a is a 16 x 16 row-major fragment (4 registers of two
+// 16-bit values), b a 16 x 8 column fragment (2 registers), d 16 x 8 f32 (4 registers).
+template <class T>
+struct pptm_mma;
+
+template <>
+struct pptm_mma<pptm_bf16> {
+    __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct pptm_mma<pptm_f16> {
+    __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Four 8 x 8 matrices of 16-bit values from shared memory: lanes 8 q .. 8 q + 7 give the row
+// addresses of matrix q, and r[q] holds, in lane l, row l / 4, columns 2 (l % 4) and + 1 (with
+// .trans: column l / 4, rows 2 (l % 4) and + 1).
+__device__ __forceinline__ void pptm_ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pptm_ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pptm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups of copies are still in flight.
+template <int N>
+__device__ __forceinline__ void pptm_cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint16_t pptm_ld_cg_u16(const uint16_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// ---- the pattern ------------------------------------------------------------------------------
+
+// Whether an m x n product takes the 128 x 64 tiles.
+__device__ __forceinline__ bool pptm_mma_large(uint64_t m, uint64_t n) {
+    return (m / 128 + (m % 128 != 0)) * (n / 64 + (n % 64 != 0)) >= (uint64_t)PPTM_MMA_LARGE_FROM;
+}
+
+// Stages rows x cols 16-bit values of a row-major matrix (ld elements a row, `rows_in` x
+// `cols_in` of them inside the matrix) from `src` (its element (r0, c0)) into `dst`, whose rows
+// are `ds` elements apart; zero outside. `vec`: 16-byte pieces by cp.async (rows 16-byte aligned,
+// so a piece is all inside or all outside); otherwise plain loads, stored at once.
+template <uint32_t ROWS, uint32_t COLS>
+__device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const uint16_t* base, uint64_t ld, uint64_t r0,
+                                               uint64_t c0, uint64_t rows, uint64_t cols, bool vec) {
+    constexpr uint32_t PIECES = ROWS * COLS / 8;
+    for (uint32_t c = threadIdx.x; c < PIECES; c += PPTM_BLOCK_THREADS) {
+        const uint32_t r = c / (COLS / 8), q = 8 * (c % (COLS / 8));
+        const uint64_t gr = r0 + r, gc = c0 + q;
+        uint16_t* const d = dst + r * ds + q;
+        if (vec) {
+            const bool in = gr < rows && gc < cols;
+            pptm_cp_async_16(d, in ? base + gr * ld + gc : base, in ? 16u : 0u);
+        } else {
+            uint32_t w[4];
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) {
+                const uint32_t lo = gr < rows && gc + 2 * e < cols ? pptm_ld_cg_u16(base + gr * ld + gc + 2 * e) : 0u;
+                const uint32_t hi = gr < rows && gc + 2 * e + 1 < cols ? pptm_ld_cg_u16(base + gr * ld + gc + 2 * e + 1) : 0u;
+                w[e] = lo | (hi << 16);
+            }
+            *reinterpret_cast<uint4*>(d) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+template <class T, uint32_t BM, uint32_t BN, uint32_t BK, class Epi>
+__device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
+                                                      const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t WARPS_M = 4, WARPS_N = 4;
+    constexpr uint32_t WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // a warp's part of the tile
+    constexpr uint32_t MT = WTM / 16, NT = WTN / 8;              // its mma tiles
+    // Rows padded by 8 values (16 bytes): ldmatrix's eight row reads hit eight different banks.
+    constexpr uint32_t AS = BK + 8, WS = BN + 8;
+    constexpr uint32_t STAGE = BM * AS + BK * WS;  // 16-bit values per slice
+    static_assert(PPTM_WARPS == WARPS_M * WARPS_N, "mma: 16 warps in a 4 x 4 grid");
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0, "mma: a warp's part is whole 16 x 16 pieces (B in pairs of n8)");
+    static_assert(BK % 16 == 0 && BN % 8 == 0 && BK % 8 == 0, "mma: slices are whole k16 steps and 16-byte pieces");
+    static_assert((AS * 2) % 16 == 0 && (WS * 2) % 16 == 0 && (BM * AS * 2) % 16 == 0 && (STAGE * 2) % 16 == 0,
+                  "mma: ldmatrix rows and cp.async pieces are 16-byte aligned");
+    static_assert(2 * STAGE * 2 <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4, "mma: two slices fit the scratch");
+    uint16_t* const smem = reinterpret_cast<uint16_t*>(pptm_linear_smem());
+    const uint16_t* const a16 = reinterpret_cast<const uint16_t*>(A);
+    const uint16_t* const w16 = reinterpret_cast<const uint16_t*>(W);
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const bool vec_a = pptm_aligned16(A) && k % 8 == 0;
+    const bool vec_w = pptm_aligned16(W) && n % 8 == 0;
+    const bool vec_out = out != nullptr && (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
+    const uint64_t tiles_n = n / BN + (n % BN != 0);
+    const uint64_t tiles = (m / BM + (m % BM != 0)) * tiles_n;
+    const uint64_t ktiles = k / BK + (k % BK != 0);
+    // Every reader of the scratch before this pattern (an earlier item's) is done.
+    __syncthreads();
+    for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        const uint64_t i0 = tile / tiles_n * BM, j0 = tile % tiles_n * BN;
+        float acc[MT][NT][4];
+#pragma unroll
+        for (uint32_t x = 0; x < MT; ++x)
+#pragma unroll
+            for (uint32_t y = 0; y < NT; ++y)
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) acc[x][y][e] = 0.0f;
+        auto load = [&](uint32_t s, uint64_t k0) {
+            uint16_t* const as = smem + s * STAGE;
+            pptm_mma_stage<BM, BK>(as, AS, a16, k, i0, k0, m, k, vec_a);
+            pptm_mma_stage<BK, BN>(as + BM * AS, WS, w16, n, k0, j0, k, n, vec_w);
+        };
+        if (ktiles > 0) load(0, 0);
+        pptm_cp_async_commit();
+        for (uint64_t kt = 0; kt < ktiles; ++kt) {
+            // The slice after this one goes to the other buffer, whose last reader (the multiply
+            // of slice kt - 1) finished at the barrier that ended it.
+            if (kt + 1 < ktiles) load((uint32_t)((kt + 1) & 1), (kt + 1) * BK);
+            pptm_cp_async_commit();
+            pptm_cp_async_wait_group<1>();  // this thread's copies of slice kt have landed
+            __syncthreads();                // ... and every thread's
+            const uint16_t* const as = smem + (uint32_t)(kt & 1) * STAGE;
+            const uint16_t* const ws = as + BM * AS;
+#pragma unroll
+            for (uint32_t kk = 0; kk < BK; kk += 16) {
+                uint32_t af[MT][4];
+#pragma unroll
+                for (uint32_t x = 0; x < MT; ++x)
+                    pptm_ldmatrix_x4(af[x], as + (wm * WTM + 16 * x + (lane & 15)) * AS + kk + 8 * (lane >> 4));
+#pragma unroll
+                for (uint32_t y = 0; y < NT; y += 2) {
+                    // k rows kk .. kk + 15 of columns wn WTN + 8 y .. + 15: fragments of two n8 tiles.
+                    uint32_t bf[4];
+                    pptm_ldmatrix_x4_trans(bf, ws + (kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * WS + wn * WTN + 8 * y +
+                                                   8 * (lane >> 4));
+#pragma unroll
+                    for (uint32_t x = 0; x < MT; ++x) {
+                        pptm_mma<T>::run(acc[x][y], af[x], bf[0], bf[1]);
+                        pptm_mma<T>::run(acc[x][y + 1], af[x], bf[2], bf[3]);
+                    }
+                }
+            }
+            // Every warp is done with slice kt before its buffer is refilled.
+            __syncthreads();
+        }
+        if (out == nullptr) continue;
+        // Accumulator e of mma tile (x, y) is row 16 x + lane / 4 (+ 8 for e >= 2), column
+        // 8 y + 2 (lane % 4) + e % 2 of the warp's part.
+#pragma unroll
+        for (uint32_t x = 0; x < MT; ++x)
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+                const uint64_t i = i0 + wm * WTM + 16 * x + lane / 4 + 8 * h;
+                if (i >= m) continue;
+#pragma unroll
+                for (uint32_t y = 0; y < NT; ++y) {
+                    const uint64_t j = j0 + wn * WTN + 8 * y + 2 * (lane % 4);
+                    if (j >= n) continue;
+                    const float v0 = epi(i, j, acc[x][y][2 * h]);
+                    if (vec_out) {
+                        // n is even and j is even: j + 1 < n too.
+                        const float v1 = epi(i, j + 1, acc[x][y][2 * h + 1]);
+                        *reinterpret_cast<float2*>(out + i * n + j) = make_float2(v0, v1);
+                    } else {
+                        out[i * n + j] = v0;
+                        if (j + 1 < n) out[i * n + j + 1] = epi(i, j + 1, acc[x][y][2 * h + 1]);
+                    }
+                }
+            }
+    }
+}
+
+template <class T, class Epi>
+__device__ __forceinline__ void pptm_matmul_mma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
+                                                const Epi& epi, float* out, const pptm_block_ctx& b) {
+    if (pptm_mma_large(m, n))
+        pptm_matmul_mma_tiled<T, 128, 64, 32>(A, W, m, k, n, epi, out, b);
+    else
+        pptm_matmul_mma_tiled<T, 64, 64, 64>(A, W, m, k, n, epi, out, b);
+}
+
+#endif  // PPTM_PATTERN_MMA_CUH

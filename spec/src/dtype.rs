@@ -1,0 +1,58 @@
+//! Element types of the buffers a chain reads and writes.
+
+use std::fmt;
+
+use crate::Precision;
+
+/// The element type of a buffer. Chains read f32 buffers, except the matrix operands of a stage
+/// that computes in bf16 or fp16 (on tensor cores), which are stored in that type; every output
+/// is f32. The runtime's `Buffer<T>` carries one of these for each element type it supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F64,
+    I32,
+    U32,
+    /// bfloat16: f32's exponent range with an 8-bit significand.
+    Bf16,
+    /// IEEE 754 binary16.
+    F16,
+}
+
+impl DType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// How a matrix operand of a stage computing in `precision` is stored: in that type for the
+    /// 16-bit precisions the tensor cores take, else f32 (an fp64 stage widens f32 inputs).
+    pub fn matrix_storage(precision: Precision) -> DType {
+        match precision {
+            Precision::Bf16 => DType::Bf16,
+            Precision::Fp16 => DType::F16,
+            Precision::Fp64 | Precision::Fp32 | Precision::Fp8 => DType::F32,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
