@@ -57,7 +57,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         let _ = writeln!(out, "#define {name} {value}");
     }
     // A tensor-core stage stages two slices of its operands in the linear patterns' scratch
-    // (kernels/pptm/pattern/mma.cuh): 36 KB rather than their 16, so only where one is used.
+    // (kernels/pptm/pattern/mma.cuh): 44.5 KB rather than their 16, so only where one is used.
     if chains.iter().any(|c| c.stages.iter().any(|s| s.tensor)) {
         let _ = writeln!(
             out,
@@ -85,10 +85,10 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     out
 }
 
-/// Shared memory (in floats) the tensor-core pattern needs: two slices of a 64 x 64 piece of A and
-/// one of W (its small tiles; the large ones take less), 16-bit values, rows padded by 8
-/// (pattern/mma.cuh checks it).
-const MMA_SMEM_FLOATS: usize = 2 * (64 * (64 + 8) + 64 * (64 + 8)) / 2;
+/// Shared memory (in floats) the tensor-core pattern needs: three slices of a 128 x 32 piece of A
+/// and a 32 x 64 piece of W (its large tiles; the small ones take four of 64 x 32 and 32 x 64,
+/// less), 16-bit values, rows padded by 8 (pattern/mma.cuh checks it).
+const MMA_SMEM_FLOATS: usize = 3 * (128 * (32 + 8) + 32 * (64 + 8)) / 2;
 
 /// The device type of a buffer's elements.
 fn device_elem(d: DType) -> &'static str {

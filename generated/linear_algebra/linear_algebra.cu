@@ -11,7 +11,7 @@
 #define PPTM_GEMV_N_SHORT_BELOW 8192
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
-#define PPTM_LINEAR_SMEM_ALLOC_FLOATS 9216
+#define PPTM_LINEAR_SMEM_ALLOC_FLOATS 11136
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"

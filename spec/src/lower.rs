@@ -1920,7 +1920,7 @@ mod tests {
         };
         assert_eq!(ir.blocks_for(&sizes(8192, 8192, 8192)), 64 * 128);
         assert_eq!(ir.blocks_for(&sizes(1024, 1024, 1024)), 8 * 16);
-        assert_eq!(ir.blocks_for(&sizes(1024, 1024, 1000)), 16 * 16);
+        assert_eq!(ir.blocks_for(&sizes(1000, 1024, 960)), 16 * 15);
         assert_eq!(ir.blocks_for(&sizes(64, 256, 256)), 4);
         assert_eq!(ir.blocks_for(&sizes(1, 1, 1)), 1);
     }

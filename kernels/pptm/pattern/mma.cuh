@@ -6,19 +6,23 @@
 //
 // A block computes a BM x BN tile of out; its 16 warps form a 4 x 4 grid, each owning a
 // (BM / 4) x (BN / 4) part of the tile as MT x NT mma tiles of 16 x 8. k advances in slices of BK:
-// the BM x BK slice of A and the BK x BN slice of W are staged in shared memory, two slices deep,
-// with cp.async (16-byte pieces, zero-filled outside the matrices) while the previous slice is
-// multiplied. Fragments come from shared memory through ldmatrix (A as stored, W transposed on the
+// the BM x BK slice of A and the BK x BN slice of W are staged in shared memory with cp.async
+// (16-byte pieces, zero-filled outside the matrices), STAGES slices deep, so STAGES - 1 slices are
+// on their way from L2 while one is multiplied: a slice is a few hundred cycles of tensor work, an
+// L2 round trip under load about a thousand, and with two slices (one in flight) 8192^3 ran at
+// 72 TFLOP/s on an H200, waiting on every slice. Fragments come from shared memory through ldmatrix (A as stored, W transposed on the
 // way, .trans), rows padded by 16 bytes so the eight rows one ldmatrix reads fall on different
 // banks. Matrices whose rows are not 16-byte aligned (k or n not a multiple of 8, or an unaligned
 // base) are staged by plain loads instead, with the same zero fill: any m, k, n is correct.
 //
 // Two tile sizes, chosen from m and n alone (the host's block request, ChainIr::stage_blocks,
-// makes the same choice): 128 x 64 with 32 k a slice (each warp 32 x 16: 2 x 2 mma tiles, 16 f32
-// accumulators a thread) when there are at least PPTM_MMA_LARGE_FROM such tiles, else 64 x 64 with
-// 64 k a slice (each warp 16 x 16), twice the blocks for outputs too small to fill the GPU. (Warp
-// parts of 32 x 32 hold 32 accumulators, and under the manifold's 64-register budget ptxas spilled
-// them inside the k loop.)
+// makes the same choice): 128 x 64 (each warp 32 x 16: 2 x 2 mma tiles, 16 f32 accumulators a
+// thread), three slices deep, when there are at least PPTM_MMA_LARGE_FROM such tiles, else 64 x 64
+// (each warp 16 x 16), four slices deep, twice the blocks for outputs too small to fill the GPU;
+// 32 k a slice. (Warp parts of 32 x 32 hold 32 accumulators, and under the manifold's 64-register
+// budget ptxas spilled them inside the k loop.) Both fit the 48 KB of static shared memory a block
+// may have; deeper pipelines and larger tiles need dynamic shared memory and more registers than
+// a manifold compiled for two blocks an SM has.
 //
 // Shared memory: the linear patterns' scratch (pptm_linear_smem), which codegen enlarges to
 // PPTM_LINEAR_SMEM_ALLOC_FLOATS for a domain with a tensor-core stage. Every thread of the block
@@ -127,7 +131,7 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
     }
 }
 
-template <class T, uint32_t BM, uint32_t BN, uint32_t BK, class Epi>
+template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
                                                       const Epi& epi, float* out, const pptm_block_ctx& b) {
     constexpr uint32_t WARPS_M = 4, WARPS_N = 4;
@@ -141,7 +145,7 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, ui
     static_assert(BK % 16 == 0 && BN % 8 == 0 && BK % 8 == 0, "mma: slices are whole k16 steps and 16-byte pieces");
     static_assert((AS * 2) % 16 == 0 && (WS * 2) % 16 == 0 && (BM * AS * 2) % 16 == 0 && (STAGE * 2) % 16 == 0,
                   "mma: ldmatrix rows and cp.async pieces are 16-byte aligned");
-    static_assert(2 * STAGE * 2 <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4, "mma: two slices fit the scratch");
+    static_assert(STAGES >= 2 && STAGES * STAGE * 2 <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4, "mma: the slices fit the scratch");
     uint16_t* const smem = reinterpret_cast<uint16_t*>(pptm_linear_smem());
     const uint16_t* const a16 = reinterpret_cast<const uint16_t*>(A);
     const uint16_t* const w16 = reinterpret_cast<const uint16_t*>(W);
@@ -169,16 +173,20 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, ui
             pptm_mma_stage<BM, BK>(as, AS, a16, k, i0, k0, m, k, vec_a);
             pptm_mma_stage<BK, BN>(as + BM * AS, WS, w16, n, k0, j0, k, n, vec_w);
         };
-        if (ktiles > 0) load(0, 0);
-        pptm_cp_async_commit();
-        for (uint64_t kt = 0; kt < ktiles; ++kt) {
-            // The slice after this one goes to the other buffer, whose last reader (the multiply
-            // of slice kt - 1) finished at the barrier that ended it.
-            if (kt + 1 < ktiles) load((uint32_t)((kt + 1) & 1), (kt + 1) * BK);
+        // Slices 0 .. STAGES - 2 start at once; one group of copies per slice (empty past k).
+#pragma unroll
+        for (uint32_t s = 0; s + 1 < STAGES; ++s) {
+            if (s < ktiles) load(s, s * BK);
             pptm_cp_async_commit();
-            pptm_cp_async_wait_group<1>();  // this thread's copies of slice kt have landed
-            __syncthreads();                // ... and every thread's
-            const uint16_t* const as = smem + (uint32_t)(kt & 1) * STAGE;
+        }
+        for (uint64_t kt = 0; kt < ktiles; ++kt) {
+            // Slice kt + STAGES - 1 goes to the buffer of slice kt - 1, whose last reader (its
+            // multiply) finished at the barrier that ended it.
+            if (kt + STAGES - 1 < ktiles) load((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
+            pptm_cp_async_commit();
+            pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
+            __syncthreads();                         // ... and every thread's
+            const uint16_t* const as = smem + (uint32_t)(kt % STAGES) * STAGE;
             const uint16_t* const ws = as + BM * AS;
 #pragma unroll
             for (uint32_t kk = 0; kk < BK; kk += 16) {
@@ -233,9 +241,9 @@ template <class T, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
                                                 const Epi& epi, float* out, const pptm_block_ctx& b) {
     if (pptm_mma_large(m, n))
-        pptm_matmul_mma_tiled<T, 128, 64, 32>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_mma_tiled<T, 128, 64, 32, 3>(A, W, m, k, n, epi, out, b);
     else
-        pptm_matmul_mma_tiled<T, 64, 64, 64>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_mma_tiled<T, 64, 64, 32, 4>(A, W, m, k, n, epi, out, b);
 }
 
 #endif  // PPTM_PATTERN_MMA_CUH
