@@ -171,3 +171,20 @@ pub struct MatmulBiasGeluF16 {
     #[stage(3)]
     activation: Gelu,
 }
+
+/// `gelu(A W + b)` multiplied in fp16 on tensor cores under the accuracy guard: A and W stay f32
+/// and are rounded to fp16 as they are read. Before each product the device compares 16 sampled
+/// outputs in fp16 and in f32; when they differ by more than 1e-2 of their terms' magnitude (an
+/// operand beyond fp16's range becomes infinite), the product runs in f32 on CUDA cores, and the
+/// runtime keeps that shape in f32 until [`Runtime::reset_guard`](crate::Runtime::reset_guard).
+/// [`Runtime::guard_stats`](crate::Runtime::guard_stats) counts what happened.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct MatmulBiasGeluGuarded {
+    #[stage(1, tensor_eligible = true, precision = "fp16", tolerance = 1e-2)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}

@@ -49,7 +49,7 @@ pub use pptm_spec::ChainIr;
 pub mod __private {
     pub use bytemuck;
     pub use pptm_runtime::checked_ir;
-    pub use pptm_spec::{ChainSpec, DESC_ARGS, Precision, SpecError, StageSpec, lower};
+    pub use pptm_spec::{ChainSpec, DESC_ARGS, Precision, SpecError, StageSpec, Tolerance, lower};
 
     /// Implemented by the derive macro so the stage fields count as used.
     pub trait StageFields {

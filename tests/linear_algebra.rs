@@ -6,8 +6,8 @@
 mod common;
 
 use pptm::chains::{
-    GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluF16, MatmulBiasRelu,
-    MatmulBiasSigmoid, MatmulBiasTanh,
+    GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluF16, MatmulBiasGeluGuarded,
+    MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
 };
 use pptm::{Arg, Buffer, DType, Element, Error, Runtime, Ticket, bf16, f16};
 use rand::Rng;
@@ -329,6 +329,106 @@ fn wrong_operand_type_is_a_typed_error(rt: &Runtime) {
     );
 }
 
+/// Runs MatmulBiasGeluGuarded on f32 operands and checks the output against f64 within `bar` of
+/// each output's terms' magnitude.
+fn run_guarded(rt: &Runtime, a: &[f32], w: &[f32], b: &[f32], m: usize, k: usize, bar: f64) {
+    let n = b.len();
+    let (ab, wb, bb) = (
+        rt.upload(a).unwrap(),
+        rt.upload(w).unwrap(),
+        rt.upload(b).unwrap(),
+    );
+    let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+    MatmulBiasGeluGuarded::submit(rt, &ab, &wb, &bb, &mut out, m, k)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = out.to_vec().unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut mag) = (f64::from(b[j]), f64::from(b[j]).abs());
+            for p in 0..k {
+                let t = f64::from(a[i * k + p]) * f64::from(w[p * n + j]);
+                s += t;
+                mag += t.abs();
+            }
+            let err = (f64::from(got[i * n + j]) - gelu(s)).abs();
+            assert!(
+                err <= bar * mag.max(1e-3),
+                "guarded m={m} k={k} n={n} at ({i}, {j}): got {}, f64 reference {}, error {err:e}, bar {bar:e} of {mag:e}",
+                got[i * n + j],
+                gelu(s)
+            );
+        }
+    }
+}
+
+/// The accuracy guard (issue 5): a fp16 stage with `tolerance = 1e-2` keeps fp16 for benign input,
+/// falls back to f32 for input beyond fp16's range (rounded to fp16 it would be infinite), keeps
+/// that shape in f32 until reset, and counts all of it. The same decisions on every backend (the
+/// CPU backend computes in f64 and emulates the check).
+fn accuracy_guard_falls_back_on_fp16_overflow_only(rt: &Runtime) {
+    type G = MatmulBiasGeluGuarded;
+    let (m, k, n) = (300, 257, 190);
+    let (a, w, b) = (
+        uniform(m * k, -1.0, 1.0),
+        uniform(k * n, -1.0, 1.0),
+        uniform(n, -1.0, 1.0),
+    );
+    // Every entry of A beyond fp16's largest value (65504), its sign kept.
+    let huge: Vec<f32> = a
+        .iter()
+        .map(|&x| x.signum() * (7e4 + 1e4 * x.abs()))
+        .collect();
+    let stats = || rt.guard_stats::<G>();
+    let counts = |s: pptm::GuardStats| (s.checked, s.fell_back, s.pinned, s.pinned_shapes);
+    rt.reset_guard::<G>();
+    let s0 = stats();
+    // Benign: checked, kept in fp16 (operands rounded to fp16: about 1e-3 of the magnitude).
+    run_guarded(rt, &a, &w, &b, m, k, 2e-3);
+    let s1 = stats();
+    assert_eq!(
+        counts(s1),
+        (s0.checked + 1, s0.fell_back, s0.pinned, 0),
+        "benign input: {s1:?}"
+    );
+    assert!(s1.worst_error < 1e-2, "{s1:?}");
+    // Beyond fp16: checked, falls back to f32 (the f32 path's 1e-4 bar), the shape is pinned.
+    run_guarded(rt, &huge, &w, &b, m, k, 1e-4);
+    let s2 = stats();
+    assert_eq!(
+        counts(s2),
+        (s1.checked + 1, s1.fell_back + 1, s1.pinned, 1),
+        "fp16 overflow: {s2:?}"
+    );
+    assert_eq!(s2.worst_error, f64::INFINITY);
+    // The same shape stays in f32 without a check, whatever the input.
+    run_guarded(rt, &a, &w, &b, m, k, 1e-4);
+    let s3 = stats();
+    assert_eq!(
+        counts(s3),
+        (s2.checked, s2.fell_back, s2.pinned + 1, 1),
+        "pinned shape: {s3:?}"
+    );
+    // Another shape is checked on its own.
+    run_guarded(rt, &a[..(m - 1) * k], &w, &b, m - 1, k, 2e-3);
+    let s4 = stats();
+    assert_eq!(
+        counts(s4),
+        (s3.checked + 1, s3.fell_back, s3.pinned, 1),
+        "another shape: {s4:?}"
+    );
+    // Until told otherwise: after a reset the first shape is checked (and kept in fp16) again.
+    rt.reset_guard::<G>();
+    run_guarded(rt, &a, &w, &b, m, k, 2e-3);
+    let s5 = stats();
+    assert_eq!(
+        counts(s5),
+        (s4.checked + 1, s4.fell_back, s4.pinned, 0),
+        "after reset: {s5:?}"
+    );
+}
+
 fn bad_shapes_are_typed_errors(rt: &Runtime) {
     let a = rt.upload(&[1.0f32; 6]).unwrap();
     let w = rt.upload(&[1.0f32; 6]).unwrap();
@@ -379,5 +479,6 @@ on_every_backend!(
     bf16_matmul_bias_gelu_matches_f64_reference,
     f16_matmul_bias_gelu_matches_f64_reference,
     wrong_operand_type_is_a_typed_error,
+    accuracy_guard_falls_back_on_fp16_overflow_only,
     bad_shapes_are_typed_errors,
 );

@@ -34,7 +34,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     );
     // The spec's constants the device code is compiled with (kernels/ checks each is defined).
     use pptm_spec::work;
-    let defines: [(&str, usize); 11] = [
+    let defines: [(&str, usize); 12] = [
         ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
         ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
         ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
@@ -46,6 +46,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
             work::MATMUL_DIRECT_MAX_TILES,
         ),
         ("PPTM_MMA_LARGE_FROM", work::MMA_LARGE_FROM),
+        ("PPTM_GUARD_SAMPLES", pptm_spec::GUARD_SAMPLES),
         ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
         ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
         (
@@ -100,13 +101,18 @@ fn device_elem(d: DType) -> &'static str {
     }
 }
 
-/// The matmul pattern call for stage `st` (CUDA cores, or tensor cores for a tensor stage).
-fn matmul_call(st: &StageIr) -> String {
-    if st.tensor {
-        let elem = device_elem(DType::matrix_storage(st.precision));
-        format!("pptm_matmul_mma<{elem}>")
-    } else {
-        "pptm_matmul".to_string()
+/// The matmul pattern call for stage `st` with its arguments (`args`: A, W, m, k, n, epilogue, out,
+/// b): CUDA cores, tensor cores for a tensor stage, or the guard's choice of the two for a guarded
+/// one (whose value, the sampled error, is the block's partial).
+fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
+    let elem = device_elem(DType::matrix_storage(st.precision));
+    match (st.tensor, st.tolerance, c.guard()) {
+        (true, Some(tol), Some((_, _, slot))) => format!(
+            "partial = pptm_matmul_guarded<{elem}>({args}, {tol:e}f, {});",
+            field(slot)
+        ),
+        (true, _, _) => format!("pptm_matmul_mma<{elem}>({args});\n    partial = 0.0;"),
+        _ => format!("pptm_matmul({args});\n    partial = 0.0;"),
     }
 }
 
@@ -278,7 +284,9 @@ fn variant(out: &mut String, c: &ChainIr) {
                 "float".to_string(),
                 format!("__uint_as_float((uint32_t)d.args[{slot}])"),
             ),
-            ArgKind::U32 => ("uint32_t".to_string(), format!("(uint32_t)d.args[{slot}]")),
+            ArgKind::U32 | ArgKind::Guard => {
+                ("uint32_t".to_string(), format!("(uint32_t)d.args[{slot}]"))
+            }
             ArgKind::Len => ("uint64_t".to_string(), format!("d.args[{slot}]")),
         };
         let _ = writeln!(out, "    {ty} a{slot};  // {}", a.name);
@@ -477,12 +485,9 @@ fn variant(out: &mut String, c: &ChainIr) {
                         Source::Stage(_) => unreachable!(),
                     };
                     let k = dim_field(c, ast, "k");
-                    let _ = writeln!(
-                        call,
-                        "    {}({a_ptr}, {matrix}, {m}, {k}, {n}, pptm_epi_{t}{{e}}, {store}, b);",
-                        matmul_call(ast)
-                    );
-                    let _ = writeln!(call, "    partial = 0.0;");
+                    let args =
+                        format!("{a_ptr}, {matrix}, {m}, {k}, {n}, pptm_epi_{t}{{e}}, {store}, b");
+                    let _ = writeln!(call, "    {}", matmul_call(c, ast, &args));
                 }
             }
         }
@@ -544,6 +549,18 @@ fn variant(out: &mut String, c: &ChainIr) {
     let _ = writeln!(out, "    return PPTM_STATUS_OK;");
     let _ = writeln!(out, "}}");
 
+    // A guarded chain reports its guard's value (every block computed the same one).
+    if c.guard().is_some() {
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ double pptm_finish_{t}(const pptm_desc&, const double* partials, uint32_t nblocks, double* smem) {{"
+        );
+        let _ = writeln!(
+            out,
+            "    return pptm_combine_partials<pptm_max_reducer>(partials, nblocks, smem);"
+        );
+        let _ = writeln!(out, "}}");
+    }
     // The last block's finish: combine the partials, finish the reduction, run the finish stages.
     if let Some(red) = c.reduction() {
         let _ = writeln!(
@@ -622,7 +639,10 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
         "\n__device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {\n",
     );
     out.push_str("    switch (d.opcode) {\n");
-    for c in chains.iter().filter(|c| c.output == ChainOutput::Scalar) {
+    for c in chains
+        .iter()
+        .filter(|c| c.output == ChainOutput::Scalar || c.guard().is_some())
+    {
         let _ = writeln!(
             out,
             "    case 0x{t}u: return pptm_finish_{t}(d, partials, nblocks, smem);  // {}",
@@ -797,11 +817,26 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let (m, n) = (dim_field(c, st, "m"), dim_field(c, st, "n"));
                     if st.op.device == pptm_spec::ops::MATMUL.device {
                         let k = dim_field(c, st, "k");
-                        let _ = writeln!(
-                            body,
-                            "            {}({src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b);",
-                            matmul_call(st)
-                        );
+                        let args =
+                            format!("{src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b");
+                        let call = matmul_call(c, st, &args).replace("\n    ", "\n            ");
+                        let _ = writeln!(body, "            {call}");
+                        if st.tolerance.is_some() {
+                            // The last block reports the guard's value, as the fused variant does.
+                            let _ = writeln!(
+                                fin,
+                                "    case 0x{t}{s:02x}ull: {{  // {} stage {s}: the guard's value",
+                                c.name
+                            );
+                            let _ = writeln!(
+                                fin,
+                                "        const double v = pptm_combine_partials<pptm_max_reducer>(partials, nblocks, smem);"
+                            );
+                            let _ = writeln!(fin, "        if (threadIdx.x == 0) out->value = v;");
+                            let _ = writeln!(fin, "        (void)scratch;");
+                            let _ = writeln!(fin, "        return;");
+                            let _ = writeln!(fin, "    }}");
+                        }
                     } else {
                         let _ = writeln!(
                             body,
@@ -830,7 +865,9 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     );
                 }
             }
-            if st.op.class != FusionClass::Reduction {
+            let sets_partial = st.op.class == FusionClass::Reduction
+                || (st.op.device == pptm_spec::ops::MATMUL.device);
+            if !sets_partial {
                 let _ = writeln!(body, "            partial = 0.0;");
             }
             let _ = writeln!(body, "            return PPTM_STATUS_OK;");
@@ -870,6 +907,7 @@ mod tests {
                 reduction: None,
                 tensor_eligible: None,
                 precision: None,
+                tolerance: None,
             })
             .collect();
         lower(&ChainSpec {

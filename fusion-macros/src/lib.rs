@@ -86,6 +86,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             ArgKind::F32 => format!("`{}`, an f32 passed by value (its bits).", a.name),
             ArgKind::U32 => format!("`{}`, a u32 passed by value.", a.name),
             ArgKind::Len => format!("Size of dimension `{}`.", a.name),
+            ArgKind::Guard => "The accuracy guard's level (the runtime fills it in).".to_string(),
         };
         quote! { #[doc = #doc] pub #f: u64 }
     });
@@ -132,6 +133,8 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     bindings.push(quote! { ::pptm::Arg::Dim(#fname, #f) });
                 }
             }
+            // Filled in by the runtime.
+            ArgKind::Guard => {}
         }
     }
     let output_ty = match ir.output {
@@ -246,6 +249,13 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
         };
         let reduction = opt_bool(s.reduction);
         let tensor = opt_bool(s.tensor_eligible);
+        let tolerance = match s.tolerance {
+            Some(t) => {
+                let v = t.0;
+                quote! { ::core::option::Option::Some(::pptm::__private::Tolerance(#v)) }
+            }
+            None => quote! { ::core::option::Option::None },
+        };
         let precision = match s.precision {
             Some(p) => {
                 let v = format_ident!("{}", format!("{p:?}"));
@@ -261,6 +271,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 reduction: #reduction,
                 tensor_eligible: #tensor,
                 precision: #precision,
+                tolerance: #tolerance,
             }
         }
     });

@@ -8,6 +8,7 @@
 #define PPTM_MATMUL_DIRECT_COLS 16
 #define PPTM_MATMUL_DIRECT_MAX_TILES 256
 #define PPTM_MMA_LARGE_FROM 128
+#define PPTM_GUARD_SAMPLES 16
 #define PPTM_GEMV_N_SHORT_BELOW 8192
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
@@ -148,6 +149,37 @@ __device__ __noinline__ uint32_t pptm_run_4bc1a0d4(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain MatmulBiasGeluGuarded: Matmul -> AddBias -> Gelu (Matmul pattern)
+// spec hash 67fb1b7bea96d18887379e2ffac506a7e804b8ed06e262cee0426faeb1e5ad64, opcode 0x67fb1b7b
+struct pptm_env_67fb1b7b {
+    const float* a0;  // a
+    const float* a1;  // w
+    const float* a2;  // b
+    float* a3;  // out
+    uint64_t a4;  // m
+    uint64_t a5;  // k
+    uint64_t a6;  // n
+    uint32_t a7;  // guard_level
+    __device__ explicit pptm_env_67fb1b7b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7((uint32_t)d.args[7]) {}
+};
+struct pptm_epi_67fb1b7b {
+    pptm_env_67fb1b7b e;
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_67fb1b7b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_67fb1b7b e(d);
+    partial = pptm_matmul_guarded<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_67fb1b7b{e}, e.a3, b, 1e-2f, e.a7);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_67fb1b7b(const pptm_desc&, const double* partials, uint32_t nblocks, double* smem) {
+    return pptm_combine_partials<pptm_max_reducer>(partials, nblocks, smem);
+}
+
 // chain MatmulBiasRelu: Matmul -> AddBias -> Relu (Matmul pattern)
 // spec hash bf989ba0dd359c96aa76801b2731a6a8749b0d9cbe6acf47f0771c39136e0e2c, opcode 0xbf989ba0
 struct pptm_env_bf989ba0 {
@@ -278,6 +310,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x646fa6dbu: return pptm_run_646fa6db(d, b, partial);  // MatmulBiasGelu
     case 0xe9d3bddfu: return pptm_run_e9d3bddf(d, b, partial);  // MatmulBiasGeluBf16
     case 0x4bc1a0d4u: return pptm_run_4bc1a0d4(d, b, partial);  // MatmulBiasGeluF16
+    case 0x67fb1b7bu: return pptm_run_67fb1b7b(d, b, partial);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
     case 0x9e9087e3u: return pptm_run_9e9087e3(d, b, partial);  // MatmulBiasSigmoid
     case 0x1156234bu: return pptm_run_1156234b(d, b, partial);  // MatmulBiasTanh
@@ -289,6 +322,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
     case 0x91e20abau: return pptm_finish_91e20aba(d, partials, nblocks, smem);  // GemvAxpbySum
+    case 0x67fb1b7bu: return pptm_finish_67fb1b7b(d, partials, nblocks, smem);  // MatmulBiasGeluGuarded
     default: return 0.0;
     }
 }
@@ -298,6 +332,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0x646fa6dbu: return true;  // MatmulBiasGelu
     case 0xe9d3bddfu: return true;  // MatmulBiasGeluBf16
     case 0x4bc1a0d4u: return true;  // MatmulBiasGeluF16
+    case 0x67fb1b7bu: return true;  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
     case 0x9e9087e3u: return true;  // MatmulBiasSigmoid
     case 0x1156234bu: return true;  // MatmulBiasTanh
@@ -413,6 +448,36 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 0: {  // Matmul
             pptm_matmul_mma<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
             partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Gelu
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x67fb1b7bu: {  // MatmulBiasGeluGuarded
+        const pptm_env_67fb1b7b e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            partial = pptm_matmul_guarded<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b, 1e-2f, e.a7);
             return PPTM_STATUS_OK;
         }
         case 1: {  // AddBias
@@ -562,6 +627,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         const pptm_env_91e20aba e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x67fb1b7b00ull: {  // MatmulBiasGeluGuarded stage 0: the guard's value
+        const double v = pptm_combine_partials<pptm_max_reducer>(partials, nblocks, smem);
+        if (threadIdx.x == 0) out->value = v;
+        (void)scratch;
         return;
     }
     default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;

@@ -6,12 +6,15 @@ use crate::chain::{Arg, Completion};
 use crate::error::{Error, Result};
 
 /// Runs `ir` on host buffers; writes the output tensor, if any, as f32. `args` are by descriptor
-/// slot (`None` for dimensions inferred from buffers) and `sizes` come from a successful bind.
+/// slot (`None` for dimensions inferred from buffers and the guard word) and `sizes` come from a
+/// successful bind. A guarded chain's completion value is the guard's (crate::guard::emulate) at
+/// `guard_level`; the output is f64 arithmetic either way.
 pub(crate) fn run(
     chain: &'static str,
     ir: &ChainIr,
     args: Vec<Option<Arg<'_>>>,
     sizes: &[usize],
+    guard_level: u32,
 ) -> Result<Completion> {
     let not_host = |arg: &'static str| Error::ForeignBuffer { chain, arg };
     // Inputs widened to f64 (every element type converts exactly), by slot.
@@ -34,11 +37,18 @@ pub(crate) fn run(
             Some(Arg::F32(_, v)) => EvalArg::Value(f64::from(v)),
             Some(Arg::U32(_, v)) => EvalArg::Value(f64::from(v)),
             Some(Arg::Dim(..)) | None => {
-                debug_assert_eq!(slot.kind, ArgKind::Len);
+                debug_assert!(matches!(slot.kind, ArgKind::Len | ArgKind::Guard));
                 EvalArg::None
             }
         });
     }
+    let guard_value = ir.guard().map(|(stage, _, _)| {
+        let operand = |k: usize| match ir.stages[stage].inputs[k] {
+            pptm_spec::Source::Arg(slot) => wide[slot].as_slice(),
+            pptm_spec::Source::Stage(_) => unreachable!("a guarded matmul reads chain arguments"),
+        };
+        crate::guard::emulate(ir, stage, guard_level, operand(0), operand(1), sizes)
+    });
     let value = match ir.eval_f64(&eval, sizes) {
         Evaluated::Scalar(v) => v,
         Evaluated::Vector(v) => {
@@ -49,7 +59,7 @@ pub(crate) fn run(
             for (o, x) in out.iter_mut().zip(v) {
                 *o = x as f32;
             }
-            0.0
+            guard_value.unwrap_or(0.0)
         }
     };
     Ok(Completion {

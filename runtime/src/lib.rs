@@ -19,6 +19,7 @@ mod cpu;
 mod element;
 mod error;
 mod gpu;
+mod guard;
 mod runtime;
 mod ticket;
 
@@ -27,5 +28,6 @@ pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, ch
 pub use element::{DType, Element, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
+pub use guard::GuardStats;
 pub use runtime::{BackendKind, Config, Runtime, Variant};
 pub use ticket::{Ticket, Timed};

@@ -13,6 +13,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::gpu::abi::{PPTM_OP_NOOP, pptm_desc};
 use crate::gpu::{Device, Launcher, Manifold};
+use crate::guard::{GuardBook, GuardNote, GuardStats};
 use crate::ticket::Ticket;
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
@@ -147,6 +148,8 @@ pub struct Runtime {
     id: u64,
     config: Config,
     backend: Backend,
+    /// The accuracy guard's shapes and counters (chains with a `tolerance` stage).
+    guards: Arc<GuardBook>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -189,6 +192,7 @@ impl Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
             backend: Backend::Cpu { why },
+            guards: Arc::default(),
         };
         tracing::info!("pptm: {}", rt.describe());
         rt
@@ -211,6 +215,7 @@ impl Runtime {
                 manifolds: Mutex::new(HashMap::new()),
                 launchers: Mutex::new(HashMap::new()),
             },
+            guards: Arc::default(),
         };
         tracing::info!("pptm: {}", rt.describe());
         Ok(rt)
@@ -488,6 +493,18 @@ impl Runtime {
         }
     }
 
+    /// What the accuracy guard of chain `C` did (all zero for a chain without a `tolerance`
+    /// stage): see [`GuardStats`].
+    pub fn guard_stats<C: Chain>(&self) -> GuardStats {
+        self.guards.stats(C::OPCODE)
+    }
+
+    /// Lets every shape of `C` that fell back to the next precision up try its declared
+    /// precision (and the guard's check) again.
+    pub fn reset_guard<C: Chain>(&self) {
+        self.guards.reset(C::OPCODE)
+    }
+
     fn submit_impl<'a, C: Chain>(
         &self,
         args: Vec<Arg<'a>>,
@@ -495,6 +512,17 @@ impl Runtime {
     ) -> Result<Ticket<'a, C::Output>> {
         let ir = C::ir()?;
         let (slots, sizes) = self.validate::<C>(ir, args)?;
+        // A guarded chain's level for this shape, and what its ticket records on completion.
+        let guard = ir.guard().map(|_| {
+            let level = self.guards.level(C::OPCODE, &sizes);
+            GuardNote {
+                book: self.guards.clone(),
+                opcode: C::OPCODE,
+                sizes: sizes.clone(),
+                level,
+            }
+        });
+        let level = guard.as_ref().map_or(0, |g| g.level);
         let route = if self.launched() {
             Route::Launch(self.launcher(C::DOMAIN)?)
         } else {
@@ -505,8 +533,8 @@ impl Runtime {
         };
         match route {
             Route::Cpu => {
-                let c = crate::cpu::run(C::NAME, ir, slots, &sizes)?;
-                Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
+                let c = crate::cpu::run(C::NAME, ir, slots, &sizes, level)?;
+                Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard))
             }
             route => {
                 let mut words = C::Args::zeroed();
@@ -515,6 +543,7 @@ impl Runtime {
                 for ((word, arg), slot) in desc_words.iter_mut().zip(&slots).zip(&ir.args) {
                     *word = match (arg, slot.kind) {
                         (_, ArgKind::Len) => sizes[slot.dim.expect("len slot")] as u64,
+                        (_, ArgKind::Guard) => u64::from(level),
                         (Some(Arg::Input(_, b)), _) => b.device_ptr(),
                         (Some(Arg::Output(_, b)), _) => b.device_ptr(),
                         (Some(Arg::F32(_, v)), _) => u64::from(v.to_bits()),
@@ -531,7 +560,7 @@ impl Runtime {
                 match route {
                     Route::Manifold(m) => {
                         let cell = m.submit(&desc, blocking)?;
-                        Ok(Ticket::pending(C::NAME, m, cell))
+                        Ok(Ticket::pending(C::NAME, m, cell).with_guard(guard))
                     }
                     Route::Launch(l) => {
                         let c = match self.config.variant {
@@ -539,7 +568,7 @@ impl Runtime {
                             Variant::UnfusedGraph => l.run_unfused(&desc, ir, &sizes, true)?,
                             Variant::Fused | Variant::FusedLaunched => l.run(&desc)?,
                         };
-                        Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c))
+                        Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard))
                     }
                     Route::Cpu => unreachable!("handled above"),
                 }
@@ -569,8 +598,10 @@ impl Runtime {
         let wanted: Vec<&pptm_spec::ArgSlot> = ir
             .args
             .iter()
-            .filter(|a| {
-                a.kind != ArgKind::Len || ir.dims[a.dim.expect("len")].inferred_from.is_none()
+            .filter(|a| match a.kind {
+                ArgKind::Len => ir.dims[a.dim.expect("len")].inferred_from.is_none(),
+                ArgKind::Guard => false,
+                _ => true,
             })
             .collect();
         if args.len() != wanted.len() {
@@ -588,8 +619,12 @@ impl Runtime {
         let mut given = args.into_iter();
         let mut slots = Vec::with_capacity(ir.args.len());
         for slot in &ir.args {
-            if slot.kind == ArgKind::Len && ir.dims[slot.dim.expect("len")].inferred_from.is_some()
-            {
+            let filled_in = match slot.kind {
+                ArgKind::Len => ir.dims[slot.dim.expect("len")].inferred_from.is_some(),
+                ArgKind::Guard => true,
+                _ => false,
+            };
+            if filled_in {
                 slots.push(None);
                 continue;
             }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::chain::{ChainOutput, Completion};
 use crate::error::{Error, Result};
 use crate::gpu::{Cell, Failure, Manifold};
+use crate::guard::GuardNote;
 
 /// A chain's result with the time its item took on the device.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,6 +43,8 @@ pub struct Ticket<'a, R: ChainOutput> {
     state: State,
     chain: &'static str,
     domain: &'static str,
+    /// For an item of a guarded chain: what to record when it completes.
+    guard: Option<GuardNote>,
     _borrows: Borrows<'a, R>,
 }
 
@@ -62,6 +65,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
             state: State::Ready(c),
             chain,
             domain,
+            guard: None,
             _borrows: PhantomData,
         }
     }
@@ -72,7 +76,20 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
             state: State::Pending { manifold, cell },
             chain,
             domain,
+            guard: None,
             _borrows: PhantomData,
+        }
+    }
+
+    /// Makes the ticket report its item's guard value to the runtime's guard when it completes.
+    pub(crate) fn with_guard(mut self, note: Option<GuardNote>) -> Self {
+        self.guard = note;
+        self
+    }
+
+    fn note_guard(&mut self, c: &Completion) {
+        if let Some(g) = self.guard.take() {
+            g.book.record(&g, c.value);
         }
     }
 
@@ -122,6 +139,9 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
             }
         };
         self.state = State::Taken;
+        if let Ok(c) = &out {
+            self.note_guard(c);
+        }
         out
     }
 }
@@ -161,7 +181,12 @@ impl<R: ChainOutput> Drop for Ticket<'_, R> {
                     seq = cell.seq,
                     "dropped a ticket whose item did not finish in time"
                 );
+            } else if let Some(Ok(c)) = cell.result().cloned() {
+                // The guard learns from items nobody waited for too.
+                self.note_guard(&c);
             }
+        } else if let State::Ready(c) = self.state {
+            self.note_guard(&c);
         }
     }
 }

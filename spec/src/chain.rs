@@ -55,6 +55,20 @@ impl FromStr for Precision {
     }
 }
 
+/// `tolerance = x` of a stage: the error its low-precision result may have, relative to the
+/// magnitude of the terms it sums, before the accuracy guard runs it in the next precision up.
+/// (A newtype so specs stay `Eq`: tolerances compare by their bits.)
+#[derive(Debug, Clone, Copy)]
+pub struct Tolerance(pub f64);
+
+impl PartialEq for Tolerance {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Tolerance {}
+
 /// One `#[stage(n, ...)]` field, as written (defaults not yet applied).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageSpec {
@@ -70,6 +84,8 @@ pub struct StageSpec {
     pub tensor_eligible: Option<bool>,
     /// `precision = "..."`, if written.
     pub precision: Option<Precision>,
+    /// `tolerance = x`, if written: the stage is guarded (see [`Tolerance`]).
+    pub tolerance: Option<Tolerance>,
 }
 
 /// A chain as declared with `#[derive(FusionBuilder)]`.

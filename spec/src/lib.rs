@@ -16,7 +16,7 @@ pub mod ops;
 #[cfg(feature = "parse")]
 pub mod parse;
 
-pub use chain::{ChainSpec, Precision, StageSpec};
+pub use chain::{ChainSpec, Precision, StageSpec, Tolerance};
 pub use dtype::DType;
 pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
@@ -85,6 +85,29 @@ pub mod work {
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its
     /// warps' own points in shared memory.
     pub const PAIRWISE_MAX_FEATURES: usize = 128;
+}
+
+/// Outputs the accuracy guard samples before a guarded stage runs (`PPTM_GUARD_SAMPLES` in the
+/// generated code: one warp each; kernels/pptm/pattern/mma.cuh).
+pub const GUARD_SAMPLES: usize = 16;
+
+/// The (row, column) of the outputs the accuracy guard samples in an m x n product: sample s is
+/// row (2s + 1) m / 32, column (2 (5s mod 16) + 1) n / 32, rows and columns spread over the output,
+/// each once. The device computes the same positions (pptm_guard_error in pattern/mma.cuh); the
+/// CPU backend uses this to make the same decisions.
+pub fn guard_samples(m: usize, n: usize) -> Vec<(usize, usize)> {
+    if m == 0 || n == 0 {
+        return Vec::new();
+    }
+    let s2 = 2 * GUARD_SAMPLES;
+    (0..GUARD_SAMPLES)
+        .map(|s| {
+            (
+                (2 * s + 1) * m / s2,
+                (2 * (5 * s % GUARD_SAMPLES) + 1) * n / s2,
+            )
+        })
+        .collect()
 }
 
 /// Opcodes below this are built into every manifold (`PPTM_OP_FIRST_VARIANT` in abi.h).

@@ -35,6 +35,11 @@ pub enum ArgKind {
     U32,
     /// The size of one of the chain's dimensions ([`ArgSlot::dim`]).
     Len,
+    /// The accuracy guard's level for this submission, filled in by the runtime (never a `submit`
+    /// parameter): 0 runs the guarded stage in its declared precision after a sampled check, and
+    /// in the next precision up when the check fails; 1 runs the next precision up at once (the
+    /// shape fell back before). Present when a stage declares `tolerance`.
+    Guard,
 }
 
 /// One argument word of the chain's descriptor, in order.
@@ -105,6 +110,9 @@ pub struct StageIr {
     pub dims: Vec<(&'static str, usize)>,
     /// The shape of the stage's output.
     pub shape: Shape,
+    /// `tolerance = x`: the stage is guarded (its matrix operands are then f32 buffers, converted
+    /// to `precision` as they are read, so the guard can recompute from them).
+    pub tolerance: Option<f64>,
 }
 
 impl StageIr {
@@ -223,6 +231,12 @@ pub enum SpecError {
     },
     #[error("`{op}` has no tensor-core path; remove `tensor_eligible = true`")]
     TensorUnsupported { stage: usize, op: &'static str },
+    #[error("`{op}`: `tolerance` {reason}")]
+    ToleranceUnsupported {
+        stage: usize,
+        op: &'static str,
+        reason: String,
+    },
     #[error(
         "`{op}` implements precision \"{precision}\" only on tensor cores: add `tensor_eligible = true` to the stage"
     )]
@@ -285,6 +299,7 @@ impl SpecError {
             SpecError::TensorUnsupported { stage, .. } => {
                 Blame::StageAttr(stage, "tensor_eligible")
             }
+            SpecError::ToleranceUnsupported { stage, .. } => Blame::StageAttr(stage, "tolerance"),
             SpecError::PrecisionUnsupported { stage, .. }
             | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
@@ -399,9 +414,11 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         let mut letters: Vec<(&'static str, usize)> = Vec::new();
         let mut inputs = vec![Source::Stage(usize::MAX); op.inputs.len()];
         let precision = st.precision.unwrap_or(Precision::Fp32);
-        // How this stage stores a buffer input of type `ty`: matrices in the stage's precision.
+        let guarded = st.tolerance.is_some();
+        // How this stage stores a buffer input of type `ty`: matrices in the stage's precision,
+        // unless the stage is guarded (the guard recomputes from the f32 values).
         let storage = |ty: Ty| match ty {
-            Ty::Matrix(..) => DType::matrix_storage(precision),
+            Ty::Matrix(..) if !guarded => DType::matrix_storage(precision),
             _ => DType::F32,
         };
 
@@ -663,6 +680,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             inputs,
             dims: letters,
             shape,
+            tolerance: st.tolerance.map(|t| t.0),
         });
     }
 
@@ -735,6 +753,15 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             dtype: DType::F32,
         });
     }
+    if stages.iter().any(|s| s.tolerance.is_some()) {
+        args.push(ArgSlot {
+            name: "guard_level".into(),
+            kind: ArgKind::Guard,
+            shape: vec![],
+            dim: None,
+            dtype: DType::F32,
+        });
+    }
     if args.len() > DESC_ARGS {
         return Err(SpecError::TooManyArgs {
             count: args.len(),
@@ -745,9 +772,13 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     let mut canonical = format!("pptm-chain/2 domain={} name={}\n", spec.domain, spec.name);
     for s in &stages {
         canonical.push_str(&format!(
-            "stage {} {} precision={} tensor={}\n",
+            "stage {} {} precision={} tensor={}",
             s.number, s.op.name, s.precision, s.tensor
         ));
+        if let Some(t) = s.tolerance {
+            canonical.push_str(&format!(" tolerance={t:e}"));
+        }
+        canonical.push('\n');
     }
     let digest = Sha256::digest(canonical.as_bytes());
     let spec_hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -825,6 +856,23 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
             precision,
             supported: format!("{}{place}", supported.join(", ")),
         });
+    }
+    if let Some(t) = st.tolerance {
+        let bad = |reason: &str| SpecError::ToleranceUnsupported {
+            stage: i,
+            op: op.name,
+            reason: reason.to_string(),
+        };
+        if !(t.0.is_finite() && t.0 > 0.0 && t.0 < 1.0) {
+            return Err(bad(
+                "must be a number between 0 and 1 (an error relative to the terms' magnitude)",
+            ));
+        }
+        if !(tensor && matches!(precision, Precision::Bf16 | Precision::Fp16)) {
+            return Err(bad(
+                "guards a 16-bit tensor-core stage (tensor_eligible = true, precision = \"bf16\" or \"fp16\"), which falls back to fp32; this stage has no lower precision to guard",
+            ));
+        }
     }
     Ok(op)
 }
@@ -982,6 +1030,18 @@ impl ChainIr {
         self.args.iter().position(|a| a.kind == ArgKind::Output)
     }
 
+    /// The guarded stage, if any: its index and tolerance, and the descriptor slot of the guard
+    /// level ([`ArgKind::Guard`]).
+    pub fn guard(&self) -> Option<(usize, f64, usize)> {
+        let (s, st) = self
+            .stages
+            .iter()
+            .enumerate()
+            .find(|(_, st)| st.tolerance.is_some())?;
+        let slot = self.args.iter().position(|a| a.kind == ArgKind::Guard)?;
+        Some((s, st.tolerance?, slot))
+    }
+
     /// The reduction that ends the chain's pass, if any.
     pub fn reduction(&self) -> Option<&StageIr> {
         self.plan.reduction.map(|r| &self.stages[r])
@@ -1001,6 +1061,7 @@ impl ChainIr {
                 ArgKind::Input | ArgKind::Output => matches!(v, ArgValue::Buffer(_)),
                 ArgKind::F32 => matches!(v, ArgValue::F32(_)),
                 ArgKind::U32 => matches!(v, ArgValue::U32(_)),
+                ArgKind::Guard => matches!(v, ArgValue::Inferred),
                 ArgKind::Len => {
                     let inferred = self.dims[a.dim.expect("len slot")].inferred_from.is_some();
                     matches!(
@@ -1014,6 +1075,7 @@ impl ChainIr {
                     ArgKind::Input | ArgKind::Output => "a buffer",
                     ArgKind::F32 => "an f32",
                     ArgKind::U32 => "a u32",
+                    ArgKind::Guard => "nothing (the runtime fills in the guard level)",
                     ArgKind::Len if self.dims[a.dim.unwrap()].inferred_from.is_some() => {
                         "nothing (the size comes from a buffer)"
                     }
@@ -1390,6 +1452,7 @@ mod tests {
             reduction: None,
             tensor_eligible: None,
             precision: None,
+            tolerance: None,
         }
     }
 

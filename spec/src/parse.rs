@@ -5,10 +5,10 @@
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Fields, Ident, LitBool, LitInt, LitStr, Token, Type};
+use syn::{Data, DeriveInput, Fields, Ident, Lit, LitBool, LitInt, LitStr, Token, Type};
 
 use crate::lower::Blame;
-use crate::{ChainIr, ChainSpec, Precision, StageSpec, lower};
+use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance, lower};
 
 /// A parsed chain with the spans of its parts.
 #[derive(Debug, Clone)]
@@ -148,6 +148,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             reduction: args.reduction,
             tensor_eligible: args.tensor_eligible,
             precision: args.precision,
+            tolerance: args.tolerance,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -188,13 +189,14 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
     ))
 }
 
-/// `n, reduction = bool, tensor_eligible = bool, precision = "..."`
+/// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x`
 struct StageArgs {
     number: u32,
     number_span: Span,
     reduction: Option<bool>,
     tensor_eligible: Option<bool>,
     precision: Option<Precision>,
+    tolerance: Option<Tolerance>,
     spans: Vec<(&'static str, Span)>,
 }
 
@@ -210,6 +212,7 @@ impl Parse for StageArgs {
             reduction: None,
             tensor_eligible: None,
             precision: None,
+            tolerance: None,
             spans: Vec::new(),
         };
         while !input.is_empty() {
@@ -223,11 +226,12 @@ impl Parse for StageArgs {
                 "reduction" => "reduction",
                 "tensor_eligible" => "tensor_eligible",
                 "precision" => "precision",
+                "tolerance" => "tolerance",
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible` or `precision`"
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision` or `tolerance`"
                         ),
                     ));
                 }
@@ -246,6 +250,21 @@ impl Parse for StageArgs {
                         .parse::<Precision>()
                         .map_err(|e| syn::Error::new(lit.span(), e))?;
                     args.precision = Some(p);
+                    args.spans.push((name, lit.span()));
+                }
+                "tolerance" => {
+                    let lit: Lit = input.parse()?;
+                    let value = match &lit {
+                        Lit::Float(f) => f.base10_parse::<f64>()?,
+                        Lit::Int(i) => i.base10_parse::<f64>()?,
+                        other => {
+                            return Err(syn::Error::new(
+                                other.span(),
+                                "`tolerance` takes a number, e.g. tolerance = 1e-2",
+                            ));
+                        }
+                    };
+                    args.tolerance = Some(Tolerance(value));
                     args.spans.push((name, lit.span()));
                 }
                 _ => {

@@ -24,6 +24,9 @@
 // may have; deeper pipelines and larger tiles need dynamic shared memory and more registers than
 // a manifold compiled for two blocks an SM has.
 //
+// The operands may also be f32 (a guarded stage, pptm_matmul_guarded below): they are converted to
+// T (round to nearest even) as they are staged, by plain loads rather than cp.async.
+//
 // Shared memory: the linear patterns' scratch (pptm_linear_smem), which codegen enlarges to
 // PPTM_LINEAR_SMEM_ALLOC_FLOATS for a domain with a tensor-core stage. Every thread of the block
 // calls the pattern; work is split over blocks grid-stride, so any b.nblocks >= 1 is correct.
@@ -96,6 +99,49 @@ __device__ __forceinline__ uint16_t pptm_ld_cg_u16(const uint16_t* p) {
     return v;
 }
 
+// ---- 16-bit conversions ---------------------------------------------------------------------
+
+// Two f32 values as a pair of T (lo in the low half), rounded to nearest even; beyond T's range
+// they become infinities, as the tensor cores would see them.
+template <class T>
+__device__ __forceinline__ uint32_t pptm_pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t pptm_pack2<pptm_f16>(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <>
+__device__ __forceinline__ uint32_t pptm_pack2<pptm_bf16>(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// x rounded to T and back: the value the tensor cores multiply.
+template <class T>
+__device__ __forceinline__ float pptm_round_to(float x);
+
+template <>
+__device__ __forceinline__ float pptm_round_to<pptm_f16>(float x) {
+    const uint32_t p = pptm_pack2<pptm_f16>(x, 0.0f);
+    float r;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(r) : "r"(p));
+    return r;
+}
+
+template <>
+__device__ __forceinline__ float pptm_round_to<pptm_bf16>(float x) {
+    return __uint_as_float(pptm_pack2<pptm_bf16>(x, 0.0f) << 16);
+}
+
+// The operand pointer the stager reads: 16-bit storage as raw bits, f32 as it is.
+__device__ __forceinline__ const uint16_t* pptm_mma_src(const pptm_bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ const uint16_t* pptm_mma_src(const pptm_f16* p) { return reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ const float* pptm_mma_src(const float* p) { return p; }
+
 // ---- the pattern ------------------------------------------------------------------------------
 
 // Whether an m x n product takes the 128 x 64 tiles.
@@ -107,7 +153,7 @@ __device__ __forceinline__ bool pptm_mma_large(uint64_t m, uint64_t n) {
 // `cols_in` of them inside the matrix) from `src` (its element (r0, c0)) into `dst`, whose rows
 // are `ds` elements apart; zero outside. `vec`: 16-byte pieces by cp.async (rows 16-byte aligned,
 // so a piece is all inside or all outside); otherwise plain loads, stored at once.
-template <uint32_t ROWS, uint32_t COLS>
+template <class T, uint32_t ROWS, uint32_t COLS>
 __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const uint16_t* base, uint64_t ld, uint64_t r0,
                                                uint64_t c0, uint64_t rows, uint64_t cols, bool vec) {
     constexpr uint32_t PIECES = ROWS * COLS / 8;
@@ -131,8 +177,35 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
     }
 }
 
-template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, class Epi>
-__device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
+// The same from an f32 matrix, converted to T on the way (`vec`: rows 16-byte aligned and a
+// multiple of 8 long, so a piece of 8 is two 16-byte loads, all inside or all outside).
+template <class T, uint32_t ROWS, uint32_t COLS>
+__device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const float* base, uint64_t ld, uint64_t r0,
+                                               uint64_t c0, uint64_t rows, uint64_t cols, bool vec) {
+    constexpr uint32_t PIECES = ROWS * COLS / 8;
+    for (uint32_t c = threadIdx.x; c < PIECES; c += PPTM_BLOCK_THREADS) {
+        const uint32_t r = c / (COLS / 8), q = 8 * (c % (COLS / 8));
+        const uint64_t gr = r0 + r, gc = c0 + q;
+        float v[8];
+        if (vec) {
+            pptm_f4 lo = {0.0f, 0.0f, 0.0f, 0.0f}, hi = lo;
+            if (gr < rows && gc < cols) {
+                lo = pptm_ld_cg_f4(base + gr * ld + gc);
+                hi = pptm_ld_cg_f4(base + gr * ld + gc + 4);
+            }
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        } else {
+#pragma unroll
+            for (uint32_t e = 0; e < 8; ++e) v[e] = gr < rows && gc + e < cols ? pptm_ld_cg_f32(base + gr * ld + gc + e) : 0.0f;
+        }
+        *reinterpret_cast<uint4*>(dst + r * ds + q) =
+            make_uint4(pptm_pack2<T>(v[0], v[1]), pptm_pack2<T>(v[2], v[3]), pptm_pack2<T>(v[4], v[5]), pptm_pack2<T>(v[6], v[7]));
+    }
+}
+
+// T: what the tensor cores multiply (pptm_bf16, pptm_f16); S: how A and W are stored (T, or f32).
+template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, class S, class Epi>
+__device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                       const Epi& epi, float* out, const pptm_block_ctx& b) {
     constexpr uint32_t WARPS_M = 4, WARPS_N = 4;
     constexpr uint32_t WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // a warp's part of the tile
@@ -147,8 +220,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, ui
                   "mma: ldmatrix rows and cp.async pieces are 16-byte aligned");
     static_assert(STAGES >= 2 && STAGES * STAGE * 2 <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4, "mma: the slices fit the scratch");
     uint16_t* const smem = reinterpret_cast<uint16_t*>(pptm_linear_smem());
-    const uint16_t* const a16 = reinterpret_cast<const uint16_t*>(A);
-    const uint16_t* const w16 = reinterpret_cast<const uint16_t*>(W);
+    const auto* const a_src = pptm_mma_src(A);
+    const auto* const w_src = pptm_mma_src(W);
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t wm = warp / WARPS_N, wn = warp % WARPS_N;
     const bool vec_a = pptm_aligned16(A) && k % 8 == 0;
@@ -170,8 +243,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, ui
                 for (uint32_t e = 0; e < 4; ++e) acc[x][y][e] = 0.0f;
         auto load = [&](uint32_t s, uint64_t k0) {
             uint16_t* const as = smem + s * STAGE;
-            pptm_mma_stage<BM, BK>(as, AS, a16, k, i0, k0, m, k, vec_a);
-            pptm_mma_stage<BK, BN>(as + BM * AS, WS, w16, n, k0, j0, k, n, vec_w);
+            pptm_mma_stage<T, BM, BK>(as, AS, a_src, k, i0, k0, m, k, vec_a);
+            pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_src, n, k0, j0, k, n, vec_w);
         };
         // Slices 0 .. STAGES - 2 start at once; one group of copies per slice (empty past k).
 #pragma unroll
@@ -237,13 +310,83 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const T* A, const T* W, ui
     }
 }
 
-template <class T, class Epi>
-__device__ __forceinline__ void pptm_matmul_mma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n,
+template <class T, class S, class Epi>
+__device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                 const Epi& epi, float* out, const pptm_block_ctx& b) {
     if (pptm_mma_large(m, n))
         pptm_matmul_mma_tiled<T, 128, 64, 32, 3>(A, W, m, k, n, epi, out, b);
     else
         pptm_matmul_mma_tiled<T, 64, 64, 32, 4>(A, W, m, k, n, epi, out, b);
+}
+
+// ---- the accuracy guard -----------------------------------------------------------------------
+//
+// A guarded stage (`tolerance = x`) keeps its operands in f32. Before it multiplies, every block
+// computes the same PPTM_GUARD_SAMPLES outputs of A W twice, in f32 from the f32 operands and from
+// the operands rounded to T as the tensor cores would get them, and takes the largest difference
+// relative to the magnitude of the terms summed: an error that T's range or precision causes
+// (an operand beyond fp16's 65504 becomes infinite) shows in these sums. Within the tolerance,
+// the block multiplies in T on tensor cores; beyond it (or non-finite), in f32 on CUDA cores. All
+// blocks see the same samples, so they decide alike without meeting. Sample s of an m x n output
+// is row (2s + 1) m / 32, column (2 (5s mod 16) + 1) n / 32: rows and columns spread over the
+// output, each once (pptm_spec::guard_samples says the same, for the CPU backend's emulation).
+#ifndef PPTM_GUARD_SAMPLES
+#error "PPTM_GUARD_SAMPLES must be defined by the generated translation unit"
+#endif
+static_assert(PPTM_WARPS == PPTM_GUARD_SAMPLES, "guard: a warp per sample");
+
+// The largest sampled error, in every thread; +inf when a sample is not finite. `smem` holds
+// PPTM_WARPS doubles (the block-reduction scratch).
+template <class T>
+__device__ __forceinline__ float pptm_guard_error(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                                  double* smem) {
+    if (m == 0 || n == 0) return 0.0f;
+    const uint32_t s = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint64_t i = (2 * s + 1) * m / (2 * PPTM_GUARD_SAMPLES);
+    const uint64_t j = (2 * (5 * s % PPTM_GUARD_SAMPLES) + 1) * n / (2 * PPTM_GUARD_SAMPLES);
+    float ref = 0.0f, mag = 0.0f, low = 0.0f;
+    for (uint64_t p = lane; p < k; p += 32) {
+        const float a = pptm_ld_cg_f32(A + i * k + p), w = pptm_ld_cg_f32(W + p * n + j);
+        ref = fmaf(a, w, ref);
+        mag += fabsf(a * w);
+        low = fmaf(pptm_round_to<T>(a), pptm_round_to<T>(w), low);
+    }
+    ref = pptm_warp_sum(ref);
+    mag = pptm_warp_sum(mag);
+    low = pptm_warp_sum(low);
+    float err = fabsf(low - ref) / fmaxf(mag, 1e-30f);
+    if (!(err <= 3.0e38f)) err = __int_as_float(0x7f800000);  // NaN or inf: +inf
+    // Every reader of smem before this (an earlier item's block reduction) is done.
+    __syncthreads();
+    if (lane == 0) smem[s] = err;
+    __syncthreads();
+    float worst = 0.0f;
+#pragma unroll
+    for (uint32_t w = 0; w < PPTM_WARPS; ++w) worst = fmaxf(worst, (float)smem[w]);
+    __syncthreads();  // smem may be reused right after
+    return worst;
+}
+
+// out = epi(A W) for a guarded stage computing in T with f32 operands, `tolerance` as declared.
+// `level` (the descriptor's guard word, set by the runtime): 0 checks and decides as above, 1
+// runs in f32 at once (this shape failed the check before). Returns what the host learns from the
+// item (its completion value): the sampled error when T was used, its negation when f32 was
+// (-inf for a non-finite check, -0.0 when level 1 skipped the check).
+template <class T, class Epi>
+__device__ __forceinline__ double pptm_matmul_guarded(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                                      const Epi& epi, float* out, const pptm_block_ctx& b, float tolerance,
+                                                      uint32_t level) {
+    if (level != 0) {
+        pptm_matmul(A, W, m, k, n, epi, out, b);
+        return -0.0;
+    }
+    const float err = pptm_guard_error<T>(A, W, m, k, n, b.red_smem);
+    if (err <= tolerance) {
+        pptm_matmul_mma<T>(A, W, m, k, n, epi, out, b);
+        return (double)err;
+    }
+    pptm_matmul(A, W, m, k, n, epi, out, b);
+    return -(double)err;
 }
 
 #endif  // PPTM_PATTERN_MMA_CUH
