@@ -38,8 +38,6 @@
 #ifndef PPTM_MMA_LARGE_FROM
 #error "PPTM_MMA_LARGE_FROM must be defined by the generated translation unit"
 #endif
-// Rows of tiles a group walks column by column (see the tile loop).
-#define PPTM_MMA_GROUP 8
 
 // ---- the instructions -------------------------------------------------------------------------
 
@@ -229,32 +227,13 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     const bool vec_a = pptm_aligned16(A) && k % 8 == 0;
     const bool vec_w = pptm_aligned16(W) && n % 8 == 0;
     const bool vec_out = out != nullptr && (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
-    const uint64_t tiles_n = n / BN + (n % BN != 0), tiles_m = m / BM + (m % BM != 0);
-    const uint64_t tiles = tiles_m * tiles_n;
+    const uint64_t tiles_n = n / BN + (n % BN != 0);
+    const uint64_t tiles = (m / BM + (m % BM != 0)) * tiles_n;
     const uint64_t ktiles = k / BK + (k % BK != 0);
-    // 16-bit operands with 16-byte aligned rows take the fast staging below: one piece of A and one
-    // of W per thread and slice, their addresses worked out once per tile (with the general
-    // stager's 64-bit index arithmetic per piece and slice, the block spent about 200 instructions
-    // a warp on each slice against 14 for the tensor cores, and ran at 46 TFLOP/s on 1024^3).
-    constexpr uint32_t PA = BM * BK / 8, PW = BK * BN / 8;  // 16-byte pieces of a slice
-    static_assert(PA <= PPTM_BLOCK_THREADS && PW <= PPTM_BLOCK_THREADS, "mma: a piece of each per thread");
-    const bool fast = sizeof(S) == 2 && vec_a && vec_w;
-    const uint32_t ra = threadIdx.x / (BK / 8), qa = 8 * (threadIdx.x % (BK / 8));
-    const uint32_t rw = threadIdx.x / (BN / 8), qw = 8 * (threadIdx.x % (BN / 8));
     // Every reader of the scratch before this pattern (an earlier item's) is done.
     __syncthreads();
     for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
-        // Tiles in groups of PPTM_MMA_GROUP rows of tiles, walked a column of the group at a time:
-        // the blocks working at once share a few panels of A and of W, which stay in L2.
-        const uint64_t group = tile / (PPTM_MMA_GROUP * tiles_n), first = group * PPTM_MMA_GROUP;
-        const uint64_t rows_in = min((uint64_t)PPTM_MMA_GROUP, tiles_m - first), at = tile % (PPTM_MMA_GROUP * tiles_n);
-        const uint64_t i0 = (first + at % rows_in) * BM, j0 = at / rows_in * BN;
-        // Fast staging: this thread's pieces of slice 0 (row i0 + ra of A at column qa, row rw of W
-        // at column j0 + qw), and whether that row of A / column of W is inside the matrix. Few
-        // values, so they stay in registers across the k loop.
-        const bool live_a = threadIdx.x < PA && i0 + ra < m, live_w = threadIdx.x < PW && j0 + qw < n;
-        const auto* const a_piece = a_src + (live_a ? (i0 + ra) * k + qa : 0);
-        const auto* const w_piece = w_src + (live_w ? (uint64_t)rw * n + j0 + qw : 0);
+        const uint64_t i0 = tile / tiles_n * BM, j0 = tile % tiles_n * BN;
         float acc[MT][NT][4];
 #pragma unroll
         for (uint32_t x = 0; x < MT; ++x)
@@ -262,22 +241,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
             for (uint32_t y = 0; y < NT; ++y)
 #pragma unroll
                 for (uint32_t e = 0; e < 4; ++e) acc[x][y][e] = 0.0f;
-        // Stages slice k0 / BK into buffer s (slices are staged in order: the fast path advances).
         auto load = [&](uint32_t s, uint64_t k0) {
             uint16_t* const as = smem + s * STAGE;
-            if constexpr (sizeof(S) == 2) {
-                if (fast) {
-                    if (threadIdx.x < PA) {
-                        const bool in = live_a && k0 + qa < k;
-                        pptm_cp_async_16(as + ra * AS + qa, in ? a_piece + k0 : a_src, in ? 16u : 0u);
-                    }
-                    if (threadIdx.x < PW) {
-                        const bool in = live_w && k0 + rw < k;
-                        pptm_cp_async_16(as + BM * AS + rw * WS + qw, in ? w_piece + k0 * n : w_src, in ? 16u : 0u);
-                    }
-                    return;
-                }
-            }
             pptm_mma_stage<T, BM, BK>(as, AS, a_src, k, i0, k0, m, k, vec_a);
             pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_src, n, k0, j0, k, n, vec_w);
         };
