@@ -173,41 +173,30 @@ trait Operand: Element {
     ) -> Result<Ticket<'a, ()>, Error>;
 }
 
-impl Operand for bf16 {
-    const NAME: &'static str = "bf16";
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn submit<'a>(
-        rt: &Runtime,
-        a: &'a Buffer<Self>,
-        w: &'a Buffer<Self>,
-        b: &'a Buffer<f32>,
-        out: &'a mut Buffer<f32>,
-        m: usize,
-        k: usize,
-    ) -> Result<Ticket<'a, ()>, Error> {
-        MatmulBiasGeluBf16::submit(rt, a, w, b, out, m, k)
-    }
+/// The Operand impl of a 16-bit type and its chain.
+macro_rules! operand {
+    ($t:ty, $name:literal, $chain:ty) => {
+        impl Operand for $t {
+            const NAME: &'static str = $name;
+            fn from_f32(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+            fn submit<'a>(
+                rt: &Runtime,
+                a: &'a Buffer<Self>,
+                w: &'a Buffer<Self>,
+                b: &'a Buffer<f32>,
+                out: &'a mut Buffer<f32>,
+                m: usize,
+                k: usize,
+            ) -> Result<Ticket<'a, ()>, Error> {
+                <$chain>::submit(rt, a, w, b, out, m, k)
+            }
+        }
+    };
 }
-
-impl Operand for f16 {
-    const NAME: &'static str = "fp16";
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn submit<'a>(
-        rt: &Runtime,
-        a: &'a Buffer<Self>,
-        w: &'a Buffer<Self>,
-        b: &'a Buffer<f32>,
-        out: &'a mut Buffer<f32>,
-        m: usize,
-        k: usize,
-    ) -> Result<Ticket<'a, ()>, Error> {
-        MatmulBiasGeluF16::submit(rt, a, w, b, out, m, k)
-    }
-}
+operand!(bf16, "bf16", MatmulBiasGeluBf16);
+operand!(f16, "fp16", MatmulBiasGeluF16);
 
 /// gelu(A W + b) with 16-bit A and W. The reference multiplies the very operand values the chain
 /// gets (16-bit, widened exactly) in f64, so what is left to judge is the device's f32
