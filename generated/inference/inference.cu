@@ -232,6 +232,19 @@ __device__ __forceinline__ uint32_t pptm_run_8a7205d2(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+    switch (d.opcode) {
+    case 0x43ffe357u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // AccuracyPipeline
+    case 0x6a371d48u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // BeliefUpdateStep
+    case 0x7985c08cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KlComplexity
+    case 0x00271f25u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // KlTerms
+    case 0xb5a4b866u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestError
+    case 0x143a17bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // MeanKlTerm
+    case 0x8a7205d2u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // Predict
+    default: return true;
+    }
+}
+
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x43ffe357u: return pptm_run_43ffe357(d, b, partial);  // AccuracyPipeline

@@ -304,6 +304,21 @@ __device__ __forceinline__ uint32_t pptm_run_a4e244f5(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+    switch (d.opcode) {
+    case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
+    case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu
+    case 0xe9d3bddfu: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluBf16
+    case 0x4bc1a0d4u: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluF16
+    case 0x67fb1b7bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluGuarded
+    case 0xbf989ba0u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasRelu
+    case 0x9e9087e3u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasSigmoid
+    case 0x1156234bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasTanh
+    case 0xa4e244f5u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7]) < (1ull << 48);  // RichardsonStep
+    default: return true;
+    }
+}
+
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x91e20abau: return pptm_run_91e20aba(d, b, partial);  // GemvAxpbySum

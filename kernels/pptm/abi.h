@@ -47,7 +47,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 7u
+#define PPTM_ABI_VERSION 8u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -65,6 +65,14 @@ typedef unsigned long long uint64_t;
  * opcodes derived from their chain's spec hash, always >= PPTM_OP_FIRST_VARIANT. */
 #define PPTM_OP_NOOP 0u
 #define PPTM_OP_SHUTDOWN 1u
+/* Fault injection (the host submits these only with the `fault-injection` feature), to prove the
+ * watchdog and fault handling: HANG spins on the participating blocks until the host aborts the
+ * manifold; SLOW runs for args[0] ns, reporting progress every 100 us (a long legitimate item);
+ * FAULT stores to args[0] + 4096 (the host passes 0: page 1, an illegal address; a real device
+ * fault, sticky for the process). */
+#define PPTM_OP_DEBUG_HANG 8u
+#define PPTM_OP_DEBUG_SLOW 9u
+#define PPTM_OP_DEBUG_FAULT 10u
 #define PPTM_OP_FIRST_VARIANT 16u
 
 /* Tagged u64 words per completion entry that carry data (status, opcode, value lo, value hi,
@@ -74,6 +82,12 @@ typedef unsigned long long uint64_t;
 /* Completion status words. */
 #define PPTM_STATUS_OK 0u
 #define PPTM_STATUS_BAD_OPCODE 1u
+/* An argument failed the device's own checks (a pointer not aligned to its element, a length
+ * beyond 2^48): the item did not run. The host validates every argument before submitting, so
+ * this means a descriptor built around that validation. */
+#define PPTM_STATUS_BAD_ARGUMENT 2u
+/* The item stopped because the host aborted the manifold (watchdog): never completes normally. */
+#define PPTM_STATUS_ABORTED 3u
 
 /* One work item as the host writes it (128 bytes). */
 typedef struct pptm_desc {
@@ -101,18 +115,28 @@ typedef struct pptm_cq_entry {
 /* Host <-> device control words, in mapped host memory after the CQ (one 64-byte line each).
  * Start handshake: the host waits for `started` after launching; a manifold that cannot become
  * resident in time (the GPU is full of other persistent kernels) is abandoned by setting `cancel`,
- * and exits at once if it ever starts. */
+ * and exits at once if it ever starts.
+ * Watchdog: a warp of the fetcher block mirrors the compute blocks' progress stamps (`beat`, below)
+ * into `heartbeat` every ~50 us while they change, so the host sees progress inside long items
+ * without a driver call. The host writes `abort` = 1 to make every block leave its loops and the
+ * kernel return (items in flight never complete); the fetcher passes it on through `abort` in the
+ * device state. */
 typedef struct pptm_host_control {
     uint64_t started; /* the device writes 1 (st.release.sys) when every block is resident */
     uint64_t pad_started[7];
     uint64_t cancel; /* the host writes 1 to make a manifold that has not started exit at once */
     uint64_t pad_cancel[7];
+    uint64_t heartbeat; /* the latest compute-block progress stamp (%globaltimer ns), st.relaxed.sys */
+    uint64_t pad_heartbeat[7];
+    uint64_t abort; /* the host writes 1: every block returns as soon as it can */
+    uint64_t pad_abort[7];
 } pptm_host_control;
 
 /* Grid-wide state in device memory, zeroed before launch. Each counter has its own 128-byte line. */
 typedef struct pptm_device_state {
     uint64_t completed; /* items fully completed (the last arriver writes, release.gpu) */
-    uint64_t pad_completed[15];
+    uint64_t abort;     /* 1 once the host asked for an abort (the fetcher writes; blocks poll it with `completed`) */
+    uint64_t pad_completed[14];
     uint64_t arrivals[PPTM_STAGE_SLOTS]; /* per item (seq % STAGE_SLOTS): blocks that finished it; the last resets it */
     uint64_t decision; /* the fetcher's start decision for every block: 1 run, 2 cancelled */
     uint64_t resident; /* blocks that have entered the kernel (start handshake) */
@@ -121,6 +145,7 @@ typedef struct pptm_device_state {
     uint64_t started_ns[PPTM_STAGE_SLOTS]; /* %globaltimer when block 0 took item seq (its arrival releases it) */
     double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
     uint32_t smid[PPTM_MAX_BLOCKS + 32];  /* the SM each block runs on (start-up role assignment) */
+    uint64_t beat[PPTM_MAX_BLOCKS];       /* per compute block: %globaltimer at its latest tile (progress) */
 } pptm_device_state;
 
 /* The manifold kernel's only parameter, passed by value at launch. */

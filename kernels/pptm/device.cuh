@@ -243,4 +243,19 @@ struct pptm_block_ctx {
     double* red_smem;  // PPTM_WARPS doubles of shared memory
 };
 
+// This block's progress word in the manifold's state (null in launched kernels). Kept in shared
+// memory rather than in pptm_block_ctx: the context is live across every pattern's loops, and one
+// more pointer in it cost the linear-algebra manifold spills.
+__shared__ uint64_t* pptm_beat_word;
+
+// Progress inside an item: patterns call this once a tile (a unit of work that takes well under a
+// millisecond), so the host's watchdog tells a long item from a hung one. One relaxed store from
+// thread 0 to a word only this block writes: no contention, nothing waits on it.
+__device__ __forceinline__ void pptm_tick(const pptm_block_ctx&) {
+    if (threadIdx.x == 0) {
+        uint64_t* const w = pptm_beat_word;
+        if (w != nullptr) pptm_st_relaxed_gpu(w, pptm_globaltimer());
+    }
+}
+
 #endif  // PPTM_DEVICE_CUH

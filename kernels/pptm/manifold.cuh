@@ -12,6 +12,9 @@
 //       and, for reducing variants, the block's partial (valid in thread 0);
 //   double pptm_finish_variant(const pptm_desc&, const double* partials, uint32_t nblocks, double* smem)
 //       called by every thread of the last-arriving block; returns the item's scalar in thread 0;
+//   bool pptm_variant_args_ok(const pptm_desc&)
+//       the device's own checks of the descriptor's arguments (alignment, lengths), uniform across
+//       blocks; false makes the item complete with PPTM_STATUS_BAD_ARGUMENT without running;
 //   bool pptm_variant_writes_memory(uint32_t opcode)
 //       whether the variant stores to device memory (its completion then needs a system fence).
 #ifndef PPTM_MANIFOLD_CUH
@@ -35,12 +38,41 @@ __device__ __forceinline__ uint32_t pptm_fetch_backoff(uint32_t idle_polls, cons
     return min(100u << k, P.max_backoff_ns);
 }
 
+// The watch warp (the fetcher block's last): every ~50 us it mirrors the newest of the compute blocks'
+// progress stamps into the host's `heartbeat` word (only when it changed: an idle manifold writes
+// nothing over PCIe), and reads the host's `abort` word; on an abort it tells the compute blocks
+// (S->abort) and the pollers (`stop`) and returns. It never touches the items themselves, so a hung
+// compute block cannot stop it.
+__device__ __noinline__ void pptm_watch(const pptm_manifold_params& P, uint32_t nblocks, volatile int* vstop) {
+    pptm_device_state* S = P.state;
+    const unsigned lane = threadIdx.x & 31u;
+    uint64_t mirrored = 0;
+    for (;;) {
+        if (*vstop) return;
+        const uint64_t abort = lane == 0 ? pptm_ld_relaxed_sys(&P.control->abort) : 0;
+        if (__shfl_sync(PPTM_FULL_MASK, abort, 0) != 0) {
+            if (lane == 0) pptm_st_relaxed_gpu(&S->abort, 1);
+            *vstop = 1;
+            return;
+        }
+        uint64_t newest = 0;
+        for (uint32_t b = lane; b < nblocks; b += 32) newest = max(newest, pptm_ld_relaxed_gpu(&S->beat[b]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) newest = max(newest, __shfl_xor_sync(PPTM_FULL_MASK, newest, o));
+        if (newest != mirrored) {
+            if (lane == 0) pptm_st_relaxed_sys(&P.control->heartbeat, newest);
+            mirrored = newest;
+        }
+        pptm_sleep(50000u);
+    }
+}
+
 // `fetch_pollers` warps poll the SQ slot of the next unstaged item, each in its own loop and
 // started at staggered times, so a new item is seen a fraction of a PCIe round trip after it lands
 // rather than half a round trip on average. The warp that finds it ready claims it (CAS on the
 // shared `next`), copies it re-tagged into the stage ring, and polls the following slot at once.
 // The fetcher returns after staging a shutdown item.
-__device__ void pptm_fetcher(const pptm_manifold_params& P) {
+__device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_t nblocks) {
     __shared__ unsigned long long next;  // lowest item not yet staged
     __shared__ int stop;
     pptm_device_state* S = P.state;
@@ -50,11 +82,15 @@ __device__ void pptm_fetcher(const pptm_manifold_params& P) {
         stop = 0;
     }
     __syncthreads();
-    const uint32_t pollers = max(1u, min(P.fetch_pollers, min((uint32_t)PPTM_WARPS, PPTM_MAX_POLLERS)));
-    if (warp >= pollers) return;
-    pptm_sleep(warp * 250u);  // stagger
     volatile unsigned long long* vnext = &next;
     volatile int* vstop = &stop;
+    if (warp == PPTM_WARPS - 1) {
+        pptm_watch(P, nblocks, vstop);
+        return;
+    }
+    const uint32_t pollers = max(1u, min(P.fetch_pollers, min((uint32_t)PPTM_WARPS - 1u, PPTM_MAX_POLLERS)));
+    if (warp >= pollers) return;
+    pptm_sleep(warp * 250u);  // stagger
     uint64_t completed = 0;
     uint32_t idle_polls = 0, polls = 0;
     for (;;) {
@@ -117,6 +153,7 @@ struct pptm_loop_smem {
     double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
     int last;
+    int abort;               // the host aborted the manifold: return
 };
 
 // Compute blocks an item runs on.
@@ -140,6 +177,8 @@ __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_
 // critical path.
 __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
                                                   uint32_t nblocks, uint32_t me) {
+    if (threadIdx.x == 0) sh.abort = 0;
+    __syncwarp();
     if (threadIdx.x < 32) {
         pptm_device_state* S = P.state;
         const unsigned lane = threadIdx.x;
@@ -148,8 +187,12 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
             const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
             const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
             const uint64_t w = pptm_ld_acquire_gpu(slot + lane);
-            const uint64_t c = lane == 31 ? pptm_ld_acquire_gpu(&S->completed) : 0;
+            const uint64_t c = lane == 31 ? pptm_ld_acquire_gpu(&S->completed) : lane == 30 ? pptm_ld_relaxed_gpu(&S->abort) : 0;
             const uint64_t done = __shfl_sync(PPTM_FULL_MASK, c, 31);
+            if (__shfl_sync(PPTM_FULL_MASK, c, 30) != 0) {
+                if (lane == 0) sh.abort = 1;
+                break;
+            }
             if (done > seq) {
                 // Items seq .. done-1 finished without this block: none needed it.
                 seq = done;
@@ -185,12 +228,45 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
     __syncthreads();
 }
 
+// The fault-injection items (abi.h): what a hang, a long item and a fault look like from the host.
+// Thread 0 does the waiting; the block meets it at a barrier, so the status is uniform.
+__device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, const pptm_desc& d, const pptm_block_ctx& b) {
+    __shared__ uint32_t status;
+    if (threadIdx.x == 0) {
+        status = PPTM_STATUS_OK;
+        const uint64_t start = pptm_globaltimer();
+        if (d.opcode == PPTM_OP_DEBUG_FAULT) {
+            // Page 1 of the address space, which no process and no GPU maps: an illegal address.
+            // (An address far above the device's allocations is not enough on a GPU that shares
+            // the process's address space: one such store completed on an H200.)
+            *reinterpret_cast<volatile uint32_t*>(d.args[0] + 0x1000ull) = 1u;
+        } else {
+            // HANG: no progress, ever; SLOW: progress every 100 us until args[0] ns have passed.
+            for (;;) {
+                if (pptm_ld_relaxed_gpu(&P.state->abort) != 0) {
+                    status = PPTM_STATUS_ABORTED;
+                    break;
+                }
+                if (d.opcode == PPTM_OP_DEBUG_SLOW) {
+                    if (pptm_globaltimer() - start >= d.args[0]) break;
+                    pptm_tick(b);
+                }
+                pptm_sleep(100000u);
+            }
+        }
+    }
+    __syncthreads();
+    return status;
+}
+
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
     pptm_device_state* S = P.state;
+    if (threadIdx.x == 0) pptm_beat_word = &S->beat[me];
     for (uint64_t seq = 0;; ++seq) {
         pptm_compute_wait(P, sh, seq, nblocks, me);
+        if (sh.abort) return;
         seq = sh.seq;
         const uint32_t op = sh.desc.opcode;
         const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
@@ -202,9 +278,12 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
         if (op >= PPTM_OP_FIRST_VARIANT)
-            status = pptm_run_variant(sh.desc, ctx, partial);
+            status = pptm_variant_args_ok(sh.desc) ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
+        else if (op >= PPTM_OP_DEBUG_HANG && op <= PPTM_OP_DEBUG_FAULT)
+            status = pptm_run_debug(P, sh.desc, ctx);
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
+        if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
 
         // Arrive. The acq_rel add publishes this block's partial and outputs and, in the last
         // block, acquires every other block's.
@@ -293,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
     __syncthreads();
     const uint32_t fetcher = fetcher_block == 0 ? gridDim.x - 1 : fetcher_block - 1;
     if (blockIdx.x == fetcher)
-        pptm_fetcher(P);
+        pptm_fetcher(P, gridDim.x - 1);
     else
         pptm_compute_loop(P, gridDim.x - 1, blockIdx.x - (blockIdx.x > fetcher ? 1u : 0u));
 }
@@ -303,6 +382,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
 // The descriptor into shared memory, where the variant code reads it, as in the manifold.
 __device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm_desc& d) {
     if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&d)[threadIdx.x];
+    if (threadIdx.x == 0) pptm_beat_word = nullptr;  // no watchdog for launched kernels
     __syncthreads();
 }
 
@@ -329,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
     uint32_t status = PPTM_STATUS_OK;
     double partial = 0.0;
     if (op >= PPTM_OP_FIRST_VARIANT)
-        status = pptm_run_variant(sh.desc, ctx, partial);
+        status = pptm_variant_args_ok(sh.desc) ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
     else if (op != PPTM_OP_NOOP)
         status = PPTM_STATUS_BAD_OPCODE;
     if (pptm_launch_arrive(sh, P.arrivals, P.partials, partial)) {

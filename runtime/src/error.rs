@@ -93,6 +93,38 @@ pub enum Error {
         reason: String,
     },
 
+    /// The watchdog saw no progress on pending work for longer than `Config::watchdog`: every item
+    /// pending on the manifold fails with this, naming the item that was running. With
+    /// `recovered`, the manifold left when told to abort (its memory was safe to release) and the
+    /// next submission launches a fresh one; without it, the kernel ignored the abort and still
+    /// holds the GPU (see RELIABILITY.md).
+    #[error(
+        "no progress for {stalled:?} in the manifold of domain `{domain}` ({variant:?}) while it ran item {seq} (`{chain}`); {}",
+        if *recovered { "the manifold was stopped and the next submission relaunches it" } else { "the kernel did not respond to the abort and still holds the GPU" }
+    )]
+    Hang {
+        domain: &'static str,
+        variant: crate::Variant,
+        /// The item that was running (sequence number in its manifold's queue) and its chain.
+        seq: u64,
+        chain: &'static str,
+        stalled: Duration,
+        recovered: bool,
+    },
+
+    /// The device faulted (an illegal address, a trap) while the manifold of `domain` ran item
+    /// `seq` (`chain`). CUDA makes such an error sticky: the process cannot use the GPU again, and
+    /// every later call fails with this error or a driver error (see RELIABILITY.md).
+    #[error(
+        "device fault in the manifold of domain `{domain}` while it ran item {seq} (`{chain}`): {reason}"
+    )]
+    DeviceFault {
+        domain: &'static str,
+        seq: u64,
+        chain: &'static str,
+        reason: String,
+    },
+
     /// The device rejected an item.
     #[error("the device reported status {status} ({meaning}) for `{chain}`")]
     Device {

@@ -21,6 +21,7 @@ mod error;
 mod gpu;
 mod guard;
 mod runtime;
+mod sync;
 mod ticket;
 
 pub use buffer::Buffer;
@@ -29,5 +30,7 @@ pub use element::{DType, Element, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use guard::GuardStats;
+#[cfg(feature = "fault-injection")]
+pub use runtime::Injection;
 pub use runtime::{BackendKind, Config, Runtime, Variant};
 pub use ticket::{Ticket, Timed};

@@ -44,6 +44,22 @@ pub enum Variant {
     UnfusedGraph,
 }
 
+/// A fault to inject (feature `fault-injection`; see [`Runtime::inject`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injection {
+    /// An item that never makes progress (it waits for the abort the watchdog sends).
+    Hang,
+    /// An item that runs this long, reporting progress as a long legitimate item does.
+    Slow(Duration),
+    /// An item that stores to an illegal address (page 1): a real device fault, which CUDA makes
+    /// sticky for the whole process.
+    Fault,
+    /// The chain's own variant with misaligned pointers: the device's argument checks refuse it
+    /// with a status word, and the manifold carries on.
+    MisalignedArgument,
+}
+
 /// Runtime settings. `Config::default()` suits most uses.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -65,6 +81,11 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// How long a manifold may take to become resident before its launch is cancelled.
     pub launch_timeout: Duration,
+    /// The watchdog's deadline: pending work with no progress for this long (no item completing,
+    /// no tile finishing inside the running item) fails every pending item with [`Error::Hang`]
+    /// and stops the manifold; the next submission launches a new one. `None` turns it off.
+    /// Default 100 ms, or `PPTM_WATCHDOG_MS` (`0`: off).
+    pub watchdog: Option<Duration>,
     /// Fetcher warps polling the submission ring at staggered times (1..=8): more see a new item
     /// sooner, at the cost of more PCIe reads while busy. On an H200, two gave the lowest no-op
     /// round trip and four a higher one (the polls compete with the host's writes).
@@ -88,11 +109,23 @@ impl Default for Config {
             submit_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(5),
             launch_timeout: Duration::from_secs(2),
+            watchdog: watchdog_from_env().unwrap_or(Some(Duration::from_millis(100))),
             fetch_pollers: 2,
             domain_sms: Vec::new(),
             variant: Variant::Fused,
         }
     }
+}
+
+/// `PPTM_WATCHDOG_MS=n` sets the default watchdog deadline (`0` turns it off), e.g. for runs
+/// under compute-sanitizer, whose kernels are many times slower.
+fn watchdog_from_env() -> Option<Option<Duration>> {
+    let ms: u64 = std::env::var("PPTM_WATCHDOG_MS")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((ms > 0).then(|| Duration::from_millis(ms)))
 }
 
 impl Config {
@@ -114,6 +147,11 @@ impl Config {
         }
         if self.max_sms == Some(0) {
             return Err(Error::Config("max_sms must be at least 1".into()));
+        }
+        if self.watchdog.is_some_and(|d| d < Duration::from_millis(1)) {
+            return Err(Error::Config(
+                "watchdog must be at least 1 ms (or None to turn it off)".into(),
+            ));
         }
         Ok(())
     }
@@ -301,7 +339,16 @@ impl Runtime {
         };
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(existing) = m.get(code.key) {
-            return Ok(Some(existing.clone()));
+            // One the watchdog aborted has returned: a new one takes its place. Any other stopped
+            // manifold keeps answering with the reason it stopped.
+            if !existing.was_aborted() {
+                return Ok(Some(existing.clone()));
+            }
+            tracing::info!(
+                domain = code.name,
+                "relaunching the manifold after an abort"
+            );
+            m.remove(code.key);
         }
         let launched = Manifold::launch(device, code, &self.config, None)?;
         m.insert(code.key, launched.clone());
@@ -362,6 +409,7 @@ impl Runtime {
             return Ok(());
         }
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, x| !x.was_aborted());
         let mut todo: Vec<&'static DomainCode> = Vec::new();
         for d in domains {
             if !m.contains_key(d.key) && !todo.iter().any(|t| t.key == d.key) {
@@ -487,10 +535,64 @@ impl Runtime {
                         ..Default::default()
                     },
                     true,
+                    "noop",
                 )?;
                 Ok(Ticket::pending("noop", m, cell))
             }
         }
+    }
+
+    /// Submits a fault-injection item to the manifold that hosts `C` (built with the
+    /// `fault-injection` feature only): what a hang, a long item, a device fault or a descriptor
+    /// the device rejects look like, to test the watchdog and fault handling (tests/reliability.rs).
+    /// Persistent GPU manifolds only; elsewhere [`Error::Config`].
+    #[cfg(feature = "fault-injection")]
+    pub fn inject<C: Chain>(&self, what: Injection) -> Result<Ticket<'static, ()>> {
+        use crate::gpu::abi::{PPTM_OP_DEBUG_FAULT, PPTM_OP_DEBUG_HANG, PPTM_OP_DEBUG_SLOW};
+        if self.launched() {
+            return Err(Error::Config(
+                "fault injection targets the persistent manifold (Variant::Fused)".into(),
+            ));
+        }
+        let Some(m) = self.manifold(C::DOMAIN)? else {
+            return Err(Error::Config(
+                "fault injection needs the GPU backend".into(),
+            ));
+        };
+        let ir = C::ir()?;
+        let mut desc = pptm_desc {
+            blocks: 1,
+            ..Default::default()
+        };
+        let name = match what {
+            Injection::Hang => {
+                desc.opcode = PPTM_OP_DEBUG_HANG;
+                "injected hang"
+            }
+            Injection::Slow(d) => {
+                desc.opcode = PPTM_OP_DEBUG_SLOW;
+                desc.args[0] = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+                "injected slow item"
+            }
+            Injection::Fault => {
+                desc.opcode = PPTM_OP_DEBUG_FAULT;
+                "injected fault"
+            }
+            Injection::MisalignedArgument => {
+                // The chain's own variant, every pointer odd: the device's checks must refuse it.
+                desc.opcode = C::OPCODE;
+                for (word, slot) in desc.args.iter_mut().zip(&ir.args) {
+                    *word = match slot.kind {
+                        ArgKind::Input | ArgKind::Output => 0x1001,
+                        ArgKind::Len => 1,
+                        _ => 0,
+                    };
+                }
+                C::NAME
+            }
+        };
+        let cell = m.submit(&desc, true, name)?;
+        Ok(Ticket::pending(name, m, cell))
     }
 
     /// What the accuracy guard of chain `C` did (all zero for a chain without a `tolerance`
@@ -559,7 +661,7 @@ impl Runtime {
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 match route {
                     Route::Manifold(m) => {
-                        let cell = m.submit(&desc, blocking)?;
+                        let cell = m.submit(&desc, blocking, C::NAME)?;
                         Ok(Ticket::pending(C::NAME, m, cell).with_guard(guard))
                     }
                     Route::Launch(l) => {

@@ -132,10 +132,15 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     fn take(&mut self, deadline: Option<Instant>) -> Result<Completion> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),
-            State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c)),
+            State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c), None),
             State::Pending { manifold, cell } => {
                 manifold.wait(cell, deadline)?;
-                resolve(self.chain, self.domain, cell.result().expect("waited"))
+                resolve(
+                    self.chain,
+                    self.domain,
+                    cell.result().expect("waited"),
+                    Some(manifold),
+                )
             }
         };
         self.state = State::Taken;
@@ -150,8 +155,12 @@ fn resolve(
     chain: &'static str,
     domain: &'static str,
     r: &std::result::Result<Completion, Failure>,
+    manifold: Option<&Manifold>,
 ) -> Result<Completion> {
-    use crate::gpu::abi::{PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK};
+    use crate::gpu::abi::{
+        PPTM_STATUS_ABORTED, PPTM_STATUS_BAD_ARGUMENT, PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK,
+    };
+    let name = |opcode| manifold.map_or("?", |m| m.chain_name(opcode));
     match r {
         Ok(c) if c.status == PPTM_STATUS_OK => Ok(*c),
         Ok(c) => Err(Error::Device {
@@ -159,6 +168,10 @@ fn resolve(
             status: c.status,
             meaning: match c.status {
                 PPTM_STATUS_BAD_OPCODE => "the manifold has no variant with this opcode",
+                PPTM_STATUS_BAD_ARGUMENT => {
+                    "an argument failed the device's checks (misaligned pointer or oversized length); the item did not run"
+                }
+                PPTM_STATUS_ABORTED => "the manifold was aborted while the item ran",
                 _ => "unknown status",
             },
         }),
@@ -166,6 +179,20 @@ fn resolve(
         Err(Failure::Stopped(reason)) => Err(Error::ManifoldStopped {
             domain,
             reason: reason.clone(),
+        }),
+        Err(Failure::Hang(c)) => Err(Error::Hang {
+            domain,
+            variant: crate::Variant::Fused,
+            seq: c.seq,
+            chain: name(c.opcode),
+            stalled: c.stalled,
+            recovered: c.recovered,
+        }),
+        Err(Failure::Fault(c)) => Err(Error::DeviceFault {
+            domain,
+            seq: c.seq,
+            chain: name(c.opcode),
+            reason: c.reason.clone(),
         }),
     }
 }

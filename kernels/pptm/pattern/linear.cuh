@@ -169,6 +169,7 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
     const uint64_t groups = m / group_rows + (m % group_rows != 0);
     double red = R::identity();
     for (uint64_t g = b.block; g < groups; g += b.nblocks) {
+        pptm_tick(b);
         const uint64_t row0 = g * group_rows + warp * rpw;
         // Row row0 + r's running sum lives in lane r: one register however many rows a warp owns.
         float acc = 0.0f;
@@ -255,6 +256,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
     const uint64_t tiles = n / TW + (n % TW != 0);
     double red = R::identity();
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
+        pptm_tick(b);
         const uint64_t col = t * TW + lane % TW;
         const bool in = col < n;
         // Narrow tiles issue the epilogue's loads for their column now, so their round trip
@@ -401,6 +403,7 @@ __device__ __forceinline__ void pptm_matmul_tiled(const float* A, const float* W
     const uint64_t tiles = (m / T + (m % T != 0)) * tiles_n;
     const uint64_t ktiles = k / TK + (k % TK != 0);
     for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
         const uint64_t i0 = tile / tiles_n * T, j0 = tile % tiles_n * T;
         float acc[MR][MC];
 #pragma unroll
@@ -680,6 +683,7 @@ __device__ __forceinline__ void pptm_matmul_direct(const float* A, const float* 
     const uint32_t tiles_n = (uint32_t)(n / C + (n % C != 0));
     const uint32_t tiles = (uint32_t)pptm_matmul_direct_tiles(m, n);
     for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
         const uint64_t i = (uint64_t)(tile / tiles_n) * R + lane / CQ;
         const uint64_t j = (uint64_t)(tile % tiles_n) * C + 4 * (lane % CQ);
         pptm_f4 acc;

@@ -233,6 +233,7 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     // Every reader of the scratch before this pattern (an earlier item's) is done.
     __syncthreads();
     for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
         const uint64_t i0 = tile / tiles_n * BM, j0 = tile % tiles_n * BN;
         float acc[MT][NT][4];
 #pragma unroll

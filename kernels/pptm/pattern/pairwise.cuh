@@ -135,6 +135,7 @@ __device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs,
                                                  const pptm_block_ctx& b) {
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     for (uint64_t i = (uint64_t)b.block * PPTM_WARPS + warp; i < n; i += (uint64_t)b.nblocks * PPTM_WARPS) {
+        pptm_tick(b);
         typename Row::State state;
         row.init(state, i);
         for (uint64_t base = 0; base < n; base += 32) {

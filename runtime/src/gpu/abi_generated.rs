@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 7;
+pub const PPTM_ABI_VERSION: u32 = 8;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -10,10 +10,15 @@ pub const PPTM_MAX_BLOCKS: u32 = 1024;
 pub const PPTM_MAX_POLLERS: u32 = 8;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
+pub const PPTM_OP_DEBUG_HANG: u32 = 8;
+pub const PPTM_OP_DEBUG_SLOW: u32 = 9;
+pub const PPTM_OP_DEBUG_FAULT: u32 = 10;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
 pub const PPTM_CQ_WORDS: u32 = 5;
 pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
+pub const PPTM_STATUS_BAD_ARGUMENT: u32 = 2;
+pub const PPTM_STATUS_ABORTED: u32 = 3;
 pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -63,10 +68,14 @@ pub struct pptm_host_control {
     pub pad_started: [u64; 7usize],
     pub cancel: u64,
     pub pad_cancel: [u64; 7usize],
+    pub heartbeat: u64,
+    pub pad_heartbeat: [u64; 7usize],
+    pub abort: u64,
+    pub pad_abort: [u64; 7usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_host_control"][::core::mem::size_of::<pptm_host_control>() - 128usize];
+    ["Size of pptm_host_control"][::core::mem::size_of::<pptm_host_control>() - 256usize];
     ["Alignment of pptm_host_control"][::core::mem::align_of::<pptm_host_control>() - 8usize];
     ["Offset of field: pptm_host_control::started"]
         [::core::mem::offset_of!(pptm_host_control, started) - 0usize];
@@ -76,12 +85,21 @@ const _: () = {
         [::core::mem::offset_of!(pptm_host_control, cancel) - 64usize];
     ["Offset of field: pptm_host_control::pad_cancel"]
         [::core::mem::offset_of!(pptm_host_control, pad_cancel) - 72usize];
+    ["Offset of field: pptm_host_control::heartbeat"]
+        [::core::mem::offset_of!(pptm_host_control, heartbeat) - 128usize];
+    ["Offset of field: pptm_host_control::pad_heartbeat"]
+        [::core::mem::offset_of!(pptm_host_control, pad_heartbeat) - 136usize];
+    ["Offset of field: pptm_host_control::abort"]
+        [::core::mem::offset_of!(pptm_host_control, abort) - 192usize];
+    ["Offset of field: pptm_host_control::pad_abort"]
+        [::core::mem::offset_of!(pptm_host_control, pad_abort) - 200usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct pptm_device_state {
     pub completed: u64,
-    pub pad_completed: [u64; 15usize],
+    pub abort: u64,
+    pub pad_completed: [u64; 14usize],
     pub arrivals: [u64; 64usize],
     pub decision: u64,
     pub resident: u64,
@@ -90,15 +108,18 @@ pub struct pptm_device_state {
     pub started_ns: [u64; 64usize],
     pub partials: [f64; 1024usize],
     pub smid: [u32; 1056usize],
+    pub beat: [u64; 1024usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 30080usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 38272usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
+    ["Offset of field: pptm_device_state::abort"]
+        [::core::mem::offset_of!(pptm_device_state, abort) - 8usize];
     ["Offset of field: pptm_device_state::pad_completed"]
-        [::core::mem::offset_of!(pptm_device_state, pad_completed) - 8usize];
+        [::core::mem::offset_of!(pptm_device_state, pad_completed) - 16usize];
     ["Offset of field: pptm_device_state::arrivals"]
         [::core::mem::offset_of!(pptm_device_state, arrivals) - 128usize];
     ["Offset of field: pptm_device_state::decision"]
@@ -115,6 +136,8 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, partials) - 17664usize];
     ["Offset of field: pptm_device_state::smid"]
         [::core::mem::offset_of!(pptm_device_state, smid) - 25856usize];
+    ["Offset of field: pptm_device_state::beat"]
+        [::core::mem::offset_of!(pptm_device_state, beat) - 30080usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {

@@ -40,6 +40,9 @@ pub(crate) struct Device {
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     /// Manifolds of this process that may be running on this device.
     resident: AtomicUsize,
+    /// A kernel on this device ignored an abort and may still write any memory it was given:
+    /// from then on device memory is leaked instead of freed (see `Manifold::hang`).
+    wedged: std::sync::atomic::AtomicBool,
 }
 
 /// One `Device` per GPU per process, shared by every runtime on it (they share the primary
@@ -153,6 +156,7 @@ impl Device {
             transfer: Mutex::new(transfer),
             modules: Mutex::new(HashMap::new()),
             resident: AtomicUsize::new(0),
+            wedged: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -242,8 +246,16 @@ impl Device {
         Ok(())
     }
 
+    /// A kernel ignored an abort: never free device memory again in this process.
+    pub fn wedge(&self) {
+        self.wedged.store(true, Ordering::Release);
+    }
+
     /// Frees device memory from `alloc` (stream-ordered: never waits for the manifold).
     pub fn free(&self, ptr: sys::CUdeviceptr) {
+        if self.wedged.load(Ordering::Acquire) {
+            return; // a wedged kernel may still write it
+        }
         let r = self.bind().and_then(|_| {
             let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: ptr came from `alloc` and is freed once; later users of this memory are

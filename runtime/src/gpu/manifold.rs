@@ -1,8 +1,9 @@
 //! One resident manifold: module, device state, rings, the cooperative launch, and shutdown.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
@@ -11,7 +12,7 @@ use super::abi::{
     PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params,
 };
 use super::driver::{Device, MappedHost, Stream};
-use super::queue::{self, Cell, Failure, PushError, Queue, RingMemory};
+use super::queue::{self, Cell, Culprit, Failure, PushError, Queue, RingMemory};
 use crate::chain::DomainCode;
 use crate::error::{Error, Result};
 use crate::runtime::Config;
@@ -49,7 +50,15 @@ enum Life {
     Exited,
     /// Stopped for this reason; pending items failed with it.
     Failed(String),
+    /// Left its loops when the watchdog aborted it: the kernel has returned, and a new manifold
+    /// may be launched in its place.
+    Aborted(String),
 }
+
+/// How long a hung manifold gets to leave its loops after the abort (polled finely)...
+const ABORT_GRACE: Duration = Duration::from_millis(50);
+/// ... and how long in all it gets to leave or to report a device fault before it counts as wedged.
+const FAULT_GRACE: Duration = Duration::from_secs(2);
 
 /// A resident manifold kernel and its queue.
 pub(crate) struct Manifold {
@@ -67,6 +76,11 @@ pub(crate) struct Manifold {
     state: DeviceState,
     /// Whether this manifold still counts as resident on the device.
     counted: AtomicBool,
+    /// Chain names by opcode, for errors that name the item that was running.
+    names: Mutex<HashMap<u32, &'static str>>,
+    /// The watchdog asked the kernel to abort: its exit is expected, and the watchdog (not a
+    /// waiter that notices the exit first) fails the pending items, with the hang.
+    aborting: AtomicBool,
     // Dropped last: the device owns the kernel's code.
     device: Arc<Device>,
 }
@@ -218,7 +232,7 @@ impl Manifold {
             start_us = launched.elapsed().as_micros() as u64,
             "manifold resident"
         );
-        Ok(Arc::new(Manifold {
+        let manifold = Arc::new(Manifold {
             domain,
             arch,
             grid,
@@ -230,24 +244,66 @@ impl Manifold {
             submit_timeout: cfg.submit_timeout,
             state,
             counted: AtomicBool::new(true),
+            names: Mutex::new(HashMap::new()),
+            aborting: AtomicBool::new(false),
             device: device.clone(),
-        }))
+        });
+        if let Some(deadline) = cfg.watchdog {
+            spawn_watchdog(&manifold, deadline)?;
+        }
+        Ok(manifold)
     }
 
     fn life(&self) -> Life {
         self.life.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Submits one descriptor. `blocking`: wait for a free slot (up to the configured timeout)
-    /// instead of returning [`Error::QueueFull`].
-    pub fn submit(&self, desc: &pptm_desc, blocking: bool) -> Result<Arc<Cell>> {
+    /// Whether the kernel left after an abort, so a new manifold may take its place.
+    pub fn was_aborted(&self) -> bool {
+        matches!(self.life(), Life::Aborted(_))
+    }
+
+    /// The chain an opcode belongs to, as submitted here.
+    pub fn chain_name(&self, opcode: u32) -> &'static str {
+        use super::abi::{
+            PPTM_OP_DEBUG_FAULT, PPTM_OP_DEBUG_HANG, PPTM_OP_DEBUG_SLOW, PPTM_OP_NOOP,
+        };
+        match opcode {
+            PPTM_OP_NOOP => "noop",
+            PPTM_OP_SHUTDOWN => "shutdown",
+            PPTM_OP_DEBUG_HANG => "injected hang",
+            PPTM_OP_DEBUG_SLOW => "injected slow item",
+            PPTM_OP_DEBUG_FAULT => "injected fault",
+            op => self
+                .names
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&op)
+                .copied()
+                .unwrap_or("?"),
+        }
+    }
+
+    /// Submits one descriptor of chain `chain`. `blocking`: wait for a free slot (up to the
+    /// configured timeout) instead of returning [`Error::QueueFull`].
+    pub fn submit(
+        &self,
+        desc: &pptm_desc,
+        blocking: bool,
+        chain: &'static str,
+    ) -> Result<Arc<Cell>> {
+        self.names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(desc.opcode)
+            .or_insert(chain);
         let deadline = Instant::now() + self.submit_timeout;
         loop {
             match self.queue.try_push(desc, false) {
                 Ok(cell) => return Ok(cell),
                 Err(PushError::Closed) => {
                     return Err(match self.life() {
-                        Life::Failed(reason) => Error::ManifoldStopped {
+                        Life::Failed(reason) | Life::Aborted(reason) => Error::ManifoldStopped {
                             domain: self.domain,
                             reason,
                         },
@@ -300,19 +356,144 @@ impl Manifold {
         unreachable!()
     }
 
-    /// Notices a kernel that exited or faulted without being asked to: fails every pending item.
+    /// Notices a kernel that exited or faulted without being asked to: fails every pending item
+    /// (a fault, with the item that was running).
     fn check_alive(&self) {
-        if self.life() != Life::Running {
+        if self.life() != Life::Running || self.aborting.load(Ordering::Acquire) {
             return;
         }
         let reason = match self.stream.query() {
             Ok(false) => return,
             Ok(true) if self.queue.is_closed() => return,
+            // Re-read: an abort requested since the first look explains the exit.
+            Ok(true) if self.aborting.load(Ordering::Acquire) => return,
             Ok(true) => "the manifold kernel exited without a shutdown item".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                let reason = e.to_string();
+                self.stopped_running();
+                match self.queue.oldest_pending() {
+                    Some((seq, opcode)) => {
+                        let chain = self.chain_name(opcode);
+                        self.fail_with(
+                            format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
+                            Failure::Fault(Culprit {
+                                seq,
+                                opcode,
+                                reason,
+                                stalled: Duration::ZERO,
+                                recovered: false,
+                            }),
+                            false,
+                        );
+                    }
+                    None => self.fail(reason),
+                }
+                return;
+            }
         };
         self.stopped_running();
         self.fail(reason);
+    }
+
+    /// One look of the watchdog. `seen` is the progress it saw last (heartbeat, oldest pending
+    /// item) and `since` when it changed. Returns whether to keep watching.
+    fn watch(
+        &self,
+        seen: &mut (u64, Option<u64>),
+        since: &mut Instant,
+        deadline: Duration,
+    ) -> bool {
+        if self.life() != Life::Running {
+            return false;
+        }
+        self.check_alive();
+        if self.life() != Life::Running || self.queue.is_closed() {
+            // Stopped, or shutting down (which has its own timeout).
+            return false;
+        }
+        let now = Instant::now();
+        let oldest = self.queue.oldest_pending();
+        let progress = (self.queue.heartbeat(), oldest.map(|(seq, _)| seq));
+        if oldest.is_none() || progress != *seen {
+            *seen = progress;
+            *since = now;
+            return true;
+        }
+        let stalled = now - *since;
+        if let Some((seq, opcode)) = oldest
+            && stalled >= deadline
+        {
+            self.hang(seq, opcode, stalled);
+            return false;
+        }
+        true
+    }
+
+    /// No progress for too long while item `seq` was running: abort the kernel, and fail every
+    /// pending item with the hang. A kernel that leaves on the abort is gone for good and its
+    /// memory safe to release; one that does not (code that never reaches a point where it looks)
+    /// is wedged: its memory, and every buffer freed from now on, is leaked rather than handed back
+    /// while it may still write there.
+    fn hang(&self, seq: u64, opcode: u32, stalled: Duration) {
+        let chain = self.chain_name(opcode);
+        tracing::error!(
+            domain = self.domain,
+            seq,
+            chain,
+            ?stalled,
+            "watchdog: no progress; aborting the manifold"
+        );
+        self.aborting.store(true, Ordering::Release);
+        self.queue.request_abort();
+        // A device fault can take a while to surface (on an H200, an illegal address was still
+        // "not ready" 100 ms after the store): a kernel that neither leaves nor reports an error
+        // within the grace period gets FAULT_GRACE in all to show a fault before it counts as
+        // wedged.
+        let start = Instant::now();
+        let exited = loop {
+            match self.stream.query() {
+                Ok(true) => break true,
+                Ok(false) if start.elapsed() < FAULT_GRACE => {
+                    let fine = start.elapsed() < ABORT_GRACE;
+                    std::thread::sleep(Duration::from_micros(if fine { 100 } else { 1000 }))
+                }
+                Ok(false) => break false,
+                Err(e) => {
+                    // It was a fault all along: report it as one.
+                    let reason = e.to_string();
+                    self.stopped_running();
+                    self.fail_with(
+                        format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
+                        Failure::Fault(Culprit {
+                            seq,
+                            opcode,
+                            reason,
+                            stalled,
+                            recovered: false,
+                        }),
+                        false,
+                    );
+                    return;
+                }
+            }
+        };
+        let culprit = Culprit {
+            seq,
+            opcode,
+            reason: String::new(),
+            stalled,
+            recovered: exited,
+        };
+        let reason = format!("no progress for {stalled:?} while it ran item {seq} (`{chain}`)");
+        if exited {
+            self.stopped_running();
+        } else {
+            self.device.wedge();
+            self.queue.leak_memory();
+            self.state.leak.store(true, Ordering::Relaxed);
+            std::mem::forget(self.device.clone());
+        }
+        self.fail_with(reason, Failure::Hang(culprit), exited);
     }
 
     /// The kernel is known to have stopped running.
@@ -323,10 +504,20 @@ impl Manifold {
     }
 
     fn fail(&self, reason: String) {
+        self.fail_with(reason.clone(), Failure::Stopped(reason), false);
+    }
+
+    /// Stops taking items and fails every pending one with `failure`. `aborted`: the kernel left
+    /// on an abort, so the runtime may launch a new manifold in its place.
+    fn fail_with(&self, reason: String, failure: Failure, aborted: bool) {
         tracing::error!(domain = self.domain, "manifold stopped: {reason}");
-        *self.life.lock().unwrap_or_else(|e| e.into_inner()) = Life::Failed(reason.clone());
+        *self.life.lock().unwrap_or_else(|e| e.into_inner()) = if aborted {
+            Life::Aborted(reason)
+        } else {
+            Life::Failed(reason)
+        };
         self.queue.close();
-        self.queue.fail_pending(Failure::Stopped(reason));
+        self.queue.fail_pending(failure);
     }
 
     /// Stops the manifold: every item submitted before completes, then the kernel returns.
@@ -335,7 +526,7 @@ impl Manifold {
     pub fn shutdown(&self) -> Result<()> {
         if self.queue.is_closed() {
             return match self.life() {
-                Life::Failed(reason) => Err(Error::ManifoldStopped {
+                Life::Failed(reason) | Life::Aborted(reason) => Err(Error::ManifoldStopped {
                     domain: self.domain,
                     reason,
                 }),
@@ -379,7 +570,7 @@ impl Manifold {
             return Ok(());
         }
         let reason = match self.life() {
-            Life::Failed(reason) => reason,
+            Life::Failed(reason) | Life::Aborted(reason) => reason,
             _ => format!(
                 "it did not stop within {:?}; its memory is leaked",
                 self.shutdown_timeout
@@ -432,4 +623,30 @@ impl Manifold {
     pub fn shutdown_timeout(&self) -> Duration {
         self.shutdown_timeout
     }
+}
+
+/// The manifold's watchdog: a thread that looks every quarter deadline (at most every 25 ms) for
+/// progress on pending work: the device's heartbeat (stamped per tile inside items) or the oldest
+/// pending item completing. It holds only a weak reference, and ends with the manifold.
+fn spawn_watchdog(m: &Arc<Manifold>, deadline: Duration) -> Result<()> {
+    let weak: Weak<Manifold> = Arc::downgrade(m);
+    let tick = (deadline / 4).clamp(Duration::from_millis(1), Duration::from_millis(25));
+    std::thread::Builder::new()
+        .name(format!("pptm-watchdog-{}", m.domain))
+        .spawn(move || {
+            let mut seen = (u64::MAX, None);
+            let mut since = Instant::now();
+            loop {
+                std::thread::sleep(tick);
+                let Some(m) = weak.upgrade() else { return };
+                if !m.watch(&mut seen, &mut since, deadline) {
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Launch {
+            domain: m.domain,
+            reason: format!("cannot start its watchdog thread: {e}"),
+        })
 }

@@ -15,8 +15,11 @@
 //! delivered exactly once whoever reads it first. Entries are tagged words (abi.h), so a reader
 //! either sees a whole completion of the item it asks about or nothing.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+// Through crate::sync: loom's primitives under `--cfg loom` (models in gpu/queue_loom.rs).
+use std::sync::Arc;
+
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Mutex, OnceLock};
 
 use super::abi::{
     PPTM_CQ_WORDS, PPTM_SQ_SLOT_WORDS, payload, pptm_cq_entry, pptm_desc, pptm_host_control,
@@ -54,6 +57,23 @@ pub(crate) enum Failure {
     ShutDown,
     /// The manifold stopped (fault, unexpected exit, or it could not be stopped).
     Stopped(String),
+    /// The watchdog saw no progress: `running` is the item that was running.
+    Hang(Culprit),
+    /// The device faulted while `running` was the item running.
+    Fault(Culprit),
+}
+
+/// The item that was running when a manifold hung or faulted, and what the host knows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Culprit {
+    pub seq: u64,
+    pub opcode: u32,
+    /// Fault: the driver's error.
+    pub reason: String,
+    /// Hang: how long no progress was seen.
+    pub stalled: std::time::Duration,
+    /// Hang: whether the manifold left on the abort (its memory safe to reuse, relaunch possible).
+    pub recovered: bool,
 }
 
 /// One submitted item: filled exactly once, with its completion or its failure.
@@ -154,21 +174,47 @@ impl Queue {
         self.control_words()[0].load(Ordering::Acquire) != 0
     }
 
+    /// The device's latest progress stamp (`pptm_host_control::heartbeat`).
+    pub fn heartbeat(&self) -> u64 {
+        self.control_words()[16].load(Ordering::Relaxed)
+    }
+
+    /// Asks every block of the manifold to leave its loops (`pptm_host_control::abort`).
+    pub fn request_abort(&self) {
+        self.control_words()[24].store(1, Ordering::Release);
+    }
+
+    /// The oldest item without a result, after reading what the device completed: its sequence
+    /// number and opcode (the item the device is running, or about to run).
+    pub fn oldest_pending(&self) -> Option<(u64, u32)> {
+        let p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = p
+            .cells
+            .iter()
+            .flatten()
+            .filter(|c| !self.poll(c))
+            .min_by_key(|c| c.seq)?;
+        let slot = (oldest.seq & u64::from(self.slots - 1)) as usize;
+        // Word 0 of the slot carries the opcode (pptm_desc's first u32), written by the host.
+        let opcode = (self.sq_words(slot)[0].load(Ordering::Relaxed) >> 32) as u32;
+        Some((oldest.seq, opcode))
+    }
+
     /// Tells a manifold that has not started yet to exit as soon as it does.
     pub fn cancel_start(&self) {
         self.control_words()[8].store(1, Ordering::Release);
     }
 
-    fn control_words(&self) -> &[AtomicU64; 16] {
-        // SAFETY: the control block (128 bytes = 16 u64 words: `started` at 0, `cancel` at 8)
-        // follows the CQ in the same allocation, alive as long as `self`; both sides access it
-        // atomically.
+    fn control_words(&self) -> &[AtomicU64; 32] {
+        // SAFETY: the control block (256 bytes = 32 u64 words: `started` at 0, `cancel` at 8,
+        // `heartbeat` at 16, `abort` at 24) follows the CQ in the same allocation, alive as long
+        // as `self`; both sides access it atomically.
         unsafe {
             &*self
                 .memory
                 .base()
                 .add(control_offset(self.slots))
-                .cast::<[AtomicU64; 16]>()
+                .cast::<[AtomicU64; 32]>()
         }
     }
 
