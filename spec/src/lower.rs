@@ -1012,6 +1012,10 @@ pub enum BindError {
     },
     #[error("argument `{arg}` would have more elements than fit in memory ({rule})")]
     Overflow { arg: String, rule: String },
+    /// A stage's output, which no buffer holds (a GEMV-T reduced to a scalar), would not fit in
+    /// memory: the CPU backend computes it in f64 (and the unfused variant stores it).
+    #[error("the output of `{op}` would have more elements than fit in memory ({rule})")]
+    StageTooLarge { op: &'static str, rule: String },
     #[error("`{op}`: {reason}")]
     Op { op: &'static str, reason: String },
 }
@@ -1139,6 +1143,33 @@ impl ChainIr {
                 });
             }
         }
+        // Every stage's output must fit in memory too, as f64 values, even where no buffer holds
+        // it: a size no buffer bounds (`n` of a GEMV-T whose m is 0) could be anything.
+        for st in &self.stages {
+            let Shape::Tensor { dims, channels } = &st.shape else {
+                continue;
+            };
+            let fits = dims
+                .iter()
+                .try_fold(usize::from(*channels), |acc, &d| acc.checked_mul(sizes[d]))
+                .is_some_and(|e| e <= isize::MAX as usize / 8);
+            if !fits {
+                return Err(BindError::StageTooLarge {
+                    op: st.op.name,
+                    rule: format!(
+                        "{} = {}",
+                        dims.iter()
+                            .map(|&d| self.dims[d].name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" x "),
+                        dims.iter()
+                            .map(|&d| sizes[d].to_string())
+                            .collect::<Vec<_>>()
+                            .join(" x ")
+                    ),
+                });
+            }
+        }
         for st in &self.stages {
             if let Some(check) = st.op.check {
                 let (scalars, dims) = self.op_values(st, args, &sizes);
@@ -1192,12 +1223,17 @@ impl ChainIr {
 
     /// Values (channels included) stage `s` produces when the chain runs unfused, one kernel per
     /// stage with its output stored: a pairwise stage stores its n×n values, a reduction one.
+    /// Saturates at `usize::MAX` (which no allocation satisfies) rather than wrapping: `bind` bounds
+    /// the buffers' lengths, not n×n.
     pub fn stage_output_len(&self, s: usize, sizes: &[usize]) -> usize {
+        let channels = |c: u8| usize::from(c);
         match &self.stages[s].shape {
-            Shape::Tensor { dims, channels } => {
-                dims.iter().map(|&d| sizes[d]).product::<usize>() * usize::from(*channels)
-            }
-            Shape::Pairs { dim, channels } => sizes[*dim] * sizes[*dim] * usize::from(*channels),
+            Shape::Tensor { dims, channels: c } => dims
+                .iter()
+                .fold(channels(*c), |acc, &d| acc.saturating_mul(sizes[d])),
+            Shape::Pairs { dim, channels: c } => sizes[*dim]
+                .saturating_mul(sizes[*dim])
+                .saturating_mul(channels(*c)),
             Shape::Scalar => 1,
         }
     }
@@ -1228,23 +1264,34 @@ impl ChainIr {
                 })
             }
             FusionClass::OutputFusable if st.tensor => {
-                let tiles = |rows, cols| dim("m").div_ceil(rows) * dim("n").div_ceil(cols);
+                let tiles = |rows, cols| {
+                    dim("m")
+                        .div_ceil(rows)
+                        .saturating_mul(dim("n").div_ceil(cols))
+                };
                 match tiles(work::MMA_LARGE_ROWS, work::MMA_LARGE_COLS) {
                     t if t >= work::MMA_LARGE_FROM => t,
                     _ => tiles(work::MMA_SMALL_TILE, work::MMA_SMALL_TILE),
                 }
             }
             FusionClass::OutputFusable => {
-                let tiles = |edge| dim("m").div_ceil(edge) * dim("n").div_ceil(edge);
-                let direct = dim("m").div_ceil(work::MATMUL_DIRECT_ROWS)
-                    * dim("n").div_ceil(work::MATMUL_DIRECT_COLS);
+                let tiles = |edge| {
+                    dim("m")
+                        .div_ceil(edge)
+                        .saturating_mul(dim("n").div_ceil(edge))
+                };
+                let direct = dim("m")
+                    .div_ceil(work::MATMUL_DIRECT_ROWS)
+                    .saturating_mul(dim("n").div_ceil(work::MATMUL_DIRECT_COLS));
                 match tiles(work::MATMUL_TILE) {
                     _ if direct <= work::MATMUL_DIRECT_MAX_TILES => direct,
                     t if t < work::MATMUL_SMALL_BELOW => tiles(work::MATMUL_SMALL_TILE),
                     t => t,
                 }
             }
-            FusionClass::Pairwise => (dim("n") * dim("n")).div_ceil(work::MAP_ELEMS_PER_BLOCK),
+            FusionClass::Pairwise => dim("n")
+                .saturating_mul(dim("n"))
+                .div_ceil(work::MAP_ELEMS_PER_BLOCK),
             FusionClass::RowReduction => dim("n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
         };
         blocks.clamp(1, u32::MAX as usize) as u32
@@ -1264,7 +1311,8 @@ impl ChainIr {
                 Shape::Scalar => vec![],
             }
         };
-        dims.iter().map(|&d| sizes[d]).product()
+        dims.iter()
+            .fold(1, |acc: usize, &d| acc.saturating_mul(sizes[d]))
     }
 
     /// Short human-readable form: `KlDivergence -> SumReduction`.
@@ -1627,6 +1675,87 @@ mod tests {
         assert_eq!(ir.blocks_for(&[100_000, 4096]), 256);
         assert_eq!(ir.blocks_for(&[100_000, 16_384]), 256);
         assert_eq!(ir.blocks_for(&[7, 1]), 1);
+    }
+
+    #[test]
+    fn a_stage_output_too_large_for_memory_is_a_bind_error() {
+        // Found by tests/dsl_fuzz.rs: with m = 0, x and A are empty whatever n is, and n (a size
+        // parameter: the GEMV-T's output is reduced, not stored) sized the f64 reference's output
+        // vector ("capacity overflow" for n = 2^64 - 1).
+        let ir = ops(&["GemvT", "SumReduction"]).unwrap();
+        let args = |n: usize| -> Vec<ArgValue> {
+            ir.args
+                .iter()
+                .map(|a| match (a.kind, a.name.as_str()) {
+                    (ArgKind::Len, "n") => ArgValue::Dim(n),
+                    (ArgKind::Len, _) => ArgValue::Inferred,
+                    _ => ArgValue::Buffer(0),
+                })
+                .collect()
+        };
+        for n in [usize::MAX, usize::MAX / 4, isize::MAX as usize / 8 + 1] {
+            match ir.bind(&args(n)) {
+                Err(BindError::StageTooLarge { op: "GemvT", rule }) => {
+                    assert!(rule.contains(&format!("n = {n}")), "{rule}")
+                }
+                other => panic!("n = {n}: {other:?}"),
+            }
+        }
+        let sizes = ir.bind(&args(5)).unwrap();
+        let eval = vec![EvalArg::Input(&[]); ir.args.len()];
+        assert_eq!(ir.eval_f64(&eval, &sizes), Evaluated::Scalar(0.0));
+    }
+
+    #[test]
+    fn a_matmul_with_no_outputs_returns_at_once() {
+        // Found by tests/api_properties.rs: with k = 0 and n = 0 every buffer is empty whatever
+        // m is, and the f64 reference looped over m rows doing nothing (17 s for m = 2^34 on the
+        // CPU backend; m = usize::MAX never returned).
+        let ir = ops(&["Matmul", "AddBias", "Relu"]).unwrap();
+        let values: Vec<ArgValue> = ir
+            .args
+            .iter()
+            .map(|a| match (a.kind, a.name.as_str()) {
+                (ArgKind::Len, "m") => ArgValue::Dim(usize::MAX),
+                (ArgKind::Len, "k") => ArgValue::Dim(0),
+                (ArgKind::Len, _) => ArgValue::Inferred,
+                _ => ArgValue::Buffer(0),
+            })
+            .collect();
+        let sizes = ir.bind(&values).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let eval = vec![EvalArg::Input(&[]); ir.args.len()];
+            let _ = tx.send(ir.eval_f64(&eval, &sizes));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the reference returns at once");
+        assert_eq!(got, Evaluated::Vector(Vec::new()));
+    }
+
+    #[test]
+    fn unfused_sizes_saturate_instead_of_wrapping() {
+        // Found by tests/dsl_fuzz.rs: 2^32 points (a 16 GiB `out`, and `x` empty with d = 0) bind,
+        // and their n x n pair values overflowed: a panic in a debug build, and in a release build
+        // a scratch buffer of 0 bytes for the unfused variant to write 2^64 values into.
+        let ir = ops(&["ChebyshevDistance", "KthSmallest"]).unwrap();
+        let n = 1usize << 32;
+        let args = [
+            ArgValue::Buffer(0),
+            ArgValue::U32(1),
+            ArgValue::Buffer(n),
+            ArgValue::Inferred,
+            ArgValue::Dim(0),
+        ];
+        let sizes = ir.bind(&args).unwrap();
+        assert_eq!(ir.stage_output_len(0, &sizes), usize::MAX);
+        assert_eq!(ir.stage_blocks(0, &sizes), u32::MAX);
+        assert_eq!(ir.stage_output_len(1, &sizes), n);
+        assert_eq!(
+            ir.blocks_for(&sizes),
+            (n / crate::work::PAIRWISE_POINTS_PER_BLOCK) as u32
+        );
     }
 
     #[test]

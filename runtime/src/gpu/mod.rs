@@ -6,6 +6,8 @@ pub(crate) mod driver;
 pub(crate) mod launched;
 pub(crate) mod manifold;
 pub(crate) mod queue;
+#[cfg(all(test, loom))]
+mod queue_loom;
 
 pub(crate) use driver::Device;
 pub(crate) use launched::Launcher;

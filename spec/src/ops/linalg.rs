@@ -85,6 +85,11 @@ pub const MATMUL: OpDef = OpDef {
             let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
             let (a, w) = (t.flow, t.tensors[0]);
             let mut c = vec![0.0; m * n];
+            if k == 0 || n == 0 {
+                // No terms, or no outputs: m (a size parameter) bounds nothing else, and a loop
+                // over it would only spin.
+                return c;
+            }
             for i in 0..m {
                 for p in 0..k {
                     let aip = a[i * k + p];

@@ -28,11 +28,11 @@ fn chebyshev(x: &[f64], d: usize, i: usize, j: usize) -> f64 {
 
 /// Checks that a point's coordinates (the sum of `letters`) fit the device's per-point buffer.
 fn features_fit(dims: &[(&'static str, usize)], letters: &[&str]) -> Result<(), String> {
-    let total: usize = dims
+    // Saturating: sizes come from the caller, and a sum that wrapped would pass the check.
+    let total = dims
         .iter()
         .filter(|(l, _)| letters.contains(l))
-        .map(|d| d.1)
-        .sum();
+        .fold(0usize, |acc, d| acc.saturating_add(d.1));
     let max = crate::work::PAIRWISE_MAX_FEATURES;
     if total > max {
         return Err(format!(
@@ -223,6 +223,17 @@ mod tests {
             .abs()
                 < 1e-12
         );
+    }
+
+    #[test]
+    fn feature_counts_that_overflow_are_refused() {
+        // Found by tests/dsl_fuzz.rs: with no points (n = 0) every buffer is empty whatever the
+        // coordinate counts, and a sum of them that wrapped (here to 1) passed the check.
+        let dims = [("n", 0), ("dx", usize::MAX), ("dy", 2), ("dz", 0)];
+        let err = features_fit(&dims, &["dx", "dy", "dz"]).unwrap_err();
+        assert!(err.contains("at most 128"), "{err}");
+        assert!(features_fit(&[("d", 128)], &["d"]).is_ok());
+        assert!(features_fit(&[("d", 129)], &["d"]).is_err());
     }
 
     #[test]
