@@ -372,20 +372,7 @@ impl Manifold {
                 let reason = e.to_string();
                 self.stopped_running();
                 match self.queue.oldest_pending() {
-                    Some((seq, opcode)) => {
-                        let chain = self.chain_name(opcode);
-                        self.fail_with(
-                            format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
-                            Failure::Fault(Culprit {
-                                seq,
-                                opcode,
-                                reason,
-                                stalled: Duration::ZERO,
-                                recovered: false,
-                            }),
-                            false,
-                        );
-                    }
+                    Some((seq, opcode)) => self.faulted(seq, opcode, reason),
                     None => self.fail(reason),
                 }
                 return;
@@ -393,6 +380,22 @@ impl Manifold {
         };
         self.stopped_running();
         self.fail(reason);
+    }
+
+    /// The device faulted while item `seq` ran: every pending item fails with the fault.
+    fn faulted(&self, seq: u64, opcode: u32, reason: String) {
+        let chain = self.chain_name(opcode);
+        self.fail_with(
+            format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
+            Failure::Fault(Culprit {
+                seq,
+                opcode,
+                reason,
+                stalled: Duration::ZERO,
+                recovered: false,
+            }),
+            false,
+        );
     }
 
     /// One look of the watchdog. `seen` is the progress it saw last (heartbeat, oldest pending
@@ -460,19 +463,8 @@ impl Manifold {
                 Ok(false) => break false,
                 Err(e) => {
                     // It was a fault all along: report it as one.
-                    let reason = e.to_string();
                     self.stopped_running();
-                    self.fail_with(
-                        format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
-                        Failure::Fault(Culprit {
-                            seq,
-                            opcode,
-                            reason,
-                            stalled,
-                            recovered: false,
-                        }),
-                        false,
-                    );
+                    self.faulted(seq, opcode, e.to_string());
                     return;
                 }
             }
