@@ -1053,6 +1053,13 @@ impl ChainIr {
 
     /// Checks a submission's arguments (one per descriptor slot) and works out every
     /// dimension's size, in [`ChainIr::dims`] order.
+    /// "m x n = 3 x 2": how dimensions and their sizes make a count, for error messages.
+    fn dims_rule(&self, dims: &[usize], sizes: &[usize]) -> String {
+        let names: Vec<&str> = dims.iter().map(|&d| self.dims[d].name.as_str()).collect();
+        let values: Vec<String> = dims.iter().map(|&d| sizes[d].to_string()).collect();
+        format!("{} = {}", names.join(" x "), values.join(" x "))
+    }
+
     pub fn bind(&self, args: &[ArgValue]) -> Result<Vec<usize>, BindError> {
         assert_eq!(args.len(), self.args.len(), "one value per descriptor slot");
         let kind_err = |slot: usize, expected: &'static str| BindError::Kind {
@@ -1112,17 +1119,7 @@ impl ChainIr {
                     }
                     _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
                 },
-                dims => format!(
-                    "{} = {}",
-                    dims.iter()
-                        .map(|&d| self.dims[d].name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" x "),
-                    dims.iter()
-                        .map(|&d| sizes[d].to_string())
-                        .collect::<Vec<_>>()
-                        .join(" x ")
-                ),
+                dims => self.dims_rule(dims, &sizes),
             };
             let expected = a
                 .shape
@@ -1156,17 +1153,7 @@ impl ChainIr {
             if !fits {
                 return Err(BindError::StageTooLarge {
                     op: st.op.name,
-                    rule: format!(
-                        "{} = {}",
-                        dims.iter()
-                            .map(|&d| self.dims[d].name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(" x "),
-                        dims.iter()
-                            .map(|&d| sizes[d].to_string())
-                            .collect::<Vec<_>>()
-                            .join(" x ")
-                    ),
+                    rule: self.dims_rule(dims, &sizes),
                 });
             }
         }
