@@ -132,15 +132,10 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     fn take(&mut self, deadline: Option<Instant>) -> Result<Completion> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),
-            State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c), None),
+            State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c)),
             State::Pending { manifold, cell } => {
                 manifold.wait(cell, deadline)?;
-                resolve(
-                    self.chain,
-                    self.domain,
-                    cell.result().expect("waited"),
-                    Some(manifold),
-                )
+                resolve(self.chain, self.domain, cell.result().expect("waited"))
             }
         };
         self.state = State::Taken;
@@ -155,12 +150,10 @@ fn resolve(
     chain: &'static str,
     domain: &'static str,
     r: &std::result::Result<Completion, Failure>,
-    manifold: Option<&Manifold>,
 ) -> Result<Completion> {
     use crate::gpu::abi::{
         PPTM_STATUS_ABORTED, PPTM_STATUS_BAD_ARGUMENT, PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK,
     };
-    let name = |opcode| manifold.map_or("?", |m| m.chain_name(opcode));
     match r {
         Ok(c) if c.status == PPTM_STATUS_OK => Ok(*c),
         Ok(c) => Err(Error::Device {
@@ -184,14 +177,14 @@ fn resolve(
             domain,
             variant: crate::Variant::Fused,
             seq: c.seq,
-            chain: name(c.opcode),
+            chain: c.chain,
             stalled: c.stalled,
             recovered: c.recovered,
         }),
         Err(Failure::Fault(c)) => Err(Error::DeviceFault {
             domain,
             seq: c.seq,
-            chain: name(c.opcode),
+            chain: c.chain,
             reason: c.reason.clone(),
         }),
     }

@@ -1,6 +1,5 @@
 //! One resident manifold: module, device state, rings, the cooperative launch, and shutdown.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -76,8 +75,6 @@ pub(crate) struct Manifold {
     state: DeviceState,
     /// Whether this manifold still counts as resident on the device.
     counted: AtomicBool,
-    /// Chain names by opcode, for errors that name the item that was running.
-    names: Mutex<HashMap<u32, &'static str>>,
     /// The watchdog asked the kernel to abort: its exit is expected, and the watchdog (not a
     /// waiter that notices the exit first) fails the pending items, with the hang.
     aborting: AtomicBool,
@@ -244,7 +241,6 @@ impl Manifold {
             submit_timeout: cfg.submit_timeout,
             state,
             counted: AtomicBool::new(true),
-            names: Mutex::new(HashMap::new()),
             aborting: AtomicBool::new(false),
             device: device.clone(),
         });
@@ -263,27 +259,6 @@ impl Manifold {
         matches!(self.life(), Life::Aborted(_))
     }
 
-    /// The chain an opcode belongs to, as submitted here.
-    pub fn chain_name(&self, opcode: u32) -> &'static str {
-        use super::abi::{
-            PPTM_OP_DEBUG_FAULT, PPTM_OP_DEBUG_HANG, PPTM_OP_DEBUG_SLOW, PPTM_OP_NOOP,
-        };
-        match opcode {
-            PPTM_OP_NOOP => "noop",
-            PPTM_OP_SHUTDOWN => "shutdown",
-            PPTM_OP_DEBUG_HANG => "injected hang",
-            PPTM_OP_DEBUG_SLOW => "injected slow item",
-            PPTM_OP_DEBUG_FAULT => "injected fault",
-            op => self
-                .names
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&op)
-                .copied()
-                .unwrap_or("?"),
-        }
-    }
-
     /// Submits one descriptor of chain `chain`. `blocking`: wait for a free slot (up to the
     /// configured timeout) instead of returning [`Error::QueueFull`].
     pub fn submit(
@@ -292,14 +267,9 @@ impl Manifold {
         blocking: bool,
         chain: &'static str,
     ) -> Result<Arc<Cell>> {
-        self.names
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(desc.opcode)
-            .or_insert(chain);
         let deadline = Instant::now() + self.submit_timeout;
         loop {
-            match self.queue.try_push(desc, false) {
+            match self.queue.try_push(desc, false, chain) {
                 Ok(cell) => return Ok(cell),
                 Err(PushError::Closed) => {
                     return Err(match self.life() {
@@ -372,7 +342,7 @@ impl Manifold {
                 let reason = e.to_string();
                 self.stopped_running();
                 match self.queue.oldest_pending() {
-                    Some((seq, opcode)) => self.faulted(seq, opcode, reason),
+                    Some((seq, chain)) => self.faulted(seq, chain, reason),
                     None => self.fail(reason),
                 }
                 return;
@@ -383,13 +353,12 @@ impl Manifold {
     }
 
     /// The device faulted while item `seq` ran: every pending item fails with the fault.
-    fn faulted(&self, seq: u64, opcode: u32, reason: String) {
-        let chain = self.chain_name(opcode);
+    fn faulted(&self, seq: u64, chain: &'static str, reason: String) {
         self.fail_with(
             format!("device fault while it ran item {seq} (`{chain}`): {reason}"),
             Failure::Fault(Culprit {
                 seq,
-                opcode,
+                chain,
                 reason,
                 stalled: Duration::ZERO,
                 recovered: false,
@@ -423,10 +392,10 @@ impl Manifold {
             return true;
         }
         let stalled = now - *since;
-        if let Some((seq, opcode)) = oldest
+        if let Some((seq, chain)) = oldest
             && stalled >= deadline
         {
-            self.hang(seq, opcode, stalled);
+            self.hang(seq, chain, stalled);
             return false;
         }
         true
@@ -437,8 +406,7 @@ impl Manifold {
     /// memory safe to release; one that does not (code that never reaches a point where it looks)
     /// is wedged: its memory, and every buffer freed from now on, is leaked rather than handed back
     /// while it may still write there.
-    fn hang(&self, seq: u64, opcode: u32, stalled: Duration) {
-        let chain = self.chain_name(opcode);
+    fn hang(&self, seq: u64, chain: &'static str, stalled: Duration) {
         tracing::error!(
             domain = self.domain,
             seq,
@@ -464,14 +432,14 @@ impl Manifold {
                 Err(e) => {
                     // It was a fault all along: report it as one.
                     self.stopped_running();
-                    self.faulted(seq, opcode, e.to_string());
+                    self.faulted(seq, chain, e.to_string());
                     return;
                 }
             }
         };
         let culprit = Culprit {
             seq,
-            opcode,
+            chain,
             reason: String::new(),
             stalled,
             recovered: exited,
@@ -532,7 +500,7 @@ impl Manifold {
             ..Default::default()
         };
         let pushed = loop {
-            match self.queue.try_push(&desc, true) {
+            match self.queue.try_push(&desc, true, "shutdown") {
                 Ok(cell) => break Some(cell),
                 Err(PushError::Full) if Instant::now() < deadline => {
                     if let Some(oldest) = self.queue.blocking_item() {

@@ -67,7 +67,8 @@ pub(crate) enum Failure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Culprit {
     pub seq: u64,
-    pub opcode: u32,
+    /// The chain (or built-in item) it ran.
+    pub chain: &'static str,
     /// Fault: the driver's error.
     pub reason: String,
     /// Hang: how long no progress was seen.
@@ -80,6 +81,8 @@ pub(crate) struct Culprit {
 #[derive(Debug)]
 pub(crate) struct Cell {
     pub seq: u64,
+    /// What the item runs (a chain's name), for errors that name it.
+    pub label: &'static str,
     result: OnceLock<Result<Completion, Failure>>,
 }
 
@@ -185,19 +188,15 @@ impl Queue {
     }
 
     /// The oldest item without a result, after reading what the device completed: its sequence
-    /// number and opcode (the item the device is running, or about to run).
-    pub fn oldest_pending(&self) -> Option<(u64, u32)> {
+    /// number and label (the item the device is running, or about to run).
+    pub fn oldest_pending(&self) -> Option<(u64, &'static str)> {
         let p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
-        let oldest = p
-            .cells
+        p.cells
             .iter()
             .flatten()
             .filter(|c| !self.poll(c))
-            .min_by_key(|c| c.seq)?;
-        let slot = (oldest.seq & u64::from(self.slots - 1)) as usize;
-        // Word 0 of the slot carries the opcode (pptm_desc's first u32), written by the host.
-        let opcode = (self.sq_words(slot)[0].load(Ordering::Relaxed) >> 32) as u32;
-        Some((oldest.seq, opcode))
+            .min_by_key(|c| c.seq)
+            .map(|c| (c.seq, c.label))
     }
 
     /// Tells a manifold that has not started yet to exit as soon as it does.
@@ -218,8 +217,14 @@ impl Queue {
         }
     }
 
-    /// Writes `desc` into the next slot. `allow_closed` lets the shutdown item through.
-    pub fn try_push(&self, desc: &pptm_desc, allow_closed: bool) -> Result<Arc<Cell>, PushError> {
+    /// Writes `desc` (what `label` names) into the next slot. `allow_closed` lets the shutdown
+    /// item through.
+    pub fn try_push(
+        &self,
+        desc: &pptm_desc,
+        allow_closed: bool,
+        label: &'static str,
+    ) -> Result<Arc<Cell>, PushError> {
         let mut p = self.producer.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) && !allow_closed {
             return Err(PushError::Closed);
@@ -237,6 +242,7 @@ impl Queue {
         }
         let cell = Arc::new(Cell {
             seq,
+            label,
             result: OnceLock::new(),
         });
         p.cells[slot] = Some(cell.clone());
@@ -427,7 +433,7 @@ pub(crate) mod tests {
 
     fn push_blocking(q: &Queue, d: &pptm_desc) -> Arc<Cell> {
         loop {
-            match q.try_push(d, false) {
+            match q.try_push(d, false, "test") {
                 Ok(c) => return c,
                 Err(PushError::Full) => {
                     let b = q.blocking_item().unwrap();
@@ -454,7 +460,9 @@ pub(crate) mod tests {
             assert_eq!(wait(&q, &c).value, 2.0 * i as f64);
         }
         q.close();
-        let shutdown = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        let shutdown = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
         wait(&q, &shutdown);
         assert_eq!(dev.join().unwrap(), 20_001);
     }
@@ -483,10 +491,12 @@ pub(crate) mod tests {
         }
         q.close();
         assert_eq!(
-            q.try_push(&desc(100, 0), false).unwrap_err(),
+            q.try_push(&desc(100, 0), false, "test").unwrap_err(),
             PushError::Closed
         );
-        let c = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        let c = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
         wait(&q, &c);
         assert_eq!(dev.join().unwrap(), 12_001);
     }
@@ -497,19 +507,21 @@ pub(crate) mod tests {
         let q = Arc::new(Queue::new(HeapRings::new(4), 4));
         let dev = fake_device(q.clone(), pause.clone());
         let cells: Vec<_> = (0..4)
-            .map(|i| q.try_push(&desc(100, i), false).unwrap())
+            .map(|i| q.try_push(&desc(100, i), false, "test").unwrap())
             .collect();
         assert_eq!(
-            q.try_push(&desc(100, 99), false).unwrap_err(),
+            q.try_push(&desc(100, 99), false, "test").unwrap_err(),
             PushError::Full
         );
         pause.store(false, Ordering::Release);
         for (i, c) in cells.iter().enumerate() {
             assert_eq!(wait(&q, c).value, 2.0 * i as f64);
         }
-        let c = q.try_push(&desc(100, 5), false).unwrap();
+        let c = q.try_push(&desc(100, 5), false, "test").unwrap();
         assert_eq!(wait(&q, &c).value, 10.0);
-        let s = q.try_push(&desc(PPTM_OP_SHUTDOWN, 0), true).unwrap();
+        let s = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
         wait(&q, &s);
         dev.join().unwrap();
     }
@@ -519,8 +531,8 @@ pub(crate) mod tests {
         let pause = Arc::new(AtomicBool::new(true));
         let q = Arc::new(Queue::new(HeapRings::new(4), 4));
         let _dev = fake_device(q.clone(), pause);
-        let a = q.try_push(&desc(100, 1), false).unwrap();
-        let b = q.try_push(&desc(100, 2), false).unwrap();
+        let a = q.try_push(&desc(100, 1), false, "test").unwrap();
+        let b = q.try_push(&desc(100, 2), false, "test").unwrap();
         q.close();
         assert_eq!(q.fail_pending(Failure::ShutDown), 2);
         assert_eq!(a.result(), Some(&Err(Failure::ShutDown)));

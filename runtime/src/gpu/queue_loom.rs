@@ -130,7 +130,7 @@ impl Harness {
     }
 
     fn try_push(&self, d: &pptm_desc, allow_closed: bool) -> Result<StdArc<Cell>, PushError> {
-        let r = self.q.try_push(d, allow_closed);
+        let r = self.q.try_push(d, allow_closed, "model");
         if let Ok(c) = &r {
             self.pushed.raise(c.seq);
         }
