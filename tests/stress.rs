@@ -419,23 +419,8 @@ fn thread_body(rt: &Runtime, inputs: &Inputs, thread: usize, items: usize) -> Ta
 }
 
 fn many_threads_mixed_chains_every_result_checked(rt: &Runtime) {
-    // One backend at a time: see the next comment.
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // OPEN BUG (recorded in the reliability issue): on an H200 the CUDA-graph variant's 8 threads
-    // made no progress for minutes once this process had a resident manifold (the persistent
-    // body ran first), and all bodies run concurrently did the same; alone, each body passes
-    // (UnfusedGraph too, 8 x 500). Until it is found, that body is skipped loudly rather than
-    // hanging the suite.
-    if rt.backend() == BackendKind::Gpu
-        && rt.config().variant == Variant::UnfusedGraph
-        && std::env::var("PPTM_STRESS_GRAPH").is_err()
-    {
-        eprintln!(
-            "SKIPPED (known hang, see the reliability issue; PPTM_STRESS_GRAPH=1 runs it): stress on Variant::UnfusedGraph"
-        );
-        return;
-    }
+    // The bodies of every backend and variant run at once (the test harness's threads), so the
+    // launched and graph variants also run beside a resident manifold.
     let per_thread = items_per_thread(rt);
     let inputs = inputs(rt);
     let start = Instant::now();

@@ -43,6 +43,14 @@ pub(crate) struct Device {
     /// A kernel on this device ignored an abort and may still write any memory it was given:
     /// from then on device memory is leaked instead of freed (see `Manifold::hang`).
     wedged: std::sync::atomic::AtomicBool,
+    /// With `PPTM_DEVICE_ARENA_MB`: one block allocated at open, before any manifold, that
+    /// buffers are carved from (see arena.rs for why).
+    arena: Option<DeviceArena>,
+}
+
+struct DeviceArena {
+    base: sys::CUdeviceptr,
+    book: Mutex<super::arena::Arena>,
 }
 
 /// One `Device` per GPU per process, shared by every runtime on it (they share the primary
@@ -145,6 +153,25 @@ impl Device {
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         let transfer = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let arena = super::arena::requested_bytes().and_then(|bytes| {
+            // SAFETY: the context is current; freed in Drop. No kernel of ours runs yet.
+            match unsafe { result::malloc_sync(bytes as usize) } {
+                Ok(base) => {
+                    tracing::info!("device arena: {} MiB at {base:#x}", bytes >> 20);
+                    Some(DeviceArena {
+                        base,
+                        book: Mutex::new(super::arena::Arena::new(bytes)),
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "PPTM_DEVICE_ARENA_MB: could not allocate {} MiB ({e}); no arena",
+                        bytes >> 20
+                    );
+                    None
+                }
+            }
+        });
         Ok(Arc::new(Device {
             ordinal,
             name,
@@ -157,6 +184,7 @@ impl Device {
             modules: Mutex::new(HashMap::new()),
             resident: AtomicUsize::new(0),
             wedged: std::sync::atomic::AtomicBool::new(false),
+            arena,
         }))
     }
 
@@ -214,16 +242,36 @@ impl Device {
 
     /// Allocates `bytes` of device memory (stream-ordered), every 32-bit word set to `fill`.
     pub fn alloc(&self, bytes: usize, fill: u32) -> Result<sys::CUdeviceptr> {
-        let ptr = self.with_transfer(|s| {
-            // SAFETY: s is a valid stream of the current context.
-            unsafe { result::malloc_async(s, bytes) }
-                .map_err(|e| Error::driver("cuMemAllocAsync", e))
-        })?;
+        let carved = self.arena.as_ref().and_then(|a| {
+            let mut book = a.book.lock().unwrap_or_else(|p| p.into_inner());
+            let at = book.alloc(bytes as u64);
+            if at.is_none() {
+                tracing::warn!(
+                    "device arena cannot hold {bytes} more bytes ({} of {} in use): using the \
+                     stream-ordered allocator, which a sanitizer cannot see from a resident manifold",
+                    book.in_use(),
+                    book.size()
+                );
+            }
+            at.map(|at| a.base + at)
+        });
+        let ptr = match carved {
+            Some(ptr) => ptr,
+            None => self.alloc_stream_ordered(bytes)?,
+        };
         if let Err(e) = self.fill(ptr, bytes, fill) {
             self.free(ptr);
             return Err(e);
         }
         Ok(ptr)
+    }
+
+    fn alloc_stream_ordered(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.with_transfer(|s| {
+            // SAFETY: s is a valid stream of the current context.
+            unsafe { result::malloc_async(s, bytes) }
+                .map_err(|e| Error::driver("cuMemAllocAsync", e))
+        })
     }
 
     /// Sets every 32-bit word of the `bytes` bytes at `ptr` to `fill`, with host-to-device copies
@@ -255,6 +303,16 @@ impl Device {
     pub fn free(&self, ptr: sys::CUdeviceptr) {
         if self.wedged.load(Ordering::Acquire) {
             return; // a wedged kernel may still write it
+        }
+        if let Some(a) = &self.arena
+            && ptr >= a.base
+        {
+            let mut book = a.book.lock().unwrap_or_else(|p| p.into_inner());
+            // Every earlier use of the memory has finished: the transfer stream synchronises
+            // each copy, and kernels' users wait for their items before a buffer can drop.
+            if book.free(ptr - a.base) {
+                return;
+            }
         }
         let r = self.bind().and_then(|_| {
             let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
@@ -292,6 +350,13 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let _ = self.bind();
+        if let Some(a) = &self.arena
+            && !self.wedged.load(Ordering::Acquire)
+        {
+            // SAFETY: allocated in open_new; every user of the device (and so of the arena) is
+            // gone; freed once.
+            let _ = unsafe { result::free_sync(a.base) };
+        }
         if let Ok(modules) = self.modules.get_mut() {
             for (_, m) in modules.drain() {
                 // SAFETY: nothing uses the module any more: whatever held it held this device too.

@@ -5,9 +5,11 @@
 //! * `Variant::Unfused`: every stage of the chain its own launch (`pptm_unfused_stage`), one after
 //!   another on the stream, each storing its output in a scratch buffer the next one reads: the
 //!   debugging path and the baseline that measures what fusion buys.
-//! * `Variant::UnfusedGraph`: the same stage launches captured once per distinct item (opcode,
-//!   arguments and sizes) into a CUDA graph and replayed: what a user who captures their launch
-//!   sequence gets.
+//! * `Variant::UnfusedGraph`: the same stage launches captured into a CUDA graph and replayed: what
+//!   a user who captures their launch sequence gets. One executable graph is kept per topology
+//!   (opcode, block count, sizes); an item with other arguments (pointers, scalars) is captured
+//!   again and written into that executable graph with `cuGraphExecUpdate`, as graph users do,
+//!   rather than instantiated anew.
 //!
 //! Every item's device time is taken between CUDA events recorded around its launches.
 
@@ -43,14 +45,20 @@ struct Inner {
     scratch: Vec<(sys::CUdeviceptr, usize)>,
     /// Recorded before the first launch and after the last of every item.
     events: [sys::CUevent; 2],
-    /// Graph mode: an executable graph per distinct item (see `graph_key`). The graphs hold the
+    /// Graph mode: an executable graph per topology (see `GraphKey`). The graphs hold the
     /// scratch addresses, so they are dropped whenever a scratch buffer is reallocated.
-    graphs: HashMap<Vec<u64>, sys::CUgraphExec>,
+    graphs: HashMap<Vec<u64>, CachedGraph>,
 }
 
-/// Most graphs kept per launcher; beyond it the cache starts again (a benchmark or a loop over a
-/// few shapes stays far below).
-const MAX_GRAPHS: usize = 256;
+/// An executable graph and the arguments it was last captured or updated with.
+struct CachedGraph {
+    exec: sys::CUgraphExec,
+    args: Vec<u64>,
+}
+
+/// Most graphs kept per launcher; beyond it the cache starts again (a loop over a few shapes
+/// stays far below).
+const MAX_GRAPHS: usize = 64;
 
 // SAFETY: the raw handles are used under `inner`'s lock with the context bound.
 unsafe impl Send for Launcher {}
@@ -183,18 +191,8 @@ impl Launcher {
             inner.record(1)?;
             return inner.wait_and_read();
         }
-        let key = graph_key(desc, sizes);
-        let exec = match inner.graphs.get(&key) {
-            Some(&exec) => exec,
-            None => {
-                let exec = inner.capture(|inner| launch_stages(inner))?;
-                if inner.graphs.len() >= MAX_GRAPHS {
-                    inner.drop_graphs();
-                }
-                inner.graphs.insert(key, exec);
-                exec
-            }
-        };
+        let key = GraphKey::of(desc, sizes);
+        let exec = inner.graph_for(&key, |inner| launch_stages(inner))?;
         inner.record(0)?;
         // SAFETY: the graph was instantiated from launches on this launcher's buffers, which are
         // still allocated (a reallocation drops every graph first); the stream is ours.
@@ -205,15 +203,24 @@ impl Launcher {
     }
 }
 
-/// What makes two unfused items the same graph: opcode, block count, every argument word and
-/// every dimension size.
-fn graph_key(desc: &pptm_desc, sizes: &[usize]) -> Vec<u64> {
-    let mut key = Vec::with_capacity(2 + desc.args.len() + sizes.len());
-    key.push(u64::from(desc.opcode));
-    key.push(u64::from(desc.blocks));
-    key.extend_from_slice(&desc.args);
-    key.extend(sizes.iter().map(|&s| s as u64));
-    key
+/// What makes two unfused items one graph (`topology`: opcode, block count and every dimension
+/// size, which fix the stages' grids) and what only changes its kernels' parameters (`args`).
+struct GraphKey {
+    topology: Vec<u64>,
+    args: Vec<u64>,
+}
+
+impl GraphKey {
+    fn of(desc: &pptm_desc, sizes: &[usize]) -> Self {
+        let mut topology = Vec::with_capacity(2 + sizes.len());
+        topology.push(u64::from(desc.opcode));
+        topology.push(u64::from(desc.blocks));
+        topology.extend(sizes.iter().map(|&s| s as u64));
+        GraphKey {
+            topology,
+            args: desc.args.to_vec(),
+        }
+    }
 }
 
 impl Inner {
@@ -257,11 +264,58 @@ impl Inner {
             .map_err(|e| Error::driver("cuEventRecord", e))
     }
 
-    /// Captures what `launch` enqueues on the stream into an executable graph.
-    fn capture(&self, launch: impl FnOnce(&Inner) -> Result<()>) -> Result<sys::CUgraphExec> {
+    /// The executable graph for `key`: cached as is, updated in place when only the arguments
+    /// changed, or instantiated when the topology is new (or the update is refused).
+    fn graph_for(
+        &mut self,
+        key: &GraphKey,
+        launch: impl FnOnce(&Inner) -> Result<()>,
+    ) -> Result<sys::CUgraphExec> {
+        if let Some(cached) = self.graphs.get(&key.topology)
+            && cached.args == key.args
+        {
+            return Ok(cached.exec);
+        }
+        let graph = self.capture(launch)?;
+        let updated = self
+            .graphs
+            .get(&key.topology)
+            // SAFETY: both handles are valid; the exec is idle (every item synchronises the
+            // stream before the next one starts).
+            .filter(|cached| unsafe { update(cached.exec, graph) })
+            .map(|cached| cached.exec);
+        let exec = match updated {
+            Some(exec) => Ok(exec),
+            None => {
+                if let Some(stale) = self.graphs.remove(&key.topology) {
+                    // SAFETY: idle (see above) and removed from the map, so destroyed once.
+                    let _ = unsafe { result::graph::exec_destroy(stale.exec) };
+                }
+                if self.graphs.len() >= MAX_GRAPHS {
+                    self.drop_graphs();
+                }
+                // SAFETY: `graph` is a valid captured graph.
+                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+                    .map_err(|e| Error::driver("cuGraphInstantiate", e))
+            }
+        };
+        // SAFETY: the exec keeps what it needs of the graph, which is destroyed once, here.
+        let _ = unsafe { result::graph::destroy(graph) };
+        let exec = exec?;
+        self.graphs.insert(
+            key.topology.clone(),
+            CachedGraph {
+                exec,
+                args: key.args.clone(),
+            },
+        );
+        Ok(exec)
+    }
+
+    /// Captures what `launch` enqueues on the stream into a graph (not yet instantiated).
+    fn capture(&self, launch: impl FnOnce(&Inner) -> Result<()>) -> Result<sys::CUgraph> {
         // SAFETY: the stream is ours and idle (every item synchronises it); capture only records
-        // the launches, and the graph is destroyed once instantiated (the exec keeps what it
-        // needs).
+        // the launches.
         unsafe {
             result::stream::begin_capture(
                 self.stream.raw,
@@ -275,17 +329,15 @@ impl Inner {
                 let _ = result::graph::destroy(graph);
                 return Err(e);
             }
-            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
-            let _ = result::graph::destroy(graph);
-            exec.map_err(|e| Error::driver("cuGraphInstantiate", e))
+            Ok(graph)
         }
     }
 
     fn drop_graphs(&mut self) {
-        for (_, exec) in self.graphs.drain() {
+        for (_, cached) in self.graphs.drain() {
             // SAFETY: every item synchronised the stream, so no replay is running; each exec is
             // destroyed once (drained from the map).
-            let _ = unsafe { result::graph::exec_destroy(exec) };
+            let _ = unsafe { result::graph::exec_destroy(cached.exec) };
         }
     }
 
@@ -304,6 +356,23 @@ impl Inner {
             device_ns: Some((f64::from(ms) * 1e6) as u64),
         })
     }
+}
+
+/// Writes `graph`'s kernel parameters into `exec`, which was instantiated from a graph of the same
+/// topology. False when the driver refuses (the caller instantiates instead).
+///
+/// # Safety
+/// Both handles must be valid and `exec` must not be running.
+unsafe fn update(exec: sys::CUgraphExec, graph: sys::CUgraph) -> bool {
+    let mut info = sys::CUgraphExecUpdateResultInfo {
+        result: sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
+        errorNode: std::ptr::null_mut(),
+        errorFromNode: std::ptr::null_mut(),
+    };
+    // SAFETY: as the caller vouches; `info` is a valid out-parameter.
+    let r = unsafe { sys::cuGraphExecUpdate_v2(exec, graph, &mut info) };
+    r == sys::CUresult::CUDA_SUCCESS
+        && info.result == sys::CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS
 }
 
 impl Drop for Launcher {

@@ -1,6 +1,7 @@
 //! The GPU backend: driver objects, the host half of the ABI and the rings, and manifolds.
 
 pub(crate) mod abi;
+pub(crate) mod arena;
 pub mod baseline;
 pub(crate) mod driver;
 pub(crate) mod launched;
