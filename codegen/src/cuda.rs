@@ -177,6 +177,9 @@ fn emit_stages(
             st.op.device,
             args.join(", ")
         );
+        if st.finite {
+            let _ = writeln!(out, "        pptm_check_finite(s{s});");
+        }
         flow = vec![format!("s{s}")];
     }
     flow
@@ -631,6 +634,9 @@ fn variant(out: &mut String, c: &ChainIr) {
                 count.join(" * ")
             }
         );
+        if c.stages[r_idx].finite {
+            let _ = writeln!(out, "    pptm_check_finite_thread0(v);");
+        }
         if !plan.finish.is_empty() {
             let _ = writeln!(out, "    {{");
             let _ = writeln!(out, "        const float f = (float)v;");
@@ -645,7 +651,8 @@ fn variant(out: &mut String, c: &ChainIr) {
                     column: "0",
                 },
             );
-            out.push_str(&body);
+            // Only thread 0 holds the reduction's value here.
+            out.push_str(&body.replace("pptm_check_finite(", "pptm_check_finite_thread0("));
             let _ = writeln!(out, "        v = (double){};", fin[0]);
             let _ = writeln!(out, "    }}");
         }
@@ -713,6 +720,14 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
         let _ = writeln!(out, "    case 0x{}u: return true;  // {}", tag(c), c.name);
     }
     out.push_str("    default: return false;\n    }\n}\n");
+    out.push_str(
+        "\n__device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {\n",
+    );
+    out.push_str("    switch (opcode) {\n");
+    for c in chains.iter().filter(|c| c.stages.iter().any(|s| s.finite)) {
+        let _ = writeln!(out, "    case 0x{}u: return true;  // {}", tag(c), c.name);
+    }
+    out.push_str("    default: return false;\n    }\n}\n");
 }
 
 /// Channel expressions of stage `s`'s flow read from memory at element `index`: the previous
@@ -741,6 +756,11 @@ fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
             (src, exprs)
         }
     }
+}
+
+/// `code` with every line indented `by` more spaces.
+fn indent(code: &str, by: usize) -> String {
+    code.lines().map(|l| format!("{:by$}{l}\n", "")).collect()
 }
 
 /// The product of chain dimensions as a C expression.
@@ -789,7 +809,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                             column: "0",
                         },
                     );
-                    body.push_str(&inner.replace("        const", "                const"));
+                    body.push_str(&indent(&inner, 8));
                     let _ = writeln!(body, "                scratch[{s}][0] = {};", v[0]);
                     let _ = writeln!(body, "                out->value = (double){};", v[0]);
                     let _ = writeln!(body, "            }}");
@@ -827,7 +847,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                             column: "col",
                         },
                     );
-                    body.push_str(&inner.replace("        const", "                const"));
+                    body.push_str(&indent(&inner, 8));
                     let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
                     let _ = writeln!(body, "            }}");
                 }
@@ -855,6 +875,9 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         "        const double v = {r}::finish(pptm_combine_partials<{r}>(partials, nblocks, smem), {count});",
                         r = st.op.device
                     );
+                    if st.finite {
+                        let _ = writeln!(fin, "        pptm_check_finite_thread0(v);");
+                    }
                     let _ = writeln!(
                         fin,
                         "        if (threadIdx.x == 0) {{ scratch[{s}][0] = (float)v; out->value = v; }}"
@@ -962,6 +985,7 @@ mod tests {
                 tensor_eligible: None,
                 precision: None,
                 tolerance: None,
+                finite: None,
             })
             .collect();
         lower(&ChainSpec {
@@ -970,6 +994,46 @@ mod tests {
             stages,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn finite_stages_are_checked_where_their_values_are_computed() {
+        let mut spec = ChainSpec {
+            name: "CheckedKl".into(),
+            domain: "inference".into(),
+            stages: ["KlDivergence", "SumReduction"]
+                .iter()
+                .enumerate()
+                .map(|(i, op)| StageSpec {
+                    field: format!("s{i}"),
+                    number: i as u32 + 1,
+                    op: op.to_string(),
+                    reduction: None,
+                    tensor_eligible: None,
+                    precision: None,
+                    tolerance: None,
+                    finite: Some(true),
+                })
+                .collect(),
+        };
+        let checked = lower(&spec).unwrap();
+        let src = domain_source("inference", std::slice::from_ref(&checked));
+        let t = tag(&checked);
+        // The streaming body checks each element, the finish checks the total in thread 0 (the
+        // only thread holding it), and the variant is listed so the manifold meets at a barrier
+        // before reading the flag.
+        assert!(src.contains("const float s0 = pptm_op_kl_divergence(x[0], x[1]);\n        pptm_check_finite(s0);"), "{src}");
+        assert!(src.contains("    pptm_check_finite_thread0(v);"), "{src}");
+        assert!(src.contains(&format!("    case 0x{t}u: return true;  // CheckedKl")));
+        // The unfused passes check too.
+        assert!(src.contains("        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);\n        pptm_check_finite_thread0(v);"), "{src}");
+        // Unchecked, no check is emitted at all.
+        for st in &mut spec.stages {
+            st.finite = None;
+        }
+        let plain = domain_source("inference", &[lower(&spec).unwrap()]);
+        assert!(!plain.contains("pptm_check_finite"), "{plain}");
+        assert!(plain.contains("bool pptm_variant_checks_finite(uint32_t opcode) {\n    switch (opcode) {\n    default: return false;"));
     }
 
     #[test]

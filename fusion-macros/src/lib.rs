@@ -249,6 +249,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
         };
         let reduction = opt_bool(s.reduction);
         let tensor = opt_bool(s.tensor_eligible);
+        let finite = opt_bool(s.finite);
         let tolerance = match s.tolerance {
             Some(t) => {
                 let v = t.0;
@@ -272,6 +273,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 tensor_eligible: #tensor,
                 precision: #precision,
                 tolerance: #tolerance,
+                finite: #finite,
             }
         }
     });

@@ -356,6 +356,12 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     }
 }
 
+__device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
+    switch (opcode) {
+    default: return false;
+    }
+}
+
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {

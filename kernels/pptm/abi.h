@@ -47,7 +47,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 8u
+#define PPTM_ABI_VERSION 9u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -88,6 +88,9 @@ typedef unsigned long long uint64_t;
 #define PPTM_STATUS_BAD_ARGUMENT 2u
 /* The item stopped because the host aborted the manifold (watchdog): never completes normally. */
 #define PPTM_STATUS_ABORTED 3u
+/* A stage declared `finite = true` produced a NaN or an infinity. The item ran to the end: its
+ * outputs are written, its value is what was computed. */
+#define PPTM_STATUS_NON_FINITE 4u
 
 /* One work item as the host writes it (128 bytes). */
 typedef struct pptm_desc {

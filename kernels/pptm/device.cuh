@@ -258,4 +258,20 @@ __device__ __forceinline__ void pptm_tick(const pptm_block_ctx&) {
     }
 }
 
+// Set when a stage declared `finite = true` computed a NaN or an infinity in this block's share of
+// the current item. Any thread may set it (they all write 1); thread 0 reads and clears it after a
+// barrier, and the item's blocks combine theirs as they arrive (manifold.cuh).
+__shared__ uint32_t pptm_nonfinite;
+
+// Checks a value every thread computes for its own elements.
+__device__ __forceinline__ void pptm_check_finite(float v) {
+    if (!isfinite(v)) pptm_nonfinite = 1u;
+}
+
+// Checks a value only thread 0 holds: a reduction's result and the stages after it (the other
+// threads carry leftovers of the block reduction there).
+__device__ __forceinline__ void pptm_check_finite_thread0(double v) {
+    if (threadIdx.x == 0 && !isfinite(v)) pptm_nonfinite = 1u;
+}
+
 #endif  // PPTM_DEVICE_CUH

@@ -154,6 +154,7 @@ struct pptm_loop_smem {
     uint64_t seq;            // the item this block runs
     int last;
     int abort;               // the host aborted the manifold: return
+    uint32_t nonfinite;      // in the last block: some block of the item saw a non-finite value
 };
 
 // Compute blocks an item runs on.
@@ -263,7 +264,10 @@ __device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, c
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
     pptm_device_state* S = P.state;
-    if (threadIdx.x == 0) pptm_beat_word = &S->beat[me];
+    if (threadIdx.x == 0) {
+        pptm_beat_word = &S->beat[me];
+        pptm_nonfinite = 0u;
+    }
     for (uint64_t seq = 0;; ++seq) {
         pptm_compute_wait(P, sh, seq, nblocks, me);
         if (sh.abort) return;
@@ -284,9 +288,13 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
+        // A variant with finite checks: every thread's checks land before thread 0 reads the flag
+        // (status and opcode are uniform, so is the barrier).
+        if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT && pptm_variant_checks_finite(op)) __syncthreads();
 
         // Arrive. The acq_rel add publishes this block's partial and outputs and, in the last
-        // block, acquires every other block's.
+        // block, acquires every other block's. Its high half counts the blocks that saw a
+        // non-finite value.
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (threadIdx.x == 0) {
             if (op >= PPTM_OP_FIRST_VARIANT) {
@@ -295,8 +303,12 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 else
                     S->partials[me] = partial;
             }
+            const uint32_t bad = pptm_nonfinite;
+            pptm_nonfinite = 0u;
             // A one-block item (a no-op, a small input) is trivially last: no atomic.
-            sh.last = blocks == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == blocks - 1;
+            const uint64_t prior = blocks == 1 ? 0 : pptm_atom_add_acq_rel_gpu(arrivals, 1ull | ((uint64_t)bad << 32));
+            sh.last = blocks == 1 || (uint32_t)prior == blocks - 1;
+            sh.nonfinite = bad | (uint32_t)(prior >> 32);
         }
         __syncthreads();
         if (sh.last) {
@@ -307,6 +319,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
                 if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
+                if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
+                pptm_nonfinite = 0u;
                 const uint32_t tag = pptm_tag(seq, P.queue_slots_log2);
                 const uint64_t bits = (uint64_t)__double_as_longlong(value);
                 const uint64_t ns = pptm_globaltimer() - pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
@@ -382,21 +396,36 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
 // The descriptor into shared memory, where the variant code reads it, as in the manifold.
 __device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm_desc& d) {
     if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&d)[threadIdx.x];
-    if (threadIdx.x == 0) pptm_beat_word = nullptr;  // no watchdog for launched kernels
+    if (threadIdx.x == 0) {
+        pptm_beat_word = nullptr;  // no watchdog for launched kernels
+        pptm_nonfinite = 0u;
+    }
     __syncthreads();
 }
 
-// Publishes this block's partial and arrives. Returns true, in every thread, in the last block to
-// arrive; that block may read every partial, and the counter is reset for the next launch.
+// Publishes this block's partial and its non-finite flag, and arrives. Returns true, in every
+// thread, in the last block to arrive; that block may read every partial, `sh.nonfinite` says
+// whether any block saw a non-finite value, and the counter is reset for the next launch.
 __device__ __forceinline__ bool pptm_launch_arrive(pptm_loop_smem& sh, uint64_t* arrivals, double* partials,
                                                    double partial) {
+    __syncthreads();  // every thread's finite checks are in
     if (threadIdx.x == 0) {
         partials[blockIdx.x] = partial;
-        sh.last = gridDim.x == 1 || pptm_atom_add_acq_rel_gpu(arrivals, 1) == gridDim.x - 1;
+        const uint32_t bad = pptm_nonfinite;
+        pptm_nonfinite = 0u;
+        const uint64_t prior = gridDim.x == 1 ? 0 : pptm_atom_add_acq_rel_gpu(arrivals, 1ull | ((uint64_t)bad << 32));
+        sh.last = gridDim.x == 1 || (uint32_t)prior == gridDim.x - 1;
+        sh.nonfinite = bad | (uint32_t)(prior >> 32);
         if (sh.last && gridDim.x > 1) *arrivals = 0;  // every block has arrived
     }
     __syncthreads();
     return sh.last;
+}
+
+// The status a launched item or stage reports: a non-finite value seen by any block (or by the
+// last block's finish) turns OK into PPTM_STATUS_NON_FINITE. Thread 0 of the last block.
+__device__ __forceinline__ uint32_t pptm_launch_status(const pptm_loop_smem& sh, uint32_t status) {
+    return status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0 ? PPTM_STATUS_NON_FINITE : status;
 }
 
 // Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks. The variant code is the
@@ -416,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
         double value = 0.0;
         if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT) value = pptm_finish_variant(sh.desc, P.partials, gridDim.x, sh.red);
         if (threadIdx.x == 0) {
-            P.out->status = status;
+            P.out->status = pptm_launch_status(sh, status);
             P.out->value = value;
         }
     }
@@ -432,7 +461,9 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused
     const uint32_t status = pptm_run_stage(sh.desc, P.stage, P.scratch, P.out, ctx, partial);
     if (pptm_launch_arrive(sh, P.arrivals, P.partials, partial)) {
         if (status == PPTM_STATUS_OK) pptm_finish_stage(sh.desc, P.stage, P.scratch, P.out, P.partials, gridDim.x, sh.red);
-        if (threadIdx.x == 0 && status != PPTM_STATUS_OK) P.out->status = status;
+        // A stage reports only trouble: OK is the launcher's initial word, and an earlier stage's
+        // non-finite status must survive the stages after it.
+        if (threadIdx.x == 0 && pptm_launch_status(sh, status) != PPTM_STATUS_OK) P.out->status = pptm_launch_status(sh, status);
     }
 }
 

@@ -49,7 +49,8 @@ pub(crate) fn run(
         };
         crate::guard::emulate(ir, stage, guard_level, operand(0), operand(1), sizes)
     });
-    let value = match ir.eval_f64(&eval, sizes) {
+    let (evaluated, non_finite) = ir.eval_checked(&eval, sizes);
+    let value = match evaluated {
         Evaluated::Scalar(v) => v,
         Evaluated::Vector(v) => {
             let out = output.ok_or_else(|| Error::BadArguments {
@@ -63,7 +64,12 @@ pub(crate) fn run(
         }
     };
     Ok(Completion {
-        status: 0,
+        // As the device reports it (its outputs are written all the same).
+        status: if non_finite.is_some() {
+            crate::gpu::abi::PPTM_STATUS_NON_FINITE
+        } else {
+            crate::gpu::abi::PPTM_STATUS_OK
+        },
         value,
         device_ns: None,
     })

@@ -125,6 +125,13 @@ pub enum Error {
         reason: String,
     },
 
+    /// A stage declared `finite = true` produced a NaN or an infinity. The item ran to the end:
+    /// its output buffer holds what was computed, non-finite values included.
+    #[error(
+        "`{chain}`: a stage declared `finite = true` produced a NaN or an infinity (the outputs were still written)"
+    )]
+    NonFinite { chain: &'static str },
+
     /// The device rejected an item.
     #[error("the device reported status {status} ({meaning}) for `{chain}`")]
     Device {

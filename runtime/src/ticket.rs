@@ -152,10 +152,12 @@ fn resolve(
     r: &std::result::Result<Completion, Failure>,
 ) -> Result<Completion> {
     use crate::gpu::abi::{
-        PPTM_STATUS_ABORTED, PPTM_STATUS_BAD_ARGUMENT, PPTM_STATUS_BAD_OPCODE, PPTM_STATUS_OK,
+        PPTM_STATUS_ABORTED, PPTM_STATUS_BAD_ARGUMENT, PPTM_STATUS_BAD_OPCODE,
+        PPTM_STATUS_NON_FINITE, PPTM_STATUS_OK,
     };
     match r {
         Ok(c) if c.status == PPTM_STATUS_OK => Ok(*c),
+        Ok(c) if c.status == PPTM_STATUS_NON_FINITE => Err(Error::NonFinite { chain }),
         Ok(c) => Err(Error::Device {
             chain,
             status: c.status,

@@ -86,6 +86,9 @@ pub struct StageSpec {
     pub precision: Option<Precision>,
     /// `tolerance = x`, if written: the stage is guarded (see [`Tolerance`]).
     pub tolerance: Option<Tolerance>,
+    /// `finite = ...`, if written: with `true`, a NaN or infinity among the stage's values fails
+    /// the item with a non-finite status (its outputs are still written).
+    pub finite: Option<bool>,
 }
 
 /// A chain as declared with `#[derive(FusionBuilder)]`.

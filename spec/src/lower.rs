@@ -113,6 +113,9 @@ pub struct StageIr {
     /// `tolerance = x`: the stage is guarded (its matrix operands are then f32 buffers, converted
     /// to `precision` as they are read, so the guard can recompute from them).
     pub tolerance: Option<f64>,
+    /// `finite = true`: every value the stage produces must be finite, else the item completes
+    /// with `PPTM_STATUS_NON_FINITE` (checked where the value is computed, on every backend).
+    pub finite: bool,
 }
 
 impl StageIr {
@@ -231,6 +234,12 @@ pub enum SpecError {
     },
     #[error("`{op}` has no tensor-core path; remove `tensor_eligible = true`")]
     TensorUnsupported { stage: usize, op: &'static str },
+    #[error(
+        "`{op}`: `finite` is checked where elementwise and reduction stages compute their values; \
+         {op}'s values stay inside its pattern. Put `finite = true` on an elementwise stage after it \
+         (an activation, a bias) or on the reduction"
+    )]
+    FiniteUnsupported { stage: usize, op: &'static str },
     #[error("`{op}`: `tolerance` {reason}")]
     ToleranceUnsupported {
         stage: usize,
@@ -300,6 +309,7 @@ impl SpecError {
                 Blame::StageAttr(stage, "tensor_eligible")
             }
             SpecError::ToleranceUnsupported { stage, .. } => Blame::StageAttr(stage, "tolerance"),
+            SpecError::FiniteUnsupported { stage, .. } => Blame::StageAttr(stage, "finite"),
             SpecError::PrecisionUnsupported { stage, .. }
             | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
@@ -681,6 +691,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             dims: letters,
             shape,
             tolerance: st.tolerance.map(|t| t.0),
+            finite: st.finite.unwrap_or(false),
         });
     }
 
@@ -778,6 +789,9 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         if let Some(t) = s.tolerance {
             canonical.push_str(&format!(" tolerance={t:e}"));
         }
+        if s.finite {
+            canonical.push_str(" finite");
+        }
         canonical.push('\n');
     }
     let digest = Sha256::digest(canonical.as_bytes());
@@ -855,6 +869,17 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
             op: op.name,
             precision,
             supported: format!("{}{place}", supported.join(", ")),
+        });
+    }
+    if st.finite == Some(true)
+        && !matches!(
+            op.class,
+            FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction
+        )
+    {
+        return Err(SpecError::FiniteUnsupported {
+            stage: i,
+            op: op.name,
         });
     }
     if let Some(t) = st.tolerance {
@@ -1335,6 +1360,17 @@ impl ChainIr {
     /// one entry per descriptor slot; `sizes` comes from [`ChainIr::bind`], which must have
     /// accepted the same arguments.
     pub fn eval_f64(&self, args: &[EvalArg<'_>], sizes: &[usize]) -> Evaluated {
+        self.eval_checked(args, sizes).0
+    }
+
+    /// As [`ChainIr::eval_f64`], and the first stage declared `finite = true` that produced a NaN
+    /// or an infinity: judged as the device stores the value (f32 for an elementwise stage, the
+    /// f64 result of a reduction), so every backend fails the same items.
+    pub fn eval_checked(
+        &self,
+        args: &[EvalArg<'_>],
+        sizes: &[usize],
+    ) -> (Evaluated, Option<usize>) {
         let as_f64: Vec<Vec<f64>> = args
             .iter()
             .map(|a| match a {
@@ -1434,7 +1470,14 @@ impl ChainIr {
             };
             outs.push(out);
         }
-        match self.output {
+        let non_finite = self.stages.iter().zip(&outs).position(|(st, values)| {
+            st.finite
+                && values.iter().any(|&x| match st.op.class {
+                    FusionClass::Reduction => !x.is_finite(),
+                    _ => !(x as f32).is_finite(),
+                })
+        });
+        let value = match self.output {
             ChainOutput::Scalar => Evaluated::Scalar(
                 outs.last()
                     .and_then(|v| v.first())
@@ -1442,7 +1485,8 @@ impl ChainIr {
                     .unwrap_or(f64::NAN),
             ),
             ChainOutput::Vector => Evaluated::Vector(outs.pop().unwrap_or_default()),
-        }
+        };
+        (value, non_finite)
     }
 
     fn op_inputs<'a>(
@@ -1488,6 +1532,7 @@ mod tests {
             tensor_eligible: None,
             precision: None,
             tolerance: None,
+            finite: None,
         }
     }
 
@@ -2102,6 +2147,78 @@ mod tests {
         assert_eq!(ir.blocks_for(&sizes(1000, 1024, 960)), 16 * 15);
         assert_eq!(ir.blocks_for(&sizes(64, 256, 256)), 4);
         assert_eq!(ir.blocks_for(&sizes(1, 1, 1)), 1);
+    }
+
+    #[test]
+    fn finite_is_accepted_where_values_are_computed_and_refused_inside_patterns() {
+        let with_finite = |ops: &[&str], at: usize| {
+            let mut stages: Vec<StageSpec> = ops
+                .iter()
+                .enumerate()
+                .map(|(i, n)| stage(i as u32 + 1, n))
+                .collect();
+            stages[at].finite = Some(true);
+            lower(&chain(stages))
+        };
+        let kl = with_finite(&["KlDivergence", "SumReduction"], 1).unwrap();
+        assert!(kl.stages[1].finite && !kl.stages[0].finite);
+        // `finite` is part of the chain's identity: a checked chain is a different variant.
+        assert_ne!(
+            kl.opcode,
+            ops(&["KlDivergence", "SumReduction"]).unwrap().opcode
+        );
+        assert!(
+            with_finite(
+                &[
+                    "PredictionError",
+                    "PrecisionWeight",
+                    "GemvT",
+                    "BeliefUpdate"
+                ],
+                3
+            )
+            .is_ok()
+        );
+        let err = with_finite(
+            &[
+                "PredictionError",
+                "PrecisionWeight",
+                "GemvT",
+                "BeliefUpdate",
+            ],
+            2,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SpecError::FiniteUnsupported {
+                    stage: 2,
+                    op: "GemvT"
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.blame(), Blame::StageAttr(2, "finite"));
+        assert!(
+            err.to_string().contains("elementwise stage after it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn eval_checked_names_the_first_non_finite_checked_stage() {
+        let mut stages = vec![stage(1, "KlDivergence"), stage(2, "SumReduction")];
+        stages[1].finite = Some(true);
+        let ir = lower(&chain(stages)).unwrap();
+        let q = [0.5f32, 0.25];
+        let args = |p: &'static [f32]| [EvalArg::Input(&q), EvalArg::Input(p), EvalArg::None];
+        assert_eq!(ir.eval_checked(&args(&[0.5, 0.25]), &[2]).1, None);
+        // q > 0 = p: an infinite term, so an infinite total.
+        assert_eq!(ir.eval_checked(&args(&[0.5, 0.0]), &[2]).1, Some(1));
+        // Unchecked, the same input is no error.
+        let plain = ops(&["KlDivergence", "SumReduction"]).unwrap();
+        assert_eq!(plain.eval_checked(&args(&[0.5, 0.0]), &[2]).1, None);
     }
 
     #[test]

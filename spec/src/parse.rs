@@ -149,6 +149,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             tensor_eligible: args.tensor_eligible,
             precision: args.precision,
             tolerance: args.tolerance,
+            finite: args.finite,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -189,7 +190,7 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
     ))
 }
 
-/// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x`
+/// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x, finite = bool`
 struct StageArgs {
     number: u32,
     number_span: Span,
@@ -197,6 +198,7 @@ struct StageArgs {
     tensor_eligible: Option<bool>,
     precision: Option<Precision>,
     tolerance: Option<Tolerance>,
+    finite: Option<bool>,
     spans: Vec<(&'static str, Span)>,
 }
 
@@ -213,6 +215,7 @@ impl Parse for StageArgs {
             tensor_eligible: None,
             precision: None,
             tolerance: None,
+            finite: None,
             spans: Vec::new(),
         };
         while !input.is_empty() {
@@ -227,11 +230,12 @@ impl Parse for StageArgs {
                 "tensor_eligible" => "tensor_eligible",
                 "precision" => "precision",
                 "tolerance" => "tolerance",
+                "finite" => "finite",
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision` or `tolerance`"
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance` or `finite`"
                         ),
                     ));
                 }
@@ -269,10 +273,10 @@ impl Parse for StageArgs {
                 }
                 _ => {
                     let lit: LitBool = input.parse()?;
-                    if name == "reduction" {
-                        args.reduction = Some(lit.value);
-                    } else {
-                        args.tensor_eligible = Some(lit.value);
+                    match name {
+                        "reduction" => args.reduction = Some(lit.value),
+                        "finite" => args.finite = Some(lit.value),
+                        _ => args.tensor_eligible = Some(lit.value),
                     }
                     args.spans.push((name, lit.span()));
                 }

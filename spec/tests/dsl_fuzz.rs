@@ -184,7 +184,7 @@ fn ident() -> BoxedStrategy<String> {
         1 => "_[a-z0-9_]{0,4}",
         1 => select(vec![
             "stage", "fusion", "domain", "reduction", "tensor_eligible", "precision",
-            "tolerance", "r#type", "r#stage", "self", "Self", "crate", "super", "struct", "fn",
+            "tolerance", "finite", "r#type", "r#stage", "self", "Self", "crate", "super", "struct", "fn",
             "_", "_x", "µ", "é", "Ω", "x_1", "NaN", "inf", "true", "false", "out",
         ])
         .prop_map(String::from),
@@ -369,7 +369,7 @@ fn attr_value() -> BoxedStrategy<String> {
 
 fn attr_key() -> BoxedStrategy<String> {
     prop_oneof![
-        6 => select(vec!["reduction", "tensor_eligible", "precision", "tolerance"])
+        6 => select(vec!["reduction", "tensor_eligible", "precision", "tolerance", "finite"])
             .prop_map(String::from),
         1 => select(vec!["fused", "Reduction", "r#reduction", "domain", "stage", "k", "_"])
             .prop_map(String::from),
@@ -381,7 +381,7 @@ fn attr_key() -> BoxedStrategy<String> {
 /// A known stage attribute with a value of the type it takes (mostly valid).
 fn typed_entry() -> BoxedStrategy<String> {
     prop_oneof![
-        2 => (select(vec!["reduction", "tensor_eligible"]), prop_oneof![
+        2 => (select(vec!["reduction", "tensor_eligible", "finite"]), prop_oneof![
             8 => select(vec!["true", "false"]),
             1 => select(vec!["1", "\"true\"", "yes", "True", "-true", "!true"]),
         ])
@@ -874,7 +874,7 @@ fn op_chain() -> BoxedStrategy<OpChain> {
         12 => Just(""),
         1 => select(vec![
             ", reduction = true", ", reduction = false", ", tensor_eligible = true",
-            ", tensor_eligible = false", ", precision = \"fp32\"", ", precision = \"bf16\"",
+            ", tensor_eligible = false", ", finite = true", ", finite = false", ", precision = \"fp32\"", ", precision = \"bf16\"",
             ", tensor_eligible = true, precision = \"bf16\"",
             ", tensor_eligible = true, precision = \"fp16\", tolerance = 1e-2",
             ", tensor_eligible = true, precision = \"bf16\", tolerance = 0.5",

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 8;
+pub const PPTM_ABI_VERSION: u32 = 9;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -19,6 +19,7 @@ pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 pub const PPTM_STATUS_BAD_ARGUMENT: u32 = 2;
 pub const PPTM_STATUS_ABORTED: u32 = 3;
+pub const PPTM_STATUS_NON_FINITE: u32 = 4;
 pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
