@@ -239,8 +239,12 @@ __device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, c
         if (d.opcode == PPTM_OP_DEBUG_FAULT) {
             // Page 1 of the address space, which no process and no GPU maps: an illegal address.
             // (An address far above the device's allocations is not enough on a GPU that shares
-            // the process's address space: one such store completed on an H200.)
-            *reinterpret_cast<volatile uint32_t*>(d.args[0] + 0x1000ull) = 1u;
+            // the process's address space: one such store completed on an H200.) A load whose
+            // value decides the status, not a store: the thread waits for it, so the fault lands
+            // before this item could complete (a store's fault surfaced after the next item had
+            // started once on an H200, and named that item).
+            const uint32_t v = *reinterpret_cast<const volatile uint32_t*>(d.args[0] + 0x1000ull);
+            if (v == 0x5eedu) status = PPTM_STATUS_BAD_ARGUMENT;
         } else {
             // HANG: no progress, ever; SLOW: progress every 100 us until args[0] ns have passed.
             for (;;) {

@@ -27,11 +27,11 @@ pub fn init_logging() {
 /// The GPU runtime shared by every GPU test of one test binary. A manifold is a whole-GPU
 /// cooperative grid; one runtime per process keeps tests from competing for SMs.
 pub fn gpu() -> Option<&'static Runtime> {
-    static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
     init_logging();
     GPU.get_or_init(|| match Runtime::gpu() {
         Ok(rt) => {
             eprintln!("pptm tests: {}", rt.describe());
+            shut_down_at_exit();
             Some(rt)
         }
         Err(Error::NoGpu(why)) if !require_gpu() => {
@@ -41,6 +41,31 @@ pub fn gpu() -> Option<&'static Runtime> {
         Err(e) => panic!("cannot open the GPU runtime: {e}"),
     })
     .as_ref()
+}
+
+static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
+
+/// Statics are never dropped, so the shared runtime's manifolds would still be resident when the
+/// process exits. The driver kills them then, but compute-sanitizer waits for every kernel to end
+/// and would wait forever: with `PPTM_SHUTDOWN_AT_EXIT=1` (scripts/sanitize-gpu-suite sets it),
+/// shut the runtime down from the C runtime's exit handlers instead. Off otherwise: on an H200 two
+/// binaries that run several domains (multi_domain, api_properties) did not exit that way (not yet
+/// understood), and without a sanitizer nothing needs it.
+fn shut_down_at_exit() {
+    if std::env::var("PPTM_SHUTDOWN_AT_EXIT").as_deref() != Ok("1") {
+        return;
+    }
+    extern "C" fn at_exit() {
+        if let Some(Some(rt)) = GPU.get() {
+            let _ = rt.shutdown();
+        }
+    }
+    unsafe extern "C" {
+        fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+    }
+    // SAFETY: registers a plain function with the C runtime; it runs once, at exit, on a thread
+    // that may call into the runtime like any other.
+    unsafe { atexit(at_exit) };
 }
 
 /// GPU runtimes per test binary for the launched variants: the same fused code as one ordinary

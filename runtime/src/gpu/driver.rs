@@ -9,6 +9,10 @@
 //!   engines), never with cuMemset (a kernel), because resident manifolds may hold every SM;
 //! * modules are loaded once per process and device, before any manifold is resident: with CUDA's
 //!   lazy loading, loading code can wait for running kernels, and a manifold never finishes;
+//! * the context's local memory is sized for every loaded kernel when its module loads, and never
+//!   shrinks (`CU_CTX_LMEM_RESIZE_TO_MAX`): growing it for a launch waits for the device to go
+//!   idle, which it never does beside a manifold (measured on an H200: the linear-algebra tests,
+//!   whose unfused and launched kernels spill, hung with every variant running at once);
 //! * every call first makes the device's context current on the calling thread.
 
 use std::collections::HashMap;
@@ -151,6 +155,13 @@ impl Device {
         // SAFETY: ctx was just retained.
         unsafe { result::ctx::set_current(ctx) }
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // Local memory only grows (see the module docs). Best effort: without it `module` still
+        // reserves what every kernel needs, and the driver would only shrink to that.
+        // SAFETY: sets a flag of the current context; no work has been submitted yet.
+        let flag = sys::CUctx_flags::CU_CTX_LMEM_RESIZE_TO_MAX as u32;
+        if let Err(e) = check("cuCtxSetFlags", unsafe { sys::cuCtxSetFlags(flag) }) {
+            tracing::warn!("local memory may shrink between launches: {e}");
+        }
         let transfer = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
         let arena = super::arena::requested_bytes().and_then(|bytes| {
@@ -217,8 +228,40 @@ impl Device {
             ("compute_80", code.ptx_compute_80)
         };
         let m = Arc::new(Module::load_ptx(self, ptx, code.name, arch)?);
+        self.reserve_local_memory(&m)?;
         modules.insert(code.key, m.clone());
         Ok(m)
+    }
+
+    /// Raises the context's per-thread stack limit to the largest local memory any of `m`'s
+    /// kernels uses, so no later launch has to grow local memory (which waits for an idle device:
+    /// see the module docs). Called while no manifold is resident.
+    fn reserve_local_memory(&self, m: &Module) -> Result<()> {
+        let mut need = 0usize;
+        for f in [m.manifold, m.empty, m.launched, m.unfused, m.echo] {
+            // SAFETY: f is a loaded function of a live module.
+            let bytes = unsafe {
+                result::function::get_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                )
+            }
+            .map_err(|e| Error::driver("cuFuncGetAttribute", e))?;
+            need = need.max(bytes.max(0) as usize);
+        }
+        let mut have = 0usize;
+        // SAFETY: the context is current (bind); `have` is written by the call.
+        check("cuCtxGetLimit", unsafe {
+            sys::cuCtxGetLimit(&mut have, sys::CUlimit::CU_LIMIT_STACK_SIZE)
+        })?;
+        if need > have {
+            // SAFETY: no manifold is resident (the caller checked), so nothing waits on this.
+            check("cuCtxSetLimit", unsafe {
+                sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, need.next_multiple_of(16))
+            })?;
+            tracing::debug!("per-thread local memory reserved: {have} -> {need} bytes");
+        }
+        Ok(())
     }
 
     /// Counts a manifold that is (or may be) running; `module` refuses to load while any is.
