@@ -292,9 +292,13 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
-        // A variant with finite checks: every thread's checks land before thread 0 reads the flag
-        // (status and opcode are uniform, so is the barrier).
-        if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT && pptm_variant_checks_finite(op)) __syncthreads();
+        // Every thread's output stores (and finite checks) before thread 0's release at arrival:
+        // the release orders only what the barrier ordered before it, and a streaming pattern ends
+        // without one (under racecheck's scheduling a KlTerms sum read stale outputs on an H200).
+        // Status and opcode are uniform, so is the barrier.
+        if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT &&
+            (pptm_variant_writes_memory(op) || pptm_variant_checks_finite(op)))
+            __syncthreads();
 
         // Arrive. The acq_rel add publishes this block's partial and outputs and, in the last
         // block, acquires every other block's. Its high half counts the blocks that saw a
