@@ -973,7 +973,8 @@ mod tests {
     use super::*;
     use pptm_spec::{ChainSpec, StageSpec, lower};
 
-    fn chain(name: &str, ops: &[&str]) -> ChainIr {
+    /// The spec of an `inference` chain of `ops`, no stage attributes written.
+    fn spec(name: &str, ops: &[&str]) -> ChainSpec {
         let stages = ops
             .iter()
             .enumerate()
@@ -988,34 +989,23 @@ mod tests {
                 finite: None,
             })
             .collect();
-        lower(&ChainSpec {
+        ChainSpec {
             name: name.into(),
             domain: "inference".into(),
             stages,
-        })
-        .unwrap()
+        }
+    }
+
+    fn chain(name: &str, ops: &[&str]) -> ChainIr {
+        lower(&spec(name, ops)).unwrap()
     }
 
     #[test]
     fn finite_stages_are_checked_where_their_values_are_computed() {
-        let mut spec = ChainSpec {
-            name: "CheckedKl".into(),
-            domain: "inference".into(),
-            stages: ["KlDivergence", "SumReduction"]
-                .iter()
-                .enumerate()
-                .map(|(i, op)| StageSpec {
-                    field: format!("s{i}"),
-                    number: i as u32 + 1,
-                    op: op.to_string(),
-                    reduction: None,
-                    tensor_eligible: None,
-                    precision: None,
-                    tolerance: None,
-                    finite: Some(true),
-                })
-                .collect(),
-        };
+        let mut spec = spec("CheckedKl", &["KlDivergence", "SumReduction"]);
+        for st in &mut spec.stages {
+            st.finite = Some(true);
+        }
         let checked = lower(&spec).unwrap();
         let src = domain_source("inference", std::slice::from_ref(&checked));
         let t = tag(&checked);
