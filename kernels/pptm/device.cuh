@@ -259,13 +259,13 @@ __device__ __forceinline__ void pptm_tick(const pptm_block_ctx&) {
 }
 
 // Set when a stage declared `finite = true` computed a NaN or an infinity in this block's share of
-// the current item. Any thread may set it (they all write 1); thread 0 reads and clears it after a
+// the current item. Any thread may set it (an atomic OR); thread 0 reads and clears it after a
 // barrier, and the item's blocks combine theirs as they arrive (manifold.cuh).
 __shared__ uint32_t pptm_nonfinite;
 
 // Checks a value every thread computes for its own elements.
 __device__ __forceinline__ void pptm_check_finite(float v) {
-    if (!isfinite(v)) pptm_nonfinite = 1u;
+    if (!isfinite(v)) atomicOr(&pptm_nonfinite, 1u);  // atomic: many threads may flag at once
 }
 
 // Checks a value only thread 0 holds: a reduction's result and the stages after it (the other

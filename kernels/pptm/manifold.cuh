@@ -38,21 +38,38 @@ __device__ __forceinline__ uint32_t pptm_fetch_backoff(uint32_t idle_polls, cons
     return min(100u << k, P.max_backoff_ns);
 }
 
+// The fetcher's warps share two words in shared memory: `next` and `stop`. Every access is atomic
+// (reads are atomic no-ops, one per warp, broadcast), so the flags are race-free by construction
+// and compute-sanitizer's racecheck has nothing to report; volatile polling worked on the hardware
+// but was a data race as the memory model sees it.
+__device__ __forceinline__ int pptm_shared_flag(int* p) {
+    int v = 0;
+    if ((threadIdx.x & 31u) == 0) v = atomicOr(p, 0);
+    return __shfl_sync(PPTM_FULL_MASK, v, 0);
+}
+__device__ __forceinline__ uint64_t pptm_shared_counter(unsigned long long* p) {
+    unsigned long long v = 0;
+    if ((threadIdx.x & 31u) == 0) v = atomicAdd(p, 0ull);
+    return __shfl_sync(PPTM_FULL_MASK, v, 0);
+}
+
 // The watch warp (the fetcher block's last): every ~50 us it mirrors the newest of the compute blocks'
 // progress stamps into the host's `heartbeat` word (only when it changed: an idle manifold writes
 // nothing over PCIe), and reads the host's `abort` word; on an abort it tells the compute blocks
 // (S->abort) and the pollers (`stop`) and returns. It never touches the items themselves, so a hung
 // compute block cannot stop it.
-__device__ __noinline__ void pptm_watch(const pptm_manifold_params& P, uint32_t nblocks, volatile int* vstop) {
+__device__ __noinline__ void pptm_watch(const pptm_manifold_params& P, uint32_t nblocks, int* stop) {
     pptm_device_state* S = P.state;
     const unsigned lane = threadIdx.x & 31u;
     uint64_t mirrored = 0;
     for (;;) {
-        if (*vstop) return;
+        if (pptm_shared_flag(stop)) return;
         const uint64_t abort = lane == 0 ? pptm_ld_relaxed_sys(&P.control->abort) : 0;
         if (__shfl_sync(PPTM_FULL_MASK, abort, 0) != 0) {
-            if (lane == 0) pptm_st_relaxed_gpu(&S->abort, 1);
-            *vstop = 1;
+            if (lane == 0) {
+                pptm_st_relaxed_gpu(&S->abort, 1);
+                atomicExch(stop, 1);
+            }
             return;
         }
         uint64_t newest = 0;
@@ -82,10 +99,8 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
         stop = 0;
     }
     __syncthreads();
-    volatile unsigned long long* vnext = &next;
-    volatile int* vstop = &stop;
     if (warp == PPTM_WARPS - 1) {
-        pptm_watch(P, nblocks, vstop);
+        pptm_watch(P, nblocks, &stop);
         return;
     }
     const uint32_t pollers = max(1u, min(P.fetch_pollers, min((uint32_t)PPTM_WARPS - 1u, PPTM_MAX_POLLERS)));
@@ -94,8 +109,8 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
     uint64_t completed = 0;
     uint32_t idle_polls = 0, polls = 0;
     for (;;) {
-        if (*vstop) return;
-        const uint64_t item = *vnext;
+        if (pptm_shared_flag(&stop)) return;
+        const uint64_t item = pptm_shared_counter(&next);
         // stage[x % STAGE_SLOTS] may be rewritten once item x - STAGE_SLOTS has completed (every
         // compute block read it before arriving).
         if (item >= completed + PPTM_STAGE_SLOTS) {
@@ -115,7 +130,7 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
                 const uint32_t payload = (uint32_t)(w >> 32);
                 pptm_st_relaxed_gpu(&S->stage[item % PPTM_STAGE_SLOTS].words[lane], pptm_tagged(payload, pptm_tag(item, PPTM_STAGE_LOG2)));
                 if (__shfl_sync(PPTM_FULL_MASK, payload, 0) == PPTM_OP_SHUTDOWN) {
-                    *vstop = 1;
+                    if (lane == 0) atomicExch(&stop, 1);
                     return;
                 }
             }
