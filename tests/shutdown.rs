@@ -121,3 +121,79 @@ fn runtimes_beyond_the_gpus_capacity_fail_to_launch_instead_of_hanging() {
     rt.prepare::<KlComplexity>().unwrap();
     rt.submit_noop::<KlComplexity>().unwrap().wait().unwrap();
 }
+
+/// Runs `f` on a thread of its own and fails the test if it has not returned within `limit`,
+/// instead of hanging the test binary.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
+}
+
+/// Freeing pinned host memory waits for every running kernel, and a manifold runs until it is
+/// shut down: a runtime with several manifolds once hung shutting its first one down, while the
+/// others still ran. The same holds for a runtime dropped beside another runtime's manifold.
+#[test]
+fn manifolds_shut_down_one_by_one_beside_others_still_resident() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_) = runtimes()
+        .into_iter()
+        .find(|r| r.backend() == pptm::BackendKind::Gpu)
+    else {
+        return;
+    };
+    use pptm::Chain as _;
+    use pptm::chains::{DistanceKth, GemvAxpbySum};
+    within(
+        Duration::from_secs(60),
+        "a three-domain runtime's shutdown",
+        || {
+            let rt = Runtime::gpu().unwrap();
+            rt.prepare_domains(&[
+                KlComplexity::DOMAIN,
+                DistanceKth::DOMAIN,
+                GemvAxpbySum::DOMAIN,
+            ])
+            .unwrap();
+            let qb = rt.upload(&positive(1000)).unwrap();
+            assert_eq!(
+                KlComplexity::submit(&rt, &qb, &qb).unwrap().wait().unwrap(),
+                0.0
+            );
+            rt.shutdown().unwrap();
+        },
+    );
+    within(
+        Duration::from_secs(60),
+        "dropping a runtime beside another's manifold",
+        || {
+            let half = |_| {
+                let rt = Runtime::gpu_with(pptm::Config {
+                    max_sms: Some(32),
+                    ..Default::default()
+                })
+                .unwrap();
+                rt.prepare::<KlComplexity>().unwrap();
+                rt
+            };
+            let (first, second) = (half(0), half(1));
+            drop(first);
+            let qb = second.upload(&positive(1000)).unwrap();
+            assert_eq!(
+                KlComplexity::submit(&second, &qb, &qb)
+                    .unwrap()
+                    .wait()
+                    .unwrap(),
+                0.0
+            );
+            drop(second);
+        },
+    );
+}

@@ -48,16 +48,24 @@ static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
 /// Statics are never dropped, so the shared runtime's manifolds would still be resident when the
 /// process exits. The driver kills them then, but compute-sanitizer waits for every kernel to end
 /// and would wait forever: with `PPTM_SHUTDOWN_AT_EXIT=1` (scripts/sanitize-gpu-suite sets it),
-/// shut the runtime down from the C runtime's exit handlers instead. Off otherwise: on an H200 two
-/// binaries that run several domains (multi_domain, api_properties) did not exit that way (not yet
-/// understood), and without a sanitizer nothing needs it.
+/// shut the runtime down from the C runtime's exit handlers instead. Off otherwise: nothing else
+/// needs it. (It once hung the binaries whose runtime runs several domains: freeing the first
+/// manifold's pinned rings waited for the others; the device now defers such frees, driver.rs.)
 fn shut_down_at_exit() {
     if std::env::var("PPTM_SHUTDOWN_AT_EXIT").as_deref() != Ok("1") {
         return;
     }
     extern "C" fn at_exit() {
         if let Some(Some(rt)) = GPU.get() {
-            let _ = rt.shutdown();
+            eprintln!("pptm tests: at exit: shutting the shared runtime down");
+            let started = std::time::Instant::now();
+            match rt.shutdown() {
+                Ok(()) => eprintln!("pptm tests: at exit: shut down in {:?}", started.elapsed()),
+                Err(e) => eprintln!(
+                    "pptm tests: at exit: shutdown failed after {:?}: {e}",
+                    started.elapsed()
+                ),
+            }
         }
     }
     unsafe extern "C" {

@@ -9,6 +9,13 @@
 //!   engines), never with cuMemset (a kernel), because resident manifolds may hold every SM;
 //! * modules are loaded once per process and device, before any manifold is resident: with CUDA's
 //!   lazy loading, loading code can wait for running kernels, and a manifold never finishes;
+//! * pinned host memory is freed only while no manifold is resident: `cuMemFreeHost` waits for
+//!   every running kernel. A free that would wait is deferred until the device's last manifold
+//!   stops (`Residency`). Measured on an H200 beside a spinning kernel: cuMemFreeHost, cuMemFree,
+//!   cuModuleLoadData, cuModuleUnload and cuCtxSetLimit wait for it; cuMemAlloc(Async),
+//!   cuMemFreeAsync, cuMemHostAlloc, cuMemHostRegister, graph instantiate/destroy, event and stream
+//!   destroy do not (a runtime holding two manifolds hung in cuMemFreeHost when it shut the first
+//!   one down);
 //! * the context's local memory is sized for every loaded kernel when its module loads, and never
 //!   shrinks (`CU_CTX_LMEM_RESIZE_TO_MAX`): growing it for a launch waits for the device to go
 //!   idle, which it never does beside a manifold (measured on an H200: the linear-algebra tests,
@@ -17,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{result, sys};
@@ -42,14 +49,23 @@ pub(crate) struct Device {
     transfer: Mutex<sys::CUstream>,
     /// Loaded modules by domain key; unloaded when the device is dropped.
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
-    /// Manifolds of this process that may be running on this device.
-    resident: AtomicUsize,
+    /// Manifolds of this process that may be running on this device, and the frees that wait for
+    /// them. Held across every call that would wait for a running kernel (module load, host free),
+    /// so no manifold can be launched in the middle of one.
+    residency: Mutex<Residency>,
     /// A kernel on this device ignored an abort and may still write any memory it was given:
     /// from then on device memory is leaked instead of freed (see `Manifold::hang`).
     wedged: std::sync::atomic::AtomicBool,
     /// With `PPTM_DEVICE_ARENA_MB`: one block allocated at open, before any manifold, that
     /// buffers are carved from (see arena.rs for why).
     arena: Option<DeviceArena>,
+}
+
+#[derive(Default)]
+struct Residency {
+    manifolds: usize,
+    /// Pinned host allocations (addresses) dropped while a manifold was resident.
+    host_frees: Vec<usize>,
 }
 
 struct DeviceArena {
@@ -193,7 +209,7 @@ impl Device {
             ctx,
             transfer: Mutex::new(transfer),
             modules: Mutex::new(HashMap::new()),
-            resident: AtomicUsize::new(0),
+            residency: Mutex::new(Residency::default()),
             wedged: std::sync::atomic::AtomicBool::new(false),
             arena,
         }))
@@ -213,7 +229,9 @@ impl Device {
         if let Some(m) = modules.get(code.key) {
             return Ok(m.clone());
         }
-        if self.resident.load(Ordering::Acquire) > 0 {
+        // Held through the load: a manifold launched meanwhile would make the load wait for it.
+        let residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
             return Err(Error::Launch {
                 domain: code.name,
                 reason: "its code cannot be loaded while a manifold is resident on this GPU (the load would wait for \
@@ -264,13 +282,46 @@ impl Device {
         Ok(())
     }
 
-    /// Counts a manifold that is (or may be) running; `module` refuses to load while any is.
+    /// Counts a manifold about to be launched, which may run from now on: `module` refuses to
+    /// load and host frees are deferred until every counted manifold has stopped. The caller
+    /// calls `manifold_stopped` once the kernel is known to have ended (or its launch failed); a
+    /// kernel that may never end stays counted.
     pub fn manifold_started(&self) {
-        self.resident.fetch_add(1, Ordering::AcqRel);
+        self.residency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .manifolds += 1;
     }
 
+    /// The counterpart of `manifold_started`. The last manifold to stop frees the pinned host
+    /// memory whose free was deferred while it ran.
     pub fn manifold_stopped(&self) {
-        self.resident.fetch_sub(1, Ordering::AcqRel);
+        let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        residency.manifolds = residency.manifolds.saturating_sub(1);
+        if residency.manifolds == 0 && !residency.host_frees.is_empty() {
+            let frees = std::mem::take(&mut residency.host_frees);
+            tracing::debug!(count = frees.len(), "freeing deferred pinned host memory");
+            let _ = self.bind();
+            for host in frees {
+                // SAFETY: allocated by cuMemHostAlloc (MappedHost::new), dropped (so unused by the
+                // host), its kernel gone, and no manifold runs (the lock keeps one from starting).
+                let _ = unsafe { result::free_host(host as *mut c_void) };
+            }
+        }
+    }
+
+    /// Frees pinned host memory now, or when the last resident manifold stops (cuMemFreeHost
+    /// waits for every running kernel, and a manifold runs until it is shut down).
+    fn free_host(&self, host: *mut c_void) {
+        let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
+            residency.host_frees.push(host as usize);
+            return;
+        }
+        let _ = self.bind();
+        // SAFETY: allocated by cuMemHostAlloc, no longer used (the caller's promise), freed once;
+        // no manifold runs, and none can start while the lock is held.
+        let _ = unsafe { result::free_host(host) };
     }
 
     fn with_transfer<T>(&self, f: impl FnOnce(sys::CUstream) -> Result<T>) -> Result<T> {
@@ -393,8 +444,18 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let _ = self.bind();
+        let wedged = self.wedged.load(Ordering::Acquire);
+        if let Ok(residency) = self.residency.get_mut()
+            && !wedged
+        {
+            for host in residency.host_frees.drain(..) {
+                // SAFETY: deferred frees of dropped MappedHosts; every kernel that used them is
+                // gone (a device is dropped only once no manifold holds it).
+                let _ = unsafe { result::free_host(host as *mut c_void) };
+            }
+        }
         if let Some(a) = &self.arena
-            && !self.wedged.load(Ordering::Acquire)
+            && !wedged
         {
             // SAFETY: allocated in open_new; every user of the device (and so of the arena) is
             // gone; freed once.
@@ -467,10 +528,8 @@ impl Drop for MappedHost {
         if self.leak.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let _ = self.device.bind();
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once, and nothing uses it any more
-        // (the kernel has exited, or `leak` was set).
-        let _ = unsafe { result::free_host(self.host) };
+        // Nothing uses it any more (its kernel has exited; otherwise `leak` was set).
+        self.device.free_host(self.host);
     }
 }
 

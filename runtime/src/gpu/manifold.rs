@@ -168,6 +168,9 @@ impl Manifold {
         let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
         device.bind()?;
         tracing::debug!(domain, grid, "cooperative launch");
+        // Counted from before the launch: from here on a host free or module load would wait for
+        // this kernel (driver.rs).
+        device.manifold_started();
         // SAFETY: func takes one pptm_manifold_params by value (kernels/pptm/manifold.cuh), which
         // the driver copies at launch; every pointer in it stays valid until the kernel exits
         // (the rings and state are owned by the Manifold, which outlives the kernel or leaks them).
@@ -182,6 +185,7 @@ impl Manifold {
             )
         }
         .map_err(|e| {
+            device.manifold_stopped();
             launch_err(format!(
                 "cuLaunchCooperativeKernel with {grid} blocks: {}",
                 Error::driver("cuLaunchCooperativeKernel", e)
@@ -198,6 +202,7 @@ impl Manifold {
                 Err(e) => Some(e.to_string()),
             };
             if let Some(reason) = failed {
+                device.manifold_stopped();
                 return Err(launch_err(reason));
             }
             if launched.elapsed() > cfg.launch_timeout {
@@ -207,11 +212,9 @@ impl Manifold {
                 if queue.started() {
                     break;
                 }
-                // It may still start later (and then exit at once): keep what it would touch, and
-                // the device (context, module) for good.
-                queue.leak_memory();
-                state.leak.store(true, Ordering::Relaxed);
-                std::mem::forget(device.clone());
+                // It may still start later, and then exits at once: what it would touch stays
+                // alive, and it stays counted as resident, until a reaper sees it end.
+                reap_cancelled_launch(device, domain, stream, queue, state);
                 return Err(launch_err(format!(
                     "{grid} blocks did not become resident within {:?}: other long-running kernels hold the GPU                      (another pptm runtime in this or another process?); the launch was cancelled",
                     cfg.launch_timeout
@@ -219,7 +222,6 @@ impl Manifold {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
-        device.manifold_started();
         tracing::info!(
             domain,
             arch,
@@ -582,6 +584,47 @@ impl Manifold {
 
     pub fn shutdown_timeout(&self) -> Duration {
         self.shutdown_timeout
+    }
+}
+
+/// Waits, on a thread of its own, for a cancelled launch's kernel to end (it exits as soon as it
+/// starts, once the kernels in its way have finished), then releases what it would have touched
+/// and stops counting it as resident, so host frees and module loads resume. Should the thread not
+/// start, everything is leaked instead and the kernel stays counted for good.
+fn reap_cancelled_launch(
+    device: &Arc<Device>,
+    domain: &'static str,
+    stream: Stream,
+    queue: Queue,
+    state: DeviceState,
+) {
+    let kept = Arc::new(Mutex::new(Some((stream, queue, state))));
+    let reaper = {
+        let (device, kept) = (device.clone(), kept.clone());
+        std::thread::Builder::new()
+            .name(format!("pptm-reaper-{domain}"))
+            .spawn(move || {
+                let Some((stream, queue, state)) =
+                    kept.lock().unwrap_or_else(|e| e.into_inner()).take()
+                else {
+                    return;
+                };
+                // Ended or failed: either way the kernel no longer runs.
+                while let Ok(false) = stream.query() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                tracing::debug!(domain, "a cancelled manifold launch has ended");
+                drop((queue, state, stream));
+                device.manifold_stopped();
+            })
+    };
+    if reaper.is_err()
+        && let Some((stream, queue, state)) = kept.lock().unwrap_or_else(|e| e.into_inner()).take()
+    {
+        queue.leak_memory();
+        state.leak.store(true, Ordering::Relaxed);
+        std::mem::forget((stream, queue, state));
+        std::mem::forget(device.clone());
     }
 }
 
