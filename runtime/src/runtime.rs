@@ -805,9 +805,13 @@ impl Runtime {
             .drain()
             .map(|(_, m)| m)
             .collect();
+        // Every manifold is asked before any is waited for: they drain at once, and under
+        // compute-sanitizer, which processes a kernel's end only once the device is idle, waiting
+        // for one while the others ran hung (Manifold::begin_shutdown).
+        let requests: Vec<_> = all.iter().map(|m| m.begin_shutdown()).collect();
         let mut first_err = None;
-        for m in all {
-            if let Err(e) = m.shutdown() {
+        for r in requests {
+            if let Err(e) = r.finish() {
                 first_err.get_or_insert(e);
             }
         }
