@@ -5,6 +5,8 @@
 //!   context: the manifold never finishes, so such a call would never return;
 //! * device memory is allocated and freed stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync`) on
 //!   the transfer stream, because a plain `cuMemFree` may wait for every kernel;
+//! * copies between host and device go through the device's own pinned staging buffer, never
+//!   from pageable memory, whose bounce buffers the driver allocates and releases as it sees fit;
 //! * nothing the runtime does on the host needs an SM: memory is zeroed and filled with copies (copy
 //!   engines), never with cuMemset (a kernel), because resident manifolds may hold every SM;
 //! * modules are loaded once per process and device, before any manifold is resident: with CUDA's
@@ -46,7 +48,7 @@ pub(crate) struct Device {
     cu_device: sys::CUdevice,
     ctx: sys::CUcontext,
     /// Serialises transfers; every transfer waits for its own completion.
-    transfer: Mutex<sys::CUstream>,
+    transfer: Mutex<Transfer>,
     /// Loaded modules by domain key; unloaded when the device is dropped.
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     /// Manifolds of this process that may be running on this device, and the frees that wait for
@@ -60,6 +62,20 @@ pub(crate) struct Device {
     /// buffers are carved from (see arena.rs for why).
     arena: Option<DeviceArena>,
 }
+
+/// The transfer stream and its pinned staging buffer. Every copy between host and device goes
+/// through the staging buffer rather than straight from the caller's pageable memory: for a
+/// pageable copy the driver manages pinned bounce buffers of its own, and releasing pinned memory
+/// waits for every running kernel (see the module docs), which a manifold never ends.
+struct Transfer {
+    stream: sys::CUstream,
+    /// STAGING_BYTES of pinned host memory, allocated when the device opens (before any
+    /// manifold) and freed with the device.
+    staging: *mut c_void,
+}
+
+/// Bytes a transfer moves per staged copy.
+const STAGING_BYTES: usize = 4 << 20;
 
 #[derive(Default)]
 struct Residency {
@@ -178,8 +194,18 @@ impl Device {
         if let Err(e) = check("cuCtxSetFlags", unsafe { sys::cuCtxSetFlags(flag) }) {
             tracing::warn!("local memory may shrink between launches: {e}");
         }
-        let transfer = result::stream::create(result::stream::StreamKind::NonBlocking)
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        // SAFETY: allocates pinned host memory in the current context; freed in Drop.
+        let staging = match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: created above and unused.
+                let _ = unsafe { result::stream::destroy(stream) };
+                return Err(Error::driver("cuMemHostAlloc", e));
+            }
+        };
+        let transfer = Transfer { stream, staging };
         let arena = super::arena::requested_bytes().and_then(|bytes| {
             // SAFETY: the context is current; freed in Drop. No kernel of ours runs yet.
             match unsafe { result::malloc_sync(bytes as usize) } {
@@ -324,12 +350,12 @@ impl Device {
         let _ = unsafe { result::free_host(host) };
     }
 
-    fn with_transfer<T>(&self, f: impl FnOnce(sys::CUstream) -> Result<T>) -> Result<T> {
+    fn with_transfer<T>(&self, f: impl FnOnce(&Transfer) -> Result<T>) -> Result<T> {
         self.bind()?;
-        let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
-        let out = f(*stream)?;
+        let transfer = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(&transfer)?;
         // SAFETY: the stream is valid and owned by self.
-        unsafe { result::stream::synchronize(*stream) }
+        unsafe { result::stream::synchronize(transfer.stream) }
             .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
         Ok(out)
     }
@@ -361,9 +387,9 @@ impl Device {
     }
 
     fn alloc_stream_ordered(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
-        self.with_transfer(|s| {
-            // SAFETY: s is a valid stream of the current context.
-            unsafe { result::malloc_async(s, bytes) }
+        self.with_transfer(|t| {
+            // SAFETY: the stream is a valid stream of the current context.
+            unsafe { result::malloc_async(t.stream, bytes) }
                 .map_err(|e| Error::driver("cuMemAllocAsync", e))
         })
     }
@@ -409,10 +435,10 @@ impl Device {
             }
         }
         let r = self.bind().and_then(|_| {
-            let stream = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
+            let transfer = self.transfer.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: ptr came from `alloc` and is freed once; later users of this memory are
             // ordered after the free on the same stream.
-            unsafe { result::free_async(ptr, *stream) }
+            unsafe { result::free_async(ptr, transfer.stream) }
                 .map_err(|e| Error::driver("cuMemFreeAsync", e))
         });
         if let Err(e) = r {
@@ -420,24 +446,63 @@ impl Device {
         }
     }
 
-    /// Copies host bytes to device memory and waits for the copy.
+    /// Copies host bytes to device memory through the staging buffer and waits for the copy.
     pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
-        // SAFETY: dst has at least src.len() bytes (the caller's buffer); src outlives the copy,
-        // which completes before with_transfer returns.
-        self.with_transfer(|s| {
-            unsafe { result::memcpy_htod_async(dst, src, s) }
-                .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
+        self.with_transfer(|t| {
+            for (i, chunk) in src.chunks(STAGING_BYTES).enumerate() {
+                // SAFETY: staging holds STAGING_BYTES >= chunk.len(), and no copy from it is in
+                // flight (each one is waited for before the next chunk is staged).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        chunk.as_ptr(),
+                        t.staging.cast::<u8>(),
+                        chunk.len(),
+                    )
+                };
+                let at = dst + (i * STAGING_BYTES) as u64;
+                // SAFETY: the caller's buffer has src.len() bytes from dst, so chunk.len() from
+                // `at`; staging is pinned and outlives the copy, which is waited for below.
+                check("cuMemcpyHtoDAsync", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(at, t.staging, chunk.len(), t.stream)
+                })?;
+                t.wait()?;
+            }
+            Ok(())
         })
     }
 
-    /// Copies device memory to host bytes and waits for the copy.
+    /// Copies device memory to host bytes through the staging buffer and waits for the copy.
     pub fn download(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
-        // SAFETY: src has at least dst.len() bytes; dst outlives the copy, which completes before
-        // with_transfer returns.
-        self.with_transfer(|s| {
-            unsafe { result::memcpy_dtoh_async(dst, src, s) }
-                .map_err(|e| Error::driver("cuMemcpyDtoHAsync", e))
+        self.with_transfer(|t| {
+            for (i, chunk) in dst.chunks_mut(STAGING_BYTES).enumerate() {
+                let at = src + (i * STAGING_BYTES) as u64;
+                // SAFETY: the caller's buffer has dst.len() bytes from src, so chunk.len() from
+                // `at`; staging holds STAGING_BYTES >= chunk.len() and is free (earlier copies
+                // were waited for).
+                check("cuMemcpyDtoHAsync", unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(t.staging, at, chunk.len(), t.stream)
+                })?;
+                t.wait()?;
+                // SAFETY: the copy into staging has completed; chunk.len() bytes are valid there.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        t.staging.cast::<u8>(),
+                        chunk.as_mut_ptr(),
+                        chunk.len(),
+                    )
+                };
+            }
+            Ok(())
         })
+    }
+}
+
+impl Transfer {
+    /// Waits for the copies queued on the transfer stream.
+    fn wait(&self) -> Result<()> {
+        // SAFETY: the stream is valid and owned by the device.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))
     }
 }
 
@@ -467,9 +532,15 @@ impl Drop for Device {
                 let _ = unsafe { result::module::unload(m.module) };
             }
         }
-        if let Ok(stream) = self.transfer.get_mut() {
+        if let Ok(transfer) = self.transfer.get_mut() {
             // SAFETY: the stream is ours and no longer used.
-            let _ = unsafe { result::stream::destroy(*stream) };
+            let _ = unsafe { result::stream::destroy(transfer.stream) };
+            let idle = self.residency.get_mut().is_ok_and(|r| r.manifolds == 0);
+            if idle && !wedged {
+                // SAFETY: allocated in open_new, unused (no transfer runs: the device is being
+                // dropped), freed once; no manifold runs, so the free does not wait for one.
+                let _ = unsafe { result::free_host(transfer.staging) };
+            }
         }
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { result::primary_ctx::release(self.cu_device) };
