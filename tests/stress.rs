@@ -24,16 +24,12 @@ const HALF: usize = 16;
 const TICKET_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn items_per_thread(rt: &Runtime) -> usize {
-    if let Ok(v) = std::env::var("PPTM_STRESS_ITEMS") {
-        return v
-            .parse()
-            .unwrap_or_else(|_| panic!("PPTM_STRESS_ITEMS={v:?} is not a count"));
-    }
-    if rt.backend() == BackendKind::Gpu && rt.config().variant == Variant::Fused {
+    let default = if rt.backend() == BackendKind::Gpu && rt.config().variant == Variant::Fused {
         125_000
     } else {
         2_000
-    }
+    };
+    common::count_from_env("PPTM_STRESS_ITEMS", default)
 }
 
 fn signed(n: usize) -> Vec<f32> {

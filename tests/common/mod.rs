@@ -101,6 +101,18 @@ pub fn gpu_variant(variant: pptm::Variant) -> Option<&'static Runtime> {
     .as_ref()
 }
 
+/// A test's item count: the value of the environment variable `var` when set (the sanitizer
+/// script shrinks long item loops this way: under compute-sanitizer an item takes milliseconds),
+/// otherwise `default`.
+pub fn count_from_env(var: &str, default: usize) -> usize {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{var}={v:?} is not a count")),
+        Err(_) => default,
+    }
+}
+
 pub fn skip(test: &str) {
     eprintln!("SKIPPED (no GPU): {test}");
 }
