@@ -243,6 +243,19 @@ struct pptm_block_ctx {
     double* red_smem;  // PPTM_WARPS doubles of shared memory
 };
 
+// Phase trace for bench/probes/manifold_probe.cu (never in generated code): %globaltimer at each
+// step of item seq, by the block that takes the step, in pptm_trace[seq % STAGE_SLOTS]; the probe
+// names the slots.
+#ifdef PPTM_PHASE_TRACE
+#define PPTM_TRACE_SLOTS 16
+__device__ unsigned long long pptm_trace[PPTM_STAGE_SLOTS][PPTM_TRACE_SLOTS];
+#define PPTM_TRACE(seq, i, v) (pptm_trace[(seq) % PPTM_STAGE_SLOTS][i] = (v))
+#define PPTM_TRACE_MAX(seq, i, v) atomicMax(&pptm_trace[(seq) % PPTM_STAGE_SLOTS][i], (unsigned long long)(v))
+#else
+#define PPTM_TRACE(seq, i, v) ((void)0)
+#define PPTM_TRACE_MAX(seq, i, v) ((void)0)
+#endif
+
 // This block's progress word in the manifold's state (null in launched kernels). Kept in shared
 // memory rather than in pptm_block_ctx: the context is live across every pattern's loops, and one
 // more pointer in it cost the linear-algebra manifold spills.

@@ -28,6 +28,7 @@
 static_assert((1u << PPTM_STAGE_LOG2) == PPTM_STAGE_SLOTS, "stage ring size");
 static_assert(sizeof(pptm_desc) == 4 * PPTM_SQ_SLOT_WORDS, "pptm_desc is one u32 per slot word");
 
+
 // ---- the fetcher -------------------------------------------------------------------------------
 
 // Sleep before a poller's next poll: none while items are in flight or arrived recently, then
@@ -124,11 +125,13 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
             unsigned long long claimed = 0;
             if (lane == 0) claimed = atomicCAS(&next, (unsigned long long)item, (unsigned long long)item + 1);
             if (__shfl_sync(PPTM_FULL_MASK, claimed, 0) == item) {
+                if (lane == 0) PPTM_TRACE(item, 9, pptm_globaltimer());
                 // Release (with the acquire it completes): what the host wrote before submitting
                 // is visible to every compute block that reads this slot.
                 pptm_fence_acq_rel_gpu();
                 const uint32_t payload = (uint32_t)(w >> 32);
                 pptm_st_relaxed_gpu(&S->stage[item % PPTM_STAGE_SLOTS].words[lane], pptm_tagged(payload, pptm_tag(item, PPTM_STAGE_LOG2)));
+                if (lane == 0) PPTM_TRACE(item, 10, pptm_globaltimer());
                 if (__shfl_sync(PPTM_FULL_MASK, payload, 0) == PPTM_OP_SHUTDOWN) {
                     if (lane == 0) atomicExch(&stop, 1);
                     return;
@@ -167,6 +170,7 @@ struct pptm_loop_smem {
     double red[PPTM_WARPS];  // block-reduction scratch
     double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
+    uint64_t start;          // block 0: %globaltimer when it took the item
     int last;
     int abort;               // the host aborted the manifold: return
     uint32_t nonfinite;      // in the last block: some block of the item saw a non-finite value
@@ -295,8 +299,20 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
         const pptm_block_ctx ctx = {me, blocks, sh.red};
         // Block 0 runs every item: its start is the item's (read by the last arriver, released to
-        // it by block 0's arrival).
-        if (me == 0 && threadIdx.x == 0) S->started_ns[seq % PPTM_STAGE_SLOTS] = pptm_globaltimer();
+        // it by block 0's arrival). Block 0 keeps it in shared memory too: when it is also the
+        // last arriver (every one-block item) the completion needs no load for it.
+        if (me == 0 && threadIdx.x == 0) {
+            sh.start = pptm_globaltimer();
+            S->started_ns[seq % PPTM_STAGE_SLOTS] = sh.start;
+        }
+#ifdef PPTM_PHASE_TRACE
+        uint64_t t_took = 0, t_ran = 0;
+        if (threadIdx.x == 0) {
+            t_took = pptm_globaltimer();
+            if (me == 0) PPTM_TRACE(seq, 0, t_took);
+            PPTM_TRACE_MAX(seq, 11, t_took);
+        }
+#endif
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
@@ -307,6 +323,13 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
+#ifdef PPTM_PHASE_TRACE
+        if (threadIdx.x == 0) {
+            t_ran = pptm_globaltimer();
+            if (me == 0) PPTM_TRACE(seq, 1, t_ran);
+            PPTM_TRACE_MAX(seq, 12, t_ran);
+        }
+#endif
         // Every thread's output stores (and finite checks) before thread 0's release at arrival:
         // the release orders only what the barrier ordered before it, and a streaming pattern ends
         // without one (under racecheck's scheduling a KlTerms sum read stale outputs on an H200).
@@ -319,6 +342,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         // block, acquires every other block's. Its high half counts the blocks that saw a
         // non-finite value.
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
+        uint64_t start = 0;  // thread 0 of the last arriver: block 0's start
         if (threadIdx.x == 0) {
             if (op >= PPTM_OP_FIRST_VARIANT) {
                 if (blocks == 1)
@@ -332,6 +356,19 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             const uint64_t prior = blocks == 1 ? 0 : pptm_atom_add_acq_rel_gpu(arrivals, 1ull | ((uint64_t)bad << 32));
             sh.last = blocks == 1 || (uint32_t)prior == blocks - 1;
             sh.nonfinite = bad | (uint32_t)(prior >> 32);
+            // The last arriver other than block 0 loads block 0's start now (acquired by the
+            // add above), so the load's round trip overlaps the finish and the fence instead of
+            // preceding the completion's stores.
+            start = !sh.last ? 0 : me == 0 ? sh.start : pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
+#ifdef PPTM_PHASE_TRACE
+            const uint64_t t_arrived = pptm_globaltimer();
+            if (me == 0) PPTM_TRACE(seq, 2, t_arrived);
+            if (sh.last) {
+                PPTM_TRACE(seq, 3, t_took);
+                PPTM_TRACE(seq, 4, t_ran);
+                PPTM_TRACE(seq, 5, t_arrived);
+            }
+#endif
         }
         __syncthreads();
         if (sh.last) {
@@ -339,20 +376,23 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
                 value = pptm_finish_variant(sh.desc, blocks == 1 ? &sh.own : S->partials, blocks, sh.red);
             if (threadIdx.x == 0) {
+                PPTM_TRACE(seq, 6, pptm_globaltimer());
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
                 if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
+                PPTM_TRACE(seq, 7, pptm_globaltimer());
                 if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
                 pptm_nonfinite = 0u;
                 const uint32_t tag = pptm_tag(seq, P.queue_slots_log2);
                 const uint64_t bits = (uint64_t)__double_as_longlong(value);
-                const uint64_t ns = pptm_globaltimer() - pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
+                const uint64_t ns = pptm_globaltimer() - start;
                 uint64_t* e = P.cq[seq & (P.queue_slots - 1)].words;
                 pptm_st_relaxed_sys(e + 0, pptm_tagged(status, tag));
                 pptm_st_relaxed_sys(e + 1, pptm_tagged(op, tag));
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
-                pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, 0xFFFFFFFFull), tag));
+                pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, (uint64_t)0xFFFFFFFFu), tag));
+                PPTM_TRACE(seq, 8, pptm_globaltimer());
                 // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
                 if (blocks > 1) *arrivals = 0;
                 pptm_st_release_gpu(&S->completed, seq + 1);

@@ -1,0 +1,268 @@
+// Stand-alone probe of the inference manifold's item latency, for GPU hosts without Rust:
+//
+//     nvcc -cubin -O3 -arch=sm_90 -I kernels [-DPPTM_PHASE_TRACE] -o inference.cubin \
+//          generated/inference/inference.cu
+//     nvcc -O3 -std=c++17 -I kernels -o probe bench/probes/manifold_probe.cu -lcuda
+//     ./probe inference.cubin [reps]
+//
+// It runs generated/inference/inference.cu as compiled here (so kernels/ edits are measured
+// without a codegen run or a Rust build), launches the manifold on every SM as the runtime does, drives the
+// queue protocol of kernels/pptm/abi.h from the host, and prints, for a no-op, kl_complexity over
+// 4096 elements and belief_update at 256 x 256, the host-visible round trip and the device time
+// (median, p99). Built with -DPPTM_PHASE_TRACE the manifold stamps %globaltimer at each phase of
+// every item (manifold.cuh) and the probe prints the median of each phase, relative to block 0
+// taking the item. Results are checked against a CPU reference before timing.
+#include "pptm/abi.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            std::exit(1);                                                                        \
+        }                                                                                        \
+    } while (0)
+
+#define CU(x)                                                                                    \
+    do {                                                                                         \
+        CUresult r_ = (x);                                                                       \
+        if (r_ != CUDA_SUCCESS) {                                                                \
+            const char* m_ = "?";                                                                \
+            cuGetErrorString(r_, &m_);                                                           \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, m_);                  \
+            std::exit(1);                                                                        \
+        }                                                                                        \
+    } while (0)
+
+// What each slot of the phase trace records (manifold.cuh, PPTM_PHASE_TRACE).
+static constexpr int TRACE_SLOTS = 16;
+static const char* const trace_names[TRACE_SLOTS] = {
+    "block 0 took the item", "block 0 ran its share", "block 0 arrived", "last block took it",
+    "last block ran its share", "last block arrived", "last block finished", "last block fenced",
+    "completion written", "fetcher saw the SQ slot", "fetcher staged it", "latest block took it",
+    "latest block ran its share", "", "", ""};
+
+static constexpr uint32_t SLOTS = 64, SLOTS_LOG2 = 6;
+
+struct Host {
+    pptm_sq_slot* sq;
+    pptm_cq_entry* cq;
+    pptm_host_control* control;
+    uint64_t next = 0;
+
+    static uint32_t tag(uint64_t seq) { return (uint32_t)((seq >> SLOTS_LOG2) % 0xFFFFFFFFull + 1); }
+
+    uint64_t submit(const pptm_desc& d) {
+        const uint64_t seq = next++;
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(&d);
+        uint64_t* slot = sq[seq & (SLOTS - 1)].words;
+        for (uint32_t i = 0; i < PPTM_SQ_SLOT_WORDS; ++i)
+            __atomic_store_n(&slot[i], ((uint64_t)w[i] << 32) | tag(seq), __ATOMIC_RELEASE);
+        return seq;
+    }
+    // Spins until item seq's completion entry is whole; returns (status, value, device ns).
+    void wait(uint64_t seq, uint32_t& status, double& value, uint32_t& ns) {
+        uint64_t* e = cq[seq & (SLOTS - 1)].words;
+        uint32_t p[PPTM_CQ_WORDS];
+        for (;;) {
+            bool all = true;
+            for (uint32_t i = 0; i < PPTM_CQ_WORDS && all; ++i) {
+                const uint64_t v = __atomic_load_n(&e[i], __ATOMIC_ACQUIRE);
+                all = (uint32_t)v == tag(seq);
+                p[i] = (uint32_t)(v >> 32);
+            }
+            if (all) break;
+        }
+        status = p[0];
+        uint64_t bits = (uint64_t)p[2] | ((uint64_t)p[3] << 32);
+        std::memcpy(&value, &bits, 8);
+        ns = p[4];
+    }
+};
+
+static double pct(std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, (size_t)(q * v.size()))];
+}
+
+static float* upload(const std::vector<float>& h) {
+    float* d;
+    CK(cudaMalloc(&d, h.size() * 4));
+    CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static uint64_t ptr(const void* p) { return (uint64_t)(uintptr_t)p; }
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: probe inference.cubin [reps]\n");
+        return 2;
+    }
+    const int reps = argc > 2 ? std::atoi(argv[2]) : 20000;
+    int sms = 0;
+    CK(cudaFree(nullptr));  // the primary context, shared with the driver API below
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CUmodule mod;
+    CU(cuModuleLoad(&mod, argv[1]));
+    CUfunction manifold;
+    CU(cuModuleGetFunction(&manifold, mod, "pptm_manifold"));
+    int regs = 0, local = 0, smem = 0;
+    CU(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, manifold));
+    CU(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, manifold));
+    CU(cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, manifold));
+    CU(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, std::max(local, 1024)));
+    CUdeviceptr trace = 0;
+    size_t trace_bytes = 0;
+    const bool traced = cuModuleGetGlobal(&trace, &trace_bytes, mod, "pptm_trace") == CUDA_SUCCESS;
+    std::printf("manifold: %d regs, %d B local, %d B static smem; grid %d + 1; phase trace %s\n", regs, local, smem, sms,
+                traced ? "on" : "off");
+
+    // Rings and control words in mapped pinned memory, zeroed; device state zeroed.
+    const size_t bytes = SLOTS * sizeof(pptm_sq_slot) + SLOTS * sizeof(pptm_cq_entry) + sizeof(pptm_host_control);
+    char* host;
+    CK(cudaHostAlloc((void**)&host, bytes, cudaHostAllocMapped));
+    std::memset(host, 0, bytes);
+    char* dev;
+    CK(cudaHostGetDevicePointer((void**)&dev, host, 0));
+    Host h{reinterpret_cast<pptm_sq_slot*>(host), reinterpret_cast<pptm_cq_entry*>(host + SLOTS * sizeof(pptm_sq_slot)),
+           reinterpret_cast<pptm_host_control*>(host + SLOTS * (sizeof(pptm_sq_slot) + sizeof(pptm_cq_entry)))};
+    pptm_device_state* state;
+    CK(cudaMalloc(&state, sizeof(pptm_device_state)));
+    CK(cudaMemset(state, 0, sizeof(pptm_device_state)));
+
+    pptm_manifold_params P{};
+    P.sq = reinterpret_cast<pptm_sq_slot*>(dev);
+    P.cq = reinterpret_cast<pptm_cq_entry*>(dev + SLOTS * sizeof(pptm_sq_slot));
+    P.control = reinterpret_cast<pptm_host_control*>(dev + SLOTS * (sizeof(pptm_sq_slot) + sizeof(pptm_cq_entry)));
+    P.state = state;
+    P.queue_slots = SLOTS;
+    P.queue_slots_log2 = SLOTS_LOG2;
+    P.hot_polls = 4096;
+    P.max_backoff_ns = 20000;
+    P.fetch_pollers = 2;
+    cudaStream_t stream;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaStream_t copies;
+    CK(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
+    void* args[] = {&P};
+    CU(cuLaunchCooperativeKernel(manifold, sms + 1, 1, 1, 512, 1, 1, 0, (CUstream)stream, args));
+    while (__atomic_load_n(&h.control->started, __ATOMIC_ACQUIRE) == 0) {
+    }
+
+    // Inputs.
+    srand(7);
+    auto rnd = [](size_t n, float lo, float hi) {
+        std::vector<float> v(n);
+        for (auto& x : v) x = lo + (hi - lo) * (float)rand() / (float)RAND_MAX;
+        return v;
+    };
+    const size_t kn = 4096, m = 256, n = 256;
+    auto q = rnd(kn, 0.01f, 1.0f), p = rnd(kn, 0.01f, 1.0f);
+    auto obs = rnd(m, -1, 1), pred = rnd(m, -1, 1), prec = rnd(m, 0.1f, 2), J = rnd(m * n, -1, 1), mu = rnd(n, -1, 1);
+    const float lr = 0.05f;
+    float *dq = upload(q), *dp = upload(p), *dobs = upload(obs), *dpred = upload(pred), *dprec = upload(prec),
+          *dJ = upload(J), *dmu = upload(mu), *dout;
+    CK(cudaMalloc(&dout, n * 4));
+
+    pptm_desc noop{};
+    noop.opcode = PPTM_OP_NOOP;
+    noop.blocks = 1;
+    pptm_desc kl{};
+    kl.opcode = 0x7985c08cu;
+    kl.blocks = 1;
+    kl.args[0] = ptr(dq), kl.args[1] = ptr(dp), kl.args[2] = kn;
+    pptm_desc bu{};
+    bu.opcode = 0x6a371d48u;
+    bu.blocks = (uint32_t)((n + 7) / 8);
+    uint32_t lrbits;
+    std::memcpy(&lrbits, &lr, 4);
+    bu.args[0] = ptr(dobs), bu.args[1] = ptr(dpred), bu.args[2] = ptr(dprec), bu.args[3] = ptr(dJ), bu.args[4] = ptr(dmu);
+    bu.args[5] = lrbits, bu.args[6] = ptr(dout), bu.args[7] = m, bu.args[8] = n;
+
+    // Check once.
+    {
+        uint32_t st, ns;
+        double v;
+        h.wait(h.submit(kl), st, v, ns);
+        double ref = 0;
+        for (size_t i = 0; i < kn; ++i) ref += (double)q[i] * (std::log((double)q[i]) - std::log((double)p[i]));
+        std::printf("kl check: status %u, %.9g vs %.9g (rel %.2e)\n", st, v, ref, std::fabs(v - ref) / std::fabs(ref));
+        CK(cudaMemset(dout, 0xff, n * 4));
+        h.wait(h.submit(bu), st, v, ns);
+        std::vector<float> got(n);
+        CK(cudaMemcpy(got.data(), dout, n * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (size_t j = 0; j < n; ++j) {
+            double g = 0;
+            for (size_t i = 0; i < m; ++i) g += (double)J[i * n + j] * (double)prec[i] * ((double)obs[i] - (double)pred[i]);
+            const double r = mu[j] + lr * g;
+            worst = std::max(worst, std::fabs(got[j] - r) / std::max(1e-6, std::fabs(r)));
+        }
+        std::printf("belief_update check: status %u, worst rel err %.2e\n", st, worst);
+    }
+
+    struct Case {
+        const char* name;
+        pptm_desc d;
+    } cases[] = {{"no-op", noop}, {"kl_complexity 4096", kl}, {"belief_update 256x256", bu}, {"  on 16 blocks", bu},
+                 {"  on 8 blocks", bu}};
+    cases[3].d.blocks = 16;
+    cases[4].d.blocks = 8;
+    for (const Case& c : cases) {
+        std::vector<double> host_us, dev_us;
+        std::vector<std::vector<double>> phase(TRACE_SLOTS);
+        static unsigned long long(*tr)[TRACE_SLOTS] = nullptr;
+        if (!tr) CK(cudaMallocHost((void**)&tr, sizeof(unsigned long long) * PPTM_STAGE_SLOTS * TRACE_SLOTS));
+        for (int r = 0; r < reps + 1000; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            uint32_t st, ns;
+            double v;
+            const uint64_t seq = h.submit(c.d);
+            h.wait(seq, st, v, ns);
+            const auto t1 = std::chrono::steady_clock::now();
+            if (st != PPTM_STATUS_OK) {
+                std::fprintf(stderr, "%s: status %u\n", c.name, st);
+                return 1;
+            }
+            if (r < 1000) continue;
+            host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+            dev_us.push_back(ns / 1e3);
+            if (traced && (seq + 1) % PPTM_STAGE_SLOTS == 0) {
+                CK(cudaMemcpyAsync(tr, (void*)trace, sizeof(unsigned long long) * PPTM_STAGE_SLOTS * TRACE_SLOTS, cudaMemcpyDeviceToHost, copies));
+                CK(cudaStreamSynchronize(copies));
+                for (uint32_t s = 0; s < PPTM_STAGE_SLOTS; ++s)
+                    for (int i = 0; i < TRACE_SLOTS; ++i)
+                        if (tr[s][i] != 0 && tr[s][0] != 0) phase[i].push_back(((double)tr[s][i] - (double)tr[s][0]) / 1e3);
+            }
+        }
+        std::printf("%-24s host median %6.2f us p99 %6.2f | device median %5.2f us p99 %5.2f\n", c.name, pct(host_us, 0.5),
+                    pct(host_us, 0.99), pct(dev_us, 0.5), pct(dev_us, 0.99));
+        for (int i = 0; i < TRACE_SLOTS; ++i)
+            if (!phase[i].empty())
+                std::printf("    phase %2d %-28s median %+6.2f us, p10 %+6.2f, p90 %+6.2f\n", i, trace_names[i],
+                            pct(phase[i], 0.5), pct(phase[i], 0.1), pct(phase[i], 0.9));
+    }
+
+    pptm_desc stop{};
+    stop.opcode = PPTM_OP_SHUTDOWN;
+    stop.blocks = 0;
+    uint32_t st, ns;
+    double v;
+    h.wait(h.submit(stop), st, v, ns);
+    CK(cudaStreamSynchronize(stream));
+    std::printf("shut down\n");
+    return 0;
+}
