@@ -27,7 +27,8 @@
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
 
@@ -55,6 +56,8 @@ pub(crate) struct Device {
     /// them. Held across every call that would wait for a running kernel (module load, host free),
     /// so no manifold can be launched in the middle of one.
     residency: Mutex<Residency>,
+    /// Notified whenever a counted manifold stops (module loads wait on it for cancelled launches).
+    residency_changed: Condvar,
     /// A kernel on this device ignored an abort and may still write any memory it was given:
     /// from then on device memory is leaked instead of freed (see `Manifold::hang`).
     wedged: std::sync::atomic::AtomicBool,
@@ -74,12 +77,17 @@ struct Transfer {
     staging: *mut c_void,
 }
 
+/// How long a module load waits for cancelled launches to end before it gives up.
+const CANCELLED_EXIT_WAIT: Duration = Duration::from_secs(2);
+
 /// Bytes a transfer moves per staged copy.
 const STAGING_BYTES: usize = 4 << 20;
 
 #[derive(Default)]
 struct Residency {
     manifolds: usize,
+    /// Of those, launches given up on (Config::launch_timeout): they exit as soon as they start.
+    cancelled: usize,
     /// Pinned host allocations (addresses) dropped while a manifold was resident.
     host_frees: Vec<usize>,
 }
@@ -236,6 +244,7 @@ impl Device {
             transfer: Mutex::new(transfer),
             modules: Mutex::new(HashMap::new()),
             residency: Mutex::new(Residency::default()),
+            residency_changed: Condvar::new(),
             wedged: std::sync::atomic::AtomicBool::new(false),
             arena,
         }))
@@ -256,14 +265,37 @@ impl Device {
             return Ok(m.clone());
         }
         // Held through the load: a manifold launched meanwhile would make the load wait for it.
-        let residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        // Launches given up on end by themselves once the kernels in their way have (a runtime
+        // dropped just before this one was made, say): give them a moment.
+        let deadline = Instant::now() + CANCELLED_EXIT_WAIT;
+        while residency.manifolds > 0 && residency.manifolds == residency.cancelled {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            residency = self
+                .residency_changed
+                .wait_timeout(residency, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
         if residency.manifolds > 0 {
+            let cancelled = if residency.cancelled > 0 {
+                format!(
+                    "; {} of them a cancelled launch still waiting for the GPU",
+                    residency.cancelled
+                )
+            } else {
+                String::new()
+            };
             return Err(Error::Launch {
                 domain: code.name,
-                reason: "its code cannot be loaded while a manifold is resident on this GPU (the load would wait for \
-                         the running kernel, which never finishes); start every domain together with \
-                         Runtime::prepare_domains before the first submission"
-                    .into(),
+                reason: format!(
+                    "its code cannot be loaded while a manifold is resident on this GPU ({} resident{cancelled}; \
+                     the load would wait for the running kernel, which never finishes); start every domain \
+                     together with Runtime::prepare_domains before the first submission",
+                    residency.manifolds
+                ),
             });
         }
         let (arch, ptx) = if self.cc.0 >= 9 {
@@ -319,11 +351,25 @@ impl Device {
             .manifolds += 1;
     }
 
-    /// The counterpart of `manifold_started`. The last manifold to stop frees the pinned host
-    /// memory whose free was deferred while it ran.
-    pub fn manifold_stopped(&self) {
+    /// A counted manifold whose launch was given up on: it exits as soon as it starts, and a
+    /// module load waits a moment for it (`module`). Its reaper calls `manifold_stopped(true)`.
+    pub fn manifold_cancelled(&self) {
+        self.residency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cancelled += 1;
+    }
+
+    /// The counterpart of `manifold_started` (`cancelled`: of a launch `manifold_cancelled`
+    /// counted). The last manifold to stop frees the pinned host memory whose free was deferred
+    /// while it ran.
+    pub fn manifold_stopped(&self, cancelled: bool) {
         let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
         residency.manifolds = residency.manifolds.saturating_sub(1);
+        if cancelled {
+            residency.cancelled = residency.cancelled.saturating_sub(1);
+        }
+        self.residency_changed.notify_all();
         if residency.manifolds == 0 && !residency.host_frees.is_empty() {
             let frees = std::mem::take(&mut residency.host_frees);
             tracing::debug!(count = frees.len(), "freeing deferred pinned host memory");

@@ -185,7 +185,7 @@ impl Manifold {
             )
         }
         .map_err(|e| {
-            device.manifold_stopped();
+            device.manifold_stopped(false);
             launch_err(format!(
                 "cuLaunchCooperativeKernel with {grid} blocks: {}",
                 Error::driver("cuLaunchCooperativeKernel", e)
@@ -202,7 +202,7 @@ impl Manifold {
                 Err(e) => Some(e.to_string()),
             };
             if let Some(reason) = failed {
-                device.manifold_stopped();
+                device.manifold_stopped(false);
                 return Err(launch_err(reason));
             }
             if launched.elapsed() > cfg.launch_timeout {
@@ -461,7 +461,7 @@ impl Manifold {
     /// The kernel is known to have stopped running.
     fn stopped_running(&self) {
         if self.counted.swap(false, Ordering::AcqRel) {
-            self.device.manifold_stopped();
+            self.device.manifold_stopped(false);
         }
     }
 
@@ -638,6 +638,7 @@ fn reap_cancelled_launch(
     queue: Queue,
     state: DeviceState,
 ) {
+    device.manifold_cancelled();
     let kept = Arc::new(Mutex::new(Some((stream, queue, state))));
     let reaper = {
         let (device, kept) = (device.clone(), kept.clone());
@@ -655,7 +656,7 @@ fn reap_cancelled_launch(
                 }
                 tracing::debug!(domain, "a cancelled manifold launch has ended");
                 drop((queue, state, stream));
-                device.manifold_stopped();
+                device.manifold_stopped(true);
             })
     };
     if reaper.is_err()
