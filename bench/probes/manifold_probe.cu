@@ -3,7 +3,7 @@
 //     nvcc -cubin -O3 -arch=sm_90 -I kernels [-DPPTM_PHASE_TRACE] -o inference.cubin \
 //          generated/inference/inference.cu
 //     nvcc -O3 -std=c++17 -I kernels -o probe bench/probes/manifold_probe.cu -lcuda
-//     ./probe inference.cubin [reps]
+//     ./probe inference.cubin [reps] [grid]
 //
 // It runs generated/inference/inference.cu as compiled here (so kernels/ edits are measured
 // without a codegen run or a Rust build), launches the manifold on every SM as the runtime does, drives the
@@ -108,10 +108,11 @@ static uint64_t ptr(const void* p) { return (uint64_t)(uintptr_t)p; }
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: probe inference.cubin [reps]\n");
+        std::fprintf(stderr, "usage: probe inference.cubin [reps] [grid blocks]\n");
         return 2;
     }
     const int reps = argc > 2 ? std::atoi(argv[2]) : 20000;
+    const int grid_override = argc > 3 ? std::atoi(argv[3]) : 0;  // blocks in all (default: SMs + 1)
     int sms = 0;
     CK(cudaFree(nullptr));  // the primary context, shared with the driver API below
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
     cudaStream_t copies;
     CK(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
     void* args[] = {&P};
-    CU(cuLaunchCooperativeKernel(manifold, sms + 1, 1, 1, 512, 1, 1, 0, (CUstream)stream, args));
+    const int grid = grid_override > 0 ? grid_override : sms + 1;
+    CU(cuLaunchCooperativeKernel(manifold, grid, 1, 1, 512, 1, 1, 0, (CUstream)stream, args));
     while (__atomic_load_n(&h.control->started, __ATOMIC_ACQUIRE) == 0) {
     }
 

@@ -1133,19 +1133,21 @@ impl ChainIr {
                 _ => unreachable!("checked"),
             })
             .collect();
+        // The rule a buffer's length follows, for errors only: formatted on every submission,
+        // it was most of a small item's host-side cost.
+        let rule = |slot: usize, a: &ArgSlot| match a.shape.as_slice() {
+            [d] => match self.dims[*d].inferred_from {
+                Some(src) if src != slot => {
+                    format!("`{}` (with {} elements)", self.args[src].name, len_of(src))
+                }
+                _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
+            },
+            dims => self.dims_rule(dims, &sizes),
+        };
         for (slot, a) in self.args.iter().enumerate() {
             if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
                 continue;
             }
-            let rule = match a.shape.as_slice() {
-                [d] => match self.dims[*d].inferred_from {
-                    Some(src) if src != slot => {
-                        format!("`{}` (with {} elements)", self.args[src].name, len_of(src))
-                    }
-                    _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
-                },
-                dims => self.dims_rule(dims, &sizes),
-            };
             let expected = a
                 .shape
                 .iter()
@@ -1153,7 +1155,7 @@ impl ChainIr {
                 .filter(|&e| e.checked_mul(4).is_some())
                 .ok_or_else(|| BindError::Overflow {
                     arg: a.name.clone(),
-                    rule: rule.clone(),
+                    rule: rule(slot, a),
                 })?;
             let got = len_of(slot);
             if got != expected {
@@ -1161,7 +1163,7 @@ impl ChainIr {
                     arg: a.name.clone(),
                     expected,
                     got,
-                    rule,
+                    rule: rule(slot, a),
                 });
             }
         }
