@@ -17,7 +17,8 @@
 //!   cuModuleLoadData, cuModuleUnload and cuCtxSetLimit wait for it; cuMemAlloc(Async),
 //!   cuMemFreeAsync, cuMemHostAlloc, cuMemHostRegister, graph instantiate/destroy, event and stream
 //!   destroy do not (a runtime holding two manifolds hung in cuMemFreeHost when it shut the first
-//!   one down);
+//!   one down). Graph instantiation is one known exception: it returned at once in that probe, yet
+//!   twice hung inside the driver beside the linear-algebra manifold (RELIABILITY.md, cause open);
 //! * the context's local memory is sized for every loaded kernel when its module loads, and never
 //!   shrinks (`CU_CTX_LMEM_RESIZE_TO_MAX`): growing it for a launch waits for the device to go
 //!   idle, which it never does beside a manifold (measured on an H200: the linear-algebra tests,
