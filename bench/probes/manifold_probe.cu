@@ -11,7 +11,12 @@
 // 4096 elements and belief_update at 256 x 256, the host-visible round trip and the device time
 // (median, p99). Built with -DPPTM_PHASE_TRACE the manifold stamps %globaltimer at each phase of
 // every item (manifold.cuh) and the probe prints the median of each phase, relative to block 0
-// taking the item. Results are checked against a CPU reference before timing.
+// taking the item, and block 0's finer steps in SM clock cycles (PPTM_CLK in device.cuh and the
+// patterns). The trace's own stores and atomics shift what follows them (a call after an atomic
+// waits for it), so compare traced builds with traced builds. The probe also loads PTX (the
+// driver JIT-compiles it): `./probe generated/inference/compute_90.ptx` measures the committed
+// NVRTC output, which is what the runtime runs. Results are checked against a CPU reference
+// before timing.
 #include "pptm/abi.h"
 
 #include <cuda.h>
@@ -53,6 +58,13 @@ static const char* const trace_names[TRACE_SLOTS] = {
     "last block ran its share", "last block arrived", "last block finished", "last block fenced",
     "completion written", "fetcher saw the SQ slot", "fetcher staged it", "latest block took it",
     "latest block ran its share", "", "", ""};
+
+// Block 0's clock64 steps (PPTM_CLK in device.cuh and the patterns), after slot 0 (it took the item).
+static constexpr int CLK_SLOTS = 10;
+static const char* const clk_names[CLK_SLOTS] = {
+    "took the item", "pattern entered", "gemv_t: chunk barrier", "gemv_t: pro staged",
+    "sums barrier / map: loop done", "pattern returns", "ran its share", "arrived",
+    "argument test starts", "argument test done"};
 
 static constexpr uint32_t SLOTS = 64, SLOTS_LOG2 = 6;
 
@@ -128,6 +140,9 @@ int main(int argc, char** argv) {
     CUdeviceptr trace = 0;
     size_t trace_bytes = 0;
     const bool traced = cuModuleGetGlobal(&trace, &trace_bytes, mod, "pptm_trace") == CUDA_SUCCESS;
+    CUdeviceptr clk = 0;
+    size_t clk_bytes = 0;
+    const bool clocked = cuModuleGetGlobal(&clk, &clk_bytes, mod, "pptm_clk_trace") == CUDA_SUCCESS;
     std::printf("manifold: %d regs, %d B local, %d B static smem; grid %d + 1; phase trace %s\n", regs, local, smem, sms,
                 traced ? "on" : "off");
 
@@ -228,6 +243,14 @@ int main(int argc, char** argv) {
         std::vector<std::vector<double>> phase(TRACE_SLOTS);
         static unsigned long long(*tr)[TRACE_SLOTS] = nullptr;
         if (!tr) CK(cudaMallocHost((void**)&tr, sizeof(unsigned long long) * PPTM_STAGE_SLOTS * TRACE_SLOTS));
+        // Block 0's clock64 steps (device.cuh, PPTM_CLK), relative to its slot 0, in cycles.
+        std::vector<std::vector<double>> cycles(CLK_SLOTS);
+        static unsigned long long(*ck)[CLK_SLOTS] = nullptr;
+        if (!ck) CK(cudaMallocHost((void**)&ck, sizeof(unsigned long long) * PPTM_STAGE_SLOTS * CLK_SLOTS));
+        if (clocked) {
+            CK(cudaMemsetAsync((void*)clk, 0, clk_bytes, copies));
+            CK(cudaStreamSynchronize(copies));
+        }
         for (int r = 0; r < reps + 1000; ++r) {
             const auto t0 = std::chrono::steady_clock::now();
             uint32_t st, ns;
@@ -249,6 +272,16 @@ int main(int argc, char** argv) {
                     for (int i = 0; i < TRACE_SLOTS; ++i)
                         if (tr[s][i] != 0 && tr[s][0] != 0) phase[i].push_back(((double)tr[s][i] - (double)tr[s][0]) / 1e3);
             }
+            if (clocked && (seq + 1) % PPTM_STAGE_SLOTS == 0) {
+                CK(cudaMemcpyAsync(ck, (void*)clk, sizeof(unsigned long long) * PPTM_STAGE_SLOTS * CLK_SLOTS, cudaMemcpyDeviceToHost, copies));
+                CK(cudaStreamSynchronize(copies));
+                for (uint32_t s = 0; s < PPTM_STAGE_SLOTS; ++s)
+                    for (int i = 1; i < CLK_SLOTS; ++i)
+                        if (ck[s][i] > ck[s][0] && ck[s][0] != 0 && ck[s][i] - ck[s][0] < 1000000ull)
+                            cycles[i].push_back((double)(ck[s][i] - ck[s][0]));
+                CK(cudaMemsetAsync((void*)clk, 0, clk_bytes, copies));
+                CK(cudaStreamSynchronize(copies));
+            }
         }
         std::printf("%-24s host median %6.2f us p99 %6.2f | device median %5.2f us p99 %5.2f\n", c.name, pct(host_us, 0.5),
                     pct(host_us, 0.99), pct(dev_us, 0.5), pct(dev_us, 0.99));
@@ -256,6 +289,10 @@ int main(int argc, char** argv) {
             if (!phase[i].empty())
                 std::printf("    phase %2d %-28s median %+6.2f us, p10 %+6.2f, p90 %+6.2f\n", i, trace_names[i],
                             pct(phase[i], 0.5), pct(phase[i], 0.1), pct(phase[i], 0.9));
+        for (int i = 1; i < CLK_SLOTS; ++i)
+            if (!cycles[i].empty())
+                std::printf("    block 0 step %d %-24s median %6.0f cycles, p10 %6.0f, p90 %6.0f (%zu items)\n", i, clk_names[i],
+                            pct(cycles[i], 0.5), pct(cycles[i], 0.1), pct(cycles[i], 0.9), cycles[i].size());
     }
 
     pptm_desc stop{};

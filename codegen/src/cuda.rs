@@ -664,11 +664,14 @@ fn variant(out: &mut String, c: &ChainIr) {
 /// The three switches the manifold calls: run a variant, finish a reducing variant, and whether a
 /// variant writes memory.
 fn dispatch(out: &mut String, chains: &[ChainIr]) {
-    // The device's argument checks, a function of their own: inside the run functions they cost
-    // registers the patterns need (kl_complexity's streaming loop spilled, and ran 2^26 elements
-    // in 200 µs instead of 130 on an H200).
+    // The device's argument checks, a switch of their own that the manifold's loop calls before
+    // the run functions: inside the run functions they cost registers the patterns need
+    // (kl_complexity's streaming loop spilled, and ran 2^26 elements in 200 µs instead of 130 on
+    // an H200). Inlined into the loop, not called: as a call (NVRTC's code for it, JIT-compiled)
+    // it made every item slower on an H200, a no-op by 0.13 µs and belief_update 256² by 0.9 µs
+    // (4.7 against 3.8 µs on the device; bench/probes/manifold_probe.cu, three rounds each).
     out.push_str(
-        "\n__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {\n    switch (d.opcode) {\n",
+        "\n__device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {\n    switch (d.opcode) {\n",
     );
     for c in chains {
         let checks = device_checks(c);

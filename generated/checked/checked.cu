@@ -119,7 +119,7 @@ __device__ __noinline__ uint32_t pptm_run_63882bb9(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
-__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+__device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x4ff01d9au: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // CheckedBeliefUpdate
     case 0xc9a18dcdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // CheckedKl

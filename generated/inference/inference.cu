@@ -232,7 +232,7 @@ __device__ __forceinline__ uint32_t pptm_run_8a7205d2(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
-__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+__device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x43ffe357u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // AccuracyPipeline
     case 0x6a371d48u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // BeliefUpdateStep

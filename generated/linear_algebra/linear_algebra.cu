@@ -304,7 +304,7 @@ __device__ __forceinline__ uint32_t pptm_run_a4e244f5(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
-__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+__device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
     case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu

@@ -77,7 +77,7 @@ __device__ __forceinline__ double pptm_finish_d886a50f(const pptm_desc& d, const
     return v;
 }
 
-__device__ __noinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
+__device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0xa3516b63u: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // DistanceKth
     case 0xd886a50fu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // TeReduction

@@ -137,6 +137,8 @@ typedef struct pptm_host_control {
 
 /* Grid-wide state in device memory, zeroed before launch. Each counter has its own 128-byte line. */
 typedef struct pptm_device_state {
+    /* `completed` and `abort` are one 16-byte-aligned pair: compute blocks poll both, with the
+     * stage slot, in one vector acquire (manifold.cuh, pptm_compute_wait). */
     uint64_t completed; /* items fully completed (the last arriver writes, release.gpu) */
     uint64_t abort;     /* 1 once the host asked for an abort (the fetcher writes; blocks poll it with `completed`) */
     uint64_t pad_completed[14];

@@ -26,6 +26,13 @@ __device__ __forceinline__ uint64_t pptm_ld_acquire_gpu(const uint64_t* p) {
     return v;
 }
 
+// Two adjacent words (16-byte aligned) in one acquire: a warp whose lanes point at different pairs
+// polls up to 32 pairs with a single acquire, so one L2 round trip per poll (each acquire is
+// followed by an L1 invalidation, and a second acquire waits for the first's data).
+__device__ __forceinline__ void pptm_ld_acquire_gpu_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+    asm volatile("ld.acquire.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+
 __device__ __forceinline__ void pptm_st_release_gpu(uint64_t* p, uint64_t v) {
     asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -251,9 +258,20 @@ struct pptm_block_ctx {
 __device__ unsigned long long pptm_trace[PPTM_STAGE_SLOTS][PPTM_TRACE_SLOTS];
 #define PPTM_TRACE(seq, i, v) (pptm_trace[(seq) % PPTM_STAGE_SLOTS][i] = (v))
 #define PPTM_TRACE_MAX(seq, i, v) atomicMax(&pptm_trace[(seq) % PPTM_STAGE_SLOTS][i], (unsigned long long)(v))
+// Finer steps inside block 0's share, in SM clock cycles (clock64: comparable within one block
+// only, but far finer than %globaltimer): pptm_clk_trace[seq % STAGE_SLOTS][i], written by thread
+// 0 of block 0 through pptm_clk_row (null in every other block).
+#define PPTM_CLK_SLOTS 10
+__device__ unsigned long long pptm_clk_trace[PPTM_STAGE_SLOTS][PPTM_CLK_SLOTS];
+__shared__ unsigned long long* pptm_clk_row;
+#define PPTM_CLK(i)                                                     \
+    do {                                                                \
+        if (threadIdx.x == 0 && pptm_clk_row != nullptr) pptm_clk_row[i] = clock64(); \
+    } while (0)
 #else
 #define PPTM_TRACE(seq, i, v) ((void)0)
 #define PPTM_TRACE_MAX(seq, i, v) ((void)0)
+#define PPTM_CLK(i) ((void)0)
 #endif
 
 // This block's progress word in the manifold's state (null in launched kernels). Kept in shared

@@ -63,6 +63,7 @@ __device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN],
     double acc[PPTM_UNROLL];
 #pragma unroll
     for (int u = 0; u < PPTM_UNROLL; ++u) acc[u] = R::identity();
+    PPTM_CLK(1);
     const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
     const uint64_t tid = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x;
     uint64_t head = 0;
@@ -94,7 +95,10 @@ __device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN],
     }
 #pragma unroll
     for (int u = 1; u < PPTM_UNROLL; ++u) acc[0] = R::combine(acc[0], acc[u]);
-    return pptm_block_reduce<R>(acc[0], b.red_smem);
+    PPTM_CLK(4);
+    const double partial = pptm_block_reduce<R>(acc[0], b.red_smem);
+    PPTM_CLK(5);
+    return partial;
 }
 
 // Fused elementwise body over n elements, stored to `out`.

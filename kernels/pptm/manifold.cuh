@@ -190,11 +190,17 @@ __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_
 // read that shows it arrived: reading two words first and the rest once needed cost a multi-block
 // item one more L2 round trip before it could start.
 //
-// The polls are acquire loads (ld.acquire.gpu: a strong load and an L1 invalidation, no memory
-// barrier), so the read that finds the item is also the acquire that makes the fetcher's and the
-// previous item's writes visible; the __syncthreads after it extends that to the whole block. A
-// relaxed poll followed by fence.acq_rel.gpu did the same with a MEMBAR.ALL.GPU on every item's
-// critical path.
+// Each poll round is one acquire load (ld.acquire.gpu.v2: a strong load and an L1 invalidation,
+// no memory barrier) by the whole warp: lanes 0..15 read the stage slot two words each, lanes
+// 16..31 read `completed` and `abort` (adjacent words). The read that finds the item is also the
+// acquire that makes the fetcher's and the previous item's writes visible; the __syncthreads after
+// it extends that to the whole block. Two acquires a round (slot, then `completed`) cost two L2
+// round trips, since an acquire's invalidation waits for its data before the next load may issue;
+// a relaxed poll followed by fence.acq_rel.gpu put a MEMBAR.ALL.GPU on every item's path.
+// (The pairs' layout, `completed` then `abort` 16-byte aligned and 16-byte aligned stage slots, is
+// asserted on the host, runtime/src/gpu/manifold.rs: NVRTC has no offsetof.)
+static_assert(sizeof(pptm_sq_slot) % 16 == 0, "stage slots are read in 16-byte pairs");
+static_assert(PPTM_SQ_SLOT_WORDS == 32, "a slot is 16 pairs: lanes 0..15");
 __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq,
                                                   uint32_t nblocks, uint32_t me) {
     if (threadIdx.x == 0) sh.abort = 0;
@@ -206,10 +212,10 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
         for (;;) {
             const uint64_t* slot = S->stage[seq % PPTM_STAGE_SLOTS].words;
             const uint32_t tag = pptm_tag(seq, PPTM_STAGE_LOG2);
-            const uint64_t w = pptm_ld_acquire_gpu(slot + lane);
-            const uint64_t c = lane == 31 ? pptm_ld_acquire_gpu(&S->completed) : lane == 30 ? pptm_ld_relaxed_gpu(&S->abort) : 0;
-            const uint64_t done = __shfl_sync(PPTM_FULL_MASK, c, 31);
-            if (__shfl_sync(PPTM_FULL_MASK, c, 30) != 0) {
+            uint64_t lo, hi;  // stage words 2 lane, 2 lane + 1 (lanes 0..15); completed, abort (16..31)
+            pptm_ld_acquire_gpu_v2(lane < 16 ? slot + 2 * lane : &S->completed, lo, hi);
+            const uint64_t done = __shfl_sync(PPTM_FULL_MASK, lo, 16);
+            if (__shfl_sync(PPTM_FULL_MASK, hi, 16) != 0) {
                 if (lane == 0) sh.abort = 1;
                 break;
             }
@@ -224,24 +230,28 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
                 if (++busy > 16) pptm_sleep(500);
                 continue;
             }
-            const bool head = __all_sync(PPTM_FULL_MASK, lane >= 2 || (uint32_t)w == tag);
-            if (!head) {
+            const bool tagged = lane >= 16 || ((uint32_t)lo == tag && (uint32_t)hi == tag);
+            // Words 0 (opcode) and 1 (blocks) are lane 0's pair.
+            if (!__shfl_sync(PPTM_FULL_MASK, tagged, 0)) {
                 // Waiting for the host: hot for a while, then gentle backoff.
                 if (++idle > 256) pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
                 continue;
             }
-            const uint32_t blocks = pptm_item_blocks((uint32_t)(__shfl_sync(PPTM_FULL_MASK, w, 1) >> 32), nblocks);
+            const uint32_t blocks = pptm_item_blocks((uint32_t)(__shfl_sync(PPTM_FULL_MASK, hi, 0) >> 32), nblocks);
             if (me >= blocks) {
                 ++seq;  // not needed for this item
                 continue;
             }
             // Stage words land independently: read again until every one carries the tag.
-            if (!__all_sync(PPTM_FULL_MASK, (uint32_t)w == tag)) continue;
-            sh.desc_words[lane] = (uint32_t)(w >> 32);
+            if (!__all_sync(PPTM_FULL_MASK, tagged)) continue;
+            if (lane < 16) {
+                sh.desc_words[2 * lane] = (uint32_t)(lo >> 32);
+                sh.desc_words[2 * lane + 1] = (uint32_t)(hi >> 32);
+            }
             if (lane == 0) sh.seq = seq;
             break;
         }
-        // The loads that found the item were acquires: everything released before the fetcher's
+        // The load that found the item was an acquire: everything released before the fetcher's
         // stage stores and the last arriver's `completed` store (earlier items' outputs) is
         // visible to this warp, and to the whole block after the barrier.
     }
@@ -308,6 +318,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 #ifdef PPTM_PHASE_TRACE
         uint64_t t_took = 0, t_ran = 0;
         if (threadIdx.x == 0) {
+            pptm_clk_row = me == 0 ? pptm_clk_trace[seq % PPTM_STAGE_SLOTS] : nullptr;
+            PPTM_CLK(0);
             t_took = pptm_globaltimer();
             if (me == 0) PPTM_TRACE(seq, 0, t_took);
             PPTM_TRACE_MAX(seq, 11, t_took);
@@ -316,15 +328,19 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
-        if (op >= PPTM_OP_FIRST_VARIANT)
-            status = pptm_variant_args_ok(sh.desc) ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
-        else if (op >= PPTM_OP_DEBUG_HANG && op <= PPTM_OP_DEBUG_FAULT)
+        if (op >= PPTM_OP_FIRST_VARIANT) {
+            PPTM_CLK(8);
+            const bool args_ok = pptm_variant_args_ok(sh.desc);
+            PPTM_CLK(9);
+            status = args_ok ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
+        } else if (op >= PPTM_OP_DEBUG_HANG && op <= PPTM_OP_DEBUG_FAULT)
             status = pptm_run_debug(P, sh.desc, ctx);
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
 #ifdef PPTM_PHASE_TRACE
         if (threadIdx.x == 0) {
+            PPTM_CLK(6);
             t_ran = pptm_globaltimer();
             if (me == 0) PPTM_TRACE(seq, 1, t_ran);
             PPTM_TRACE_MAX(seq, 12, t_ran);
@@ -361,6 +377,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             // preceding the completion's stores.
             start = !sh.last ? 0 : me == 0 ? sh.start : pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
 #ifdef PPTM_PHASE_TRACE
+            PPTM_CLK(7);
             const uint64_t t_arrived = pptm_globaltimer();
             if (me == 0) PPTM_TRACE(seq, 2, t_arrived);
             if (sh.last) {

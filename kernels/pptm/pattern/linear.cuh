@@ -204,6 +204,7 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
             red = R::combine(red, (double)y);
         }
     }
+    PPTM_CLK(5);
     return pptm_block_partial<R>(red, b.red_smem);
 }
 
@@ -255,6 +256,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
     const uint32_t sub = lane / TW;  // this lane's row within a warp load
     const uint64_t tiles = n / TW + (n % TW != 0);
     double red = R::identity();
+    PPTM_CLK(1);
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
         pptm_tick(b);
         const uint64_t col = t * TW + lane % TW;
@@ -281,6 +283,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
             // Every reader of the scratch before this chunk (this call's or an earlier pattern's)
             // is done.
             __syncthreads();
+            PPTM_CLK(2);
             float xr[CH / PPTM_BLOCK_THREADS];
 #pragma unroll
             for (uint32_t f = 0; f < CH / PPTM_BLOCK_THREADS; ++f) {
@@ -290,6 +293,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
 #pragma unroll
             for (uint32_t f = 0; f < CH / PPTM_BLOCK_THREADS; ++f) xs[threadIdx.x + f * PPTM_BLOCK_THREADS] = xr[f];
             __syncthreads();
+            PPTM_CLK(3);
 #pragma unroll 1
             for (uint32_t g0 = warp; g0 * RPL < len; g0 += PPTM_WARPS * U) {  // warp-uniform
                 if (!EARLY || g0 != warp) load(g0);
@@ -313,6 +317,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
         if (m == 0) __syncthreads();
         if (sub == 0) part[warp][lane] = s;
         __syncthreads();
+        PPTM_CLK(4);
         if (warp == 0 && lane < TW && in) {
             // Lane c takes column c of the tile: the epilogue's loads and stores stay coalesced.
             float h0 = 0.0f, h1 = 0.0f;
@@ -330,6 +335,7 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
             red = R::combine(red, (double)y);
         }
     }
+    PPTM_CLK(5);
     return pptm_block_partial<R>(red, b.red_smem);
 }
 

@@ -26,6 +26,17 @@ impl RingMemory for MappedHost {
     }
 }
 
+// The compute blocks poll `completed` and `abort` as one 16-byte pair, and a stage slot as 16 such
+// pairs, in one vector load (kernels/pptm/manifold.cuh, pptm_compute_wait); device allocations
+// are 256-byte aligned (arena.rs, cuMemAlloc). NVRTC has no offsetof, so the layout is checked here.
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(pptm_device_state, completed) % 16 == 0);
+    assert!(offset_of!(pptm_device_state, abort) == offset_of!(pptm_device_state, completed) + 8);
+    assert!(offset_of!(pptm_device_state, stage) % 16 == 0);
+    assert!(std::mem::size_of::<super::abi::pptm_sq_slot>() % 16 == 0);
+};
+
 /// Grid-wide device memory of one manifold.
 struct DeviceState {
     device: Arc<Device>,
