@@ -31,10 +31,10 @@ impl RingMemory for MappedHost {
 // are 256-byte aligned (arena.rs, cuMemAlloc). NVRTC has no offsetof, so the layout is checked here.
 const _: () = {
     use std::mem::offset_of;
-    assert!(offset_of!(pptm_device_state, completed) % 16 == 0);
+    assert!(offset_of!(pptm_device_state, completed).is_multiple_of(16));
     assert!(offset_of!(pptm_device_state, abort) == offset_of!(pptm_device_state, completed) + 8);
-    assert!(offset_of!(pptm_device_state, stage) % 16 == 0);
-    assert!(std::mem::size_of::<super::abi::pptm_sq_slot>() % 16 == 0);
+    assert!(offset_of!(pptm_device_state, stage).is_multiple_of(16));
+    assert!(std::mem::size_of::<super::abi::pptm_sq_slot>().is_multiple_of(16));
 };
 
 /// Grid-wide device memory of one manifold.
