@@ -226,6 +226,10 @@ fn want(rules: &[Rule], op_ok: bool) -> Want {
     let mut broken = Vec::new();
     let mut overflow = false;
     for r in rules {
+        // Every size must be below the descriptor's limit (pptm_spec::MAX_DIM, 2^48).
+        if r.dims.iter().any(|&d| d as u64 >= pptm_spec::MAX_DIM) {
+            overflow = true;
+        }
         // The product, and its bytes as f32, must fit in a usize.
         let product = r
             .dims

@@ -20,7 +20,7 @@ pub use chain::{ChainSpec, Precision, StageSpec, Tolerance};
 pub use dtype::DType;
 pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
-    Pattern, Plan, Shape, Source, SpecError, StageIr, lower,
+    MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower,
 };
 pub use ops::{CpuImpl, FusionClass, OpDef, OpInputs, Param, Ty};
 

@@ -1019,6 +1019,10 @@ pub enum ArgValue {
     Inferred,
 }
 
+/// The largest size (exclusive) a descriptor carries for a dimension: the device's argument checks
+/// refuse anything from 2^48 on (codegen/src/cuda.rs), and `ChainIr::bind` refuses it first.
+pub const MAX_DIM: u64 = 1 << 48;
+
 /// Why a submission's arguments do not fit the chain.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BindError {
@@ -1037,6 +1041,9 @@ pub enum BindError {
     },
     #[error("argument `{arg}` would have more elements than fit in memory ({rule})")]
     Overflow { arg: String, rule: String },
+    /// Descriptors carry sizes below 2^48 (`MAX_DIM`), and the device refuses larger ones.
+    #[error("{dim} = {size} is not below 2^48, the largest size a descriptor carries")]
+    DimTooLarge { dim: String, size: usize },
     /// A stage's output, which no buffer holds (a GEMV-T reduced to a scalar), would not fit in
     /// memory: the CPU backend computes it in f64 (and the unfused variant stores it).
     #[error("the output of `{op}` would have more elements than fit in memory ({rule})")]
@@ -1144,6 +1151,18 @@ impl ChainIr {
             },
             dims => self.dims_rule(dims, &sizes),
         };
+        // The device checks every size against the same limit (codegen's argument checks); one
+        // it would refuse is a typed error here, on every backend alike.
+        if let Some((d, &size)) = sizes
+            .iter()
+            .enumerate()
+            .find(|&(_, &s)| s as u64 >= MAX_DIM)
+        {
+            return Err(BindError::DimTooLarge {
+                dim: self.dims[d].name.clone(),
+                size,
+            });
+        }
         for (slot, a) in self.args.iter().enumerate() {
             if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
                 continue;
