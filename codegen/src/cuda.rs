@@ -285,7 +285,12 @@ fn device_checks(c: &ChainIr) -> Vec<String> {
         .map(|(align, words)| format!("(({}) & {}ull) == 0", words.join(" | "), align - 1))
         .collect();
     if !lens.is_empty() {
-        checks.push(format!("({}) < (1ull << 48)", lens.join(" | ")));
+        const { assert!(pptm_spec::MAX_DIM.is_power_of_two()) };
+        checks.push(format!(
+            "({}) < (1ull << {})",
+            lens.join(" | "),
+            pptm_spec::MAX_DIM.trailing_zeros()
+        ));
     }
     checks
 }
