@@ -1310,23 +1310,30 @@ fn regression_coordinate_counts_that_overflow_are_a_bind_error() {
         .expect("shipped");
     let (_, ir) = check_text(text).expect("the shipped chain passes");
     let ir = ir.expect("the shipped chain lowers");
-    let values: Vec<ArgValue> = ir
-        .args
-        .iter()
-        .map(|a| match (a.kind, a.name.as_str()) {
-            (ArgKind::Input | ArgKind::Output, _) => ArgValue::Buffer(0),
-            (ArgKind::U32, _) => ArgValue::U32(1),
-            (ArgKind::F32, _) => ArgValue::F32(0.0),
-            (ArgKind::Len, "dx") => ArgValue::Dim(usize::MAX),
-            (ArgKind::Len, "dy") => ArgValue::Dim(2),
-            (ArgKind::Len, _) => match ir.dims[a.dim.expect("len")].inferred_from {
-                Some(_) => ArgValue::Inferred,
-                None => ArgValue::Dim(0),
-            },
-            (ArgKind::Guard, _) => ArgValue::Inferred,
-        })
-        .collect();
-    match ir.bind(&values) {
+    let values = |dx: usize| -> Vec<ArgValue> {
+        ir.args
+            .iter()
+            .map(|a| match (a.kind, a.name.as_str()) {
+                (ArgKind::Input | ArgKind::Output, _) => ArgValue::Buffer(0),
+                (ArgKind::U32, _) => ArgValue::U32(1),
+                (ArgKind::F32, _) => ArgValue::F32(0.0),
+                (ArgKind::Len, "dx") => ArgValue::Dim(dx),
+                (ArgKind::Len, "dy") => ArgValue::Dim(2),
+                (ArgKind::Len, _) => match ir.dims[a.dim.expect("len")].inferred_from {
+                    Some(_) => ArgValue::Inferred,
+                    None => ArgValue::Dim(0),
+                },
+                (ArgKind::Guard, _) => ArgValue::Inferred,
+            })
+            .collect()
+    };
+    // Sizes from MAX_DIM on are refused before any op's check (descriptors do not carry them);
+    // below it, the op's check refuses the count without overflowing.
+    match ir.bind(&values(usize::MAX)) {
+        Err(pptm_spec::BindError::DimTooLarge { dim, .. }) => assert_eq!(dim, "dx"),
+        other => panic!("expected DimTooLarge, got {other:?}"),
+    }
+    match ir.bind(&values(pptm_spec::MAX_DIM as usize - 1)) {
         Err(pptm_spec::BindError::Op { op, reason }) => {
             assert_eq!(op, "SubspaceDistances");
             assert!(reason.contains("at most 128"), "{reason}");
