@@ -213,34 +213,6 @@ pub fn kl_term(q: f32, p: f32) -> f64 {
 /// The relative error every chain result must meet against its f64 reference.
 pub const REL_TOL: f64 = 1e-5;
 
-/// What the device's KL terms may be off by, summed over the terms: each term is
-/// q (ln q - ln p) with both logs in f32 (lg2.approx, kernels/pptm/ops/divergence.cuh), each
-/// within about 2^-21 (1 + |ln x|) of the true log. Where q and p are close the two logs cancel
-/// and that absolute error is all that is left: a random single term with q / p = 1.0005 came
-/// out 2e-5 off relative to itself on an H200. The bound is loose there (for one such term it
-/// allows a few 1e-3 of the term). For sums of random terms it stays below REL_TOL of the sum
-/// (about 0.4 of it), so it loosens nothing there. The real fix, a kernel that takes ln(q / p)
-/// whole, is in kernels/pptm/ops/divergence.cuh's notes.
-pub fn kl_abs_tolerance(q: &[f32], p: &[f32]) -> f64 {
-    let ln_err = |x: f32| 2f64.powi(-21) * (1.0 + f64::from(x).ln().abs());
-    q.iter()
-        .zip(p)
-        .filter(|&(&q, &p)| q > 0.0 && p > 0.0)
-        .map(|(&q, &p)| f64::from(q) * (ln_err(q) + ln_err(p)))
-        .sum()
-}
-
-/// A KL result against its f64 reference: within REL_TOL, or within the terms' own error where
-/// they cancel (kl_abs_tolerance).
-pub fn assert_kl_close(got: f32, want: f64, q: &[f32], p: &[f32], what: impl std::fmt::Display) {
-    let err = (f64::from(got) - want).abs();
-    let tol = (REL_TOL * want.abs()).max(kl_abs_tolerance(q, p));
-    assert!(
-        err <= tol,
-        "{what}: got {got}, f64 reference {want}, off by {err:e} (allowed {tol:e})"
-    );
-}
-
 /// Asserts a chain's f32 result is within REL_TOL of the f64 reference; `what` names the case.
 pub fn assert_close(got: f32, want: f64, what: impl std::fmt::Display) {
     let err = rel_err(f64::from(got), want);

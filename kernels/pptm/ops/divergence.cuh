@@ -10,7 +10,7 @@
 // its own, so the subtraction is not contracted into an FMA with a different rounding).
 //
 // Where q and p are close the two logs cancel, and a term is only good to its logs' absolute error
-// (about 2^-21 (1 + |ln x|) each; tests/common kl_abs_tolerance): a single term with q / p = 1.0005
+// (about 2^-21 (1 + |ln x|) each): a single term with q / p = 1.0005
 // was 2e-5 off relative to itself, and the KL of two nearly equal distributions keeps few digits.
 // Taking ln(q / p) whole (2 atanh((q - p) / (q + p)) by its series near q = p, the log of the ratio
 // elsewhere) fixed that, but cost kl_complexity at 2^26 a third of its bandwidth on an H200 (196 µs
