@@ -206,3 +206,79 @@ fn manifolds_shut_down_one_by_one_beside_others_still_resident() {
         },
     );
 }
+
+/// `cuGraphInstantiate` beside a resident manifold can hang inside the driver (runtime/src/gpu/
+/// graphs.rs): the linear-algebra tests hung that way when their unfused-graph items met new
+/// shapes while the manifold ran. The graph variant now makes its graphs before any manifold is
+/// resident and only updates them afterwards. Here it meets 60 new shapes, more than it has graphs,
+/// beside a resident manifold, and every result must still be right.
+#[test]
+fn unfused_graph_items_of_new_shapes_beside_a_resident_manifold_complete() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !gpu_present() {
+        return;
+    }
+    use pptm::chains::GemvAxpbySum;
+    within(
+        Duration::from_secs(120),
+        "unfused-graph items beside a manifold",
+        || {
+            let resident = Runtime::gpu().unwrap();
+            resident.prepare::<GemvAxpbySum>().unwrap();
+            let graph = Runtime::gpu_with(pptm::Config {
+                variant: pptm::Variant::UnfusedGraph,
+                ..Default::default()
+            })
+            .unwrap();
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            };
+            for shape in 0..60 {
+                let (m, n) = (1 + 37 * shape, 1 + (shape * 113) % 300);
+                let x: Vec<f32> = (0..n).map(|_| next()).collect();
+                let a: Vec<f32> = (0..m * n).map(|_| next()).collect();
+                let y: Vec<f32> = (0..m).map(|_| next()).collect();
+                let want: f64 = (0..m)
+                    .map(|i| {
+                        let ax: f64 = (0..n)
+                            .map(|j| f64::from(a[i * n + j]) * f64::from(x[j]))
+                            .sum();
+                        let z = 0.5 * ax - 2.0 * f64::from(y[i]);
+                        z * z
+                    })
+                    .sum();
+                let (xb, ab, yb) = (
+                    graph.upload(&x).unwrap(),
+                    graph.upload(&a).unwrap(),
+                    graph.upload(&y).unwrap(),
+                );
+                let got = GemvAxpbySum::submit(&graph, &xb, &ab, &yb, 0.5, -2.0)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_close(
+                    got,
+                    want,
+                    format!("graph variant, shape {shape}: m={m} n={n}"),
+                );
+            }
+            // The manifold is still resident and answering.
+            let (x, a, y) = (
+                resident.upload(&[1.0f32, 2.0]).unwrap(),
+                resident.upload(&[1.0f32, 1.0]).unwrap(),
+                resident.upload(&[0.0f32]).unwrap(),
+            );
+            assert_eq!(
+                GemvAxpbySum::submit(&resident, &x, &a, &y, 1.0, 1.0)
+                    .unwrap()
+                    .wait()
+                    .unwrap(),
+                9.0
+            );
+        },
+    );
+}

@@ -17,8 +17,9 @@
 //!   cuModuleLoadData, cuModuleUnload and cuCtxSetLimit wait for it; cuMemAlloc(Async),
 //!   cuMemFreeAsync, cuMemHostAlloc, cuMemHostRegister, graph instantiate/destroy, event and stream
 //!   destroy do not (a runtime holding two manifolds hung in cuMemFreeHost when it shut the first
-//!   one down). Graph instantiation is one known exception: it returned at once in that probe, yet
-//!   twice hung inside the driver beside the linear-algebra manifold (RELIABILITY.md, cause open);
+//!   one down). Graph instantiation is the exception that probe missed: it returned at once there,
+//!   yet beside a resident manifold it can stop for good inside the driver, so executable graphs
+//!   are made only while no manifold is resident and reused after that (graphs.rs);
 //! * the context's local memory is sized for every loaded kernel when its module loads, and never
 //!   shrinks (`CU_CTX_LMEM_RESIZE_TO_MAX`): growing it for a launch waits for the device to go
 //!   idle, which it never does beside a manifold (measured on an H200: the linear-algebra tests,
@@ -91,6 +92,8 @@ struct Residency {
     cancelled: usize,
     /// Pinned host allocations (addresses) dropped while a manifold was resident.
     host_frees: Vec<usize>,
+    /// Executable CUDA graphs (handles) dropped while a manifold was resident (graphs.rs).
+    graph_frees: Vec<usize>,
 }
 
 struct DeviceArena {
@@ -306,6 +309,19 @@ impl Device {
         };
         let m = Arc::new(Module::load_ptx(self, ptx, code.name, arch)?);
         self.reserve_local_memory(&m)?;
+        // No manifold is resident (checked above, lock held): the one time graphs can be made
+        // safely (graphs.rs).
+        let prefill = Instant::now();
+        m.graphs.prefill(
+            m.unfused,
+            super::graphs::PREFILLED_STAGES,
+            super::graphs::PREFILLED_PER_COUNT,
+        )?;
+        tracing::debug!(
+            domain = code.name,
+            us = prefill.elapsed().as_micros() as u64,
+            "executable graphs made for the unfused-graph variant"
+        );
         modules.insert(code.key, m.clone());
         Ok(m)
     }
@@ -371,6 +387,14 @@ impl Device {
             residency.cancelled = residency.cancelled.saturating_sub(1);
         }
         self.residency_changed.notify_all();
+        if residency.manifolds == 0 && !residency.graph_frees.is_empty() {
+            let _ = self.bind();
+            for exec in std::mem::take(&mut residency.graph_frees) {
+                // SAFETY: an idle executable graph given to `destroy_graph_later`, destroyed
+                // once; no manifold runs, and none can start while the lock is held.
+                let _ = unsafe { result::graph::exec_destroy(exec as sys::CUgraphExec) };
+            }
+        }
         if residency.manifolds == 0 && !residency.host_frees.is_empty() {
             let frees = std::mem::take(&mut residency.host_frees);
             tracing::debug!(count = frees.len(), "freeing deferred pinned host memory");
@@ -395,6 +419,38 @@ impl Device {
         // SAFETY: allocated by cuMemHostAlloc, no longer used (the caller's promise), freed once;
         // no manifold runs, and none can start while the lock is held.
         let _ = unsafe { result::free_host(host) };
+    }
+
+    /// Destroys an idle executable graph now, or when the last resident manifold stops: graphs
+    /// are neither made nor destroyed beside a manifold (graphs.rs).
+    pub fn destroy_graph_later(&self, exec: sys::CUgraphExec) {
+        let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
+            residency.graph_frees.push(exec as usize);
+            return;
+        }
+        let _ = self.bind();
+        // SAFETY: the caller hands over an idle executable graph, destroyed once; no manifold
+        // runs, and none can start while the lock is held.
+        let _ = unsafe { result::graph::exec_destroy(exec) };
+    }
+
+    /// Instantiates `graph` if no manifold is resident on this device (held off until it returns);
+    /// `Ok(None)` otherwise: beside a resident manifold instantiation can hang (graphs.rs).
+    pub fn instantiate_unless_resident(
+        &self,
+        graph: sys::CUgraph,
+    ) -> Result<Option<sys::CUgraphExec>> {
+        let residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
+            return Ok(None);
+        }
+        self.bind()?;
+        // SAFETY: `graph` is a valid graph; no manifold can start while `residency` is held.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(|e| Error::driver("cuGraphInstantiate", e))?;
+        drop(residency);
+        Ok(Some(exec))
     }
 
     fn with_transfer<T>(&self, f: impl FnOnce(&Transfer) -> Result<T>) -> Result<T> {
@@ -560,6 +616,10 @@ impl Drop for Device {
         if let Ok(residency) = self.residency.get_mut()
             && !wedged
         {
+            for exec in residency.graph_frees.drain(..) {
+                // SAFETY: deferred destroys of idle executable graphs; no manifold runs.
+                let _ = unsafe { result::graph::exec_destroy(exec as sys::CUgraphExec) };
+            }
             for host in residency.host_frees.drain(..) {
                 // SAFETY: deferred frees of dropped MappedHosts; every kernel that used them is
                 // gone (a device is dropped only once no manifold holds it).
@@ -575,6 +635,7 @@ impl Drop for Device {
         }
         if let Ok(modules) = self.modules.get_mut() {
             for (_, m) in modules.drain() {
+                m.graphs.destroy_all();
                 // SAFETY: nothing uses the module any more: whatever held it held this device too.
                 let _ = unsafe { result::module::unload(m.module) };
             }
@@ -665,6 +726,8 @@ pub(crate) struct Module {
     pub unfused: sys::CUfunction,
     /// Answers words written to mapped memory (the round-trip floor).
     pub echo: sys::CUfunction,
+    /// Idle executable graphs of `unfused` (`Variant::UnfusedGraph`; see graphs.rs).
+    pub graphs: super::graphs::GraphPool,
 }
 
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -757,6 +820,7 @@ impl Module {
                 launched,
                 unfused,
                 echo,
+                graphs: super::graphs::GraphPool::default(),
             }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.

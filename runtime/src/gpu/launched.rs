@@ -53,6 +53,8 @@ struct Inner {
 /// An executable graph and the arguments it was last captured or updated with.
 struct CachedGraph {
     exec: sys::CUgraphExec,
+    /// Kernel nodes: graphs of as many nodes can be updated into one another.
+    stages: usize,
     args: Vec<u64>,
 }
 
@@ -149,7 +151,7 @@ impl Launcher {
                 inner.scratch.push((0, 0));
             }
             if inner.scratch[s].1 < bytes {
-                inner.drop_graphs();
+                inner.drop_graphs(&self.module);
                 if inner.scratch[s].0 != 0 {
                     self.device.free(inner.scratch[s].0);
                     inner.scratch[s] = (0, 0);
@@ -192,7 +194,9 @@ impl Launcher {
             return inner.wait_and_read();
         }
         let key = GraphKey::of(desc, sizes);
-        let exec = inner.graph_for(&key, |inner| launch_stages(inner))?;
+        let exec = inner.graph_for(&self.device, &self.module, &key, ir.stages.len(), |inner| {
+            launch_stages(inner)
+        })?;
         inner.record(0)?;
         // SAFETY: the graph was instantiated from launches on this launcher's buffers, which are
         // still allocated (a reallocation drops every graph first); the stream is ours.
@@ -264,11 +268,17 @@ impl Inner {
             .map_err(|e| Error::driver("cuEventRecord", e))
     }
 
-    /// The executable graph for `key`: cached as is, updated in place when only the arguments
-    /// changed, or instantiated when the topology is new (or the update is refused).
+    /// The executable graph for `key` (an item of `stages` stages): cached as is, updated in
+    /// place when only the arguments changed, or else a graph of as many nodes updated to this
+    /// item: one from the module's pool, one instantiated (only while no manifold is resident),
+    /// or one of this launcher's own cached graphs. Never instantiates beside a manifold
+    /// (graphs.rs says why).
     fn graph_for(
         &mut self,
+        device: &Device,
+        module: &Module,
         key: &GraphKey,
+        stages: usize,
         launch: impl FnOnce(&Inner) -> Result<()>,
     ) -> Result<sys::CUgraphExec> {
         if let Some(cached) = self.graphs.get(&key.topology)
@@ -277,39 +287,80 @@ impl Inner {
             return Ok(cached.exec);
         }
         let graph = self.capture(launch)?;
-        let updated = self
-            .graphs
-            .get(&key.topology)
-            // SAFETY: both handles are valid; the exec is idle (every item synchronises the
-            // stream before the next one starts).
-            .filter(|cached| unsafe { update(cached.exec, graph) })
-            .map(|cached| cached.exec);
-        let exec = match updated {
-            Some(exec) => Ok(exec),
-            None => {
-                if let Some(stale) = self.graphs.remove(&key.topology) {
-                    // SAFETY: idle (see above) and removed from the map, so destroyed once.
-                    let _ = unsafe { result::graph::exec_destroy(stale.exec) };
-                }
-                if self.graphs.len() >= MAX_GRAPHS {
-                    self.drop_graphs();
-                }
-                // SAFETY: `graph` is a valid captured graph.
-                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
-                    .map_err(|e| Error::driver("cuGraphInstantiate", e))
-            }
-        };
-        // SAFETY: the exec keeps what it needs of the graph, which is destroyed once, here.
+        let exec = self.exec_for(device, module, key, stages, graph);
+        // SAFETY: an exec keeps what it needs of the graph, which is destroyed once, here.
         let _ = unsafe { result::graph::destroy(graph) };
         let exec = exec?;
         self.graphs.insert(
             key.topology.clone(),
             CachedGraph {
                 exec,
+                stages,
                 args: key.args.clone(),
             },
         );
         Ok(exec)
+    }
+
+    /// An executable graph holding `graph`'s launches; see `graph_for`.
+    fn exec_for(
+        &mut self,
+        device: &Device,
+        module: &Module,
+        key: &GraphKey,
+        stages: usize,
+        graph: sys::CUgraph,
+    ) -> Result<sys::CUgraphExec> {
+        // Every exec below is idle: each item synchronises the stream before the next starts.
+        // SAFETY (each `update`): both handles are valid and the exec is not running.
+        if let Some(cached) = self.graphs.remove(&key.topology) {
+            // SAFETY: see above.
+            if unsafe { update(cached.exec, graph) } {
+                return Ok(cached.exec);
+            }
+            device.destroy_graph_later(cached.exec);
+        }
+        if self.graphs.len() >= MAX_GRAPHS {
+            self.drop_graphs(module);
+        }
+        let mut refused = 0;
+        while let Some(exec) = module.graphs.take(stages) {
+            // SAFETY: see above.
+            if unsafe { update(exec, graph) } {
+                return Ok(exec);
+            }
+            refused += 1;
+            device.destroy_graph_later(exec);
+        }
+        if let Some(exec) = device.instantiate_unless_resident(graph)? {
+            return Ok(exec);
+        }
+        // Reuse one of this launcher's graphs of as many nodes (its topology is then recaptured
+        // when next needed).
+        let mine: Vec<Vec<u64>> = self
+            .graphs
+            .iter()
+            .filter(|(_, c)| c.stages == stages)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for topology in mine {
+            let cached = self.graphs.remove(&topology).expect("listed above");
+            // SAFETY: see above.
+            if unsafe { update(cached.exec, graph) } {
+                return Ok(cached.exec);
+            }
+            refused += 1;
+            module.graphs.give(stages, cached.exec);
+        }
+        Err(Error::Launch {
+            domain: "unfused graph",
+            reason: format!(
+                "no executable CUDA graph of {stages} kernel nodes is free ({refused} refused the \
+                 update), and one cannot be instantiated while a manifold is resident on this GPU \
+                 (the driver can hang); make the graph runtime's first submissions before the \
+                 manifolds start, or use Variant::Unfused"
+            ),
+        })
     }
 
     /// Captures what `launch` enqueues on the stream into a graph (not yet instantiated).
@@ -333,11 +384,11 @@ impl Inner {
         }
     }
 
-    fn drop_graphs(&mut self) {
+    /// Gives every cached graph back to the module's pool (never destroyed: graphs.rs).
+    fn drop_graphs(&mut self, module: &Module) {
         for (_, cached) in self.graphs.drain() {
-            // SAFETY: every item synchronised the stream, so no replay is running; each exec is
-            // destroyed once (drained from the map).
-            let _ = unsafe { result::graph::exec_destroy(cached.exec) };
+            // Every item synchronised the stream, so no replay is running.
+            module.graphs.give(cached.stages, cached.exec);
         }
     }
 
@@ -380,7 +431,7 @@ impl Drop for Launcher {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         let _ = self.device.bind();
         let _ = inner.stream.synchronize();
-        inner.drop_graphs();
+        inner.drop_graphs(&self.module);
         for &event in &inner.events {
             // SAFETY: created in `new`, destroyed once, after the stream finished.
             let _ = unsafe { result::event::destroy(event) };
