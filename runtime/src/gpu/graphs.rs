@@ -27,9 +27,12 @@ use super::abi::pptm_unfused_params;
 use crate::error::{Error, Result};
 
 /// Node counts the pool is filled for at module load: every chain pptm ships has at most 5 stages.
-pub(crate) const PREFILLED_STAGES: usize = 6;
-/// Graphs made per node count at module load.
-pub(crate) const PREFILLED_PER_COUNT: usize = 4;
+pub(crate) const PREFILLED_STAGES: usize = 5;
+/// Graphs made per node count at module load. One: beside a manifold a launcher also reuses its
+/// own graphs, and every graph made takes room in the driver's own allocations, whose growth beside
+/// a manifold can hang too (a `cuStreamCreate` did, stuck in the same driver code as the
+/// instantiations, after four graphs per node count had been made for each of three modules).
+pub(crate) const PREFILLED_PER_COUNT: usize = 1;
 
 /// Idle executable graphs of one module's `pptm_unfused_stage`, by node count.
 #[derive(Default)]
