@@ -159,6 +159,21 @@ pub enum Error {
     /// A buffer too large to describe.
     #[error("{what} of {len} elements is too large")]
     TooLarge { what: &'static str, len: usize },
+
+    /// `Variant::UnfusedGraph` met a new shape beside a resident manifold and had no executable
+    /// graph of its node count to reuse; instantiating one there can hang the driver
+    /// (runtime/src/gpu/graphs.rs).
+    #[error(
+        "no executable CUDA graph of {stages} kernel nodes is free for domain `{domain}` ({refused} \
+         refused the update), and none may be instantiated while a manifold is resident on this \
+         GPU (the driver can hang); make the graph runtime's first submissions before any manifold \
+         starts, or use Variant::Unfused"
+    )]
+    GraphUnavailable {
+        domain: &'static str,
+        stages: usize,
+        refused: usize,
+    },
 }
 
 impl Error {

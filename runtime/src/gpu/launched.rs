@@ -37,6 +37,8 @@ pub(crate) struct Launcher {
 }
 
 struct Inner {
+    /// The domain whose chains this launcher runs (for errors).
+    domain: &'static str,
     stream: Stream,
     /// Arrival counter, then PPTM_MAX_BLOCKS partials (device memory, zeroed).
     state: sys::CUdeviceptr,
@@ -85,6 +87,7 @@ impl Launcher {
             module,
             max_blocks: max_blocks.clamp(1, PPTM_MAX_BLOCKS),
             inner: Mutex::new(Inner {
+                domain: code.name,
                 stream,
                 state,
                 out,
@@ -337,14 +340,15 @@ impl Inner {
         }
         // Reuse one of this launcher's graphs of as many nodes (its topology is then recaptured
         // when next needed).
-        let mine: Vec<Vec<u64>> = self
+        while let Some(topology) = self
             .graphs
             .iter()
-            .filter(|(_, c)| c.stages == stages)
+            .find(|(_, c)| c.stages == stages)
             .map(|(t, _)| t.clone())
-            .collect();
-        for topology in mine {
-            let cached = self.graphs.remove(&topology).expect("listed above");
+        {
+            let Some(cached) = self.graphs.remove(&topology) else {
+                break;
+            };
             // SAFETY: see above.
             if unsafe { update(cached.exec, graph) } {
                 return Ok(cached.exec);
@@ -352,14 +356,10 @@ impl Inner {
             refused += 1;
             module.graphs.give(stages, cached.exec);
         }
-        Err(Error::Launch {
-            domain: "unfused graph",
-            reason: format!(
-                "no executable CUDA graph of {stages} kernel nodes is free ({refused} refused the \
-                 update), and one cannot be instantiated while a manifold is resident on this GPU \
-                 (the driver can hang); make the graph runtime's first submissions before the \
-                 manifolds start, or use Variant::Unfused"
-            ),
+        Err(Error::GraphUnavailable {
+            domain: self.domain,
+            stages,
+            refused,
         })
     }
 
