@@ -95,6 +95,60 @@ fn kl_terms_writes_every_element(rt: &Runtime) {
     }
 }
 
+/// q within a factor (1 ± ε) of p, ε from 1e-7 to 0.5 and a few ulps: each term, and a one-term
+/// KlComplexity, within REL_TOL of itself. ln q − ln p cancels there; the device takes ln(q / p)
+/// whole (kernels/pptm/ops/divergence.cuh). A term with q / p = 1.0005 was 2e-5 off before.
+fn kl_terms_of_nearly_equal_q_and_p(rt: &Runtime) {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let n = 4099;
+    let p: Vec<f32> = (0..n).map(|_| rng.random_range(1e-6f32..2.0)).collect();
+    let q: Vec<f32> = p
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| match i % 4 {
+            // A few ulps away (or equal).
+            0 => f32::from_bits(p.to_bits().wrapping_add_signed(rng.random_range(-3..=3))),
+            // Relative gaps spread over seven decades, both signs.
+            _ => {
+                let eps = 10f32.powf(rng.random_range(-7.0f32..-0.3));
+                let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                p * (1.0 + sign * eps)
+            }
+        })
+        .collect();
+    let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+    let mut out = rt.alloc::<f32>(n).unwrap();
+    out.fill(f32::NAN).unwrap(); // poison: an unwritten element shows as NaN
+    KlTerms::submit(rt, &qb, &pb, &mut out)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = out.to_vec().unwrap();
+    for i in 0..n {
+        let want = kl_term(q[i], p[i]);
+        let err = rel_err(f64::from(got[i]), want);
+        assert!(
+            err < REL_TOL,
+            "element {i}: got {}, want {want} (q {:e}, p {:e}, q / p - 1 = {:e}): relative error {err:e}",
+            got[i],
+            q[i],
+            p[i],
+            f64::from(q[i]) / f64::from(p[i]) - 1.0
+        );
+    }
+    // One-term items: the reduction path with the same terms.
+    for i in (0..n).step_by(97) {
+        let (q1, p1) = (rt.upload(&q[i..=i]).unwrap(), rt.upload(&p[i..=i]).unwrap());
+        let got = KlComplexity::submit(rt, &q1, &p1).unwrap().wait().unwrap();
+        assert_close(
+            got,
+            kl_term(q[i], p[i]),
+            format_args!("n = 1, q {:e}, p {:e}", q[i], p[i]),
+        );
+    }
+}
+
 fn kl_terms_on_unaligned_lengths_and_reused_buffers(rt: &Runtime) {
     // The same buffers, rewritten between items: every item must see its own inputs.
     let n = 4099;
@@ -171,5 +225,6 @@ on_every_backend!(
     kl_complexity_of_normalised_distributions,
     zero_q_contributes_zero,
     kl_terms_writes_every_element,
+    kl_terms_of_nearly_equal_q_and_p,
     kl_terms_on_unaligned_lengths_and_reused_buffers,
 );
