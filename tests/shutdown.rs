@@ -282,3 +282,58 @@ fn unfused_graph_items_of_new_shapes_beside_a_resident_manifold_complete() {
         },
     );
 }
+
+/// A `cuStreamCreate` beside resident manifolds once stopped inside the driver, like graph
+/// instantiation: streams and events are made when the device opens and lent out (runtime/src/gpu/
+/// driver.rs). Launched-variant runtimes made one after another beside a resident manifold take
+/// them until none is left; the next one fails with a typed error instead of making one, and
+/// once the others are dropped their streams and events serve again.
+#[test]
+fn runtimes_beside_a_resident_manifold_use_lent_streams_and_are_refused_when_none_are_left() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !gpu_present() {
+        return;
+    }
+    within(
+        Duration::from_secs(120),
+        "launched runtimes beside a manifold",
+        || {
+            let resident = Runtime::gpu().unwrap();
+            resident.prepare::<KlComplexity>().unwrap();
+            let (q, p) = (positive(1000), positive(1000));
+            let want = kl_reference(&q, &p);
+            let run = |rt: &Runtime| -> Result<f32, Error> {
+                let (qb, pb) = (rt.upload(&q)?, rt.upload(&p)?);
+                KlComplexity::submit(rt, &qb, &pb)?.wait()
+            };
+            let mut launched = Vec::new();
+            let refused = loop {
+                assert!(
+                    launched.len() < 500,
+                    "500 launched runtimes beside a manifold and no refusal: streams and events are not lent"
+                );
+                let rt = Runtime::gpu_with(pptm::Config {
+                    variant: pptm::Variant::FusedLaunched,
+                    ..Default::default()
+                })
+                .unwrap();
+                match run(&rt) {
+                    Ok(got) => assert_close(got, want, format!("launched runtime {}", launched.len())),
+                    Err(e @ Error::DriverObjectsUnavailable { .. }) => break e,
+                    Err(e) => panic!("launched runtime {}: {e}", launched.len()),
+                }
+                launched.push(rt);
+            };
+            eprintln!("after {} launched runtimes: {refused}", launched.len());
+            assert!(launched.len() >= 16, "only {} launched runtimes before the refusal", launched.len());
+            drop(launched);
+            let again = Runtime::gpu_with(pptm::Config {
+                variant: pptm::Variant::FusedLaunched,
+                ..Default::default()
+            })
+            .unwrap();
+            assert_close(run(&again).unwrap(), want, "a launched runtime after the others dropped");
+            assert_close(run(&resident).unwrap(), want, "the resident manifold");
+        },
+    );
+}

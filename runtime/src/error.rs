@@ -174,6 +174,15 @@ pub enum Error {
         stages: usize,
         refused: usize,
     },
+
+    /// Every stream or event the device made before its manifolds started is in use, and making
+    /// another beside a resident manifold can hang the driver (runtime/src/gpu/driver.rs).
+    #[error(
+        "all {made} CUDA {what} made when the GPU was opened are in use, and no more may be made while \
+         a manifold is resident (the driver can hang); drop idle runtimes, or create every runtime \
+         before the first submission"
+    )]
+    DriverObjectsUnavailable { what: &'static str, made: usize },
 }
 
 impl Error {

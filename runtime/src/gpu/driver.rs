@@ -19,7 +19,10 @@
 //!   destroy do not (a runtime holding two manifolds hung in cuMemFreeHost when it shut the first
 //!   one down). Graph instantiation is the exception that probe missed: it returned at once there,
 //!   yet beside a resident manifold it can stop for good inside the driver, so executable graphs
-//!   are made only while no manifold is resident and reused after that (graphs.rs);
+//!   are made only while no manifold is resident and reused after that (graphs.rs). A
+//!   `cuStreamCreate` beside resident manifolds once stopped in the same driver code (the driver's
+//!   own bookkeeping grows for streams as for graphs), so streams and events are made when the
+//!   device opens and lent out (`Spares`), and go back to the device instead of being destroyed;
 //! * the context's local memory is sized for every loaded kernel when its module loads, and never
 //!   shrinks (`CU_CTX_LMEM_RESIZE_TO_MAX`): growing it for a launch waits for the device to go
 //!   idle, which it never does beside a manifold (measured on an H200: the linear-algebra tests,
@@ -66,7 +69,23 @@ pub(crate) struct Device {
     /// With `PPTM_DEVICE_ARENA_MB`: one block allocated at open, before any manifold, that
     /// buffers are carved from (see arena.rs for why).
     arena: Option<DeviceArena>,
+    /// Streams and events made before any manifold, lent out and given back (see the module docs).
+    spares: Mutex<Spares>,
 }
+
+/// Idle streams and events, by handle. Made when the device opens; more are made only while no
+/// manifold is resident; destroyed with the device.
+#[derive(Default)]
+struct Spares {
+    streams: Vec<usize>,
+    events: Vec<usize>,
+}
+
+/// Streams made when a device opens: enough for every manifold and launcher of several runtimes
+/// of every domain at once (a test binary holds about 20), each from 4 us to make.
+const STREAMS_AT_OPEN: usize = 48;
+/// Events made when a device opens: two per launcher.
+const EVENTS_AT_OPEN: usize = 64;
 
 /// The transfer stream and its pinned staging buffer. Every copy between host and device goes
 /// through the staging buffer rather than straight from the caller's pageable memory: for a
@@ -237,7 +256,7 @@ impl Device {
                 }
             }
         });
-        Ok(Arc::new(Device {
+        let device = Device {
             ordinal,
             name,
             sm_count,
@@ -251,7 +270,77 @@ impl Device {
             residency_changed: Condvar::new(),
             wedged: std::sync::atomic::AtomicBool::new(false),
             arena,
-        }))
+            spares: Mutex::new(Spares::default()),
+        };
+        // No manifold can be resident on a device that is only now opening.
+        {
+            let mut spares = device.spares.lock().unwrap_or_else(|e| e.into_inner());
+            for _ in 0..STREAMS_AT_OPEN {
+                spares.streams.push(create_stream()? as usize);
+            }
+            for _ in 0..EVENTS_AT_OPEN {
+                spares.events.push(create_event()? as usize);
+            }
+        }
+        Ok(Arc::new(device))
+    }
+
+    /// A stream from the spares; a new one only while no manifold is resident (making one beside
+    /// a manifold can hang the driver: see the module docs). Give it back with `give_back_stream`.
+    fn take_stream(&self) -> Result<sys::CUstream> {
+        self.take_spare(
+            "streams",
+            STREAMS_AT_OPEN,
+            |s| &mut s.streams,
+            || create_stream().map(|s| s as usize),
+        )
+        .map(|s| s as sys::CUstream)
+    }
+
+    fn give_back_stream(&self, stream: sys::CUstream) {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        spares.streams.push(stream as usize);
+    }
+
+    /// An event from the spares, like `take_stream`. Give it back with `give_back_event`.
+    pub fn take_event(&self) -> Result<sys::CUevent> {
+        self.take_spare(
+            "events",
+            EVENTS_AT_OPEN,
+            |s| &mut s.events,
+            || create_event().map(|e| e as usize),
+        )
+        .map(|e| e as sys::CUevent)
+    }
+
+    /// Returns an event from `take_event`, idle (no record of it pending).
+    pub fn give_back_event(&self, event: sys::CUevent) {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        spares.events.push(event as usize);
+    }
+
+    fn take_spare(
+        &self,
+        what: &'static str,
+        at_open: usize,
+        pool: impl Fn(&mut Spares) -> &mut Vec<usize>,
+        create: impl FnOnce() -> Result<usize>,
+    ) -> Result<usize> {
+        if let Some(h) = pool(&mut self.spares.lock().unwrap_or_else(|e| e.into_inner())).pop() {
+            return Ok(h);
+        }
+        // Held through the creation, so no manifold starts meanwhile.
+        let residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
+            return Err(Error::DriverObjectsUnavailable {
+                what,
+                made: at_open,
+            });
+        }
+        self.bind()?;
+        let h = create()?;
+        drop(residency);
+        Ok(h)
     }
 
     /// Makes this device's context current on the calling thread.
@@ -600,6 +689,16 @@ impl Device {
     }
 }
 
+fn create_stream() -> Result<sys::CUstream> {
+    result::stream::create(result::stream::StreamKind::NonBlocking)
+        .map_err(|e| Error::driver("cuStreamCreate", e))
+}
+
+fn create_event() -> Result<sys::CUevent> {
+    result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        .map_err(|e| Error::driver("cuEventCreate", e))
+}
+
 impl Transfer {
     /// Waits for the copies queued on the transfer stream.
     fn wait(&self) -> Result<()> {
@@ -638,6 +737,16 @@ impl Drop for Device {
                 m.graphs.destroy_all();
                 // SAFETY: nothing uses the module any more: whatever held it held this device too.
                 let _ = unsafe { result::module::unload(m.module) };
+            }
+        }
+        if let Ok(spares) = self.spares.get_mut() {
+            for stream in spares.streams.drain(..) {
+                // SAFETY: an idle spare (given back by its user), destroyed once.
+                let _ = unsafe { result::stream::destroy(stream as sys::CUstream) };
+            }
+            for event in spares.events.drain(..) {
+                // SAFETY: as above.
+                let _ = unsafe { result::event::destroy(event as sys::CUevent) };
             }
         }
         if let Ok(transfer) = self.transfer.get_mut() {
@@ -843,10 +952,10 @@ unsafe impl Send for Stream {}
 unsafe impl Sync for Stream {}
 
 impl Stream {
+    /// A stream lent by the device (`Device::take_stream`), given back when dropped.
     pub fn new(device: &Arc<Device>) -> Result<Self> {
         device.bind()?;
-        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let raw = device.take_stream()?;
         Ok(Stream {
             device: device.clone(),
             raw,
@@ -874,8 +983,15 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let _ = self.device.bind();
-        // SAFETY: created in `new`, destroyed once.
-        let _ = unsafe { result::stream::destroy(self.raw) };
+        // An idle stream goes back to the device. One with work still queued (a manifold that
+        // would not stop) is destroyed instead, which does not wait for the work: lent again, it
+        // would queue its next user's work behind a kernel that never ends.
+        if self.query().unwrap_or(false) {
+            self.device.give_back_stream(self.raw);
+        } else {
+            let _ = self.device.bind();
+            // SAFETY: taken in `new`, no longer used by us, destroyed once.
+            let _ = unsafe { result::stream::destroy(self.raw) };
+        }
     }
 }

@@ -75,13 +75,30 @@ impl Launcher {
     pub fn new(device: &Arc<Device>, code: &'static DomainCode, max_blocks: u32) -> Result<Self> {
         let module = device.module(code)?;
         let stream = Stream::new(device)?;
-        let state = device.alloc(STATE_BYTES, 0)?;
-        let out = MappedHost::new(device, std::mem::size_of::<pptm_launch_out>())?;
-        let event = || {
-            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-                .map_err(|e| Error::driver("cuEventCreate", e))
+        // Lent by the device (made before any manifold: see driver.rs), given back on every
+        // path below that does not keep them.
+        let first = device.take_event()?;
+        let events = match device.take_event() {
+            Ok(second) => [first, second],
+            Err(e) => {
+                device.give_back_event(first);
+                return Err(e);
+            }
         };
-        let events = [event()?, event()?];
+        let give_back = |e: Error| {
+            for &event in &events {
+                device.give_back_event(event);
+            }
+            e
+        };
+        let state = device.alloc(STATE_BYTES, 0).map_err(give_back)?;
+        let out = match MappedHost::new(device, std::mem::size_of::<pptm_launch_out>()) {
+            Ok(out) => out,
+            Err(e) => {
+                device.free(state);
+                return Err(give_back(e));
+            }
+        };
         Ok(Launcher {
             device: device.clone(),
             module,
@@ -433,8 +450,8 @@ impl Drop for Launcher {
         let _ = inner.stream.synchronize();
         inner.drop_graphs(&self.module);
         for &event in &inner.events {
-            // SAFETY: created in `new`, destroyed once, after the stream finished.
-            let _ = unsafe { result::event::destroy(event) };
+            // Idle: the stream, the only place they were recorded, has finished.
+            self.device.give_back_event(event);
         }
         self.device.free(inner.state);
         for &(ptr, _) in &inner.scratch {
