@@ -318,21 +318,31 @@ fn runtimes_beside_a_resident_manifold_use_lent_streams_and_are_refused_when_non
                 })
                 .unwrap();
                 match run(&rt) {
-                    Ok(got) => assert_close(got, want, format!("launched runtime {}", launched.len())),
+                    Ok(got) => {
+                        assert_close(got, want, format!("launched runtime {}", launched.len()))
+                    }
                     Err(e @ Error::DriverObjectsUnavailable { .. }) => break e,
                     Err(e) => panic!("launched runtime {}: {e}", launched.len()),
                 }
                 launched.push(rt);
             };
             eprintln!("after {} launched runtimes: {refused}", launched.len());
-            assert!(launched.len() >= 16, "only {} launched runtimes before the refusal", launched.len());
+            assert!(
+                launched.len() >= 16,
+                "only {} launched runtimes before the refusal",
+                launched.len()
+            );
             drop(launched);
             let again = Runtime::gpu_with(pptm::Config {
                 variant: pptm::Variant::FusedLaunched,
                 ..Default::default()
             })
             .unwrap();
-            assert_close(run(&again).unwrap(), want, "a launched runtime after the others dropped");
+            assert_close(
+                run(&again).unwrap(),
+                want,
+                "a launched runtime after the others dropped",
+            );
             assert_close(run(&resident).unwrap(), want, "the resident manifold");
         },
     );

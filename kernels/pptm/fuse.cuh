@@ -79,6 +79,19 @@ __device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN],
 #pragma unroll
             for (int u = 0; u < PPTM_UNROLL; ++u) acc[u] = pptm_fold4<NIN, R>(v[u], f, acc[u]);
         }
+        // What is left (fewer than PPTM_UNROLL chunks), two at a time: both loads go out before
+        // either is used, so a thread with two chunks (a 4096-term item on one block) waits for
+        // one round trip, not two.
+        if (PPTM_UNROLL > 2 && i + stride < n4) {
+            pptm_f4 v[2][NIN];
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+#pragma unroll
+                for (int k = 0; k < NIN; ++k) v[u][k] = pptm_ld_cg_f4(in[k] + 4 * (i + u * stride));
+#pragma unroll
+            for (int u = 0; u < 2; ++u) acc[u] = pptm_fold4<NIN, R>(v[u], f, acc[u]);
+            i += 2 * stride;
+        }
         for (; i < n4; i += stride) {
             pptm_f4 v[NIN];
 #pragma unroll

@@ -210,6 +210,28 @@ pub fn kl_term(q: f32, p: f32) -> f64 {
     }
 }
 
+/// Asserts a KL sum is within REL_TOL of its f64 reference, beyond what rounding each term to f32
+/// cannot avoid. Random terms have both signs, and a few of them can nearly cancel (seven terms of
+/// about 0.3 summed to -0.0013 once, 300 times smaller than the terms): then the reference's
+/// relative bar asks each term for less than f32 rounding, which no f32 kernel meets. Each term's
+/// own error is bounded by 2^-22 (q + |term|) (the log's absolute error, about 2^-22, times q,
+/// and the term's rounding), so the allowance is that bound summed; the terms themselves are held
+/// to REL_TOL of their own value elsewhere (kl_chain.rs, kl_terms_of_nearly_equal_q_and_p).
+pub fn assert_kl_sum_close(got: f32, q: &[f32], p: &[f32], what: impl std::fmt::Display) {
+    let want = kl_reference(q, p);
+    let rounding: f64 = q
+        .iter()
+        .zip(p)
+        .map(|(&qi, &pi)| (f64::from(qi).abs() + kl_term(qi, pi).abs()) * 2f64.powi(-22))
+        .sum();
+    let err = (f64::from(got) - want).abs();
+    assert!(
+        err <= REL_TOL * want.abs() + rounding,
+        "{what}: got {got}, f64 reference {want}, error {err:e} (allowed: {REL_TOL:e} of it, plus \
+         {rounding:e} for the terms' f32 rounding)"
+    );
+}
+
 /// The relative error every chain result must meet against its f64 reference.
 pub const REL_TOL: f64 = 1e-5;
 

@@ -12,37 +12,53 @@
 // near 1e-7, so a term with q / p = 1.0005 came out 2e-5 off relative to itself (a random n = 1
 // test on an H200). So the term takes the log of the ratio whole, with the ratio's rounding put
 // back:
-//   r = q / p rounded (q * rcp(p), a few ulp), e = q - r p (one fma: the exact remainder, or
-//   within an ulp of it), and q ln(q / p) = q ln(r (1 + e / (r p))) = q ln r + e, to second order
-//   in e / q (below 1e-13).
-// logf is CUDA's accurate log (within 1 ulp of ln r, relative, also where r is near 1), so a term
-// is within a few 1e-7 of itself wherever q and p are.
+//   r = q / p rounded (q * rcp(p), a few ulp), e = q - r p (one fma: the remainder, exact or within
+//   an ulp of it), and q ln(q / p) = q ln(r (1 + e / (r p))) = q ln r + e, to second order in e / q.
+//   ln r, with u = r - 1 (exact where |u| < 1/16):
+//   * |u| < 1/16: the series of ln(1 + u) to u^7 (what it leaves out is below 5e-10 of it);
+//   * elsewhere: lg2.approx(r) ln 2, whose absolute error (about 2^-22) is below 3e-6 of
+//     |ln r| > 1/16.
+// So a term is within a few 1e-6 of itself wherever q and p are, and within a few 1e-7 where they
+// are close. q = p gives r = 1 + u with u tiny, the series gives u, e = -q u, and the sum is 0.
+// Where the reciprocal or the ratio is not a normal number (p = 0, subnormal or huge inputs, NaN,
+// negative inputs), the term is the logs' difference instead: nothing cancels there; p = 0 < q
+// gives +inf and negative inputs NaN, as the reference does.
 //
-// Cost: about 20 more instructions a term than the two fast logs. On an H100 (pptm-bench, device
-// medians, 2026-11-24) kl_complexity went from 178 to 193 us at 2^26 terms (2.93 to 2.72 TB/s),
-// 5.3 to 6.3 us at 2^20 and 2.1 to 2.7 us at 4096, where one block's threads walk eight terms
-// each and the longer chain of dependent instructions per term shows. Software-pipelining the map
-// loop's loads (each slot reloaded as soon as it was used) did not win it back (181 us with the
-// fast logs, 196 with these), so the loop stays as it was. An earlier try, a series near q = p
-// and the ratio's fast log elsewhere, cost about as much.
-// Outside the range where the reciprocal and the ratio are normal numbers (p = 0, subnormal or
-// huge inputs, NaN), the term falls back to the logs' difference: there |ln(q / p)| is far from 0
-// and nothing cancels; p = 0 < q gives +inf and negative inputs NaN, as the reference does.
+// Cost. The streaming loop of kl_complexity is memory-bound only while a term costs about as few
+// instructions as the two fast logs did (24 per term in the loop's SASS): CUDA's logf and a
+// fallback computed for every term (56 per term, with no branch) ran kl_complexity at 2^26 in
+// 174 us instead of 130 on an H200. This form keeps the common path to the reciprocal, one fast
+// log, eight FMAs of the series and a select; the fallback is a branch no ordinary term takes.
 __device__ __forceinline__ float pptm_rcp_approx(float x) {
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 
+// ln r for a normal positive r (the caller checks; subnormals are flushed).
+__device__ __forceinline__ float pptm_ln_normal(float r) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(r));
+    return y * 0.69314718055994530942f;
+}
+
 __device__ __forceinline__ float pptm_op_kl_divergence(float q, float p) {
-    if (q == 0.0f) return 0.0f;
     const float r = q * pptm_rcp_approx(p);
-    if (p >= 0x1p-126f && p <= 0x1p125f && r >= 0x1p-126f && r <= 0x1p127f) {
-        if (q == p) return 0.0f;  // exactly, though rcp(p) may be an ulp off
-        const float e = fmaf(-r, p, q);
-        return fmaf(q, logf(r), e);
-    }
-    return q * (pptm_ln(q) - pptm_ln(p));
+    // p in [2^-126, 2^126) (its reciprocal normal) and r in [2^-126, 2^127): one unsigned compare
+    // each on the bits. Zero, negative and NaN inputs fall outside too.
+    const bool normal = __float_as_uint(p) - 0x00800000u < 0x7e800000u - 0x00800000u &&
+                        __float_as_uint(r) - 0x00800000u < 0x7f000000u - 0x00800000u;
+    if (!normal) return q == 0.0f ? 0.0f : q * (pptm_ln(q) - pptm_ln(p));
+    const float e = fmaf(-r, p, q);
+    const float u = r - 1.0f;
+    float s = fmaf(u, 0.14285715f, -0.16666667f);
+    s = fmaf(u, s, 0.2f);
+    s = fmaf(u, s, -0.25f);
+    s = fmaf(u, s, 0.33333334f);
+    s = fmaf(u, s, -0.5f);
+    const float series = fmaf(s * u, u, u);
+    const float ln_r = fabsf(u) < 0.0625f ? series : pptm_ln_normal(r);
+    return fmaf(q, ln_r, e);  // q != 0 here: q = 0 makes r = 0, not normal
 }
 
 #endif  // PPTM_OPS_DIVERGENCE_CUH
