@@ -19,7 +19,7 @@
 //   * elsewhere: lg2.approx(r) ln 2, whose absolute error (about 2^-22) is below 3e-6 of
 //     |ln r| > 1/16.
 // So a term is within a few 1e-6 of itself wherever q and p are, and within a few 1e-7 where they
-// are close. q = p gives r = 1 + u with u tiny, the series gives u, e = -q u, and the sum is 0.
+// are close.
 // Where the reciprocal or the ratio is not a normal number (p = 0, subnormal or huge inputs, NaN,
 // negative inputs), the term is the logs' difference instead: nothing cancels there; p = 0 < q
 // gives +inf and negative inputs NaN, as the reference does.
@@ -58,7 +58,10 @@ __device__ __forceinline__ float pptm_op_kl_divergence(float q, float p) {
     s = fmaf(u, s, -0.5f);
     const float series = fmaf(s * u, u, u);
     const float ln_r = fabsf(u) < 0.0625f ? series : pptm_ln_normal(r);
-    return fmaf(q, ln_r, e);  // q != 0 here: q = 0 makes r = 0, not normal
+    // q = p gives r = 1 + u with u the reciprocal's rounding, and q ln r + e = -q u^2 / 2 (the
+    // remainder's second-order term, at most 1e-14 q): 0 exactly by a select. (q != 0 here: q = 0
+    // makes r = 0, not normal.)
+    return q == p ? 0.0f : fmaf(q, ln_r, e);
 }
 
 #endif  // PPTM_OPS_DIVERGENCE_CUH
