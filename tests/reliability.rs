@@ -131,6 +131,89 @@ fn a_long_item_with_progress_does_not_trip_the_watchdog() {
     rt.shutdown().unwrap();
 }
 
+/// The launched variant's watchdog: an injected hang in an ordinary launch fails with
+/// `Error::Hang` naming it, within the deadline and the abort (bar: 200 ms with the default 100 ms
+/// deadline), the thread that waited returns, and the next item of the same runtime runs.
+#[test]
+fn injected_hang_in_a_launched_item_is_a_hang_and_the_next_item_runs() {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "injected_hang_in_a_launched_item_is_a_hang_and_the_next_item_runs";
+    let config = Config {
+        variant: pptm::Variant::FusedLaunched,
+        ..Config::default()
+    };
+    let Some(rt) = gpu_runtime(test, config) else {
+        return;
+    };
+    let deadline = rt.config().watchdog.expect("on by default");
+    let (q, p) = (positive(4097), positive(4097));
+    let want = kl_reference(&q, &p);
+    let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+    assert_close(
+        KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap(),
+        want,
+        "before the hang",
+    );
+    let start = Instant::now();
+    match rt.inject::<KlComplexity>(Injection::Hang) {
+        Err(Error::Hang {
+            variant,
+            chain,
+            recovered,
+            stalled,
+            seq,
+            ..
+        }) => {
+            assert_eq!(variant, pptm::Variant::FusedLaunched);
+            assert_eq!(chain, "injected hang");
+            assert_eq!(seq, 2, "the launcher's second item");
+            assert!(recovered, "the injected hang leaves on the abort");
+            assert!(stalled >= deadline);
+        }
+        other => panic!("expected Error::Hang, got {other:?}"),
+    }
+    let failed_after = start.elapsed();
+    eprintln!(
+        "{test}: hang detected and failed {:.1} ms after the launch (watchdog deadline {deadline:?})",
+        failed_after.as_secs_f64() * 1e3
+    );
+    assert!(
+        failed_after < deadline * 2,
+        "the hang took {failed_after:?} to fail (deadline {deadline:?})"
+    );
+    for _ in 0..20 {
+        let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
+        assert_close(got, want, "after the hang");
+    }
+}
+
+/// A launched item that runs five watchdog deadlines but reports progress is not a hang.
+#[test]
+fn a_long_launched_item_with_progress_does_not_trip_the_watchdog() {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "a_long_launched_item_with_progress_does_not_trip_the_watchdog";
+    let config = Config {
+        variant: pptm::Variant::FusedLaunched,
+        ..Config::default()
+    };
+    let Some(rt) = gpu_runtime(test, config) else {
+        return;
+    };
+    let deadline = rt.config().watchdog.expect("on by default");
+    let t = Instant::now();
+    rt.inject::<KlComplexity>(Injection::Slow(deadline * 5))
+        .expect("a long launched item with progress completes")
+        .wait()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(took >= deadline * 5, "the item ran {took:?}");
+    eprintln!(
+        "{test}: a {:?} launched item completed in {:.1} ms",
+        deadline * 5,
+        took.as_secs_f64() * 1e3
+    );
+}
+
 /// A descriptor the device's checks refuse gets a status word in its completion entry, a typed
 /// error on the host, and the manifold carries on.
 #[test]

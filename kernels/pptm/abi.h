@@ -47,7 +47,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 9u
+#define PPTM_ABI_VERSION 10u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -175,6 +175,13 @@ typedef struct pptm_launch_out {
     uint32_t status; /* PPTM_STATUS_* */
     uint32_t pad;
     double value; /* the scalar of a reducing chain, else 0 */
+    /* Progress for the launched variants' watchdog: a block's %globaltimer when it reached a tile
+     * (pptm_tick), written at most once a millisecond per block. The host clears it before
+     * launching. */
+    uint64_t progress;
+    /* The host writes 1 when the item made no progress for the watchdog's deadline: injected hangs
+     * return (status PPTM_STATUS_ABORTED). The host clears it before launching. */
+    uint64_t abort;
 } pptm_launch_out;
 
 /* pptm_launched's only parameter, passed by value. */

@@ -274,18 +274,35 @@ __shared__ unsigned long long* pptm_clk_row;
 #define PPTM_CLK(i) ((void)0)
 #endif
 
-// This block's progress word in the manifold's state (null in launched kernels). Kept in shared
-// memory rather than in pptm_block_ctx: the context is live across every pattern's loops, and one
-// more pointer in it cost the linear-algebra manifold spills.
+// Where this block reports progress: in the manifold, its own word of the manifold's state; in a
+// launched kernel, the launch's `progress` word in mapped host memory. Kept in shared memory rather
+// than in pptm_block_ctx: the context is live across every pattern's loops, and one more pointer in
+// it cost the linear-algebra manifold spills.
 __shared__ uint64_t* pptm_beat_word;
+// PPTM_BEAT_DEVICE in the manifold (every tick, to device memory); in a launched kernel, when this
+// block last wrote the host's word.
+__shared__ uint64_t pptm_beat_last;
+#define PPTM_BEAT_DEVICE (~0ull)
+// A launched kernel's blocks write the host's progress word at most this often (ns): stores over
+// PCIe from every block on every tile would cost, and the watchdog's deadline is 100 ms.
+#define PPTM_BEAT_HOST_EVERY_NS 1000000ull
 
 // Progress inside an item: patterns call this once a tile (a unit of work that takes well under a
 // millisecond), so the host's watchdog tells a long item from a hung one. One relaxed store from
-// thread 0 to a word only this block writes: no contention, nothing waits on it.
+// thread 0: in the manifold to a word only this block writes (no contention, nothing waits on it);
+// in a launched kernel to mapped host memory, at most once a millisecond.
 __device__ __forceinline__ void pptm_tick(const pptm_block_ctx&) {
     if (threadIdx.x == 0) {
         uint64_t* const w = pptm_beat_word;
-        if (w != nullptr) pptm_st_relaxed_gpu(w, pptm_globaltimer());
+        if (w != nullptr) {
+            const uint64_t now = pptm_globaltimer();
+            if (pptm_beat_last == PPTM_BEAT_DEVICE) {
+                pptm_st_relaxed_gpu(w, now);
+            } else if (now - pptm_beat_last >= PPTM_BEAT_HOST_EVERY_NS) {
+                pptm_st_relaxed_sys(w, now);
+                pptm_beat_last = now;
+            }
+        }
     }
 }
 

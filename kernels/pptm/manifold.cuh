@@ -260,7 +260,10 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
 
 // The fault-injection items (abi.h): what a hang, a long item and a fault look like from the host.
 // Thread 0 does the waiting; the block meets it at a barrier, so the status is uniform.
-__device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, const pptm_desc& d, const pptm_block_ctx& b) {
+// `abort` is the word that ends a hang: the manifold's state word (device memory, written by its
+// fetcher) or, in a launched kernel, the launch's word in mapped host memory (`abort_sys`).
+__device__ __forceinline__ uint32_t pptm_run_debug_with(const uint64_t* abort, bool abort_sys, const pptm_desc& d,
+                                                        const pptm_block_ctx& b) {
     __shared__ uint32_t status;
     if (threadIdx.x == 0) {
         status = PPTM_STATUS_OK;
@@ -277,7 +280,7 @@ __device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, c
         } else {
             // HANG: no progress, ever; SLOW: progress every 100 us until args[0] ns have passed.
             for (;;) {
-                if (pptm_ld_relaxed_gpu(&P.state->abort) != 0) {
+                if ((abort_sys ? pptm_ld_relaxed_sys(abort) : pptm_ld_relaxed_gpu(abort)) != 0) {
                     status = PPTM_STATUS_ABORTED;
                     break;
                 }
@@ -293,12 +296,21 @@ __device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, c
     return status;
 }
 
+__device__ __noinline__ uint32_t pptm_run_debug(const pptm_manifold_params& P, const pptm_desc& d, const pptm_block_ctx& b) {
+    return pptm_run_debug_with(&P.state->abort, false, d, b);
+}
+
+__device__ __noinline__ uint32_t pptm_run_debug_launched(uint64_t* abort, const pptm_desc& d, const pptm_block_ctx& b) {
+    return pptm_run_debug_with(abort, true, d, b);
+}
+
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
     pptm_device_state* S = P.state;
     if (threadIdx.x == 0) {
         pptm_beat_word = &S->beat[me];
+        pptm_beat_last = PPTM_BEAT_DEVICE;
         pptm_nonfinite = 0u;
     }
     for (uint64_t seq = 0;; ++seq) {
@@ -474,10 +486,11 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifol
 // ---- launched entry points (Variant::FusedLaunched, Variant::Unfused; see pptm/abi.h) ----------
 
 // The descriptor into shared memory, where the variant code reads it, as in the manifold.
-__device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm_desc& d) {
+__device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm_desc& d, pptm_launch_out* out) {
     if (threadIdx.x < PPTM_SQ_SLOT_WORDS) sh.desc_words[threadIdx.x] = reinterpret_cast<const uint32_t*>(&d)[threadIdx.x];
     if (threadIdx.x == 0) {
-        pptm_beat_word = nullptr;  // no watchdog for launched kernels
+        pptm_beat_word = &out->progress;  // the launched variants' watchdog (launched.rs)
+        pptm_beat_last = 0;
         pptm_nonfinite = 0u;
     }
     __syncthreads();
@@ -512,13 +525,15 @@ __device__ __forceinline__ uint32_t pptm_launch_status(const pptm_loop_smem& sh,
 // manifold's; only the dispatch differs.
 extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launched(const pptm_launch_params P) {
     __shared__ pptm_loop_smem sh;
-    pptm_launch_begin(sh, P.desc);
+    pptm_launch_begin(sh, P.desc, P.out);
     const uint32_t op = sh.desc.opcode;
     const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
     uint32_t status = PPTM_STATUS_OK;
     double partial = 0.0;
     if (op >= PPTM_OP_FIRST_VARIANT)
         status = pptm_variant_args_ok(sh.desc) ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
+    else if (op == PPTM_OP_DEBUG_HANG || op == PPTM_OP_DEBUG_SLOW)  // a fault would poison the process
+        status = pptm_run_debug_launched(&P.out->abort, sh.desc, ctx);
     else if (op != PPTM_OP_NOOP)
         status = PPTM_STATUS_BAD_OPCODE;
     if (pptm_launch_arrive(sh, P.arrivals, P.partials, partial)) {
@@ -535,7 +550,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
 // pptm_run_stage and pptm_finish_stage.
 extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused_stage(const pptm_unfused_params P) {
     __shared__ pptm_loop_smem sh;
-    pptm_launch_begin(sh, P.desc);
+    pptm_launch_begin(sh, P.desc, P.out);
     const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};
     double partial = 0.0;
     const uint32_t status = pptm_run_stage(sh.desc, P.stage, P.scratch, P.out, ctx, partial);

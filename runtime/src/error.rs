@@ -97,10 +97,16 @@ pub enum Error {
     /// pending on the manifold fails with this, naming the item that was running. With
     /// `recovered`, the manifold left when told to abort (its memory was safe to release) and the
     /// next submission launches a fresh one; without it, the kernel ignored the abort and still
-    /// holds the GPU (see RELIABILITY.md).
+    /// holds the GPU (see RELIABILITY.md). On the launched variants the item's own submission
+    /// fails with it (`seq` counts that launcher's items); unrecovered, so does every later item
+    /// of that domain on that runtime.
     #[error(
-        "no progress for {stalled:?} in the manifold of domain `{domain}` ({variant:?}) while it ran item {seq} (`{chain}`); {}",
-        if *recovered { "the manifold was stopped and the next submission relaunches it" } else { "the kernel did not respond to the abort and still holds the GPU" }
+        "no progress for {stalled:?} in domain `{domain}` ({variant:?}) while it ran item {seq} (`{chain}`); {}",
+        match (*recovered, variant) {
+            (true, crate::Variant::Fused) => "the manifold was stopped and the next submission relaunches it",
+            (true, _) => "the kernel was stopped and the next submission runs",
+            (false, _) => "the kernel did not respond to the abort and still holds the GPU",
+        }
     )]
     Hang {
         domain: &'static str,

@@ -375,6 +375,8 @@ impl Runtime {
             device,
             code,
             sms * self.config.blocks_per_sm,
+            self.config.watchdog,
+            self.config.variant,
         )?);
         l.insert(code.key, made.clone());
         Ok(made)
@@ -509,11 +511,14 @@ impl Runtime {
     /// `C` (to measure dispatch).
     pub fn submit_noop<C: Chain>(&self) -> Result<Ticket<'static, ()>> {
         if self.launched() {
-            let c = self.launcher(C::DOMAIN)?.run(&pptm_desc {
-                opcode: PPTM_OP_NOOP,
-                blocks: 1,
-                ..Default::default()
-            })?;
+            let c = self.launcher(C::DOMAIN)?.run(
+                &pptm_desc {
+                    opcode: PPTM_OP_NOOP,
+                    blocks: 1,
+                    ..Default::default()
+                },
+                "noop",
+            )?;
             return Ok(Ticket::ready("noop", C::DOMAIN.name, c));
         }
         match self.manifold(C::DOMAIN)? {
@@ -545,14 +550,38 @@ impl Runtime {
     /// Submits a fault-injection item to the manifold that hosts `C` (built with the
     /// `fault-injection` feature only): what a hang, a long item, a device fault or a descriptor
     /// the device rejects look like, to test the watchdog and fault handling (tests/reliability.rs).
-    /// Persistent GPU manifolds only; elsewhere [`Error::Config`].
+    /// Persistent GPU manifolds take every kind; `Variant::FusedLaunched` takes a hang or a long
+    /// item, run (and waited for, watchdog included) as one launch: a hang comes back from this
+    /// call as [`Error::Hang`]. Elsewhere [`Error::Config`].
     #[cfg(feature = "fault-injection")]
     pub fn inject<C: Chain>(&self, what: Injection) -> Result<Ticket<'static, ()>> {
         use crate::gpu::abi::{PPTM_OP_DEBUG_FAULT, PPTM_OP_DEBUG_HANG, PPTM_OP_DEBUG_SLOW};
         if self.launched() {
-            return Err(Error::Config(
-                "fault injection targets the persistent manifold (Variant::Fused)".into(),
-            ));
+            let (opcode, arg, name) = match (self.config.variant, what) {
+                (Variant::FusedLaunched, Injection::Hang) => {
+                    (PPTM_OP_DEBUG_HANG, 0, "injected hang")
+                }
+                (Variant::FusedLaunched, Injection::Slow(d)) => (
+                    PPTM_OP_DEBUG_SLOW,
+                    d.as_nanos().min(u128::from(u64::MAX)) as u64,
+                    "injected slow item",
+                ),
+                _ => {
+                    return Err(Error::Config(
+                        "fault injection targets the persistent manifold (Variant::Fused); \
+                         Variant::FusedLaunched takes Injection::Hang and Injection::Slow only"
+                            .into(),
+                    ));
+                }
+            };
+            let mut desc = pptm_desc {
+                opcode,
+                blocks: 1,
+                ..Default::default()
+            };
+            desc.args[0] = arg;
+            let c = self.launcher(C::DOMAIN)?.run(&desc, name)?;
+            return Ok(Ticket::ready(name, C::DOMAIN.name, c));
         }
         let Some(m) = self.manifold(C::DOMAIN)? else {
             return Err(Error::Config(
@@ -666,9 +695,11 @@ impl Runtime {
                     }
                     Route::Launch(l) => {
                         let c = match self.config.variant {
-                            Variant::Unfused => l.run_unfused(&desc, ir, &sizes, false)?,
-                            Variant::UnfusedGraph => l.run_unfused(&desc, ir, &sizes, true)?,
-                            Variant::Fused | Variant::FusedLaunched => l.run(&desc)?,
+                            Variant::Unfused => l.run_unfused(&desc, ir, &sizes, false, C::NAME)?,
+                            Variant::UnfusedGraph => {
+                                l.run_unfused(&desc, ir, &sizes, true, C::NAME)?
+                            }
+                            Variant::Fused | Variant::FusedLaunched => l.run(&desc, C::NAME)?,
                         };
                         Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard))
                     }

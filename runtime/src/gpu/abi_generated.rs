@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 9;
+pub const PPTM_ABI_VERSION: u32 = 10;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -203,10 +203,12 @@ pub struct pptm_launch_out {
     pub status: u32,
     pub pad: u32,
     pub value: f64,
+    pub progress: u64,
+    pub abort: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_launch_out"][::core::mem::size_of::<pptm_launch_out>() - 16usize];
+    ["Size of pptm_launch_out"][::core::mem::size_of::<pptm_launch_out>() - 32usize];
     ["Alignment of pptm_launch_out"][::core::mem::align_of::<pptm_launch_out>() - 8usize];
     ["Offset of field: pptm_launch_out::status"]
         [::core::mem::offset_of!(pptm_launch_out, status) - 0usize];
@@ -214,6 +216,10 @@ const _: () = {
         [::core::mem::offset_of!(pptm_launch_out, pad) - 4usize];
     ["Offset of field: pptm_launch_out::value"]
         [::core::mem::offset_of!(pptm_launch_out, value) - 8usize];
+    ["Offset of field: pptm_launch_out::progress"]
+        [::core::mem::offset_of!(pptm_launch_out, progress) - 16usize];
+    ["Offset of field: pptm_launch_out::abort"]
+        [::core::mem::offset_of!(pptm_launch_out, abort) - 24usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

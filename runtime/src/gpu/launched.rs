@@ -12,20 +12,38 @@
 //!   rather than instantiated anew.
 //!
 //! Every item's device time is taken between CUDA events recorded around its launches.
+//!
+//! The launched variants have a watchdog too (`Config::watchdog`): the host waits by polling the
+//! stream and the launch's progress word, which the kernel's blocks stamp at most once a
+//! millisecond as they reach tiles (`pptm_tick`). An item with no progress for the deadline is
+//! asked to stop (the launch's `abort` word, which injected hangs poll) and fails with
+//! `Error::Hang`; a kernel that ignores it leaves the launcher wedged, and later items fail at
+//! once instead of queueing behind it.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
 
 use super::abi::{
-    PPTM_MAX_BLOCKS, PPTM_MAX_STAGES, pptm_desc, pptm_launch_out, pptm_launch_params,
-    pptm_unfused_params,
+    PPTM_MAX_BLOCKS, PPTM_MAX_STAGES, PPTM_STATUS_ABORTED, pptm_desc, pptm_launch_out,
+    pptm_launch_params, pptm_unfused_params,
 };
 use super::driver::{Device, MappedHost, Module, Stream};
 use crate::chain::{Completion, DomainCode};
 use crate::error::{Error, Result};
+use crate::runtime::Variant;
+
+/// How long a stalled item has, once asked to stop, before the launcher counts it as wedged (for
+/// good: a kernel that merely waited for the GPU that long would be counted too).
+const ABORT_GRACE: Duration = Duration::from_secs(5);
+/// The wait spins on the stream for this long, then sleeps between polls (a long item's end is
+/// seen up to a poll later; short items, the ones whose latency is measured, never sleep).
+const SPIN_FOR: Duration = Duration::from_millis(20);
+const POLL_SLEEP: Duration = Duration::from_micros(50);
 
 /// Launches items of one domain, one at a time, on a stream of its own.
 pub(crate) struct Launcher {
@@ -33,6 +51,9 @@ pub(crate) struct Launcher {
     module: Arc<Module>,
     /// Most blocks one launch uses: what a manifold of the same configuration would have.
     max_blocks: u32,
+    /// `Config::watchdog` and `Config::variant` of the runtime (for `Error::Hang`).
+    watchdog: Option<Duration>,
+    variant: Variant,
     inner: Mutex<Inner>,
 }
 
@@ -50,6 +71,12 @@ struct Inner {
     /// Graph mode: an executable graph per topology (see `GraphKey`). The graphs hold the
     /// scratch addresses, so they are dropped whenever a scratch buffer is reallocated.
     graphs: HashMap<Vec<u64>, CachedGraph>,
+    /// Items run so far (the `seq` of `Error::Hang`).
+    items: u64,
+    /// An item's kernel ignored the watchdog's abort and may run forever (its seq, chain and how
+    /// long it had stalled): every later item fails with its `Error::Hang` (their launches would
+    /// queue behind it).
+    wedged: Option<(u64, &'static str, Duration)>,
 }
 
 /// An executable graph and the arguments it was last captured or updated with.
@@ -72,7 +99,13 @@ unsafe impl Sync for Launcher {}
 const STATE_BYTES: usize = 128 + 8 * PPTM_MAX_BLOCKS as usize;
 
 impl Launcher {
-    pub fn new(device: &Arc<Device>, code: &'static DomainCode, max_blocks: u32) -> Result<Self> {
+    pub fn new(
+        device: &Arc<Device>,
+        code: &'static DomainCode,
+        max_blocks: u32,
+        watchdog: Option<Duration>,
+        variant: Variant,
+    ) -> Result<Self> {
         let module = device.module(code)?;
         let stream = Stream::new(device)?;
         // Lent by the device (made before any manifold: see driver.rs), given back on every
@@ -103,6 +136,8 @@ impl Launcher {
             device: device.clone(),
             module,
             max_blocks: max_blocks.clamp(1, PPTM_MAX_BLOCKS),
+            watchdog,
+            variant,
             inner: Mutex::new(Inner {
                 domain: code.name,
                 stream,
@@ -111,13 +146,16 @@ impl Launcher {
                 scratch: Vec::new(),
                 events,
                 graphs: HashMap::new(),
+                items: 0,
+                wedged: None,
             }),
         })
     }
 
-    /// Runs one item and waits for it.
-    pub fn run(&self, desc: &pptm_desc) -> Result<Completion> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+    /// Runs one item of chain `chain` and waits for it.
+    pub fn run(&self, desc: &pptm_desc, chain: &'static str) -> Result<Completion> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.begin_item(self.variant)?;
         self.device.bind()?;
         let blocks = match desc.blocks {
             0 => self.max_blocks,
@@ -133,7 +171,15 @@ impl Launcher {
         // SAFETY: pptm_launched's only parameter is a pptm_launch_params.
         unsafe { inner.launch(self.module.launched, blocks, &mut params) }?;
         inner.record(1)?;
-        inner.wait_and_read()
+        self.wait_and_read(&mut inner, chain)
+    }
+
+    /// Waits for the item's launches (watched, see the module docs) and reads its result.
+    fn wait_and_read(&self, inner: &mut Inner, chain: &'static str) -> Result<Completion> {
+        if let Some(deadline) = self.watchdog {
+            inner.watch(&self.device, deadline, self.variant, chain)?;
+        }
+        inner.read()
     }
 }
 
@@ -147,6 +193,7 @@ impl Launcher {
         ir: &pptm_spec::ChainIr,
         sizes: &[usize],
         graph: bool,
+        chain: &'static str,
     ) -> Result<Completion> {
         if ir.stages.len() > PPTM_MAX_STAGES as usize {
             return Err(Error::BadArguments {
@@ -155,6 +202,7 @@ impl Launcher {
             });
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.begin_item(self.variant)?;
         self.device.bind()?;
         // Every stage's output buffer, at least as large as this item needs.
         let mut scratch = [std::ptr::null_mut::<f32>(); PPTM_MAX_STAGES as usize];
@@ -180,14 +228,6 @@ impl Launcher {
             }
             *slot = inner.scratch[s].0 as *mut f32;
         }
-        // SAFETY: the previous item's launches finished (its run synchronised the stream), so
-        // nothing writes the mapped words now.
-        unsafe {
-            std::ptr::write_volatile(
-                inner.out.host_ptr().cast::<pptm_launch_out>(),
-                pptm_launch_out::default(),
-            )
-        };
         let launch_stages = |inner: &Inner| -> Result<()> {
             for s in 0..ir.stages.len() {
                 let mut params = pptm_unfused_params {
@@ -211,7 +251,7 @@ impl Launcher {
             inner.record(0)?;
             launch_stages(&inner)?;
             inner.record(1)?;
-            return inner.wait_and_read();
+            return self.wait_and_read(&mut inner, chain);
         }
         let key = GraphKey::of(desc, sizes);
         let exec = inner.graph_for(&self.device, &self.module, &key, ir.stages.len(), |inner| {
@@ -223,7 +263,7 @@ impl Launcher {
         unsafe { result::graph::launch(exec, inner.stream.raw) }
             .map_err(|e| Error::driver("cuGraphLaunch", e))?;
         inner.record(1)?;
-        inner.wait_and_read()
+        self.wait_and_read(&mut inner, chain)
     }
 }
 
@@ -409,8 +449,114 @@ impl Inner {
         }
     }
 
+    /// Before an item's launches: refuses it if an earlier kernel is stuck on the stream, and
+    /// clears the mapped result, progress and abort words.
+    fn begin_item(&mut self, variant: Variant) -> Result<()> {
+        if let Some((seq, chain, stalled)) = self.wedged {
+            return Err(Error::Hang {
+                domain: self.domain,
+                variant,
+                seq,
+                chain,
+                stalled,
+                recovered: false,
+            });
+        }
+        self.items += 1;
+        // SAFETY: the previous item's launches finished (its wait saw the stream idle), so
+        // nothing writes the mapped words now; the allocation holds one pptm_launch_out.
+        unsafe {
+            std::ptr::write_volatile(
+                self.out.host_ptr().cast::<pptm_launch_out>(),
+                pptm_launch_out::default(),
+            )
+        };
+        Ok(())
+    }
+
+    /// The launch's word at `offset` bytes into the mapped pptm_launch_out, which the device
+    /// writes with relaxed system-scope stores while the host reads it.
+    fn out_word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: the allocation holds one pptm_launch_out (8-byte aligned, `offset` is one of
+        // its u64 fields) and lives as long as `self`; device and host access it atomically.
+        unsafe { AtomicU64::from_ptr(self.out.host_ptr().cast::<u8>().add(offset).cast::<u64>()) }
+    }
+
+    /// Polls the stream until the item's launches finish, or until its progress word has not
+    /// moved for `deadline`: then asks the kernel to stop (`abort`) and fails with
+    /// `Error::Hang`, after at most ABORT_GRACE more.
+    fn watch(
+        &mut self,
+        device: &Device,
+        deadline: Duration,
+        variant: Variant,
+        chain: &'static str,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let progress = std::mem::offset_of!(pptm_launch_out, progress);
+        let (mut seen, mut since) = (0u64, started);
+        loop {
+            if self.stream.query()? {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let p = self.out_word(progress).load(Ordering::Relaxed);
+            if p != seen {
+                (seen, since) = (p, now);
+            } else if now - since >= deadline {
+                let stalled = now - since;
+                self.out_word(std::mem::offset_of!(pptm_launch_out, abort))
+                    .store(1, Ordering::Relaxed);
+                let recovered = loop {
+                    if self.stream.query()? {
+                        break true;
+                    }
+                    if now.elapsed() >= ABORT_GRACE {
+                        break false;
+                    }
+                    std::thread::sleep(POLL_SLEEP);
+                };
+                // Variant code does not poll `abort`: a kernel that finished with any other status
+                // was slow (or waited for the GPU) rather than hung, and its result stands.
+                // SAFETY: the stream is idle, so the mapped words are settled; the allocation
+                // holds one pptm_launch_out.
+                let status = unsafe {
+                    std::ptr::read_volatile(self.out.host_ptr().cast::<pptm_launch_out>()).status
+                };
+                if recovered && status != PPTM_STATUS_ABORTED {
+                    tracing::warn!(
+                        domain = self.domain,
+                        chain,
+                        "a launched item showed no progress for {stalled:?} but finished by itself"
+                    );
+                    return Ok(());
+                }
+                let hang = Error::Hang {
+                    domain: self.domain,
+                    variant,
+                    seq: self.items,
+                    chain,
+                    stalled,
+                    recovered,
+                };
+                tracing::error!("{hang}");
+                if !recovered {
+                    // It may still write any memory it was given.
+                    device.wedge();
+                    self.wedged = Some((self.items, chain, stalled));
+                }
+                return Err(hang);
+            }
+            if now - started < SPIN_FOR {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(POLL_SLEEP);
+            }
+        }
+    }
+
     /// Waits for everything launched and reads the item's result and device time.
-    fn wait_and_read(&self) -> Result<Completion> {
+    fn read(&self) -> Result<Completion> {
         self.stream.synchronize()?;
         // SAFETY: the launches finished (stream synchronised), so the mapped words are settled;
         // the allocation holds one pptm_launch_out.
@@ -447,6 +593,11 @@ impl Drop for Launcher {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         let _ = self.device.bind();
+        if inner.wedged.is_some() {
+            // A kernel still runs on the stream and may use all of it: leak it (the stream is
+            // destroyed, not lent again: driver.rs).
+            return;
+        }
         let _ = inner.stream.synchronize();
         inner.drop_graphs(&self.module);
         for &event in &inner.events {
