@@ -147,10 +147,12 @@ pub struct MatmulBiasTanh {
 }
 
 /// A dense layer on tensor cores: `gelu(A W + b)` with A (m×k) and W (k×n) in bf16, products
-/// accumulated in f32 by `mma.sync`, the f32 bias and activation applied to each accumulator in
-/// registers before the f32 output is stored.
+/// accumulated in f32, the f32 bias and activation applied to each accumulator in registers before
+/// the f32 output is stored. On H100/H200 (compute_90a) large products run on `wgmma` fed by TMA,
+/// the rest on `mma.sync`. Domain `tensor`: its kernels run one block an SM with 226 KiB of shared
+/// memory there, which the other domains' chains do not want.
 #[derive(FusionBuilder)]
-#[fusion(domain = "linear_algebra")]
+#[fusion(domain = "tensor")]
 pub struct MatmulBiasGeluBf16 {
     #[stage(1, tensor_eligible = true, precision = "bf16")]
     product: Matmul,
@@ -162,7 +164,7 @@ pub struct MatmulBiasGeluBf16 {
 
 /// [`MatmulBiasGeluBf16`] with fp16 operands.
 #[derive(FusionBuilder)]
-#[fusion(domain = "linear_algebra")]
+#[fusion(domain = "tensor")]
 pub struct MatmulBiasGeluF16 {
     #[stage(1, tensor_eligible = true, precision = "fp16")]
     product: Matmul,

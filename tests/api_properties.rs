@@ -63,7 +63,7 @@ fn other() -> &'static Runtime {
 fn backends() -> Vec<&'static Runtime> {
     let mut v = vec![cpu()];
     if let Some(gpu) = common::gpu() {
-        // The properties use chains of all three domains, in any order: their manifolds must
+        // The properties use chains of all four domains, in any order: their manifolds must
         // start together (a module cannot be loaded once a manifold is resident).
         static PREPARED: OnceLock<()> = OnceLock::new();
         PREPARED.get_or_init(|| {
@@ -71,8 +71,9 @@ fn backends() -> Vec<&'static Runtime> {
                 pptm::chains::KlComplexity::DOMAIN,
                 pptm::chains::DistanceKth::DOMAIN,
                 pptm::chains::GemvAxpbySum::DOMAIN,
+                pptm::chains::MatmulBiasGeluBf16::DOMAIN,
             ])
-            .expect("the three domains start together");
+            .expect("the four domains start together");
         });
         v.push(gpu);
     }

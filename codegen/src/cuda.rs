@@ -34,7 +34,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     );
     // The spec's constants the device code is compiled with (kernels/ checks each is defined).
     use pptm_spec::work;
-    let defines: [(&str, usize); 12] = [
+    let defines: [(&str, usize); 14] = [
         ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
         ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
         ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
@@ -46,6 +46,11 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
             work::MATMUL_DIRECT_MAX_TILES,
         ),
         ("PPTM_MMA_LARGE_FROM", work::MMA_LARGE_FROM),
+        ("PPTM_WGMMA_FROM", work::WGMMA_FROM),
+        (
+            "PPTM_DYNAMIC_SMEM_BYTES",
+            pptm_spec::HOPPER_DYNAMIC_SMEM_BYTES,
+        ),
         ("PPTM_GUARD_SAMPLES", pptm_spec::GUARD_SAMPLES),
         ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
         ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
@@ -64,6 +69,11 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
             out,
             "#define PPTM_LINEAR_SMEM_ALLOC_FLOATS {MMA_SMEM_FLOATS}"
         );
+    }
+    // bf16/fp16 operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and kernels of
+    // one block an SM (kernels/pptm/device.cuh).
+    if chains.iter().any(|c| hopper_tensor(&c)) {
+        let _ = writeln!(out, "#define PPTM_HOPPER_TENSOR 1");
     }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
@@ -84,6 +94,14 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     unfused(&mut out, chains);
     out.push_str("\n#include \"pptm/manifold.cuh\"\n");
     out
+}
+
+/// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
+/// keeps f32 operands and converts them as it stages them, which TMA cannot).
+pub fn hopper_tensor(c: &&ChainIr) -> bool {
+    c.stages
+        .iter()
+        .any(|s| s.tensor && s.tolerance.is_none() && DType::matrix_storage(s.precision) != DType::F32)
 }
 
 /// Shared memory (in floats) the tensor-core pattern needs: three slices of a 128 x 32 piece of A

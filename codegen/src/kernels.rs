@@ -22,6 +22,10 @@ pub const HEADERS: &[(&str, &str)] = &[
         include_str!("../../kernels/pptm/pattern/mma.cuh"),
     ),
     (
+        "pptm/pattern/wgmma.cuh",
+        include_str!("../../kernels/pptm/pattern/wgmma.cuh"),
+    ),
+    (
         "pptm/pattern/pairwise.cuh",
         include_str!("../../kernels/pptm/pattern/pairwise.cuh"),
     ),

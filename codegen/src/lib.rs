@@ -25,8 +25,9 @@ pub use build::build_script;
 pub const CODEGEN_VERSION: u32 = 3;
 
 /// PTX targets generated for every domain. compute_80 runs (JIT) on A100, Ada and Hopper;
-/// compute_90 is what Hopper loads.
-pub const ARCHS: &[&str] = &["compute_80", "compute_90"];
+/// compute_90 on Hopper and later; compute_90a (wgmma, TMA, tensormap.replace) only on sm_90,
+/// which is what H100 and H200 load.
+pub const ARCHS: &[&str] = &["compute_80", "compute_90", "compute_90a"];
 
 /// The command that regenerates `generated/` (named in every staleness error).
 pub const REGENERATE_COMMAND: &str = "cargo xtask codegen";

@@ -169,6 +169,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let n_fields = field_idents.len();
     let ptx80 = format!("/generated/{domain}/compute_80.ptx");
     let ptx90 = format!("/generated/{domain}/compute_90.ptx");
+    let ptx90a = format!("/generated/{domain}/compute_90a.ptx");
     let needle = format!("spec={spec_hash}");
     let stale = format!(
         "pptm: generated/ is stale: chain `{name}` (domain `{domain}`, spec {}) is not in generated/manifest.txt. \
@@ -208,6 +209,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 name: #domain,
                 ptx_compute_80: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), #ptx80)),
                 ptx_compute_90: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), #ptx90)),
+                ptx_compute_90a: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), #ptx90a)),
             };
             fn ir() -> ::core::result::Result<&'static ::pptm::ChainIr, ::pptm::Error> {
                 static IR: ::std::sync::OnceLock<::core::result::Result<::pptm::ChainIr, ::pptm::__private::SpecError>> =

@@ -8,6 +8,8 @@
 #define PPTM_MATMUL_DIRECT_COLS 16
 #define PPTM_MATMUL_DIRECT_MAX_TILES 256
 #define PPTM_MMA_LARGE_FROM 128
+#define PPTM_WGMMA_FROM 16777216
+#define PPTM_DYNAMIC_SMEM_BYTES 231424
 #define PPTM_GUARD_SAMPLES 16
 #define PPTM_GEMV_N_SHORT_BELOW 8192
 #define PPTM_GEMV_T_NARROW_BELOW 4096
@@ -89,62 +91,6 @@ struct pptm_epi_646fa6db {
 __device__ __forceinline__ uint32_t pptm_run_646fa6db(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_646fa6db e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_646fa6db{e}, e.a3, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
-// chain MatmulBiasGeluBf16: Matmul -> AddBias -> Gelu (Matmul pattern)
-// spec hash e9d3bddfc906c45efa9b692c00c9d4839b322d6b2ff5afbbd934f06f2b89fdc4, opcode 0xe9d3bddf
-struct pptm_env_e9d3bddf {
-    const pptm_bf16* a0;  // a
-    const pptm_bf16* a1;  // w
-    const float* a2;  // b
-    float* a3;  // out
-    uint64_t a4;  // m
-    uint64_t a5;  // k
-    uint64_t a6;  // n
-    __device__ explicit pptm_env_e9d3bddf(const pptm_desc& d) : a0(reinterpret_cast<const pptm_bf16*>(d.args[0])), a1(reinterpret_cast<const pptm_bf16*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
-};
-struct pptm_epi_e9d3bddf {
-    pptm_env_e9d3bddf e;
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
-        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
-        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_e9d3bddf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_e9d3bddf e(d);
-    pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_e9d3bddf{e}, e.a3, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
-// chain MatmulBiasGeluF16: Matmul -> AddBias -> Gelu (Matmul pattern)
-// spec hash 4bc1a0d40b5b96cef2802c9cad5684e244b1f62b7c90d9a10b9e2bbf91a4e3f9, opcode 0x4bc1a0d4
-struct pptm_env_4bc1a0d4 {
-    const pptm_f16* a0;  // a
-    const pptm_f16* a1;  // w
-    const float* a2;  // b
-    float* a3;  // out
-    uint64_t a4;  // m
-    uint64_t a5;  // k
-    uint64_t a6;  // n
-    __device__ explicit pptm_env_4bc1a0d4(const pptm_desc& d) : a0(reinterpret_cast<const pptm_f16*>(d.args[0])), a1(reinterpret_cast<const pptm_f16*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
-};
-struct pptm_epi_4bc1a0d4 {
-    pptm_env_4bc1a0d4 e;
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
-        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
-        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_4bc1a0d4(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_4bc1a0d4 e(d);
-    pptm_matmul_mma<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_4bc1a0d4{e}, e.a3, b);
     partial = 0.0;
     return PPTM_STATUS_OK;
 }
@@ -308,8 +254,6 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
     case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu
-    case 0xe9d3bddfu: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluBf16
-    case 0x4bc1a0d4u: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluF16
     case 0x67fb1b7bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasRelu
     case 0x9e9087e3u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasSigmoid
@@ -323,8 +267,6 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x91e20abau: return pptm_run_91e20aba(d, b, partial);  // GemvAxpbySum
     case 0x646fa6dbu: return pptm_run_646fa6db(d, b, partial);  // MatmulBiasGelu
-    case 0xe9d3bddfu: return pptm_run_e9d3bddf(d, b, partial);  // MatmulBiasGeluBf16
-    case 0x4bc1a0d4u: return pptm_run_4bc1a0d4(d, b, partial);  // MatmulBiasGeluF16
     case 0x67fb1b7bu: return pptm_run_67fb1b7b(d, b, partial);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
     case 0x9e9087e3u: return pptm_run_9e9087e3(d, b, partial);  // MatmulBiasSigmoid
@@ -345,8 +287,6 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x646fa6dbu: return true;  // MatmulBiasGelu
-    case 0xe9d3bddfu: return true;  // MatmulBiasGeluBf16
-    case 0x4bc1a0d4u: return true;  // MatmulBiasGeluF16
     case 0x67fb1b7bu: return true;  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
     case 0x9e9087e3u: return true;  // MatmulBiasSigmoid
@@ -406,68 +346,6 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         switch (stage) {
         case 0: {  // Matmul
             pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // AddBias
-            const uint64_t count = e.a4 * e.a6;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a6;
-                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Gelu
-            const uint64_t count = e.a4 * e.a6;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a6;
-                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
-                e.a3[i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xe9d3bddfu: {  // MatmulBiasGeluBf16
-        const pptm_env_e9d3bddf e(d);
-        switch (stage) {
-        case 0: {  // Matmul
-            pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // AddBias
-            const uint64_t count = e.a4 * e.a6;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a6;
-                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Gelu
-            const uint64_t count = e.a4 * e.a6;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a6;
-                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
-                e.a3[i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0x4bc1a0d4u: {  // MatmulBiasGeluF16
-        const pptm_env_4bc1a0d4 e(d);
-        switch (stage) {
-        case 0: {  // Matmul
-            pptm_matmul_mma<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

@@ -18,6 +18,29 @@
 #endif
 #define PPTM_WARPS (PPTM_BLOCK_THREADS / 32)
 
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef int int32_t;
+#endif
+
+// ---- Hopper tensor-core domains -----------------------------------------------------------------
+
+// A domain with a tensor-core stage on bf16/fp16 buffers (codegen defines PPTM_HOPPER_TENSOR) runs,
+// when compiled for compute_90a, pattern/wgmma.cuh's TMA + wgmma path. Its kernels then run one
+// 512-thread block an SM (128 registers a thread, not 64) with PPTM_DYNAMIC_SMEM_BYTES of dynamic
+// shared memory, which the host sets when it finds the module's tensor-map templates
+// (runtime/src/gpu/driver.rs); the linear patterns' scratch lives at its start.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(PPTM_HOPPER_TENSOR)
+#define PPTM_WGMMA 1
+#define PPTM_MIN_BLOCKS_PER_SM 1
+__device__ __forceinline__ uint8_t* pptm_dynamic_smem() {
+    extern __shared__ __align__(1024) uint8_t pptm_dsmem[];
+    return pptm_dsmem;
+}
+#else
+#define PPTM_MIN_BLOCKS_PER_SM 2
+#endif
+
 // ---- memory ordering -------------------------------------------------------------------------
 
 __device__ __forceinline__ uint64_t pptm_ld_acquire_gpu(const uint64_t* p) {

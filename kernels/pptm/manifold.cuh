@@ -442,7 +442,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 // run two shares of every wide item at half speed and set the item's time; so, once every block
 // is resident, the block that shares an SM with a lower-numbered one (the highest such) becomes
 // the fetcher, and the others number themselves 0.. in block order.
-extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_manifold(const pptm_manifold_params P) {
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PPTM_MIN_BLOCKS_PER_SM) pptm_manifold(const pptm_manifold_params P) {
     __shared__ int go;
     __shared__ unsigned fetcher_block;
     pptm_device_state* S = P.state;
@@ -523,7 +523,7 @@ __device__ __forceinline__ uint32_t pptm_launch_status(const pptm_loop_smem& sh,
 
 // Fused-launched mode: one item per ordinary launch of `desc.blocks` blocks. The variant code is the
 // manifold's; only the dispatch differs.
-extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launched(const pptm_launch_params P) {
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PPTM_MIN_BLOCKS_PER_SM) pptm_launched(const pptm_launch_params P) {
     __shared__ pptm_loop_smem sh;
     pptm_launch_begin(sh, P.desc, P.out);
     const uint32_t op = sh.desc.opcode;
@@ -548,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_launche
 
 // Unfused mode: one stage of one item per launch; the generated translation unit defines
 // pptm_run_stage and pptm_finish_stage.
-extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 2) pptm_unfused_stage(const pptm_unfused_params P) {
+extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PPTM_MIN_BLOCKS_PER_SM) pptm_unfused_stage(const pptm_unfused_params P) {
     __shared__ pptm_loop_smem sh;
     pptm_launch_begin(sh, P.desc, P.out);
     const pptm_block_ctx ctx = {blockIdx.x, gridDim.x, sh.red};

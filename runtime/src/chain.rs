@@ -12,6 +12,8 @@ pub struct DomainCode {
     pub name: &'static str,
     pub ptx_compute_80: &'static str,
     pub ptx_compute_90: &'static str,
+    /// Loaded on sm_90 (H100, H200): wgmma and TMA where the domain has a bf16/fp16 tensor stage.
+    pub ptx_compute_90a: &'static str,
 }
 
 /// A fusion chain: implemented by `#[derive(FusionBuilder)]`, never by hand.

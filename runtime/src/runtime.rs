@@ -421,11 +421,17 @@ impl Runtime {
         if todo.is_empty() {
             return Ok(());
         }
-        // Load everything before anything new runs.
-        let mut per_sm = u32::MAX;
+        // Load everything before anything new runs. Domains whose blocks take a whole SM (the
+        // Hopper tensor path) launch first: blocks of the others would leave no SM empty for them.
+        let mut fit = Vec::with_capacity(todo.len());
         for d in &todo {
-            per_sm = per_sm.min(device.module(d)?.blocks_per_sm_max(device)?);
+            fit.push(device.module(d)?.blocks_per_sm_max(device)?.max(1));
         }
+        let mut order: Vec<usize> = (0..todo.len()).collect();
+        order.sort_by_key(|&i| fit[i]);
+        let todo: Vec<&'static DomainCode> = order.iter().map(|&i| todo[i]).collect();
+        let fit: Vec<u32> = order.iter().map(|&i| fit[i]).collect();
+        let per_sm = fit.iter().copied().min().unwrap_or(1);
         // Shares: named ones first, an equal split of what is left for the others.
         let total = device.sm_count;
         let named: Vec<Option<u32>> = todo
@@ -445,18 +451,21 @@ impl Runtime {
             .iter()
             .map(|s| s.unwrap_or(left.checked_div(unnamed).unwrap_or(0)))
             .collect();
-        // Every grid (compute blocks + the fetcher) must fit beside those already running.
-        let running: u32 = m.values().map(|x| x.grid).sum();
-        let wanted: u32 = shares
+        // Every grid (compute blocks + the fetcher) must fit beside those already running,
+        // counted in SMs: a block of a domain that fits `f` blocks an SM takes 1/f of one.
+        let sms_of = |blocks: u32, f: u32| f64::from(blocks) / f64::from(f.max(1));
+        let running: f64 = m.values().map(|x| sms_of(x.grid, x.blocks_per_sm_max)).sum();
+        let wanted: f64 = shares
             .iter()
-            .map(|&s| s.min(total) * self.config.blocks_per_sm.min(per_sm) + 1)
+            .zip(&fit)
+            .map(|(&s, &f)| sms_of(s.min(total) * self.config.blocks_per_sm.min(f) + 1, f))
             .sum();
         let capacity = total * per_sm;
-        if shares.contains(&0) || running + wanted > capacity {
+        if shares.contains(&0) || running + wanted > f64::from(total) + 1e-9 {
             return Err(Error::Config(format!(
                 "cannot make {} manifold(s) resident together: SM shares {:?} of {total} SMs at {} block(s) per SM \
-                 need {wanted} blocks beside {running} running, and {capacity} fit; set Config::domain_sms or \
-                 blocks_per_sm",
+                 need {wanted:.1} SMs beside {running:.1} taken by running ones, and {total} exist ({capacity} \
+                 blocks at the fewest per SM); set Config::domain_sms or blocks_per_sm",
                 todo.len(),
                 todo.iter()
                     .zip(&shares)

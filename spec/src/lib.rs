@@ -80,6 +80,9 @@ pub mod work {
     /// A tensor-core matmul takes large tiles from this many of them on (`PPTM_MMA_LARGE_FROM`
     /// in the generated code; kernels/pptm/pattern/mma.cuh).
     pub const MMA_LARGE_FROM: usize = 128;
+    /// A bf16/fp16 matmul on Hopper takes the TMA + wgmma path from this many multiply-adds
+    /// (m n k) on (`PPTM_WGMMA_FROM`); smaller ones stay on mma.sync, whose tiles start sooner.
+    pub const WGMMA_FROM: usize = 1 << 24;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its
@@ -90,6 +93,12 @@ pub mod work {
 /// Outputs the accuracy guard samples before a guarded stage runs (`PPTM_GUARD_SAMPLES` in the
 /// generated code: one warp each; kernels/pptm/pattern/mma.cuh).
 pub const GUARD_SAMPLES: usize = 16;
+
+/// Dynamic shared memory a block of a Hopper tensor-core domain's kernels gets when they run as
+/// compute_90a (`PPTM_DYNAMIC_SMEM_BYTES`; kernels/pptm/pattern/wgmma.cuh): 224 KiB of operand
+/// slices plus 2 KiB for barriers, tensor maps and alignment. More than half an SM's, so one such
+/// block an SM.
+pub const HOPPER_DYNAMIC_SMEM_BYTES: usize = 224 * 1024 + 2048;
 
 /// The (row, column) of the outputs the accuracy guard samples in an m x n product: sample s is
 /// row (2s + 1) m / 32, column (2 (5s mod 16) + 1) n / 32, rows and columns spread over the output,

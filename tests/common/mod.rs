@@ -28,7 +28,14 @@ pub fn init_logging() {
 /// cooperative grid; one runtime per process keeps tests from competing for SMs.
 pub fn gpu() -> Option<&'static Runtime> {
     init_logging();
-    GPU.get_or_init(|| match Runtime::gpu() {
+    // tests/tensor_core.rs: its domain's blocks (one an SM, 226 KiB of shared memory on Hopper)
+    // leave no room beside them, so its persistent runtime takes only part of the GPU and the
+    // launched variants' kernels, run by the binary's other tests at the same time, get the rest.
+    let max_sms = (env!("CARGO_CRATE_NAME") == "tensor_core").then_some(TENSOR_BINARY_SMS);
+    GPU.get_or_init(|| match Runtime::gpu_with(pptm::Config {
+        max_sms,
+        ..Default::default()
+    }) {
         Ok(rt) => {
             eprintln!("pptm tests: {}", rt.describe());
             shut_down_at_exit();
@@ -44,6 +51,9 @@ pub fn gpu() -> Option<&'static Runtime> {
 }
 
 static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
+
+/// SMs the persistent runtime of tests/tensor_core.rs may use (half an H100's or H200's).
+pub const TENSOR_BINARY_SMS: u32 = 64;
 
 /// Statics are never dropped, so the shared runtime's manifolds would still be resident when the
 /// process exits. The driver kills them then, but compute-sanitizer waits for every kernel to end

@@ -45,8 +45,13 @@
 static_assert(PPTM_LINEAR_SMEM_ALLOC_FLOATS >= PPTM_LINEAR_SMEM_FLOATS, "linear: the scratch holds the f32 patterns'");
 
 __device__ __forceinline__ float* pptm_linear_smem() {
+#ifdef PPTM_WGMMA
+    static_assert(PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4 <= PPTM_DYNAMIC_SMEM_BYTES, "linear: the scratch fits the dynamic shared memory");
+    return reinterpret_cast<float*>(pptm_dynamic_smem());
+#else
     __shared__ __align__(16) float scratch[PPTM_LINEAR_SMEM_ALLOC_FLOATS];
     return scratch;
+#endif
 }
 
 __device__ __forceinline__ float pptm_warp_sum(float v) {

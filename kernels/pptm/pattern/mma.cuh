@@ -34,6 +34,7 @@
 #define PPTM_PATTERN_MMA_CUH
 
 #include "pptm/pattern/linear.cuh"
+#include "pptm/pattern/wgmma.cuh"
 
 #ifndef PPTM_MMA_LARGE_FROM
 #error "PPTM_MMA_LARGE_FROM must be defined by the generated translation unit"
@@ -314,6 +315,15 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
 template <class T, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                 const Epi& epi, float* out, const pptm_block_ctx& b) {
+#ifdef PPTM_WGMMA
+    // Hopper, 16-bit operands in memory: TMA + wgmma (pattern/wgmma.cuh) where it applies.
+    if constexpr (sizeof(S) == 2) {
+        if (pptm_wgmma_fits(A, W, m, k, n)) {
+            pptm_matmul_wgmma<T>(reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
+            return;
+        }
+    }
+#endif
     if (pptm_mma_large(m, n))
         pptm_matmul_mma_tiled<T, 128, 64, 32, 3>(A, W, m, k, n, epi, out, b);
     else

@@ -391,18 +391,29 @@ impl Device {
                 ),
             });
         }
-        let (arch, ptx) = if self.cc.0 >= 9 {
-            ("compute_90", code.ptx_compute_90)
-        } else {
-            ("compute_80", code.ptx_compute_80)
+        let (arch, ptx) = match self.cc {
+            (9, 0) => ("compute_90a", code.ptx_compute_90a),
+            (major, _) if major >= 9 => ("compute_90", code.ptx_compute_90),
+            _ => ("compute_80", code.ptx_compute_80),
         };
-        let m = Arc::new(Module::load_ptx(self, ptx, code.name, arch)?);
+        let mut m = Module::load_ptx(self, ptx, code.name, arch)?;
+        let wgmma = m.prepare_wgmma(self);
+        match wgmma {
+            Ok(smem) => m.dynamic_smem = smem,
+            Err(e) => {
+                // SAFETY: loaded above and not handed out.
+                let _ = unsafe { result::module::unload(m.module) };
+                return Err(e);
+            }
+        }
+        let m = Arc::new(m);
         self.reserve_local_memory(&m)?;
         // No manifold is resident (checked above, lock held): the one time graphs can be made
         // safely (graphs.rs).
         let prefill = Instant::now();
         m.graphs.prefill(
             m.unfused,
+            m.dynamic_smem,
             super::graphs::PREFILLED_STAGES,
             super::graphs::PREFILLED_PER_COUNT,
         )?;
@@ -837,6 +848,9 @@ pub(crate) struct Module {
     pub echo: sys::CUfunction,
     /// Idle executable graphs of `unfused` (`Variant::UnfusedGraph`; see graphs.rs).
     pub graphs: super::graphs::GraphPool,
+    /// Dynamic shared memory every launch of `manifold`, `launched` and `unfused` gets: 0, or
+    /// `HOPPER_DYNAMIC_SMEM_BYTES` for a module with the wgmma path (`prepare_wgmma`).
+    pub dynamic_smem: u32,
 }
 
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -853,10 +867,94 @@ impl Module {
         let threads = pptm_spec::BLOCK_THREADS;
         // SAFETY: `manifold` is a kernel of this loaded module.
         let per_sm = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(self.manifold, threads as i32, 0)
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.manifold,
+                threads as i32,
+                self.dynamic_smem as usize,
+            )
         }
         .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
         Ok(per_sm.max(0) as u32)
+    }
+
+    /// For a module with the Hopper wgmma path (kernels/pptm/pattern/wgmma.cuh; it alone has the
+    /// `pptm_tmap_template` global): lets its kernels have `HOPPER_DYNAMIC_SMEM_BYTES` of dynamic
+    /// shared memory, and fills the tensor-map templates the device copies and edits for each
+    /// item (bf16 and fp16; A boxes of 64 x 128, W boxes of 64 x 64; 128-byte swizzle; zeros
+    /// outside the matrix). Called at load, while no manifold is resident. Returns the dynamic
+    /// shared memory the module's kernels take (0 without the path).
+    fn prepare_wgmma(&self, device: &Device) -> Result<u32> {
+        let mut global: sys::CUdeviceptr = 0;
+        let mut bytes = 0usize;
+        // SAFETY: the module is loaded; the name is NUL-terminated; both outputs are written.
+        let found = unsafe {
+            sys::cuModuleGetGlobal_v2(
+                &mut global,
+                &mut bytes,
+                self.module,
+                c"pptm_tmap_template".as_ptr(),
+            )
+        };
+        if found == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Ok(0);
+        }
+        check("cuModuleGetGlobal", found)?;
+        let want = 4 * std::mem::size_of::<sys::CUtensorMap>();
+        if bytes != want {
+            return Err(Error::ModuleLoad {
+                domain: "?",
+                arch: self.arch,
+                log: format!("pptm_tmap_template is {bytes} bytes, not {want}"),
+            });
+        }
+        let smem = pptm_spec::HOPPER_DYNAMIC_SMEM_BYTES as i32;
+        for f in [self.manifold, self.launched, self.unfused] {
+            // SAFETY: f is a kernel of this loaded module.
+            check("cuFuncSetAttribute", unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem,
+                )
+            })?;
+        }
+        use sys::CUtensorMapDataType::{
+            CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 as BF16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16 as F16,
+        };
+        let mut maps = Vec::with_capacity(4);
+        for ty in [BF16, F16] {
+            for box_rows in [128u32, 64] {
+                // A 64 x box_rows matrix at the template array itself (any 16-byte aligned device
+                // address does): the device replaces address, sizes and pitch for each item.
+                let dims: [u64; 2] = [64, u64::from(box_rows)];
+                let strides: [u64; 1] = [128];
+                let boxes: [u32; 2] = [64, box_rows];
+                let steps: [u32; 2] = [1, 1];
+                // SAFETY: CUtensorMap is plain bytes, written whole by the call on success.
+                let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+                // SAFETY: every array has the rank's (2) entries, strides rank - 1; the address is
+                // device memory of this context, 16-byte aligned (a 128-byte aligned global).
+                check("cuTensorMapEncodeTiled", unsafe {
+                    sys::cuTensorMapEncodeTiled(
+                        &mut map,
+                        ty,
+                        2,
+                        global as *mut c_void,
+                        dims.as_ptr(),
+                        strides.as_ptr(),
+                        boxes.as_ptr(),
+                        steps.as_ptr(),
+                        sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                    )
+                })?;
+                maps.extend_from_slice(&map.opaque);
+            }
+        }
+        device.upload(global, bytemuck::cast_slice(&maps))?;
+        Ok(smem as u32)
     }
 
     /// Loads PTX (JIT-compiled by the driver), returning the JIT's error log on failure, and loads
@@ -930,6 +1028,7 @@ impl Module {
                 unfused,
                 echo,
                 graphs: super::graphs::GraphPool::default(),
+                dynamic_smem: 0,
             }),
             Err(e) => {
                 // SAFETY: loaded above and not handed out.

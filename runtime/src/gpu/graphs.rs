@@ -44,11 +44,17 @@ impl GraphPool {
     /// Instantiates `per_count` graphs of 1..=`counts` chained launches of `func` (which takes a
     /// `pptm_unfused_params`). The caller guarantees that no manifold is resident and that the
     /// context is current.
-    pub fn prefill(&self, func: sys::CUfunction, counts: usize, per_count: usize) -> Result<()> {
+    pub fn prefill(
+        &self,
+        func: sys::CUfunction,
+        smem: u32,
+        counts: usize,
+        per_count: usize,
+    ) -> Result<()> {
         let mut made = Vec::new();
         for stages in 1..=counts {
             for _ in 0..per_count {
-                let graph = capture_template(func, stages)?;
+                let graph = capture_template(func, smem, stages)?;
                 // SAFETY: `graph` is a valid captured graph, destroyed once right after.
                 let exec =
                     unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
@@ -92,9 +98,10 @@ impl GraphPool {
     }
 }
 
-/// A graph of `stages` chained launches of `func` with zeroed parameters and one block each: the
+/// A graph of `stages` chained launches of `func` with zeroed parameters, one block each and `smem`
+/// bytes of dynamic shared memory (as every launch of it gets): the
 /// shape every unfused item of that many stages has, to be filled in with `cuGraphExecUpdate`.
-fn capture_template(func: sys::CUfunction, stages: usize) -> Result<sys::CUgraph> {
+fn capture_template(func: sys::CUfunction, smem: u32, stages: usize) -> Result<sys::CUgraph> {
     // SAFETY: a stream of our own, captured (nothing runs: capture only records the launches) and
     // destroyed here; the zeroed parameters are a valid pptm_unfused_params (integers and null
     // pointers), copied by the driver into the graph.
@@ -116,7 +123,7 @@ fn capture_template(func: sys::CUfunction, stages: usize) -> Result<sys::CUgraph
                         func,
                         (1, 1, 1),
                         (pptm_spec::BLOCK_THREADS, 1, 1),
-                        0,
+                        smem,
                         stream,
                         &mut args,
                     )

@@ -107,6 +107,10 @@ impl Launcher {
         variant: Variant,
     ) -> Result<Self> {
         let module = device.module(code)?;
+        // A module whose kernels run one block an SM (the Hopper tensor path) gets a grid of one
+        // wave: the caller's figure assumes Config::blocks_per_sm.
+        let per_sm = module.blocks_per_sm_max(device)?.max(1);
+        let max_blocks = max_blocks.min(device.sm_count.saturating_mul(per_sm));
         let stream = Stream::new(device)?;
         // Lent by the device (made before any manifold: see driver.rs), given back on every
         // path below that does not keep them.
@@ -169,7 +173,7 @@ impl Launcher {
         };
         inner.record(0)?;
         // SAFETY: pptm_launched's only parameter is a pptm_launch_params.
-        unsafe { inner.launch(self.module.launched, blocks, &mut params) }?;
+        unsafe { inner.launch(self.module.launched, blocks, self.module.dynamic_smem, &mut params) }?;
         inner.record(1)?;
         self.wait_and_read(&mut inner, chain)
     }
@@ -243,7 +247,7 @@ impl Launcher {
                 // SAFETY: pptm_unfused_stage's only parameter is a pptm_unfused_params; the
                 // scratch buffers were sized for this item above (and a graph that holds them is
                 // dropped before they are reallocated).
-                unsafe { inner.launch(self.module.unfused, blocks, &mut params) }?;
+                unsafe { inner.launch(self.module.unfused, blocks, self.module.dynamic_smem, &mut params) }?;
             }
             Ok(())
         };
@@ -300,12 +304,13 @@ impl Inner {
         self.out.dev as *mut pptm_launch_out
     }
 
-    /// Launches `func` with `params` as its only parameter on this launcher's stream.
+    /// Launches `func` with `params` as its only parameter and `smem` bytes of dynamic shared
+    /// memory (the module's `dynamic_smem`) on this launcher's stream.
     ///
     /// # Safety
     /// `P` must be the parameter type `func` declares, and every pointer in it must stay valid
     /// until the launch finishes (the driver copies `params` itself at launch).
-    unsafe fn launch<P>(&self, func: sys::CUfunction, blocks: u32, params: &mut P) -> Result<()> {
+    unsafe fn launch<P>(&self, func: sys::CUfunction, blocks: u32, smem: u32, params: &mut P) -> Result<()> {
         let mut args: [*mut c_void; 1] = [(params as *mut P).cast()];
         // SAFETY: the caller vouches for the parameter type and its pointers; the stream is ours.
         unsafe {
@@ -313,7 +318,7 @@ impl Inner {
                 func,
                 (blocks, 1, 1),
                 (pptm_spec::BLOCK_THREADS, 1, 1),
-                0,
+                smem,
                 self.stream.raw,
                 &mut args,
             )

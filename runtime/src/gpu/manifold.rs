@@ -190,7 +190,7 @@ impl Manifold {
                 func,
                 (grid, 1, 1),
                 (threads, 1, 1),
-                0,
+                module.dynamic_smem,
                 stream.raw,
                 &mut args,
             )

@@ -1,0 +1,399 @@
+// pptm Hopper tensor-core pattern: out[i, j] = epi(i, j, sum_p A[i, p] * W[p, j]) with A (m x k) and
+// W (k x n) row-major bf16 or fp16, f32 accumulation, by wgmma (warpgroup MMA, operands read from
+// shared memory by the tensor cores) fed by TMA (bulk tensor copies, cp.async.bulk.tensor) through
+// an mbarrier pipeline. Compiled only for compute_90a (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere
+// pattern/mma.cuh's mma.sync path is all there is.
+//
+// Shape. A block (512 threads = 4 warpgroups) computes a BM x BN tile of out: 256 x 192, each
+// warpgroup 64 rows (96 f32 accumulators a thread, one m64n192k16 wgmma per 16 of k), or 128 x 128
+// where the large tiles would leave blocks idle, the warpgroups 2 x 2 (m64n64k16). What bounds the
+// large products is the bytes each SM takes from L2 (about 5.9 TB/s in all on an H100, for cuBLAS
+// too): 256 x 192 takes 22 % fewer a product than 128 x 256, whose 8192^3 reached 0.67 of cuBLAS
+// against 0.84. k advances in slices of 64: the slice of A (BM rows x 64, boxes of 128 rows) and of
+// W (64 rows x BN, boxes of 64 columns) land in shared memory in the 128-byte swizzled layout
+// wgmma reads, 224 KiB of slices deep (4 of 56 KiB, or 7 of 32).
+// Pipeline. Thread 0 is also the producer: a slice's buffer is refilled as soon as every warp has
+// released it (the `empty` barrier, one arrival per warp once wgmma.wait_group shows its reads
+// done), and a slice is multiplied once its bytes have landed (the `full` barrier, TMA's
+// complete_tx). The slice sequence runs across the block's tiles, so the next tile's first slices
+// load while this tile's epilogue runs. The epilogue applies the chain's bias and activation to the
+// accumulators in registers and stores f32 straight from them.
+//
+// Tensor maps. TMA needs a tensor map (a 128-byte descriptor of the matrix: address, sizes, row
+// pitch, box, swizzle) in global memory. The host encodes one template per operand type and role
+// when it loads the module (pptm_tmap_template); for each item, warp 0 copies the templates to
+// shared memory, writes the item's address, sizes and pitch into them (tensormap.replace), and
+// copies them to this SM's slot (pptm_tmap_slot[%smid]) with the proxy fence that makes them
+// visible to TMA. A slot per SM is race-free: the pattern's shared memory (PPTM_DYNAMIC_SMEM_BYTES,
+// more than half an SM's) leaves room for one block of any kernel of this module on an SM.
+#ifndef PPTM_PATTERN_WGMMA_CUH
+#define PPTM_PATTERN_WGMMA_CUH
+
+#include "pptm/device.cuh"
+
+#define PPTM_WG_BK 64
+#define PPTM_WG_A_BOX_BYTES (128 * PPTM_WG_BK * 2)
+#define PPTM_WG_W_BOX_BYTES (64 * PPTM_WG_BK * 2)
+// The slices take PPTM_WG_RING_BYTES whatever the tile width (4 slices of 128 x 256, 6 of 128 x
+// 128); then the barriers (full, empty) and two 128-byte tensor maps, from a 1024-byte aligned
+// base; plus 1024 bytes of slack to align the dynamic shared memory's start.
+#define PPTM_WG_RING_BYTES (224 * 1024)
+#define PPTM_WG_SMEM_BYTES (PPTM_WG_RING_BYTES + 2048)
+#ifndef PPTM_WG_BIG_M
+#define PPTM_WG_BIG_M 256
+#define PPTM_WG_BIG_N 192
+#endif
+// Tensor-map templates: [operand type: 0 bf16, 1 fp16][role: 0 A (box 64 x 128), 1 W (box 64 x 64)].
+#define PPTM_WG_TEMPLATES 4
+
+#ifndef PPTM_WG_W_LBO
+#define PPTM_WG_W_LBO PPTM_WG_W_BOX_BYTES
+#endif
+#ifndef PPTM_WG_W_SBO
+#define PPTM_WG_W_SBO 1024
+#endif
+#ifndef PPTM_WG_STRIDE_ORD
+#define PPTM_WG_STRIDE_ORD 0
+#endif
+
+// The host finds the templates by name in a module that has this path (they exist only there), and
+// fills them when it loads the module. (Also in nvcc's host pass, for bench/probes/wgmma_probe.cu.)
+#if defined(PPTM_WGMMA) || !defined(__CUDA_ARCH__)
+extern "C" {
+__device__ __align__(128) uint64_t pptm_tmap_template[PPTM_WG_TEMPLATES][16];
+__device__ __align__(128) uint64_t pptm_tmap_slot[256][2][16];
+}
+#endif
+
+#ifdef PPTM_WGMMA
+
+#ifndef PPTM_DYNAMIC_SMEM_BYTES
+#error "PPTM_DYNAMIC_SMEM_BYTES must be defined by the generated translation unit"
+#endif
+static_assert(PPTM_WG_SMEM_BYTES <= PPTM_DYNAMIC_SMEM_BYTES, "wgmma: the pipeline fits the dynamic shared memory");
+static_assert(PPTM_DYNAMIC_SMEM_BYTES > 116 * 1024, "wgmma: one block an SM, so a tensor-map slot per SM is exclusive");
+static_assert(PPTM_BLOCK_THREADS == 512, "wgmma: four warpgroups");
+
+
+__device__ __forceinline__ uint32_t pptm_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- mbarriers and TMA --------------------------------------------------------------------------
+
+__device__ __forceinline__ void pptm_mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void pptm_mbar_inval(uint32_t bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void pptm_mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void pptm_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits for the phase with the given parity to complete.
+__device__ __forceinline__ void pptm_mbar_wait(uint32_t bar, uint32_t parity) {
+    for (;;) {
+        uint32_t done;
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+        if (done) return;
+    }
+}
+
+// The box of `tmap` at (c0 = column, c1 = row) into shared memory at `dst`, counted on `bar`.
+__device__ __forceinline__ void pptm_tma_load_2d(uint32_t dst, const void* tmap, int32_t c0, int32_t c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// ---- tensor maps ----------------------------------------------------------------------------------
+
+// Warp 0: this SM's two tensor maps for A (rows x cols) and W, from the templates, in global memory
+// and visible to TMA once the issuing thread runs pptm_tmap_acquire.
+__device__ __forceinline__ void pptm_tmap_build(uint32_t type, const void* a, uint64_t a_rows, uint64_t a_cols, const void* w,
+                                                uint64_t w_rows, uint64_t w_cols, uint64_t* smem_maps, uint64_t (*slot)[16]) {
+    const uint32_t lane = threadIdx.x & 31u;
+    smem_maps[lane] = pptm_tmap_template[2 * type + lane / 16][lane % 16];
+    __syncwarp();
+    if (lane < 2) {
+        const uint32_t m = pptm_smem_addr(smem_maps + 16 * lane);
+        const uint64_t addr = reinterpret_cast<uint64_t>(lane == 0 ? a : w);
+        const uint32_t rows = (uint32_t)(lane == 0 ? a_rows : w_rows), cols = (uint32_t)(lane == 0 ? a_cols : w_cols);
+        const uint64_t pitch = 2ull * (lane == 0 ? a_cols : w_cols);
+        asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(m), "l"(addr) : "memory");
+        asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(m), "r"(cols) : "memory");
+        asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(m), "r"(rows) : "memory");
+        asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %2, %1;" ::"r"(m), "l"(pitch), "n"(PPTM_WG_STRIDE_ORD) : "memory");
+    }
+    __syncwarp();
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r)
+        asm volatile(
+            "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
+                slot[r]),
+            "r"(pptm_smem_addr(smem_maps + 16 * r))
+            : "memory");
+}
+
+__device__ __forceinline__ void pptm_tmap_acquire(const void* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map) : "memory");
+}
+
+// ---- wgmma --------------------------------------------------------------------------------------
+
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
+__device__ __forceinline__ uint64_t pptm_wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void pptm_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void pptm_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMA's edges.
+template <int R>
+__device__ __forceinline__ void pptm_wg_fence_operands(float (&d)[R]) {
+#pragma unroll
+    for (uint32_t e = 0; e < R; ++e) asm volatile("" : "+f"(d[e])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pptm_wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+#define PPTM_WG_D8(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7])
+#define PPTM_WG_D32 PPTM_WG_D8(0), PPTM_WG_D8(8), PPTM_WG_D8(16), PPTM_WG_D8(24)
+#define PPTM_WG_D64 PPTM_WG_D32, PPTM_WG_D8(32), PPTM_WG_D8(40), PPTM_WG_D8(48), PPTM_WG_D8(56)
+#define PPTM_WG_R32                                                                                                         \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, " \
+    "%25, %26, %27, %28, %29, %30, %31"
+#define PPTM_WG_R64                                                                                                      \
+    PPTM_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+                "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define PPTM_WG_D96 PPTM_WG_D64, PPTM_WG_D8(64), PPTM_WG_D8(72), PPTM_WG_D8(80), PPTM_WG_D8(88)
+#define PPTM_WG_R96 PPTM_WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, " \
+    "%76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+// One wgmma: d (64 x N f32, this thread's N / 2) += A (64 x 16, K-major) B (16 x N, N-major:
+// transposed in), scale 1, 1.
+#define PPTM_WG_MMA(shape, type, regs, outs, a_op, b_op) \
+    asm volatile("wgmma.mma_async.sync.aligned." shape ".f32." type "." type " {" regs "}, " a_op ", " b_op ", 1, 1, 1, 0, 1;" : outs : "l"(a), "l"(b))
+
+template <class T, int N>
+struct pptm_wgmma;
+template <>
+struct pptm_wgmma<pptm_bf16, 128> {
+    __device__ __forceinline__ static void run(float (&d)[64], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n128k16", "bf16", PPTM_WG_R64, PPTM_WG_D64, "%64", "%65");
+    }
+};
+template <>
+struct pptm_wgmma<pptm_f16, 128> {
+    __device__ __forceinline__ static void run(float (&d)[64], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n128k16", "f16", PPTM_WG_R64, PPTM_WG_D64, "%64", "%65");
+    }
+};
+template <>
+struct pptm_wgmma<pptm_bf16, 192> {
+    __device__ __forceinline__ static void run(float (&d)[96], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n192k16", "bf16", PPTM_WG_R96, PPTM_WG_D96, "%96", "%97");
+    }
+};
+template <>
+struct pptm_wgmma<pptm_f16, 192> {
+    __device__ __forceinline__ static void run(float (&d)[96], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n192k16", "f16", PPTM_WG_R96, PPTM_WG_D96, "%96", "%97");
+    }
+};
+template <>
+struct pptm_wgmma<pptm_bf16, 64> {
+    __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n64k16", "bf16", PPTM_WG_R32, PPTM_WG_D32, "%32", "%33");
+    }
+};
+template <>
+struct pptm_wgmma<pptm_f16, 64> {
+    __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b) {
+        PPTM_WG_MMA("m64n64k16", "f16", PPTM_WG_R32, PPTM_WG_D32, "%32", "%33");
+    }
+};
+
+template <class T>
+struct pptm_wg_type;
+template <>
+struct pptm_wg_type<pptm_bf16> {
+    static constexpr uint32_t index = 0;
+};
+template <>
+struct pptm_wg_type<pptm_f16> {
+    static constexpr uint32_t index = 1;
+};
+
+// ---- the pattern ----------------------------------------------------------------------------------
+
+// Whether the TMA path can take these operands: rows 16-byte aligned, sizes within TMA's 32-bit
+// coordinates, and enough work to pay for building tensor maps.
+__device__ __forceinline__ bool pptm_wgmma_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
+    const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 && k % 8 == 0 &&
+                         n % 8 == 0;
+    const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31);
+    return aligned && small && m != 0 && k != 0 && n != 0 && m * n * k >= (uint64_t)PPTM_WGMMA_FROM;
+}
+
+// Tile t of a tiles_m x tiles_n grid, row by row. (Grouping tile rows, so a wave of tiles shares
+// rows of A and columns of W in L2, measured 1-2 % slower at 8192^3 on an H100: the bound is the
+// bytes each SM takes from L2, not DRAM.)
+__device__ __forceinline__ void pptm_wg_tile(uint64_t t, uint64_t, uint64_t tiles_n, uint64_t& ti, uint64_t& tj) {
+    ti = t / tiles_n;
+    tj = t % tiles_n;
+}
+
+template <class T, uint32_t BM, uint32_t BN, class Epi>
+__device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
+                                                        float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t WGM = BM / 64, WGN = 4 / WGM;  // the warpgroups' grid over the tile
+    constexpr uint32_t N = BN / WGN, R = N / 2;     // a warpgroup's columns, a thread's accumulators
+    constexpr uint32_t A_BYTES = BM * PPTM_WG_BK * 2, STAGE_BYTES = A_BYTES + BN * PPTM_WG_BK * 2;
+    static_assert(WGM * WGN == 4 && BM % 128 == 0 && BN % 64 == 0 && N % 64 == 0, "wgmma: tile shape");
+    constexpr uint32_t S = PPTM_WG_RING_BYTES / STAGE_BYTES;
+    static_assert(S >= 3 && S * STAGE_BYTES <= PPTM_WG_RING_BYTES && STAGE_BYTES % 1024 == 0, "wgmma: the slice ring");
+    uint8_t* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(pptm_dynamic_smem()) + 1023) & ~(uint64_t)1023);
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES);  // full[S], empty[S]
+    uint64_t* const maps = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES + 512);
+    const uint32_t smem0 = pptm_smem_addr(base);
+    const uint32_t full0 = pptm_smem_addr(bars), empty0 = full0 + 8 * S;
+    uint32_t smid;
+    asm("mov.u32 %0, %%smid;" : "=r"(smid));
+    uint64_t(*const slot)[16] = pptm_tmap_slot[smid & 255u];
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t wg = warp / 4, wm = wg / WGN, wn = wg % WGN;
+
+    // Every reader and writer of this shared memory before the pattern (an earlier item's) is done.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < S; ++s) {
+            pptm_mbar_init(full0 + 8 * s, 1);
+            pptm_mbar_init(empty0 + 8 * s, PPTM_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        // Generic-proxy writes to these bytes (an earlier pattern's) come before TMA's.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    if (warp == 0) pptm_tmap_build(pptm_wg_type<T>::index, A, m, k, W, k, n, maps, slot);
+    __syncthreads();
+
+    const uint64_t tiles_m = m / BM + (m % BM != 0), tiles_n = n / BN + (n % BN != 0);
+    const uint64_t tiles = tiles_m * tiles_n;
+    const uint64_t ktiles = k / PPTM_WG_BK + (k % PPTM_WG_BK != 0);
+    const uint64_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
+    const uint64_t total = mine * ktiles;  // this block's slices, over all its tiles
+
+    // Thread 0 issues slice p: waits for its buffer's previous slice (p - S) to be released.
+    auto produce = [&](uint64_t p) {
+        const uint32_t s = (uint32_t)(p % S);
+        if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (uint32_t)((p / S - 1) & 1));
+        uint64_t ti, tj;
+        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_m, tiles_n, ti, tj);
+        const int32_t i0 = (int32_t)(ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * PPTM_WG_BK);
+        const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
+        pptm_mbar_expect_tx(bar, STAGE_BYTES);
+#pragma unroll
+        for (uint32_t r = 0; r < BM / 128; ++r) pptm_tma_load_2d(dst + r * PPTM_WG_A_BOX_BYTES, slot[0], k0, i0 + 128 * (int32_t)r, bar);
+#pragma unroll
+        for (uint32_t q = 0; q < BN / 64; ++q) pptm_tma_load_2d(dst + A_BYTES + q * PPTM_WG_W_BOX_BYTES, slot[1], j0 + 64 * (int32_t)q, k0, bar);
+    };
+    if (threadIdx.x == 0) {
+        pptm_tmap_acquire(slot[0]);
+        pptm_tmap_acquire(slot[1]);
+        for (uint64_t p = 0; p + 1 < S && p < total; ++p) produce(p);
+    }
+
+    float d[R];
+    uint64_t g = 0;         // slices consumed so far, over this block's tiles
+    uint64_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
+    auto release_below = [&](uint64_t end) {
+        for (; released < end; ++released)
+            if (lane == 0) pptm_mbar_arrive(empty0 + 8 * (uint32_t)(released % S));
+    };
+    const bool vec_out = (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
+    for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
+#pragma unroll
+        for (uint32_t e = 0; e < R; ++e) d[e] = 0.0f;
+        pptm_wg_fence_operands(d);
+        for (uint64_t kt = 0; kt < ktiles; ++kt, ++g) {
+            const uint32_t s = (uint32_t)(g % S);
+            pptm_mbar_wait(full0 + 8 * s, (uint32_t)((g / S) & 1));
+            const uint32_t a_addr = smem0 + s * STAGE_BYTES + wm * 64 * 128;
+            const uint32_t w_addr = smem0 + s * STAGE_BYTES + A_BYTES + wn * (N / 64) * PPTM_WG_W_BOX_BYTES;
+            pptm_wg_fence();
+#pragma unroll
+            for (uint32_t kk = 0; kk < PPTM_WG_BK / 16; ++kk) {
+                // A: 128-byte rows, 8-row atoms 1024 bytes apart (stride); k16 is 32 bytes along the
+                // row. W: 64-column boxes PPTM_WG_W_BOX_BYTES apart (leading), 8-row atoms 1024
+                // apart (stride); k16 is 16 rows, 2048 bytes.
+                pptm_wgmma<T, N>::run(d, pptm_wg_desc(a_addr + 32 * kk, 16, 1024),
+                                      pptm_wg_desc(w_addr + 2048 * kk, PPTM_WG_W_LBO, PPTM_WG_W_SBO));
+            }
+            pptm_wg_commit();
+            pptm_wg_fence_operands(d);
+            // The slice before this one has been read by this warp's tensor-core work.
+            pptm_wg_wait<1>();
+            pptm_wg_fence_operands(d);
+            release_below(g);
+            if (threadIdx.x == 0 && g + S - 1 < total) produce(g + S - 1);
+            __syncwarp();
+        }
+        pptm_wg_wait<0>();
+        pptm_wg_fence_operands(d);
+        release_below(g);
+        if (out == nullptr) continue;
+        // Accumulator 4 q + e: row 16 (warp % 4) + lane / 4 (+ 8 for e >= 2), column 8 q + 2 (lane % 4)
+        // + e % 2 of this warpgroup's 64 x N.
+        uint64_t ti, tj;
+        pptm_wg_tile(tile, tiles_m, tiles_n, ti, tj);
+        const uint64_t i_base = ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
+        const uint64_t j_base = tj * BN + N * wn + 2 * (lane % 4);
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+            const uint64_t i = i_base + 8 * h;
+#pragma unroll
+            for (uint32_t q = 0; q < N / 8; ++q) {
+                const uint64_t j = j_base + 8 * q;
+                const float a0 = d[4 * q + 2 * h], a1 = d[4 * q + 2 * h + 1];
+                if (i >= m || j >= n) continue;
+                const float v0 = epi(i, j, a0);
+                if (vec_out) {
+                    // n is even and so is j: j + 1 < n too.
+                    const float v1 = epi(i, j + 1, a1);
+                    *reinterpret_cast<float2*>(out + i * n + j) = make_float2(v0, v1);
+                } else {
+                    out[i * n + j] = v0;
+                    if (j + 1 < n) out[i * n + j + 1] = epi(i, j + 1, a1);
+                }
+            }
+        }
+    }
+    // Every barrier's phases are complete (each slice was waited for and released); retire them so
+    // the bytes may serve another pattern.
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (uint32_t s = 0; s < 2 * S; ++s) pptm_mbar_inval(full0 + 8 * s);
+}
+
+// 256 x 192 tiles (the fewest bytes from L2 per product: what bounds this pattern), or 128 x 128
+// where the large ones would leave some of the blocks idle.
+template <class T, class Epi>
+__device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
+                                                  float* out, const pptm_block_ctx& b) {
+    if ((m / 256 + (m % 256 != 0)) * (n / 192 + (n % 192 != 0)) >= b.nblocks)
+        pptm_matmul_wgmma_tiled<T, PPTM_WG_BIG_M, PPTM_WG_BIG_N>(A, W, m, k, n, epi, out, b);
+    else
+        pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
+}
+
+#endif  // PPTM_WGMMA
+#endif  // PPTM_PATTERN_WGMMA_CUH
