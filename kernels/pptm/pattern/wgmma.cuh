@@ -34,27 +34,14 @@
 #define PPTM_WG_BK 64
 #define PPTM_WG_A_BOX_BYTES (128 * PPTM_WG_BK * 2)
 #define PPTM_WG_W_BOX_BYTES (64 * PPTM_WG_BK * 2)
-// The slices take PPTM_WG_RING_BYTES whatever the tile width (4 slices of 128 x 256, 6 of 128 x
-// 128); then the barriers (full, empty) and two 128-byte tensor maps, from a 1024-byte aligned
+// The slices take PPTM_WG_RING_BYTES whatever the tile (4 slices of 256 x 192, 7 of 128 x 128);
+// then the barriers (full, empty) and two 128-byte tensor maps, from a 1024-byte aligned
 // base; plus 1024 bytes of slack to align the dynamic shared memory's start.
 #define PPTM_WG_RING_BYTES (224 * 1024)
 #define PPTM_WG_SMEM_BYTES (PPTM_WG_RING_BYTES + 2048)
-#ifndef PPTM_WG_BIG_M
-#define PPTM_WG_BIG_M 256
-#define PPTM_WG_BIG_N 192
-#endif
 // Tensor-map templates: [operand type: 0 bf16, 1 fp16][role: 0 A (box 64 x 128), 1 W (box 64 x 64)].
 #define PPTM_WG_TEMPLATES 4
 
-#ifndef PPTM_WG_W_LBO
-#define PPTM_WG_W_LBO PPTM_WG_W_BOX_BYTES
-#endif
-#ifndef PPTM_WG_W_SBO
-#define PPTM_WG_W_SBO 1024
-#endif
-#ifndef PPTM_WG_STRIDE_ORD
-#define PPTM_WG_STRIDE_ORD 0
-#endif
 
 // The host finds the templates by name in a module that has this path (they exist only there), and
 // fills them when it loads the module. (Also in nvcc's host pass, for bench/probes/wgmma_probe.cu.)
@@ -129,7 +116,8 @@ __device__ __forceinline__ void pptm_tmap_build(uint32_t type, const void* a, ui
         asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(m), "l"(addr) : "memory");
         asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(m), "r"(cols) : "memory");
         asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(m), "r"(rows) : "memory");
-        asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %2, %1;" ::"r"(m), "l"(pitch), "n"(PPTM_WG_STRIDE_ORD) : "memory");
+        // Ordinal 0: the stride of dimension 1 (rows); dimension 0's is the element size.
+        asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;" ::"r"(m), "l"(pitch) : "memory");
     }
     __syncwarp();
 #pragma unroll
@@ -336,7 +324,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
                 // row. W: 64-column boxes PPTM_WG_W_BOX_BYTES apart (leading), 8-row atoms 1024
                 // apart (stride); k16 is 16 rows, 2048 bytes.
                 pptm_wgmma<T, N>::run(d, pptm_wg_desc(a_addr + 32 * kk, 16, 1024),
-                                      pptm_wg_desc(w_addr + 2048 * kk, PPTM_WG_W_LBO, PPTM_WG_W_SBO));
+                                      pptm_wg_desc(w_addr + 2048 * kk, PPTM_WG_W_BOX_BYTES, 1024));
             }
             pptm_wg_commit();
             pptm_wg_fence_operands(d);
@@ -390,7 +378,7 @@ template <class T, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
     if ((m / 256 + (m % 256 != 0)) * (n / 192 + (n % 192 != 0)) >= b.nblocks)
-        pptm_matmul_wgmma_tiled<T, PPTM_WG_BIG_M, PPTM_WG_BIG_N>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 256, 192>(A, W, m, k, n, epi, out, b);
     else
         pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
 }
