@@ -6,8 +6,8 @@
 mod common;
 
 use pptm::chains::{
-    GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluGuarded,
-    MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
+    GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid,
+    MatmulBiasTanh,
 };
 use pptm::{Buffer, Error, Runtime, Ticket};
 use rand::Rng;
@@ -153,7 +153,6 @@ fn matmul_bias_act_matches_f64_reference(rt: &Runtime) {
         }
     }
 }
-
 
 /// Runs MatmulBiasGeluGuarded on f32 operands and checks the output against f64 within `bar` of
 /// each output's terms' magnitude.

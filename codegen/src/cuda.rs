@@ -99,9 +99,9 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 /// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
 /// keeps f32 operands and converts them as it stages them, which TMA cannot).
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
-    c.stages
-        .iter()
-        .any(|s| s.tensor && s.tolerance.is_none() && DType::matrix_storage(s.precision) != DType::F32)
+    c.stages.iter().any(|s| {
+        s.tensor && s.tolerance.is_none() && DType::matrix_storage(s.precision) != DType::F32
+    })
 }
 
 /// Shared memory (in floats) the tensor-core pattern needs: three slices of a 128 x 32 piece of A

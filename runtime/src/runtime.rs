@@ -454,7 +454,10 @@ impl Runtime {
         // Every grid (compute blocks + the fetcher) must fit beside those already running,
         // counted in SMs: a block of a domain that fits `f` blocks an SM takes 1/f of one.
         let sms_of = |blocks: u32, f: u32| f64::from(blocks) / f64::from(f.max(1));
-        let running: f64 = m.values().map(|x| sms_of(x.grid, x.blocks_per_sm_max)).sum();
+        let running: f64 = m
+            .values()
+            .map(|x| sms_of(x.grid, x.blocks_per_sm_max))
+            .sum();
         let wanted: f64 = shares
             .iter()
             .zip(&fit)

@@ -32,20 +32,22 @@ pub fn gpu() -> Option<&'static Runtime> {
     // leave no room beside them, so its persistent runtime takes only part of the GPU and the
     // launched variants' kernels, run by the binary's other tests at the same time, get the rest.
     let max_sms = (env!("CARGO_CRATE_NAME") == "tensor_core").then_some(TENSOR_BINARY_SMS);
-    GPU.get_or_init(|| match Runtime::gpu_with(pptm::Config {
-        max_sms,
-        ..Default::default()
-    }) {
-        Ok(rt) => {
-            eprintln!("pptm tests: {}", rt.describe());
-            shut_down_at_exit();
-            Some(rt)
+    GPU.get_or_init(|| {
+        match Runtime::gpu_with(pptm::Config {
+            max_sms,
+            ..Default::default()
+        }) {
+            Ok(rt) => {
+                eprintln!("pptm tests: {}", rt.describe());
+                shut_down_at_exit();
+                Some(rt)
+            }
+            Err(Error::NoGpu(why)) if !require_gpu() => {
+                eprintln!("pptm tests: no GPU ({why}); GPU tests are SKIPPED");
+                None
+            }
+            Err(e) => panic!("cannot open the GPU runtime: {e}"),
         }
-        Err(Error::NoGpu(why)) if !require_gpu() => {
-            eprintln!("pptm tests: no GPU ({why}); GPU tests are SKIPPED");
-            None
-        }
-        Err(e) => panic!("cannot open the GPU runtime: {e}"),
     })
     .as_ref()
 }

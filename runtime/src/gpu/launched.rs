@@ -173,7 +173,14 @@ impl Launcher {
         };
         inner.record(0)?;
         // SAFETY: pptm_launched's only parameter is a pptm_launch_params.
-        unsafe { inner.launch(self.module.launched, blocks, self.module.dynamic_smem, &mut params) }?;
+        unsafe {
+            inner.launch(
+                self.module.launched,
+                blocks,
+                self.module.dynamic_smem,
+                &mut params,
+            )
+        }?;
         inner.record(1)?;
         self.wait_and_read(&mut inner, chain)
     }
@@ -247,7 +254,14 @@ impl Launcher {
                 // SAFETY: pptm_unfused_stage's only parameter is a pptm_unfused_params; the
                 // scratch buffers were sized for this item above (and a graph that holds them is
                 // dropped before they are reallocated).
-                unsafe { inner.launch(self.module.unfused, blocks, self.module.dynamic_smem, &mut params) }?;
+                unsafe {
+                    inner.launch(
+                        self.module.unfused,
+                        blocks,
+                        self.module.dynamic_smem,
+                        &mut params,
+                    )
+                }?;
             }
             Ok(())
         };
@@ -310,7 +324,13 @@ impl Inner {
     /// # Safety
     /// `P` must be the parameter type `func` declares, and every pointer in it must stay valid
     /// until the launch finishes (the driver copies `params` itself at launch).
-    unsafe fn launch<P>(&self, func: sys::CUfunction, blocks: u32, smem: u32, params: &mut P) -> Result<()> {
+    unsafe fn launch<P>(
+        &self,
+        func: sys::CUfunction,
+        blocks: u32,
+        smem: u32,
+        params: &mut P,
+    ) -> Result<()> {
         let mut args: [*mut c_void; 1] = [(params as *mut P).cast()];
         // SAFETY: the caller vouches for the parameter type and its pointers; the stream is ours.
         unsafe {
