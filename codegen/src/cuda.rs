@@ -594,9 +594,14 @@ fn variant(out: &mut String, c: &ChainIr) {
     // GEMV-T grew). The f32 matrix patterns stay inlined: as calls they ran up to 1.6x slower. A
     // tensor-core matmul is a function of its own too: it holds 32 accumulators a thread, and
     // inlined beside the f32 patterns it would reshape their register allocation (adding the small
-    // f32 matmul path cost gemv_axpby_sum 16384^2 5%).
+    // f32 matmul path cost gemv_axpby_sum 16384^2 5%). Except on the Hopper path
+    // (PPTM_WGMMA_RUN_INLINE, kernels/pptm/device.cuh): ptxas serializes every wgmma of a kernel
+    // whose wgmma pipeline crosses a function boundary (its C7510 notice), which took the 8192^3
+    // matmul from 626 to 447 TFLOP/s on an H100.
     let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
-    let inline = if plan.pattern == Pattern::Map || tensor {
+    let inline = if tensor && hopper_tensor(&c) {
+        "PPTM_WGMMA_RUN_INLINE"
+    } else if plan.pattern == Pattern::Map || tensor {
         "__noinline__"
     } else {
         "__forceinline__"

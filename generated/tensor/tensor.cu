@@ -42,7 +42,7 @@ struct pptm_epi_e18f6af5 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_e18f6af5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_e18f6af5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_e18f6af5 e(d);
     pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_e18f6af5{e}, e.a3, b);
     partial = 0.0;
@@ -70,7 +70,7 @@ struct pptm_epi_41eaba4d {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_41eaba4d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_41eaba4d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_41eaba4d e(d);
     pptm_matmul_mma<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_41eaba4d{e}, e.a3, b);
     partial = 0.0;

@@ -33,12 +33,16 @@ typedef int int32_t;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(PPTM_HOPPER_TENSOR)
 #define PPTM_WGMMA 1
 #define PPTM_MIN_BLOCKS_PER_SM 1
+// A variant that may run wgmma is inlined into the kernel: ptxas serializes every wgmma (waits for
+// each before issuing the next) when the pipeline crosses a function boundary.
+#define PPTM_WGMMA_RUN_INLINE __forceinline__
 __device__ __forceinline__ uint8_t* pptm_dynamic_smem() {
     extern __shared__ __align__(1024) uint8_t pptm_dsmem[];
     return pptm_dsmem;
 }
 #else
 #define PPTM_MIN_BLOCKS_PER_SM 2
+#define PPTM_WGMMA_RUN_INLINE __noinline__
 #endif
 
 // ---- memory ordering -------------------------------------------------------------------------

@@ -227,14 +227,17 @@ struct pptm_wg_type<pptm_f16> {
 __device__ __forceinline__ bool pptm_wgmma_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
     const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 && k % 8 == 0 &&
                          n % 8 == 0;
-    const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31);
+    // TMA's coordinates are 32-bit, and so are the pattern's counts of tiles and slices (at most
+    // (m / 128 + 1) (n / 128 + 1) (k / 64 + 1) slices in all).
+    const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31) &&
+                       (m / 128 + 1) * (n / 128 + 1) < (1ull << 31) && (m / 128 + 1) * (n / 128 + 1) * (k / 64 + 1) < (1ull << 32);
     return aligned && small && m != 0 && k != 0 && n != 0 && m * n * k >= (uint64_t)PPTM_WGMMA_FROM;
 }
 
 // Tile t of a tiles_m x tiles_n grid, row by row. (Grouping tile rows, so a wave of tiles shares
 // rows of A and columns of W in L2, measured 1-2 % slower at 8192^3 on an H100: the bound is the
 // bytes each SM takes from L2, not DRAM.)
-__device__ __forceinline__ void pptm_wg_tile(uint64_t t, uint64_t, uint64_t tiles_n, uint64_t& ti, uint64_t& tj) {
+__device__ __forceinline__ void pptm_wg_tile(uint32_t t, uint32_t tiles_n, uint32_t& ti, uint32_t& tj) {
     ti = t / tiles_n;
     tj = t % tiles_n;
 }
@@ -273,18 +276,20 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
     if (warp == 0) pptm_tmap_build(pptm_wg_type<T>::index, A, m, k, W, k, n, maps, slot);
     __syncthreads();
 
-    const uint64_t tiles_m = m / BM + (m % BM != 0), tiles_n = n / BN + (n % BN != 0);
-    const uint64_t tiles = tiles_m * tiles_n;
-    const uint64_t ktiles = k / PPTM_WG_BK + (k % PPTM_WG_BK != 0);
-    const uint64_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
-    const uint64_t total = mine * ktiles;  // this block's slices, over all its tiles
+    // 32-bit counts (pptm_wgmma_fits bounds them): a 64-bit division is a function call, and a
+    // call between a wgmma and its wait makes ptxas serialize every wgmma of the kernel.
+    const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
+    const uint32_t tiles = tiles_m * tiles_n;
+    const uint32_t ktiles = (uint32_t)(k / PPTM_WG_BK + (k % PPTM_WG_BK != 0));
+    const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
+    const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
 
     // Thread 0 issues slice p: waits for its buffer's previous slice (p - S) to be released.
-    auto produce = [&](uint64_t p) {
+    auto produce = [&](uint32_t p) {
         const uint32_t s = (uint32_t)(p % S);
         if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (uint32_t)((p / S - 1) & 1));
-        uint64_t ti, tj;
-        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_m, tiles_n, ti, tj);
+        uint32_t ti, tj;
+        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_n, ti, tj);
         const int32_t i0 = (int32_t)(ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * PPTM_WG_BK);
         const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
         pptm_mbar_expect_tx(bar, STAGE_BYTES);
@@ -296,23 +301,23 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
     if (threadIdx.x == 0) {
         pptm_tmap_acquire(slot[0]);
         pptm_tmap_acquire(slot[1]);
-        for (uint64_t p = 0; p + 1 < S && p < total; ++p) produce(p);
+        for (uint32_t p = 0; p + 1 < S && p < total; ++p) produce(p);
     }
 
     float d[R];
-    uint64_t g = 0;         // slices consumed so far, over this block's tiles
-    uint64_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
-    auto release_below = [&](uint64_t end) {
+    uint32_t g = 0;         // slices consumed so far, over this block's tiles
+    uint32_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
+    auto release_below = [&](uint32_t end) {
         for (; released < end; ++released)
             if (lane == 0) pptm_mbar_arrive(empty0 + 8 * (uint32_t)(released % S));
     };
     const bool vec_out = (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
-    for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+    for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
         pptm_tick(b);
 #pragma unroll
         for (uint32_t e = 0; e < R; ++e) d[e] = 0.0f;
         pptm_wg_fence_operands(d);
-        for (uint64_t kt = 0; kt < ktiles; ++kt, ++g) {
+        for (uint32_t kt = 0; kt < ktiles; ++kt, ++g) {
             const uint32_t s = (uint32_t)(g % S);
             pptm_mbar_wait(full0 + 8 * s, (uint32_t)((g / S) & 1));
             const uint32_t a_addr = smem0 + s * STAGE_BYTES + wm * 64 * 128;
@@ -341,10 +346,10 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         if (out == nullptr) continue;
         // Accumulator 4 q + e: row 16 (warp % 4) + lane / 4 (+ 8 for e >= 2), column 8 q + 2 (lane % 4)
         // + e % 2 of this warpgroup's 64 x N.
-        uint64_t ti, tj;
-        pptm_wg_tile(tile, tiles_m, tiles_n, ti, tj);
-        const uint64_t i_base = ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
-        const uint64_t j_base = tj * BN + N * wn + 2 * (lane % 4);
+        uint32_t ti, tj;
+        pptm_wg_tile(tile, tiles_n, ti, tj);
+        const uint64_t i_base = (uint64_t)ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
+        const uint64_t j_base = (uint64_t)tj * BN + N * wn + 2 * (lane % 4);
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) {
             const uint64_t i = i_base + 8 * h;
