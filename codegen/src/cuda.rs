@@ -16,7 +16,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use pptm_spec::{
-    ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Shape, Source, StageIr, Ty,
+    ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Precision, Shape, Source, StageIr,
+    Ty,
 };
 
 /// Generates the translation unit for one domain. `chains` must all belong to `domain`.
@@ -168,30 +169,46 @@ fn emit_stages(
 ) -> Vec<String> {
     for s in range {
         let st = &c.stages[s];
+        // An fp64 stage calls the op's f64 form with every f32 input widened; a stage after one
+        // narrows its flow back (the ops' f32 and f64 forms are overloads, and mixed arguments
+        // would be ambiguous).
+        let wide = st.precision == Precision::Fp64;
+        let flow_wide = s > 0 && value_type(c, s - 1) == "double";
+        let widen = |v: String| if wide { format!("(double){v}") } else { v };
         let mut args: Vec<String> = Vec::new();
         for (k, (p, src)) in st.op.inputs.iter().zip(&st.inputs).enumerate() {
             if k == 0 {
-                args.extend(flow.iter().cloned());
+                // (The unfused kernels pass the flow through f32 memory: a cast either way is
+                // harmless there.)
+                args.extend(flow.iter().map(|v| match (wide, flow_wide) {
+                    (true, _) => format!("(double){v}"),
+                    (false, true) => format!("(float){v}"),
+                    (false, false) => v.clone(),
+                }));
                 continue;
             }
             let Source::Arg(slot) = *src else {
                 unreachable!("only input 0 comes from a stage")
             };
             args.push(match (p.ty, load) {
+                (Ty::F32, _) => widen(field(slot)),
                 (ty, _) if ty.is_by_value() => field(slot),
-                (_, Load::Loaded(slots)) => format!(
+                (_, Load::Loaded(slots)) => widen(format!(
                     "x[{}]",
                     slots.iter().position(|&x| x == slot).expect("loaded slot")
-                ),
+                )),
                 (Ty::Row, Load::At { column, .. }) => {
-                    format!("pptm_ld_cg_f32({} + {column})", field(slot))
+                    widen(format!("pptm_ld_cg_f32({} + {column})", field(slot)))
                 }
-                (_, Load::At { index, .. }) => format!("pptm_ld_cg_f32({} + {index})", field(slot)),
+                (_, Load::At { index, .. }) => {
+                    widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
+                }
             });
         }
         let _ = writeln!(
             out,
-            "        const float s{s} = {}({});",
+            "        const {} s{s} = {}({});",
+            value_type(c, s),
             st.op.device,
             args.join(", ")
         );
@@ -201,6 +218,24 @@ fn emit_stages(
         flow = vec![format!("s{s}")];
     }
     flow
+}
+
+/// The C type of stage `s`'s value in generated code: `double` for an fp64 stage, else `float`.
+fn value_type(c: &ChainIr, s: usize) -> &'static str {
+    if c.stages[s].precision == Precision::Fp64 {
+        "double"
+    } else {
+        "float"
+    }
+}
+
+/// The return type of a functor computing the stages in `range` (empty: its input, an f32).
+fn range_type(c: &ChainIr, range: &std::ops::Range<usize>) -> &'static str {
+    if range.is_empty() {
+        "float"
+    } else {
+        value_type(c, range.end - 1)
+    }
 }
 
 /// The buffers the stages in `range` read besides their flow (by-value arguments excluded), each
@@ -382,7 +417,8 @@ fn variant(out: &mut String, c: &ChainIr) {
             let _ = writeln!(out, "    pptm_env_{t} e;");
             let _ = writeln!(
                 out,
-                "    __device__ __forceinline__ float operator()(const float (&x)[{nin}]) const {{"
+                "    __device__ __forceinline__ {} operator()(const float (&x)[{nin}]) const {{",
+                range_type(c, &plan.prologue)
             );
             let first = match c.stages[0].inputs[0] {
                 Source::Arg(slot) => {
@@ -468,7 +504,8 @@ fn variant(out: &mut String, c: &ChainIr) {
             if plan.pattern == Pattern::Matmul {
                 let _ = writeln!(
                     out,
-                    "    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {{"
+                    "    __device__ __forceinline__ {} operator()(uint64_t i, uint64_t j, float acc) const {{",
+                    range_type(c, &plan.epilogue)
                 );
                 let _ = writeln!(
                     out,
@@ -501,7 +538,8 @@ fn variant(out: &mut String, c: &ChainIr) {
                 let _ = writeln!(out, "    }}");
                 let _ = writeln!(
                     out,
-                    "    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[{len}]) const {{"
+                    "    __device__ __forceinline__ {} apply(uint64_t, float acc, const float (&x)[{len}]) const {{",
+                    range_type(c, &plan.epilogue)
                 );
                 let v = emit_stages(
                     out,
@@ -514,7 +552,8 @@ fn variant(out: &mut String, c: &ChainIr) {
                 let _ = writeln!(out, "    }}");
                 let _ = writeln!(
                     out,
-                    "    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {{"
+                    "    __device__ __forceinline__ {} operator()(uint64_t i, float acc) const {{",
+                    range_type(c, &plan.epilogue)
                 );
                 // Written out rather than as apply(i, acc, load(i)): the manifold it is inlined
                 // into spilled 40 bytes more that way.
@@ -564,7 +603,8 @@ fn variant(out: &mut String, c: &ChainIr) {
             let _ = writeln!(out, "    pptm_env_{t} e;");
             let _ = writeln!(
                 out,
-                "    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[{och}]) const {{"
+                "    __device__ __forceinline__ {} operator()(uint64_t i, const float (&v)[{och}]) const {{",
+                range_type(c, &plan.epilogue)
             );
             let flow: Vec<String> = (0..och).map(|k| format!("v[{k}]")).collect();
             let v = emit_stages(
@@ -667,7 +707,11 @@ fn variant(out: &mut String, c: &ChainIr) {
         }
         if !plan.finish.is_empty() {
             let _ = writeln!(out, "    {{");
-            let _ = writeln!(out, "        const float f = (float)v;");
+            if value_type(c, r_idx) == "double" {
+                let _ = writeln!(out, "        const double f = v;");
+            } else {
+                let _ = writeln!(out, "        const float f = (float)v;");
+            }
             let mut body = String::new();
             let fin = emit_stages(
                 &mut body,
@@ -1158,6 +1202,48 @@ mod tests {
         assert!(
             src.contains("const float s2 = pptm_op_square(s1);"),
             "{src}"
+        );
+    }
+
+    #[test]
+    fn fp64_stages_widen_their_inputs_and_pass_f64_on() {
+        let mut s = spec("Wide", &["Matmul", "AddBias", "Gelu"]);
+        s.stages[1].precision = Some(Precision::Fp64);
+        s.stages[2].precision = Some(Precision::Fp64);
+        let src = domain_source("inference", std::slice::from_ref(&lower(&s).unwrap()));
+        // The f64 epilogue returns its f64 value (stored as f32 by the pattern).
+        assert!(
+            src.contains("__device__ __forceinline__ double operator()(uint64_t i, uint64_t j, float acc) const {"),
+            "{src}"
+        );
+        assert!(
+            src.contains("const double s1 = pptm_op_add_bias((double)acc, (double)pptm_ld_cg_f32(e.a2 + j));\n        const double s2 = pptm_op_gelu((double)s1);"),
+            "{src}"
+        );
+        // An f32 stage after an f64 one narrows its flow; an f64 reduction's result stays f64 for
+        // the f64 stage after it.
+        let mut s = spec("Mix", &["Digamma", "Square", "MeanReduction", "AddDigamma"]);
+        for k in [0, 2, 3] {
+            s.stages[k].precision = Some(Precision::Fp64);
+        }
+        let src = domain_source("inference", std::slice::from_ref(&lower(&s).unwrap()));
+        assert!(
+            src.contains("const double s0 = pptm_op_digamma((double)x[0]);"),
+            "{src}"
+        );
+        assert!(
+            src.contains("const float s1 = pptm_op_square((float)s0);"),
+            "{src}"
+        );
+        assert!(src.contains("        const double f = v;\n        const double s3 = pptm_op_add_digamma((double)f, e.a1);"), "{src}");
+        // Ops without an f64 form refuse it.
+        let mut s = spec("MatmulWide", &["Matmul"]);
+        s.stages[0].precision = Some(Precision::Fp64);
+        assert!(
+            lower(&s)
+                .unwrap_err()
+                .to_string()
+                .contains("does not implement precision \"fp64\"")
         );
     }
 

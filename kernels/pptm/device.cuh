@@ -342,6 +342,9 @@ __shared__ uint32_t pptm_nonfinite;
 __device__ __forceinline__ void pptm_check_finite(float v) {
     if (!isfinite(v)) atomicOr(&pptm_nonfinite, 1u);  // atomic: many threads may flag at once
 }
+__device__ __forceinline__ void pptm_check_finite(double v) {
+    if (!isfinite(v)) atomicOr(&pptm_nonfinite, 1u);
+}
 
 // Checks a value only thread 0 holds: a reduction's result and the stages after it (the other
 // threads carry leftovers of the block reduction there).

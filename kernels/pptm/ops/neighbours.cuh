@@ -242,4 +242,27 @@ __device__ __forceinline__ float pptm_op_ksg_digamma(float nxz, float nyz, float
 // AddDigamma: x + psi(k).
 __device__ __forceinline__ float pptm_op_add_digamma(float x, uint32_t k) { return x + pptm_op_digamma((float)k); }
 
+// Digamma in f64 (precision = "fp64"): recurrence up to 10, then the asymptotic series to x^-10,
+// as the CPU reference (pptm_spec::ops::digamma) computes it.
+__device__ __forceinline__ double pptm_op_digamma(double x) {
+    if (isnan(x) || (x <= 0.0 && x == floor(x))) return __longlong_as_double(0x7ff8000000000000ll);
+    double acc = 0.0;
+    if (x < 0.0) {
+        const double pi = 3.14159265358979323846;
+        acc = -pi / tan(pi * x);
+        x = 1.0 - x;
+    }
+    while (x < 10.0) {
+        acc -= 1.0 / x;
+        x += 1.0;
+    }
+    const double r = 1.0 / (x * x);
+    return acc + log(x) - 0.5 / x -
+           r * (1.0 / 12.0 - r * (1.0 / 120.0 - r * (1.0 / 252.0 - r * (1.0 / 240.0 - r / 132.0))));
+}
+__device__ __forceinline__ double pptm_op_ksg_digamma(double nxz, double nyz, double nz) {
+    return pptm_op_digamma(nz + 1.0) - pptm_op_digamma(nxz + 1.0) - pptm_op_digamma(nyz + 1.0);
+}
+__device__ __forceinline__ double pptm_op_add_digamma(double x, uint32_t k) { return x + pptm_op_digamma((double)k); }
+
 #endif  // PPTM_OPS_NEIGHBOURS_CUH

@@ -210,7 +210,9 @@ impl OpDef {
             output: Ty::Like,
             flow_channels: Some(1),
             out_channels: Some(1),
-            precisions: &[Precision::Fp32],
+            // Each elementwise op's device code has an f32 and an f64 form
+            // (`precision = "fp64"`: inputs widened, the op and what flows on in f64).
+            precisions: &[Precision::Fp32, Precision::Fp64],
             tensor_precisions: &[],
             header,
             device,

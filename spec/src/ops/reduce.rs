@@ -23,7 +23,9 @@ const fn reduction(
         output: Ty::Scalar,
         flow_channels: Some(1),
         out_channels: Some(1),
-        precisions: &[Precision::Fp32],
+        // The device accumulates in f64 whatever the stage declares; "fp64" also keeps an fp64
+        // reduction's result in f64 for the stages after it.
+        precisions: &[Precision::Fp32, Precision::Fp64],
         tensor_precisions: &[],
         header: "pptm/ops/reduce.cuh",
         device,
