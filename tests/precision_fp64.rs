@@ -29,6 +29,19 @@ pub struct MatmulBiasGeluWide {
     activation: Gelu,
 }
 
+/// [`MatmulBiasGeluWide`] with its epilogue in f32, for comparison (in this domain, so the tests
+/// need no second domain beside it on the GPU).
+#[derive(FusionBuilder)]
+#[fusion(domain = "wide")]
+pub struct MatmulBiasGeluNarrow {
+    #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
 /// KL divergence with its terms and their sum in f64.
 #[derive(FusionBuilder)]
 #[fusion(domain = "wide")]
@@ -154,7 +167,7 @@ fn gelu_tail_needs_fp64(rt: &Runtime) {
         // f32 (the CPU backend computes every stage in f64): fp64 is what makes the difference.
         if rt.backend() == BackendKind::Gpu && m * n >= 64 {
             let mut out32 = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-            pptm::chains::MatmulBiasGelu::submit(rt, &ab, &wb, &bb, &mut out32, m, k)
+            MatmulBiasGeluNarrow::submit(rt, &ab, &wb, &bb, &mut out32, m, k)
                 .unwrap()
                 .wait()
                 .unwrap();

@@ -126,6 +126,34 @@ __device__ __forceinline__ double pptm_finish_0da08b07(const pptm_desc& d, const
     return v;
 }
 
+// chain MatmulBiasGeluNarrow: Matmul -> AddBias -> Gelu (Matmul pattern)
+// spec hash b0042c30ace43f51612e06da9ca10115ed6ce4340e9662ea99b60eb8a50fb0a5, opcode 0xb0042c30
+struct pptm_env_b0042c30 {
+    const float* a0;  // a
+    const float* a1;  // w
+    const float* a2;  // b
+    float* a3;  // out
+    uint64_t a4;  // m
+    uint64_t a5;  // k
+    uint64_t a6;  // n
+    __device__ explicit pptm_env_b0042c30(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_epi_b0042c30 {
+    pptm_env_b0042c30 e;
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_b0042c30(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_b0042c30 e(d);
+    pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_b0042c30{e}, e.a3, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
 // chain MatmulBiasGeluWide: Matmul -> AddBias -> Gelu (Matmul pattern)
 // spec hash cd0232fe6504f6dc00ed3934bfb9e616bceaf64b06ba8b728ca68aebfd7c3006, opcode 0xcd0232fe
 struct pptm_env_cd0232fe {
@@ -159,6 +187,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x1f0d4a55u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // BeliefUpdateWide
     case 0x4163696du: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // DigammaMix
     case 0x0da08b07u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KlWide
+    case 0xb0042c30u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluNarrow
     case 0xcd0232feu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluWide
     default: return true;
     }
@@ -169,6 +198,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x1f0d4a55u: return pptm_run_1f0d4a55(d, b, partial);  // BeliefUpdateWide
     case 0x4163696du: return pptm_run_4163696d(d, b, partial);  // DigammaMix
     case 0x0da08b07u: return pptm_run_0da08b07(d, b, partial);  // KlWide
+    case 0xb0042c30u: return pptm_run_b0042c30(d, b, partial);  // MatmulBiasGeluNarrow
     case 0xcd0232feu: return pptm_run_cd0232fe(d, b, partial);  // MatmulBiasGeluWide
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -185,6 +215,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x1f0d4a55u: return true;  // BeliefUpdateWide
+    case 0xb0042c30u: return true;  // MatmulBiasGeluNarrow
     case 0xcd0232feu: return true;  // MatmulBiasGeluWide
     default: return false;
     }
@@ -296,6 +327,37 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
             partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xb0042c30u: {  // MatmulBiasGeluNarrow
+        const pptm_env_b0042c30 e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Gelu
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
