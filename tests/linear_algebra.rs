@@ -1,21 +1,17 @@
 //! GemvAxpbySum, MatmulBias{Relu,Sigmoid,Tanh,Gelu} (f32, CUDA cores) and MatmulBiasGeluGuarded
 //! (the accuracy guard) of domain `linear_algebra` on every backend, against f64 references written
-//! here. The bf16/fp16 chains (domain `tensor`) are in tests/tensor_core.rs.
+//! here. The bf16/fp16 chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
+//! tests/precision_fp8.rs.
 
 #[macro_use]
 mod common;
 
+use common::uniform;
 use pptm::chains::{
     GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid,
     MatmulBiasTanh,
 };
 use pptm::{Buffer, Error, Runtime, Ticket};
-use rand::Rng;
-
-fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut rng = rand::rng();
-    (0..n).map(|_| rng.random_range(lo..hi)).collect()
-}
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
     // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).

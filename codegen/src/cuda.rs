@@ -98,10 +98,13 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 }
 
 /// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
-/// keeps f32 operands and converts them as it stages them, which TMA cannot).
+/// keeps f32 operands, and an fp8 one e4m3 operands, and converts them as it stages them, which
+/// TMA cannot).
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
-        s.tensor && s.tolerance.is_none() && DType::matrix_storage(s.precision) != DType::F32
+        s.tensor
+            && s.tolerance.is_none()
+            && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
     })
 }
 
@@ -116,6 +119,7 @@ fn device_elem(d: DType) -> &'static str {
         DType::F32 => "float",
         DType::Bf16 => "pptm_bf16",
         DType::F16 => "pptm_f16",
+        DType::F8E4M3 => "pptm_e4m3",
         other => unreachable!("chains read no {other} buffers (the lowering stores none)"),
     }
 }
@@ -124,7 +128,12 @@ fn device_elem(d: DType) -> &'static str {
 /// b): CUDA cores, tensor cores for a tensor stage, or the guard's choice of the two for a guarded
 /// one (whose value, the sampled error, is the block's partial).
 fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
-    let elem = device_elem(DType::matrix_storage(st.precision));
+    // What the tensor cores multiply: the storage type, except fp8 operands, which the pattern
+    // widens to fp16 (exactly) as it stages them.
+    let elem = match DType::matrix_storage(st.precision) {
+        DType::F8E4M3 => "pptm_f16",
+        storage => device_elem(storage),
+    };
     match (st.tensor, st.tolerance, c.guard()) {
         (true, Some(tol), Some((_, _, slot))) => format!(
             "partial = pptm_matmul_guarded<{elem}>({args}, {tol:e}f, {});",
@@ -335,6 +344,7 @@ fn device_checks(c: &ChainIr) -> Vec<String> {
     }
     let mut checks: Vec<String> = by_align
         .into_iter()
+        .filter(|&(align, _)| align > 1)
         .map(|(align, words)| format!("(({}) & {}ull) == 0", words.join(" | "), align - 1))
         .collect();
     if !lens.is_empty() {

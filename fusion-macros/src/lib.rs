@@ -105,6 +105,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     DType::F32 => quote! { f32 },
                     DType::Bf16 => quote! { ::pptm::bf16 },
                     DType::F16 => quote! { ::pptm::f16 },
+                    DType::F8E4M3 => quote! { ::pptm::F8E4M3 },
                     other => {
                         return Err(syn::Error::new(
                             ident.span(),

@@ -118,6 +118,10 @@ struct pptm_bf16 {
 struct pptm_f16 {
     uint16_t bits;
 };
+// OCP fp8 E4M3 (fp8 matrix operands), likewise raw bits; the pattern widens them to fp16.
+struct pptm_e4m3 {
+    uint8_t bits;
+};
 
 // ---- loads and stores that bypass L1 -----------------------------------------------------------
 

@@ -1,6 +1,6 @@
 //! What `#[derive(FusionBuilder)]` implements, and what the runtime needs to run a chain.
 
-use crate::element::{DType, bf16, f16};
+use crate::element::{DType, F8E4M3, bf16, f16};
 use crate::{Buffer, Error};
 use pptm_spec::ChainIr;
 
@@ -45,13 +45,14 @@ pub enum Arg<'a> {
     Dim(&'static str, usize),
 }
 
-/// An input buffer of one of the element types chains read: f32, or bf16/fp16 for the matrix
+/// An input buffer of one of the element types chains read: f32, or bf16/fp16/fp8 for the matrix
 /// operands of a tensor-core stage. `From` converts a typed buffer reference.
 #[derive(Debug, Clone, Copy)]
 pub enum InputBuffer<'a> {
     F32(&'a Buffer<f32>),
     Bf16(&'a Buffer<bf16>),
     F16(&'a Buffer<f16>),
+    F8E4M3(&'a Buffer<F8E4M3>),
 }
 
 impl<'a> From<&'a Buffer<f32>> for InputBuffer<'a> {
@@ -72,12 +73,19 @@ impl<'a> From<&'a Buffer<f16>> for InputBuffer<'a> {
     }
 }
 
+impl<'a> From<&'a Buffer<F8E4M3>> for InputBuffer<'a> {
+    fn from(b: &'a Buffer<F8E4M3>) -> Self {
+        InputBuffer::F8E4M3(b)
+    }
+}
+
 impl InputBuffer<'_> {
     pub fn dtype(&self) -> DType {
         match self {
             InputBuffer::F32(b) => b.dtype(),
             InputBuffer::Bf16(b) => b.dtype(),
             InputBuffer::F16(b) => b.dtype(),
+            InputBuffer::F8E4M3(b) => b.dtype(),
         }
     }
 
@@ -86,6 +94,7 @@ impl InputBuffer<'_> {
             InputBuffer::F32(b) => b.len(),
             InputBuffer::Bf16(b) => b.len(),
             InputBuffer::F16(b) => b.len(),
+            InputBuffer::F8E4M3(b) => b.len(),
         }
     }
 
@@ -98,6 +107,7 @@ impl InputBuffer<'_> {
             InputBuffer::F32(b) => b.owner(),
             InputBuffer::Bf16(b) => b.owner(),
             InputBuffer::F16(b) => b.owner(),
+            InputBuffer::F8E4M3(b) => b.owner(),
         }
     }
 
@@ -106,6 +116,7 @@ impl InputBuffer<'_> {
             InputBuffer::F32(b) => b.device_ptr(),
             InputBuffer::Bf16(b) => b.device_ptr(),
             InputBuffer::F16(b) => b.device_ptr(),
+            InputBuffer::F8E4M3(b) => b.device_ptr(),
         }
     }
 
@@ -120,6 +131,7 @@ impl InputBuffer<'_> {
             InputBuffer::F32(b) => widen(b),
             InputBuffer::Bf16(b) => widen(b),
             InputBuffer::F16(b) => widen(b),
+            InputBuffer::F8E4M3(b) => widen(b),
         }
     }
 }

@@ -120,6 +120,7 @@ pub(crate) fn emulate(
         match DType::matrix_storage(st.precision) {
             DType::F16 => half::f16::from_f64(x).to_f64(),
             DType::Bf16 => half::bf16::from_f64(x).to_f64(),
+            DType::F8E4M3 => float8::F8E4M3::from_f64(x).to_f64(),
             _ => x,
         }
     };

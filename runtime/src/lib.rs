@@ -26,7 +26,7 @@ mod ticket;
 
 pub use buffer::Buffer;
 pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, checked_ir};
-pub use element::{DType, Element, bf16, f16};
+pub use element::{DType, Element, F8E4M3, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use guard::GuardStats;

@@ -5,8 +5,8 @@ use std::fmt;
 use crate::Precision;
 
 /// The element type of a buffer. Chains read f32 buffers, except the matrix operands of a stage
-/// that computes in bf16 or fp16 (on tensor cores), which are stored in that type; every output
-/// is f32. The runtime's `Buffer<T>` carries one of these for each element type it supports.
+/// that computes in bf16, fp16 or fp8 (on tensor cores), which are stored in that type; every
+/// output is f32. The runtime's `Buffer<T>` carries one of these for each element type it supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -17,6 +17,9 @@ pub enum DType {
     Bf16,
     /// IEEE 754 binary16.
     F16,
+    /// OCP fp8 E4M3 (as CUDA's `__nv_fp8_e4m3`): 4 exponent bits, 3 significand bits, finite
+    /// (largest 448), NaN at S.1111.111.
+    F8E4M3,
 }
 
 impl DType {
@@ -28,6 +31,7 @@ impl DType {
             DType::U32 => "u32",
             DType::Bf16 => "bf16",
             DType::F16 => "f16",
+            DType::F8E4M3 => "f8e4m3",
         }
     }
 
@@ -37,16 +41,18 @@ impl DType {
             DType::F64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::Bf16 | DType::F16 => 2,
+            DType::F8E4M3 => 1,
         }
     }
 
     /// How a matrix operand of a stage computing in `precision` is stored: in that type for the
-    /// 16-bit precisions the tensor cores take, else f32 (an fp64 stage widens f32 inputs).
+    /// 16- and 8-bit precisions the tensor cores take, else f32 (an fp64 stage widens f32 inputs).
     pub fn matrix_storage(precision: Precision) -> DType {
         match precision {
             Precision::Bf16 => DType::Bf16,
             Precision::Fp16 => DType::F16,
-            Precision::Fp64 | Precision::Fp32 | Precision::Fp8 => DType::F32,
+            Precision::Fp8 => DType::F8E4M3,
+            Precision::Fp64 | Precision::Fp32 => DType::F32,
         }
     }
 }

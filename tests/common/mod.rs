@@ -3,6 +3,9 @@
 
 use std::sync::OnceLock;
 
+#[macro_use]
+pub mod tensor;
+
 use pptm::{Error, Runtime};
 use rand::Rng;
 
@@ -190,6 +193,12 @@ macro_rules! on_every_backend {
             )*
         }
     };
+}
+
+/// `n` values uniform in [lo, hi), fresh each call.
+pub fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut rng = rand::rng();
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }
 
 /// `n` values uniform in (0, 1], fresh each call.

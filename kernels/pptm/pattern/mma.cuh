@@ -142,6 +142,18 @@ __device__ __forceinline__ float pptm_round_to<pptm_bf16>(float x) {
 __device__ __forceinline__ const uint16_t* pptm_mma_src(const pptm_bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ const uint16_t* pptm_mma_src(const pptm_f16* p) { return reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ const float* pptm_mma_src(const float* p) { return p; }
+__device__ __forceinline__ const uint8_t* pptm_mma_src(const pptm_e4m3* p) { return reinterpret_cast<const uint8_t*>(p); }
+
+// An OCP E4M3 value (sign, 4 exponent bits biased by 7, 3 significand bits; no infinities,
+// S.1111.111 NaN) as f32, exactly; fp16 holds every such value too, so pptm_pack2<pptm_f16>
+// of two of them is exact.
+__device__ __forceinline__ float pptm_e4m3_to_f32(uint32_t v) {
+    const uint32_t e = (v >> 3) & 15u, m = v & 7u;
+    const float mag = e == 15u && m == 7u ? __int_as_float(0x7fc00000)
+                      : e == 0u          ? (float)m * 0.001953125f  // m 2^-9
+                                         : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (v & 0x80u) ? -mag : mag;
+}
 
 // ---- the pattern ------------------------------------------------------------------------------
 
@@ -204,7 +216,40 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
     }
 }
 
-// T: what the tensor cores multiply (pptm_bf16, pptm_f16); S: how A and W are stored (T, or f32).
+// The same from an fp8 (E4M3) matrix, widened to T on the way (exactly: fp16 and bf16 hold every
+// E4M3 value) (`vec`: rows 16-byte aligned and
+// a multiple of 8 long, so a piece of 8 is one 8-byte load, all inside or all outside).
+template <class T, uint32_t ROWS, uint32_t COLS>
+__device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const uint8_t* base, uint64_t ld, uint64_t r0,
+                                               uint64_t c0, uint64_t rows, uint64_t cols, bool vec) {
+    constexpr uint32_t PIECES = ROWS * COLS / 8;
+    for (uint32_t c = threadIdx.x; c < PIECES; c += PPTM_BLOCK_THREADS) {
+        const uint32_t r = c / (COLS / 8), q = 8 * (c % (COLS / 8));
+        const uint64_t gr = r0 + r, gc = c0 + q;
+        uint32_t bytes[8];
+        if (vec) {
+            uint2 w = make_uint2(0u, 0u);
+            if (gr < rows && gc < cols) asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(w.x), "=r"(w.y) : "l"(base + gr * ld + gc));
+#pragma unroll
+            for (uint32_t e = 0; e < 8; ++e) bytes[e] = ((e < 4 ? w.x : w.y) >> (8 * (e % 4))) & 0xffu;
+        } else {
+#pragma unroll
+            for (uint32_t e = 0; e < 8; ++e) {
+                uint16_t v = 0;
+                if (gr < rows && gc + e < cols) asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(base + gr * ld + gc + e));
+                bytes[e] = v;
+            }
+        }
+        float v[8];
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) v[e] = pptm_e4m3_to_f32(bytes[e]);
+        *reinterpret_cast<uint4*>(dst + r * ds + q) =
+            make_uint4(pptm_pack2<T>(v[0], v[1]), pptm_pack2<T>(v[2], v[3]), pptm_pack2<T>(v[4], v[5]), pptm_pack2<T>(v[6], v[7]));
+    }
+}
+
+// T: what the tensor cores multiply (pptm_bf16, pptm_f16); S: how A and W are stored (T, f32, or
+// fp8 E4M3 for T = fp16).
 template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                       const Epi& epi, float* out, const pptm_block_ctx& b) {

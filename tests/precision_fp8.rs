@@ -1,0 +1,71 @@
+//! `precision = "fp8"` on a tensor-core Matmul: A and W are OCP E4M3 buffers
+//! ([`pptm::F8E4M3`]), widened exactly to fp16 as the pattern stages them in shared memory and
+//! multiplied by `mma.sync` with f32 accumulation (on every GPU: neither fp8 tensor-core
+//! instructions nor the Hopper wgmma path take them yet). Checked on every backend by the body
+//! the bf16/fp16 chains use (tests/common/tensor.rs), with the same shapes and bar.
+//!
+//! The chain is declared here, in a domain of its own, as an application would declare it (a
+//! domain of its own also keeps its call out of the `tensor` domain's manifold, whose inlined
+//! wgmma loop the call made save registers).
+
+#[macro_use]
+mod common;
+
+use common::tensor::tensor_core_matmul;
+use pptm::ops::{AddBias, Gelu, Matmul};
+use pptm::{F8E4M3, FusionBuilder, Runtime};
+
+/// `gelu(A W + b)` with fp8 (E4M3) A and W, f32 bias and output.
+#[derive(FusionBuilder)]
+#[fusion(domain = "fp8")]
+pub struct MatmulBiasGeluFp8 {
+    #[stage(1, tensor_eligible = true, precision = "fp8")]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
+operand!(F8E4M3, "fp8", MatmulBiasGeluFp8);
+
+fn fp8_matmul_bias_gelu_matches_f64_reference(rt: &Runtime) {
+    tensor_core_matmul::<F8E4M3>(rt);
+}
+
+/// Values beyond E4M3's range saturate to ±448 on the way in (the host conversion), and the
+/// product sees exactly those values.
+fn out_of_range_operands_saturate(rt: &Runtime) {
+    let (m, k, n) = (2, 8, 8);
+    let a: Vec<F8E4M3> = [1000.0f32, -1000.0]
+        .iter()
+        .flat_map(|&v| std::iter::repeat_n(F8E4M3::from_f32(v), k))
+        .collect();
+    let w = vec![F8E4M3::from_f32(0.125); k * n];
+    let b = vec![0.0f32; n];
+    let (ab, wb, bb) = (
+        rt.upload(&a).unwrap(),
+        rt.upload(&w).unwrap(),
+        rt.upload(&b).unwrap(),
+    );
+    let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+    MatmulBiasGeluFp8::submit(rt, &ab, &wb, &bb, &mut out, m, k)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = out.to_vec().unwrap();
+    // Row 0: 8 x 448 x 0.125 = 448, gelu(448) = 448; row 1: gelu(-448) = -0 (to f32).
+    for j in 0..n {
+        assert_eq!(got[j], 448.0, "row 0, column {j}");
+        assert!(
+            got[n + j].abs() < 1e-30,
+            "row 1, column {j}: {}",
+            got[n + j]
+        );
+    }
+}
+
+on_every_backend!(
+    fp8_matmul_bias_gelu_matches_f64_reference,
+    out_of_range_operands_saturate,
+);
