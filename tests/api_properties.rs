@@ -17,6 +17,7 @@ mod common;
 
 use std::sync::OnceLock;
 
+use common::gelu;
 use pptm::chains::{
     AccuracyPipeline, BeliefUpdateStep, DistanceKth, GemvAxpbySum, KlComplexity, KlTerms,
     MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluF16, MatmulBiasGeluGuarded, MatmulBiasRelu,
@@ -836,10 +837,6 @@ fn matmul_case() -> impl Strategy<Value = MatmulCase> {
             act,
             foreign,
         })
-}
-
-fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
 }
 
 type Submit = for<'a> fn(

@@ -4,14 +4,9 @@
 #[macro_use]
 mod common;
 
+use common::uniform;
 use pptm::chains::BeliefUpdateStep;
 use pptm::{Error, Runtime};
-use rand::Rng;
-
-fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut rng = rand::rng();
-    (0..n).map(|_| rng.random_range(lo..hi)).collect()
-}
 
 /// `mu + lr Jᵀ (prec ⊙ (obs − pred))` and, per output, the magnitude its f32 error is judged
 /// on: |mu_j| + |lr| Σ_i |J_ij prec_i (obs_i − pred_i)|.

@@ -6,7 +6,7 @@
 #[macro_use]
 mod common;
 
-use common::uniform;
+use common::{gelu, uniform};
 use pptm::chains::{
     GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid,
     MatmulBiasTanh,
@@ -65,10 +65,6 @@ type Submit = for<'a> fn(
     usize,
     usize,
 ) -> Result<Ticket<'a, ()>, Error>;
-
-fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
-}
 
 /// An activation's name, its f64 form, and the submit of the chain that applies it.
 type Layer = (&'static str, fn(f64) -> f64, Submit);

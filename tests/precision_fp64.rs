@@ -10,13 +10,12 @@
 #[macro_use]
 mod common;
 
-use common::{kl_term, positive};
+use common::{gelu, kl_term, positive, uniform};
 use pptm::ops::{
     AddBias, AddDigamma, BeliefUpdate, Digamma, Gelu, GemvT, KlDivergence, Matmul, MeanReduction,
     PrecisionWeight, PredictionError, Square, SumReduction,
 };
 use pptm::{BackendKind, FusionBuilder, Runtime, Variant};
-use rand::Rng;
 
 /// `gelu(A W + b)`: the product in f32 on CUDA cores, the bias and the GELU in f64.
 #[derive(FusionBuilder)]
@@ -82,15 +81,6 @@ pub struct BeliefUpdateWide {
 }
 
 const SIZES: &[usize] = &[1, 7, 1023, (1 << 20) + 3];
-
-fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut rng = rand::rng();
-    (0..n).map(|_| rng.random_range(lo..hi)).collect()
-}
-
-fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
-}
 
 /// d gelu / dx = Φ(x) + x φ(x).
 fn gelu_slope(x: f64) -> f64 {

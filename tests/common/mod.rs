@@ -201,6 +201,11 @@ pub fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(lo..hi)).collect()
 }
 
+/// The exact GELU, x/2 (1 + erf(x / sqrt 2)), in f64.
+pub fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
 /// `n` values uniform in (0, 1], fresh each call.
 pub fn positive(n: usize) -> Vec<f32> {
     let mut rng = rand::rng();

@@ -4,11 +4,7 @@
 
 use pptm::{Buffer, Element, Error, Runtime, Ticket};
 
-use super::uniform;
-
-fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
-}
+use super::{gelu, uniform};
 
 /// A 16- or 8-bit operand type and the chain that multiplies in it on tensor cores.
 pub trait Operand: Element {
