@@ -2,9 +2,9 @@
 
 use crate::FusionBuilder;
 use crate::ops::{
-    Accuracy, AddBias, AddDigamma, Axpby, ChebyshevDistance, Gelu, Gemv, GemvT, KlDivergence,
-    KsgDigamma, KthSmallest, Matmul, MeanReduction, PrecisionWeight, PredictionError, RadiusCount,
-    Relu, Sigmoid, Square, SubspaceDistances, SumReduction, Tanh,
+    Accuracy, AddBias, AddDigamma, Axpby, BatchedMatmul, ChebyshevDistance, Gelu, Gemv, GemvT,
+    KlDivergence, KsgDigamma, KthSmallest, Matmul, MeanReduction, PrecisionWeight, PredictionError,
+    RadiusCount, Relu, Sigmoid, Square, SubspaceDistances, SumReduction, Tanh,
 };
 
 /// KL divergence of two distributions: `Σ q_i (ln q_i − ln p_i)`, with `0 ln 0 = 0`, in one fused
@@ -156,6 +156,24 @@ pub struct MatmulBiasTanh {
 pub struct MatmulBiasGeluBf16 {
     #[stage(1, tensor_eligible = true, precision = "bf16")]
     product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
+/// `gelu(A[s] W[s] + b)` for every s < `batch`: many small dense layers of one shape (attention
+/// heads, experts, an ensemble) in one item, bf16 operands on tensor cores (`mma.sync`), f32
+/// accumulation, the shared f32 bias and the activation applied in registers before the f32 output
+/// is stored. A is batch×m×k and W batch×k×n, each product's matrix after the previous one's; the
+/// tiles of all products are spread over the GPU together, so a batch of 64×64 products fills it
+/// where one would take a single block. Domain `batched`: a chain of the `tensor` domain would
+/// be a call from its manifold, whose inlined wgmma loop it would make save registers.
+#[derive(FusionBuilder)]
+#[fusion(domain = "batched")]
+pub struct BatchedMatmulBiasGeluBf16 {
+    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    product: BatchedMatmul,
     #[stage(2)]
     bias: AddBias,
     #[stage(3)]

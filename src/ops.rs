@@ -46,6 +46,13 @@ pub struct GemvT;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Matmul;
 
+/// `A[s] W[s]` for s < `batch` (A: batch×m×k, W: batch×k×n, stacked row-major; inputs `a`, `w`):
+/// many small products of one shape in one item, f32 on CUDA cores or, with `tensor_eligible`,
+/// bf16/fp16/fp8 operands on tensor cores. Output-fusable like [`Matmul`]; a bias after it is one
+/// per column, shared by every product.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchedMatmul;
+
 /// `alpha x + beta y` per element; `alpha`, `beta` are f32 arguments. Elementwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Axpby;
@@ -123,6 +130,7 @@ pub const NAMES: &[&str] = &[
     "Gemv",
     "GemvT",
     "Matmul",
+    "BatchedMatmul",
     "Axpby",
     "BeliefUpdate",
     "Square",

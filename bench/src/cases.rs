@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use pptm::chains::{
-    AccuracyPipeline, BeliefUpdateStep, DistanceKth, GemvAxpbySum, KlComplexity, MatmulBiasGelu,
-    MatmulBiasGeluBf16, TeReduction,
+    AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, DistanceKth, GemvAxpbySum,
+    KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16, TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -195,11 +195,20 @@ pub fn all() -> Vec<Case> {
     ]) {
         cases.push(matmul_bias_gelu_bf16(size, m, k, n));
     }
+    // Many small products of one shape: bench/src/cublas.rs times cuBLAS's strided batched GEMM
+    // on the same shapes.
+    for (size, (batch, m, k, n)) in SIZES.into_iter().zip([
+        (128usize, 64usize, 64usize, 64usize),
+        (256, 128, 128, 128),
+        (64, 512, 512, 512),
+    ]) {
+        cases.push(batched_matmul_bias_gelu_bf16(size, batch, m, k, n));
+    }
     cases
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 8] = [
+pub const CHAINS: [&str; 9] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
@@ -208,6 +217,7 @@ pub const CHAINS: [&str; 8] = [
     "gemv_axpby_sum",
     "matmul_bias_gelu",
     "matmul_bias_gelu_bf16",
+    "batched_matmul_bias_gelu_bf16",
 ];
 
 fn scalar(t: pptm::Timed<f32>, read: bool) -> Sample {
@@ -591,7 +601,7 @@ fn matmul_bias_gelu_bf16(size: &'static str, m: usize, k: usize, n: usize) -> Ca
         chain: "matmul_bias_gelu_bf16",
         domain: MatmulBiasGeluBf16::DOMAIN.name,
         size,
-        shape: format!("{m}×{k}×{n} bf16"),
+        shape: matmul_shape(1, m, k, n),
         x: m as f64,
         bytes: (2 * (m * k + k * n) + 4 * (n + m * n)) as f64,
         flops: 2.0 * (m * k * n) as f64,
@@ -617,7 +627,7 @@ fn matmul_bias_gelu_bf16(size: &'static str, m: usize, k: usize, n: usize) -> Ca
                 .into_iter()
                 .map(|e| {
                     let (i, j) = (e / n, e % n);
-                    let (s, abs) = bf16_dot_bias(&a, &w, &b, k, n, i, j);
+                    let (s, abs) = bf16_dot_bias(&a, &w, &b, k, n, i, j, 0);
                     let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
                     (e, gelu, abs)
                 })
@@ -627,7 +637,73 @@ fn matmul_bias_gelu_bf16(size: &'static str, m: usize, k: usize, n: usize) -> Ca
     }
 }
 
-/// (A W)[i, j] + b[j] in f64 from bf16 operands, and the magnitude of its terms.
+/// `batch` products A[s] W[s] of m×k and k×n bf16 matrices, stacked: "m×k×n bf16", or
+/// "batch × m×k×n bf16".
+pub fn matmul_shape(batch: usize, m: usize, k: usize, n: usize) -> String {
+    if batch == 1 {
+        format!("{m}×{k}×{n} bf16")
+    } else {
+        format!("{batch} × {m}×{k}×{n} bf16")
+    }
+}
+
+/// gelu(A[s] W[s] + b) for `batch` products of one shape on tensor cores (bf16 operands, f32
+/// accumulation, a bias shared by all, f32 output), their tiles spread over the GPU together.
+fn batched_matmul_bias_gelu_bf16(
+    size: &'static str,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Case {
+    Case {
+        chain: "batched_matmul_bias_gelu_bf16",
+        domain: BatchedMatmulBiasGeluBf16::DOMAIN.name,
+        size,
+        shape: matmul_shape(batch, m, k, n),
+        x: (batch * m) as f64,
+        bytes: (2 * batch * (m * k + k * n) + 4 * (n + batch * m * n)) as f64,
+        flops: 2.0 * (batch * m * k * n) as f64,
+        prepare: Box::new(move |rt| {
+            let (a, w, b) = (
+                rt.upload(&centred_bf16(seed::MM16_A, batch * m * k))?,
+                rt.upload(&centred_bf16(seed::MM16_W, batch * k * n))?,
+                rt.upload(&centred(seed::MM16_B, n))?,
+            );
+            let mut out = rt.alloc::<f32>(batch * m * n)?;
+            Ok(Box::new(move |read| {
+                let t = BatchedMatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, batch, m, k)?
+                    .wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (a, w, b) = (
+                centred_bf16(seed::MM16_A, batch * m * k),
+                centred_bf16(seed::MM16_W, batch * k * n),
+                centred(seed::MM16_B, n),
+            );
+            let at = sample_indices(batch * m * n)
+                .into_iter()
+                .map(|e| {
+                    // Element e is row e / n of the stacked output: product e / n / m.
+                    let (i, j) = (e / n, e % n);
+                    let (s, abs) = bf16_dot_bias(&a, &w, &b, k, n, i, j, i / m * k);
+                    let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
+                    (e, gelu, abs)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
+}
+
+/// (A W)[i, j] + b[j] in f64 from bf16 operands, and the magnitude of its terms; W's rows start
+/// at row `w0` (a batched product's W in the stack; 0 for one product).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the operands, their shape and the element"
+)]
 pub fn bf16_dot_bias(
     a: &[pptm::bf16],
     w: &[pptm::bf16],
@@ -636,10 +712,11 @@ pub fn bf16_dot_bias(
     n: usize,
     i: usize,
     j: usize,
+    w0: usize,
 ) -> (f64, f64) {
     let (mut s, mut abs) = (f64::from(b[j]), f64::from(b[j]).abs());
     for p in 0..k {
-        let t = a[i * k + p].to_f64() * w[p * n + j].to_f64();
+        let t = a[i * k + p].to_f64() * w[(w0 + p) * n + j].to_f64();
         s += t;
         abs += t.abs();
     }

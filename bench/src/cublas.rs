@@ -47,19 +47,25 @@ use crate::cases::{self, Expect, Got};
 use crate::record::Measurement;
 use crate::{Budget, Collector};
 
-/// The chain's name in results (not one of `cases::CHAINS`: no pptm variant runs it yet).
+/// The chains' names in results (those of pptm's cases, `cases::CHAINS`): one product, and a
+/// batch of products of one shape (`cublasGemmStridedBatchedEx`, or cuBLASLt with strided batch
+/// layouts; the bias is shared by every product).
 pub const CHAIN: &str = "matmul_bias_gelu_bf16";
+pub const BATCHED_CHAIN: &str = "batched_matmul_bias_gelu_bf16";
 
 /// The variants, as named in results.
 pub const GEMM: &str = "cuBLAS bf16 GEMM alone (no bias, no GELU)";
 pub const LAUNCHES: &str = "cuBLAS GEMM + bias launch + erf-GELU launch";
 pub const LT_EPILOGUE: &str = "cuBLASLt GEMM, fused bias+GELU epilogue (tanh GELU)";
 
-/// (size, m, k, n).
-const SIZES: [(&str, usize, usize, usize); 3] = [
-    ("small", 64, 256, 256),
-    ("medium", 1024, 1024, 1024),
-    ("large", 8192, 8192, 8192),
+/// (chain, size, batch, m, k, n): pptm's cases of the same names (bench/src/cases.rs).
+const SIZES: [(&str, &str, usize, usize, usize, usize); 6] = [
+    (CHAIN, "small", 1, 64, 256, 256),
+    (CHAIN, "medium", 1, 1024, 1024, 1024),
+    (CHAIN, "large", 1, 8192, 8192, 8192),
+    (BATCHED_CHAIN, "small", 128, 64, 64, 64),
+    (BATCHED_CHAIN, "medium", 256, 128, 128, 128),
+    (BATCHED_CHAIN, "large", 64, 512, 512, 512),
 ];
 
 /// Input stream seeds: those of pptm's own matmul_bias_gelu_bf16 case.
@@ -156,24 +162,25 @@ impl Libraries {
     }
 }
 
-/// How many measurements [`run`] makes for the sizes `wants` (for the progress bar).
-pub fn count(wants: impl Fn(&str) -> bool) -> usize {
-    SIZES.iter().filter(|(s, ..)| wants(s)).count() * VARIANTS.len()
+/// How many measurements [`run`] makes for the (chain, size) pairs `wants` accepts (for the
+/// progress bar).
+pub fn count(wants: impl Fn(&str, &str) -> bool) -> usize {
+    SIZES.iter().filter(|(c, s, ..)| wants(c, s)).count() * VARIANTS.len()
 }
 
 /// Measures every variant at every size `wants` accepts, reporting each to `out` as a
 /// measurement or a refusal. Must run while no pptm runtime exists in the process.
-pub fn run(wants: impl Fn(&str) -> bool, budget: &Budget, out: &mut Collector) {
-    let sizes: Vec<(&str, usize, usize, usize)> =
-        SIZES.into_iter().filter(|(s, ..)| wants(s)).collect();
+pub fn run(wants: impl Fn(&str, &str) -> bool, budget: &Budget, out: &mut Collector) {
+    let sizes: Vec<(&str, &str, usize, usize, usize, usize)> =
+        SIZES.into_iter().filter(|(c, s, ..)| wants(c, s)).collect();
     if sizes.is_empty() {
         return;
     }
     let libs = Libraries::probe();
     let refuse_all = |out: &mut Collector, why: &dyn Fn(Variant) -> String| {
-        for &(size, ..) in &sizes {
+        for &(chain, size, ..) in &sizes {
             for v in VARIANTS {
-                out.refuse(CHAIN, size, v.name(), why(v));
+                out.refuse(chain, size, v.name(), why(v));
                 out.progress.inc(1);
             }
         }
@@ -191,13 +198,13 @@ pub fn run(wants: impl Fn(&str) -> bool, budget: &Budget, out: &mut Collector) {
         }
     };
     out.say(gpu.describe());
-    for (size, m, k, n) in sizes {
-        out.progress.set_message(format!("{CHAIN} {size}: inputs"));
-        let problem = Problem::new(m, k, n);
+    for (chain, size, batch, m, k, n) in sizes {
+        out.progress.set_message(format!("{chain} {size}: inputs"));
+        let problem = Problem::batched(chain, batch, m, k, n);
         let prepared = catching(|| Prepared::new(&gpu, &problem));
         for v in VARIANTS {
             out.progress
-                .set_message(format!("{CHAIN} {size} {}", v.name()));
+                .set_message(format!("{chain} {size} {}", v.name()));
             let attempt = match (&prepared, v.missing(&libs)) {
                 (_, Some(why)) => Err(why),
                 (Err(e), _) => Err(format!("preparing the inputs failed: {e}")),
@@ -206,7 +213,7 @@ pub fn run(wants: impl Fn(&str) -> bool, budget: &Budget, out: &mut Collector) {
             match attempt {
                 Ok(m) => out.report(m),
                 Err(reason) => {
-                    out.refuse(CHAIN, size, v.name(), reason);
+                    out.refuse(chain, size, v.name(), reason);
                     out.progress.inc(1);
                 }
             }
@@ -214,7 +221,7 @@ pub fn run(wants: impl Fn(&str) -> bool, budget: &Budget, out: &mut Collector) {
         drop(prepared);
         if let Err(e) = gpu.stream.synchronize() {
             out.say(format!(
-                "{CHAIN} {size}: stream synchronisation failed: {e}"
+                "{chain} {size}: stream synchronisation failed: {e}"
             ));
         }
     }
@@ -247,11 +254,17 @@ struct ColMajorGemm {
     lda: usize,
     ldb: usize,
     ldc: usize,
+    /// Products, and the elements from one product's A (our W), B (our A) and C to the next's.
+    batch: usize,
+    stride_a: usize,
+    stride_b: usize,
+    stride_c: usize,
 }
 
 impl ColMajorGemm {
-    /// For out (m×n) = A (m×k) · W (k×n), everything row-major and densely packed.
-    fn for_row_major(m: usize, k: usize, n: usize) -> ColMajorGemm {
+    /// For out[s] (m×n) = A[s] (m×k) · W[s] (k×n), s < batch, everything row-major, densely
+    /// packed, each product's matrices after the previous one's.
+    fn for_row_major(batch: usize, m: usize, k: usize, n: usize) -> ColMajorGemm {
         ColMajorGemm {
             rows: n,
             cols: m,
@@ -259,6 +272,10 @@ impl ColMajorGemm {
             lda: n,
             ldb: k,
             ldc: n,
+            batch,
+            stride_a: k * n,
+            stride_b: m * k,
+            stride_c: m * n,
         }
     }
 
@@ -267,8 +284,11 @@ impl ColMajorGemm {
     }
 }
 
-/// One shape's inputs on the host (bf16 as bits) and the reference at the sampled elements.
+/// One shape's inputs on the host (bf16 as bits) and the reference at the sampled elements:
+/// `batch` products stacked (one product: batch 1).
 struct Problem {
+    chain: &'static str,
+    batch: usize,
     m: usize,
     k: usize,
     n: usize,
@@ -278,39 +298,50 @@ struct Problem {
 }
 
 impl Problem {
+    #[cfg(test)]
     fn new(m: usize, k: usize, n: usize) -> Problem {
+        Problem::batched(CHAIN, 1, m, k, n)
+    }
+
+    fn batched(chain: &'static str, batch: usize, m: usize, k: usize, n: usize) -> Problem {
         // The same operands as pptm's case (cases::centred_bf16), as raw bits for the upload.
         let bits = |v: Vec<bf16>| -> Vec<u16> { v.into_iter().map(bf16::to_bits).collect() };
         Problem {
+            chain,
+            batch,
             m,
             k,
             n,
-            a: bits(cases::centred_bf16(SEED_A, m * k)),
-            w: bits(cases::centred_bf16(SEED_W, k * n)),
+            a: bits(cases::centred_bf16(SEED_A, batch * m * k)),
+            w: bits(cases::centred_bf16(SEED_W, batch * k * n)),
             b: cases::centred(SEED_B, n),
         }
     }
 
     fn shape(&self) -> String {
-        format!("{}×{}×{} bf16", self.m, self.k, self.n)
+        cases::matmul_shape(self.batch, self.m, self.k, self.n)
     }
 
-    /// 2 m n k: the product's multiply-adds.
+    /// 2 batch m n k: the products' multiply-adds.
     fn flops(&self) -> f64 {
-        2.0 * (self.m * self.n * self.k) as f64
+        2.0 * (self.batch * self.m * self.n * self.k) as f64
     }
 
     /// Bytes the chain must move: A and W in bf16, b and the output in f32.
     fn bytes(&self) -> f64 {
-        (2 * (self.m * self.k + self.k * self.n) + 4 * (self.n + self.m * self.n)) as f64
+        (2 * self.batch * (self.m * self.k + self.k * self.n)
+            + 4 * (self.n + self.batch * self.m * self.n)) as f64
     }
 
-    /// out[i,j] in f64 from the bf16-rounded inputs, and the scale its error is judged against.
+    /// out[i,j] (i a row of the stacked output) in f64 from the bf16-rounded inputs, and the
+    /// scale its error is judged against.
     fn reference(&self, i: usize, j: usize, act: Activation) -> (f64, f64) {
         let (mut dot, mut abs) = (0.0f64, 0.0f64);
+        // Row i is row i % m of product i / m, whose W starts at row (i / m) k of the stack.
+        let w0 = i / self.m * self.k;
         for p in 0..self.k {
             let t = bf16::from_bits(self.a[i * self.k + p]).to_f64()
-                * bf16::from_bits(self.w[p * self.n + j]).to_f64();
+                * bf16::from_bits(self.w[(w0 + p) * self.n + j]).to_f64();
             dot += t;
             abs += t.abs();
         }
@@ -323,7 +354,7 @@ impl Problem {
     }
 
     fn expect(&self, act: Activation) -> Expect {
-        let at = sample_points(self.m, self.n)
+        let at = sample_points(self.batch * self.m, self.n)
             .into_iter()
             .map(|(i, j)| {
                 let (value, scale) = self.reference(i, j, act);
@@ -493,6 +524,7 @@ impl Blas {
                 "cublasSetStream_v2",
                 "cublasGetVersion_v2",
                 "cublasGemmEx",
+                "cublasGemmStridedBatchedEx",
             ],
             // SAFETY: looks the symbol up (dlsym) without calling it or reading through it.
             |name| unsafe { lib.get::<unsafe extern "C" fn()>(name) }.is_ok(),
@@ -518,10 +550,44 @@ impl Blas {
         Ok(blas)
     }
 
-    /// Enqueues out = A·W (f32) on the stream.
+    /// Enqueues out = A·W (f32) on the stream: one product by `cublasGemmEx`, a batch by
+    /// `cublasGemmStridedBatchedEx`.
     fn gemm(&self, g: &ColMajorGemm, p: &Prepared) -> Result<(), String> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let int = ColMajorGemm::int;
+        if g.batch > 1 {
+            let stride = |v: usize| v as std::ffi::c_longlong;
+            // SAFETY: as for one product below, with `batch` products of those sizes `stride_*`
+            // elements apart in each buffer (`Prepared::new` allocates batch times as much).
+            return unsafe {
+                cublas::result::gemm_strided_batched_ex(
+                    self.handle,
+                    cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                    cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                    int(g.rows)?,
+                    int(g.cols)?,
+                    int(g.inner)?,
+                    (&alpha as *const f32).cast(),
+                    p.w_ptr as *const c_void,
+                    cublas::sys::cudaDataType::CUDA_R_16BF,
+                    int(g.lda)?,
+                    stride(g.stride_a),
+                    p.a_ptr as *const c_void,
+                    cublas::sys::cudaDataType::CUDA_R_16BF,
+                    int(g.ldb)?,
+                    stride(g.stride_b),
+                    (&beta as *const f32).cast(),
+                    p.out_ptr as *mut c_void,
+                    cublas::sys::cudaDataType::CUDA_R_32F,
+                    int(g.ldc)?,
+                    stride(g.stride_c),
+                    int(g.batch)?,
+                    cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(blas_err("cublasGemmStridedBatchedEx"));
+        }
         // SAFETY: the pointers are live device allocations of the sizes `g` describes (our W is
         // rows×inner with ld rows, our A inner×cols with ld inner, the output rows×cols with ld
         // rows, see `Prepared::new`); alpha and beta are host f32 (the default pointer mode),
@@ -584,6 +650,7 @@ impl Lt {
                 "cublasLtMatmulDescSetAttribute",
                 "cublasLtMatmulDescDestroy",
                 "cublasLtMatrixLayoutCreate",
+                "cublasLtMatrixLayoutSetAttribute",
                 "cublasLtMatrixLayoutDestroy",
                 "cublasLtMatmulPreferenceCreate",
                 "cublasLtMatmulPreferenceSetAttribute",
@@ -659,6 +726,38 @@ impl LtPlan {
         plan.a = layout(cudaDataType::CUDA_R_16BF, g.rows, g.inner, g.lda)?;
         plan.b = layout(cudaDataType::CUDA_R_16BF, g.inner, g.cols, g.ldb)?;
         plan.c = layout(cudaDataType::CUDA_R_32F, g.rows, g.cols, g.ldc)?;
+        if g.batch > 1 {
+            // A batch: every layout has `batch` matrices, `stride_*` elements apart. The bias
+            // keeps its default batch stride, 0: one vector shared by every product.
+            use cublaslt::sys::cublasLtMatrixLayoutAttribute_t as L;
+            let count = ColMajorGemm::int(g.batch)?;
+            for (l, stride) in [
+                (plan.a, g.stride_a),
+                (plan.b, g.stride_b),
+                (plan.c, g.stride_c),
+            ] {
+                let stride = stride as i64;
+                // SAFETY: `l` is a live layout made above; each value is a live local of the
+                // type the attribute takes (int32 count, int64 offset), its size given.
+                unsafe {
+                    cublaslt::result::set_matrix_layout_attribute(
+                        l,
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        std::mem::size_of::<i32>(),
+                    )
+                    .and_then(|()| {
+                        cublaslt::result::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&stride as *const i64).cast(),
+                            std::mem::size_of::<i64>(),
+                        )
+                    })
+                }
+                .map_err(lt_err("cublasLtMatrixLayoutSetAttribute"))?;
+            }
+        }
         let epilogue = cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS;
         let bias_type = cudaDataType::CUDA_R_32F;
         let set = |attr, value: *const c_void, size: usize| {
@@ -841,12 +940,13 @@ struct Prepared {
 impl Prepared {
     fn new(gpu: &Gpu, p: &Problem) -> Result<Prepared, String> {
         let s = &gpu.stream;
-        let len = u32::try_from(p.m * p.n)
-            .map_err(|_| format!("{}×{} outputs do not fit the kernels' u32 index", p.m, p.n))?;
+        let outputs = p.batch * p.m * p.n;
+        let len = u32::try_from(outputs)
+            .map_err(|_| format!("{outputs} outputs do not fit the kernels' u32 index"))?;
         let a = s.clone_htod(&p.a).map_err(drv("upload A"))?;
         let w = s.clone_htod(&p.w).map_err(drv("upload W"))?;
         let b = s.clone_htod(&p.b).map_err(drv("upload b"))?;
-        let out = s.alloc_zeros::<f32>(p.m * p.n).map_err(drv("alloc out"))?;
+        let out = s.alloc_zeros::<f32>(outputs).map_err(drv("alloc out"))?;
         s.synchronize()
             .map_err(drv("cuStreamSynchronize after upload"))?;
         let (a_ptr, w_ptr, b_ptr, out_ptr) = (
@@ -855,7 +955,7 @@ impl Prepared {
             b.device_ptr(s).0,
             out.device_ptr(s).0,
         );
-        let gemm = ColMajorGemm::for_row_major(p.m, p.k, p.n);
+        let gemm = ColMajorGemm::for_row_major(p.batch, p.m, p.k, p.n);
         let plan = match &gpu.lt {
             Ok(lt) => catching(|| LtPlan::new(lt, &gemm, b_ptr)),
             Err(e) => Err(e.clone()),
@@ -993,7 +1093,7 @@ fn measure(
     let (host, device) = crate::time_loop(budget, &mut item)?;
     let (err_after, _) = checked(&mut item).map_err(|e| format!("after timing: {e}"))?;
     Ok(Measurement {
-        chain: CHAIN.into(),
+        chain: problem.chain.into(),
         size: size.into(),
         shape: problem.shape(),
         x: problem.m as f64,
@@ -1040,7 +1140,7 @@ mod tests {
         for (m, k, n) in [(3, 5, 4), (1, 7, 2), (6, 1, 3), (4, 4, 4)] {
             let a: Vec<f64> = (0..m * k).map(|v| (v as f64 * 0.37).sin()).collect();
             let w: Vec<f64> = (0..k * n).map(|v| (v as f64 * 0.91).cos()).collect();
-            let g = ColMajorGemm::for_row_major(m, k, n);
+            let g = ColMajorGemm::for_row_major(1, m, k, n);
             // cuBLAS's operands are valid: ld ≥ rows of the stored matrix.
             assert!(g.lda >= g.rows && g.ldb >= g.inner && g.ldc >= g.rows);
             // Everything is densely packed: the buffers are exactly our arrays.
@@ -1104,8 +1204,31 @@ mod tests {
     }
 
     #[test]
+    fn batched_references_use_each_products_own_matrices() {
+        let (batch, m, k, n) = (3, 2, 4, 5);
+        let p = Problem::batched(BATCHED_CHAIN, batch, m, k, n);
+        assert!(p.a.len() == batch * m * k && p.w.len() == batch * k * n && p.b.len() == n);
+        // Row 5 of the stack is row 1 of product 2: A's row 5, W's rows 8 .. 11.
+        let (i, j) = (5, 3);
+        let x = |v: u16| bf16::from_bits(v).to_f64();
+        let dot: f64 = (0..k)
+            .map(|q| x(p.a[i * k + q]) * x(p.w[(2 * k + q) * n + j]))
+            .sum();
+        assert_eq!(p.reference(i, j, Activation::None).0, dot);
+        let g = ColMajorGemm::for_row_major(batch, m, k, n);
+        assert_eq!((g.stride_a, g.stride_b, g.stride_c), (k * n, m * k, m * n));
+        // The samples span the whole stack, its last element included.
+        let Expect::Elements { at, .. } = p.expect(Activation::None) else {
+            panic!("elements expected")
+        };
+        assert!(at.iter().all(|&(e, ..)| e < batch * m * n));
+        assert!(at.iter().any(|&(e, ..)| e == batch * m * n - 1));
+    }
+
+    #[test]
     fn samples_cover_rows_and_columns() {
-        for (_, m, _, n) in SIZES {
+        for (_, _, batch, m, _, n) in SIZES {
+            let m = batch * m;
             let at = sample_points(m, n);
             assert!(at.len() >= 64 && at.iter().all(|&(i, j)| i < m && j < n));
             let rows: std::collections::BTreeSet<_> = at.iter().map(|x| x.0).collect();
@@ -1182,14 +1305,15 @@ mod tests {
         for v in VARIANTS {
             assert!(v.missing(&nothing).unwrap().contains("libcuda"));
         }
-        assert_eq!(count(|_| true), 9);
-        assert_eq!(count(|s| s == "small"), 3);
-        assert_eq!(count(|_| false), 0);
+        assert_eq!(count(|_, _| true), 18);
+        assert_eq!(count(|c, s| c == CHAIN && s == "small"), 3);
+        assert_eq!(count(|_, s| s == "small"), 6);
+        assert_eq!(count(|_, _| false), 0);
     }
 
-    /// The whole block at the small size: refused cleanly where there is no driver (every
-    /// variant, with the reason); measured and checked where there is a GPU (and then, with
-    /// PPTM_REQUIRE_GPU=1, nothing may be refused).
+    /// The whole block at the small size, one product and a batch: refused cleanly where there
+    /// is no driver (every variant, with the reason); measured and checked where there is a GPU
+    /// (and then, with PPTM_REQUIRE_GPU=1, nothing may be refused).
     #[test]
     fn small_size_runs_or_is_refused_with_a_reason() {
         let budget = Budget {
@@ -1201,14 +1325,18 @@ mod tests {
             refused: Vec::new(),
             progress: indicatif::ProgressBar::hidden(),
         };
-        run(|s| s == "small", &budget, &mut out);
-        assert_eq!(out.results.len() + out.refused.len(), 3);
+        run(|_, s| s == "small", &budget, &mut out);
+        assert_eq!(out.results.len() + out.refused.len(), 6);
         for r in &out.refused {
-            assert!(r.chain == CHAIN && r.size == "small" && !r.reason.is_empty());
+            assert!(
+                (r.chain == CHAIN || r.chain == BATCHED_CHAIN)
+                    && r.size == "small"
+                    && !r.reason.is_empty()
+            );
         }
         // SAFETY: only tries to open the driver library.
         if !unsafe { cu::is_culib_present() } {
-            assert_eq!(out.refused.len(), 3);
+            assert_eq!(out.refused.len(), 6);
             assert!(out.refused.iter().all(|r| r.reason.contains("libcuda")));
         } else if std::env::var("PPTM_REQUIRE_GPU").as_deref() == Ok("1") {
             let why: Vec<_> = out.refused.iter().map(|r| &r.reason).collect();

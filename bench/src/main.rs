@@ -89,8 +89,10 @@ impl Options {
             }
         }
         let mut known = cases::CHAINS.to_vec();
-        if !known.contains(&cublas::CHAIN) {
-            known.push(cublas::CHAIN);
+        for c in [cublas::CHAIN, cublas::BATCHED_CHAIN] {
+            if !known.contains(&c) {
+                known.push(c);
+            }
         }
         for c in o.chains.iter().flatten() {
             if !known.contains(&c.as_str()) && c != "dispatch" {
@@ -302,7 +304,7 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     let dispatch = o.wants("dispatch", "-");
     let total = cases.len() * (1 + LAUNCHED.len())
         + if dispatch { 5 } else { 0 }
-        + cublas::count(|size| o.wants(cublas::CHAIN, size));
+        + cublas::count(|chain, size| o.wants(chain, size));
     let progress = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .expect("a valid template"),
@@ -331,7 +333,7 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     drop(probe);
 
     // 1b. cuBLAS / cuBLASLt baselines, while no pptm runtime exists (none may hold the SMs).
-    cublas::run(|size| o.wants(cublas::CHAIN, size), &budget, &mut out);
+    cublas::run(|chain, size| o.wants(chain, size), &budget, &mut out);
 
     // 2. Every case, domain by domain: the launched variants first (no manifold resident), then
     //    the domain's manifold on the whole GPU.

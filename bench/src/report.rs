@@ -368,7 +368,7 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
         )
         .map_err(err)?;
     // One panel per chain and one for the legend.
-    let panels = root.split_evenly((3, 3));
+    let panels = root.split_evenly((3, 4));
     debug_assert!(panels.len() > CHAINS.len());
     for (chain, area) in CHAINS.iter().zip(panels.iter()) {
         let ms: Vec<&Measurement> = files

@@ -103,6 +103,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
         s.tensor
+            && s.op.device == pptm_spec::ops::MATMUL.device
             && s.tolerance.is_none()
             && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
     })
@@ -126,8 +127,29 @@ fn device_elem(d: DType) -> &'static str {
 
 /// The matmul pattern call for stage `st` with its arguments (`args`: A, W, m, k, n, epilogue, out,
 /// b): CUDA cores, tensor cores for a tensor stage, or the guard's choice of the two for a guarded
-/// one (whose value, the sampled error, is the block's partial).
+/// one (whose value, the sampled error, is the block's partial). A batched product's patterns
+/// take the batch size first.
 fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
+    if st.op.device == pptm_spec::ops::BATCHED_MATMUL.device {
+        let batch = dim_field(c, st, "batch");
+        return match (st.tensor, DType::matrix_storage(st.precision)) {
+            (true, DType::F8E4M3) => {
+                format!(
+                    "pptm_matmul_mma_batched<pptm_f16>({batch}, {args});
+    partial = 0.0;"
+                )
+            }
+            (true, storage) => format!(
+                "pptm_matmul_mma_batched<{}>({batch}, {args});
+    partial = 0.0;",
+                device_elem(storage)
+            ),
+            (false, _) => format!(
+                "pptm_matmul_batched({batch}, {args});
+    partial = 0.0;"
+            ),
+        };
+    }
     // What the tensor cores multiply: the storage type, except fp8 operands, which the pattern
     // widens to fp16 (exactly) as it stages them.
     let elem = match DType::matrix_storage(st.precision) {
@@ -977,7 +999,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         Source::Stage(_) => unreachable!(),
                     };
                     let (m, n) = (dim_field(c, st, "m"), dim_field(c, st, "n"));
-                    if st.op.device == pptm_spec::ops::MATMUL.device {
+                    if pptm_spec::ops::is_matmul(st.op) {
                         let k = dim_field(c, st, "k");
                         let args =
                             format!("{src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b");
@@ -1027,8 +1049,8 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     );
                 }
             }
-            let sets_partial = st.op.class == FusionClass::Reduction
-                || (st.op.device == pptm_spec::ops::MATMUL.device);
+            let sets_partial =
+                st.op.class == FusionClass::Reduction || pptm_spec::ops::is_matmul(st.op);
             if !sets_partial {
                 let _ = writeln!(body, "            partial = 0.0;");
             }

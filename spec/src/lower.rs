@@ -428,7 +428,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         // How this stage stores a buffer input of type `ty`: matrices in the stage's precision,
         // unless the stage is guarded (the guard recomputes from the f32 values).
         let storage = |ty: Ty| match ty {
-            Ty::Matrix(..) if !guarded => DType::matrix_storage(precision),
+            ty if ty.is_matrix() && !guarded => DType::matrix_storage(precision),
             _ => DType::F32,
         };
 
@@ -443,8 +443,12 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             }
             let dims = match flow.ty {
                 Ty::Like => vec![t.fresh("n", true)],
-                Ty::Vector(l) => vec![t.letter(&mut letters, l)],
-                Ty::Matrix(r, c) => vec![t.letter(&mut letters, r), t.letter(&mut letters, c)],
+                ty if ty.letters().is_some() => ty
+                    .letters()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| t.letter(&mut letters, l))
+                    .collect(),
                 other => {
                     return Err(SpecError::Unfusable {
                         stage: i,
@@ -486,11 +490,13 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             let ok = match (flow.ty, &prev.shape) {
                 (Ty::Like, Shape::Tensor { .. }) => true,
                 (Ty::Like, Shape::Scalar) => op.class == FusionClass::Elementwise,
-                (Ty::Vector(l), Shape::Tensor { dims, .. }) if dims.len() == 1 => {
-                    t.bind(&mut letters, l, dims[0])
-                }
-                (Ty::Matrix(r, c), Shape::Tensor { dims, .. }) if dims.len() == 2 => {
-                    t.bind(&mut letters, r, dims[0]) && t.bind(&mut letters, c, dims[1])
+                (ty, Shape::Tensor { dims, .. })
+                    if ty.letters().is_some_and(|l| l.len() == dims.len()) =>
+                {
+                    let ls = ty.letters().expect("a tensor type");
+                    ls.into_iter()
+                        .zip(dims)
+                        .all(|(l, &d)| t.bind(&mut letters, l, d))
                 }
                 (Ty::Pairs(l), Shape::Pairs { dim, .. }) => t.bind(&mut letters, l, *dim),
                 _ => false,
@@ -589,9 +595,10 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                         ));
                     }
                 },
-                Ty::Vector(l) => vec![letters.iter().find(|x| x.0 == l).map(|x| x.1).ok_or(l)],
-                Ty::Matrix(r, c) => [r, c]
+                ty if ty.letters().is_some() => ty
+                    .letters()
                     .into_iter()
+                    .flatten()
                     .map(|l| letters.iter().find(|x| x.0 == l).map(|x| x.1).ok_or(l))
                     .collect(),
                 other => unreachable!("catalog: {} input {} is {other:?}", op.name, p.name),
@@ -666,12 +673,13 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                 },
                 other => other,
             },
-            Ty::Vector(l) => Shape::Tensor {
-                dims: vec![t.letter(&mut letters, l)],
-                channels: ch_out,
-            },
-            Ty::Matrix(r, c) => Shape::Tensor {
-                dims: vec![t.letter(&mut letters, r), t.letter(&mut letters, c)],
+            ty if ty.letters().is_some() => Shape::Tensor {
+                dims: ty
+                    .letters()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| t.letter(&mut letters, l))
+                    .collect(),
                 channels: ch_out,
             },
             Ty::Pairs(l) => Shape::Pairs {
@@ -893,6 +901,11 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
                 "must be a number between 0 and 1 (an error relative to the terms' magnitude)",
             ));
         }
+        if op.device != ops::MATMUL.device {
+            return Err(bad(
+                "guards a single Matmul only (the guard samples one product's outputs); a batched product has none yet",
+            ));
+        }
         if !(tensor && matches!(precision, Precision::Bf16 | Precision::Fp16)) {
             return Err(bad(
                 "guards a 16-bit tensor-core stage (tensor_eligible = true, precision = \"bf16\" or \"fp16\"), which falls back to fp32; this stage has no lower precision to guard",
@@ -906,6 +919,7 @@ fn shape_text(s: &Shape) -> String {
     match s {
         Shape::Tensor { dims, channels: 1 } if dims.len() == 1 => "a vector".into(),
         Shape::Tensor { dims, channels: 1 } if dims.len() == 2 => "a matrix".into(),
+        Shape::Tensor { dims, channels: 1 } if dims.len() == 3 => "a stack of matrices".into(),
         Shape::Tensor { channels, .. } => format!("a tensor of {channels} values per element"),
         Shape::Pairs { channels: 1, .. } => "per-pair values".into(),
         Shape::Pairs { channels, .. } => format!("per-pair values ({channels} per pair)"),
@@ -936,7 +950,7 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
             }
             FusionClass::Reduction => {
                 if let Some(a) = anchor
-                    && stages[a].op.device == ops::MATMUL.device
+                    && ops::is_matmul(stages[a].op)
                 {
                     return Err(unfusable(
                         s,
@@ -953,9 +967,7 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
                          which needs a grid-wide barrier between two passes; split the chain in two",
                     ));
                 }
-                if s > 0
-                    && (st.op.class == FusionClass::Pairwise || st.op.device == ops::MATMUL.device)
-                {
+                if s > 0 && (st.op.class == FusionClass::Pairwise || ops::is_matmul(st.op)) {
                     return Err(unfusable(
                         s,
                         "it must be the chain's first stage (an elementwise prologue into it is not supported yet)",
@@ -982,7 +994,7 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
         op if op.class == FusionClass::Pairwise => Pattern::Pairwise,
         op if op.device == ops::GEMV.device => Pattern::Gemv,
         op if op.device == ops::GEMV_T.device => Pattern::GemvT,
-        op if op.device == ops::MATMUL.device => Pattern::Matmul,
+        op if ops::is_matmul(op) => Pattern::Matmul,
         op => unreachable!("no pattern for output-fusable op {}", op.name),
     };
     let first_epilogue = if pattern == Pattern::Pairwise {
@@ -1276,6 +1288,8 @@ impl ChainIr {
         use crate::work;
         let st = &self.stages[s];
         let dim = |l: &str| sizes[st.dim(l).expect("op letter")];
+        // Products a batched matmul computes (1 for every other op).
+        let batch = st.dim("batch").map_or(1, |d| sizes[d]);
         let blocks = match st.op.class {
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
@@ -1297,13 +1311,19 @@ impl ChainIr {
                 })
             }
             FusionClass::OutputFusable if st.tensor => {
+                // Tiles are numbered across a batched product's whole batch, and the tile size
+                // is chosen from their total (pptm_matmul_mma_batched does the same).
                 let tiles = |rows, cols| {
                     dim("m")
                         .div_ceil(rows)
                         .saturating_mul(dim("n").div_ceil(cols))
+                        .saturating_mul(batch)
                 };
+                // A batch of products no taller than a small tile keeps small tiles: a large
+                // one would be half empty.
+                let short = batch > 1 && dim("m") <= work::MMA_SMALL_TILE;
                 match tiles(work::MMA_LARGE_ROWS, work::MMA_LARGE_COLS) {
-                    t if t >= work::MMA_LARGE_FROM => t,
+                    t if t >= work::MMA_LARGE_FROM && !short => t,
                     _ => tiles(work::MMA_SMALL_TILE, work::MMA_SMALL_TILE),
                 }
             }
@@ -1316,11 +1336,14 @@ impl ChainIr {
                 let direct = dim("m")
                     .div_ceil(work::MATMUL_DIRECT_ROWS)
                     .saturating_mul(dim("n").div_ceil(work::MATMUL_DIRECT_COLS));
-                match tiles(work::MATMUL_TILE) {
+                // The f32 patterns choose a tile size per product; a batched product's tiles are
+                // numbered across the batch (pptm_matmul_batched).
+                let per_product = match tiles(work::MATMUL_TILE) {
                     _ if direct <= work::MATMUL_DIRECT_MAX_TILES => direct,
                     t if t < work::MATMUL_SMALL_BELOW => tiles(work::MATMUL_SMALL_TILE),
                     t => t,
-                }
+                };
+                per_product.saturating_mul(batch)
             }
             FusionClass::Pairwise => dim("n")
                 .saturating_mul(dim("n"))
@@ -1949,6 +1972,72 @@ mod tests {
             &sizes,
         );
         assert_eq!(got, Evaluated::Vector(vec![3.0, 0.0]));
+    }
+
+    #[test]
+    fn batched_matmul_stacks_products_and_numbers_tiles_across_the_batch() {
+        let ir = ops(&["BatchedMatmul", "AddBias", "Relu"]).unwrap();
+        assert_eq!(
+            layout(&ir),
+            [
+                ("a", ArgKind::Input),
+                ("w", ArgKind::Input),
+                ("b", ArgKind::Input),
+                ("out", ArgKind::Output),
+                ("batch", ArgKind::Len),
+                ("m", ArgKind::Len),
+                ("k", ArgKind::Len),
+                ("n", ArgKind::Len),
+            ]
+        );
+        // The bias is one per column (n), shared by every product.
+        assert_eq!(ir.args[2].shape, [3]);
+        assert_eq!(ir.dims[3].inferred_from, Some(2));
+        // Two 1 x 2 times 2 x 1 products: [1 -1] [2 3]^T = -1 and [2 1] [1 1]^T = 3, plus 1.
+        let sizes = [2, 1, 2, 1];
+        let got = ir.eval_f64(
+            &[
+                EvalArg::Input(&[1.0, -1.0, 2.0, 1.0]),
+                EvalArg::Input(&[2.0, 3.0, 1.0, 1.0]),
+                EvalArg::Input(&[1.0]),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![0.0, 4.0]));
+        // Sizes are [batch, m, k, n]: one product's blocks times the batch.
+        assert_eq!(ir.blocks_for(&[1, 64, 256, 256]), 128);
+        assert_eq!(ir.blocks_for(&[100, 64, 256, 256]), 12800);
+        assert_eq!(ir.blocks_for(&[0, 64, 256, 256]), 1);
+
+        let mut spec = chain(vec![
+            stage(1, "BatchedMatmul"),
+            stage(2, "AddBias"),
+            stage(3, "Gelu"),
+        ]);
+        spec.stages[0].tensor_eligible = Some(true);
+        spec.stages[0].precision = Some(Precision::Bf16);
+        let tc = lower(&spec).unwrap();
+        assert_eq!(tc.args[0].dtype, DType::Bf16);
+        assert_eq!(tc.args[1].dtype, DType::Bf16);
+        assert_eq!(tc.args[2].dtype, DType::F32);
+        // 64 x 64 products take a 64 x 64 tile each however many there are; taller ones take
+        // 128 x 64 tiles once the batch has 128 of them.
+        assert_eq!(tc.blocks_for(&[100, 64, 64, 64]), 100);
+        assert_eq!(tc.blocks_for(&[1000, 64, 64, 64]), 1000);
+        assert_eq!(tc.blocks_for(&[100, 256, 64, 64]), 200);
+        assert_eq!(tc.blocks_for(&[10, 256, 64, 64]), 10 * 4 * 1);
+        assert_eq!(tc.blocks_for(&[128, 256, 64, 64]), 256);
+        // The guard samples one product: a batched stage refuses it, naming the attribute.
+        spec.stages[0].tolerance = Some(crate::Tolerance(1e-2));
+        assert!(matches!(
+            lower(&spec),
+            Err(SpecError::ToleranceUnsupported { .. })
+        ));
     }
 
     #[test]

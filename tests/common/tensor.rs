@@ -1,5 +1,6 @@
-//! The tensor-core matmul test body, shared by tests/tensor_core.rs (bf16, fp16: domain
-//! `tensor`) and tests/precision_fp8.rs (fp8: domain `fp8`).
+//! The tensor-core matmul test bodies, shared by tests/tensor_core.rs (bf16, fp16: domain
+//! `tensor`), tests/precision_fp8.rs (fp8: domain `fp8`) and tests/batched_matmul.rs (batched
+//! products, f32 and 16/8-bit: domain `batched`).
 #![allow(dead_code)]
 
 use pptm::{Buffer, Element, Error, Runtime, Ticket};
@@ -49,6 +50,52 @@ macro_rules! operand {
     };
 }
 
+/// A batched chain's operand type: what `gelu(A[s] W[s] + b)` multiplies in (f32 on CUDA cores,
+/// or 16/8-bit values on tensor cores).
+pub trait BatchedOperand: Element {
+    const NAME: &'static str;
+    fn from_f32(x: f32) -> Self;
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the chain's submit, one parameter per argument"
+    )]
+    fn submit_batched<'a>(
+        rt: &Runtime,
+        a: &'a Buffer<Self>,
+        w: &'a Buffer<Self>,
+        b: &'a Buffer<f32>,
+        out: &'a mut Buffer<f32>,
+        batch: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<Ticket<'a, ()>, Error>;
+}
+
+/// The BatchedOperand impl of an operand type and its batched chain.
+#[allow(unused_macros)]
+macro_rules! batched_operand {
+    ($t:ty, $name:literal, $chain:ty, $from_f32:expr) => {
+        impl $crate::common::tensor::BatchedOperand for $t {
+            const NAME: &'static str = $name;
+            fn from_f32(x: f32) -> Self {
+                ($from_f32)(x)
+            }
+            fn submit_batched<'a>(
+                rt: &pptm::Runtime,
+                a: &'a pptm::Buffer<Self>,
+                w: &'a pptm::Buffer<Self>,
+                b: &'a pptm::Buffer<f32>,
+                out: &'a mut pptm::Buffer<f32>,
+                batch: usize,
+                m: usize,
+                k: usize,
+            ) -> Result<pptm::Ticket<'a, ()>, pptm::Error> {
+                <$chain>::submit(rt, a, w, b, out, batch, m, k)
+            }
+        }
+    };
+}
+
 /// gelu(A W + b) with 16- or 8-bit A and W. The reference multiplies the very operand values the
 /// chain gets (widened exactly) in f64, so what is left to judge is the device's f32
 /// accumulation and epilogue: they must meet the f32 path's bar (1e-4 of the terms' magnitude),
@@ -75,58 +122,116 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         (2048, 17, 1000),
     ];
     for (m, k, n) in shapes {
-        let a: Vec<T> = uniform(m * k, -1.0, 1.0)
-            .into_iter()
-            .map(T::from_f32)
-            .collect();
-        let w: Vec<T> = uniform(k * n, -1.0, 1.0)
-            .into_iter()
-            .map(T::from_f32)
-            .collect();
-        let b = uniform(n, -1.0, 1.0);
-        let mut pre = vec![0.0f64; m * n];
-        let mut scale = vec![0.0f64; m * n];
+        check_products(rt, T::NAME, T::from_f32, 1, m, k, n, |rt, a, w, b, out| {
+            T::submit(rt, a, w, b, out, m, k)
+        });
+    }
+}
+
+/// gelu(A[s] W[s] + b) for a batch of products, on the same terms as [`tensor_core_matmul`].
+pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
+    // (batch, m, k, n): one product and a few; many single-tile products (more tiles than the
+    // GPU has blocks, so blocks take several products); products of one or two rows; unaligned
+    // rows (k or n not a multiple of 8) and partial tiles at every edge; a batch on the large
+    // tiles (m > 64, at least 128 of them); products on the f32 path's three tile shapes.
+    let shapes = [
+        (1, 1, 1, 1),
+        (7, 17, 17, 17),
+        (3, 64, 64, 64),
+        (1000, 64, 64, 64),
+        (1023, 16, 32, 16),
+        (257, 1, 64, 7),
+        (5, 300, 17, 130),
+        (130, 128, 64, 64),
+        (4, 33, 1000, 9),
+        (2, 1000, 64, 1000),
+        (3, 512, 7, 448),
+    ];
+    for (batch, m, k, n) in shapes {
+        check_products(
+            rt,
+            T::NAME,
+            T::from_f32,
+            batch,
+            m,
+            k,
+            n,
+            |rt, a, w, b, out| T::submit_batched(rt, a, w, b, out, batch, m, k),
+        );
+    }
+}
+
+/// Submits `gelu(A[s] W[s] + b)` for `batch` stacked products of fresh random operands through
+/// `submit`, into an output poisoned with NaN, and compares every element with an f64 reference
+/// of the same operand values: within 1e-4 of the terms' magnitude.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one product shape and how to build and submit it"
+)]
+fn check_products<T: Element>(
+    rt: &Runtime,
+    name: &str,
+    from_f32: fn(f32) -> T,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    submit: impl for<'a> FnOnce(
+        &Runtime,
+        &'a Buffer<T>,
+        &'a Buffer<T>,
+        &'a Buffer<f32>,
+        &'a mut Buffer<f32>,
+    ) -> Result<Ticket<'a, ()>, Error>,
+) {
+    let a: Vec<T> = uniform(batch * m * k, -1.0, 1.0)
+        .into_iter()
+        .map(from_f32)
+        .collect();
+    let w: Vec<T> = uniform(batch * k * n, -1.0, 1.0)
+        .into_iter()
+        .map(from_f32)
+        .collect();
+    let b = uniform(n, -1.0, 1.0);
+    let mut pre = vec![0.0f64; batch * m * n];
+    let mut scale = vec![0.0f64; batch * m * n];
+    for s in 0..batch {
         for i in 0..m {
+            let row = (s * m + i) * n;
             for p in 0..k {
-                let aip = a[i * k + p].to_f64();
-                let (row, mag) = (&mut pre[i * n..(i + 1) * n], &mut scale[i * n..(i + 1) * n]);
-                for (j, (r, s)) in row.iter_mut().zip(mag.iter_mut()).enumerate() {
-                    let t = aip * w[p * n + j].to_f64();
+                let aip = a[(s * m + i) * k + p].to_f64();
+                let w_row = &w[(s * k + p) * n..(s * k + p + 1) * n];
+                let (r, mag) = (&mut pre[row..row + n], &mut scale[row..row + n]);
+                for ((r, mg), wv) in r.iter_mut().zip(mag.iter_mut()).zip(w_row) {
+                    let t = aip * wv.to_f64();
                     *r += t;
-                    *s += t.abs();
+                    *mg += t.abs();
                 }
             }
         }
-        let (ab, wb, bb) = (
-            rt.upload(&a).unwrap(),
-            rt.upload(&w).unwrap(),
-            rt.upload(&b).unwrap(),
-        );
-        let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
-        T::submit(rt, &ab, &wb, &bb, &mut out, m, k)
-            .unwrap()
-            .wait()
-            .unwrap();
-        let got = out.to_vec().unwrap();
-        let mut worst = 0.0f64;
-        for i in 0..m {
-            for (j, &bias) in b.iter().enumerate() {
-                let at = i * n + j;
-                let want = gelu(pre[at] + f64::from(bias));
-                let magnitude = (scale[at] + f64::from(bias).abs()).max(1e-3);
-                let err = (f64::from(got[at]) - want).abs();
-                assert!(
-                    err < 1e-4 * magnitude,
-                    "{} m={m} k={k} n={n} at ({i}, {j}): got {}, f64 reference {want}, error {err:e}, terms' magnitude {magnitude:e}",
-                    T::NAME,
-                    got[at]
-                );
-                worst = worst.max(err / magnitude);
-            }
-        }
-        eprintln!(
-            "{} m={m} k={k} n={n}: worst error {worst:.1e} of the terms' magnitude",
-            T::NAME
-        );
     }
+    let (ab, wb, bb) = (
+        rt.upload(&a).unwrap(),
+        rt.upload(&w).unwrap(),
+        rt.upload(&b).unwrap(),
+    );
+    let mut out = rt.upload(&vec![f32::NAN; batch * m * n]).unwrap();
+    submit(rt, &ab, &wb, &bb, &mut out).unwrap().wait().unwrap();
+    let got = out.to_vec().unwrap();
+    let mut worst = 0.0f64;
+    for (at, (&g, (&p, &sc))) in got.iter().zip(pre.iter().zip(&scale)).enumerate() {
+        let (s, i, j) = (at / (m * n), at / n % m, at % n);
+        let bias = f64::from(b[j]);
+        let want = gelu(p + bias);
+        let magnitude = (sc + bias.abs()).max(1e-3);
+        let err = (f64::from(g) - want).abs();
+        assert!(
+            err < 1e-4 * magnitude,
+            "{name} batch={batch} m={m} k={k} n={n} product {s} at ({i}, {j}): got {g}, f64 reference {want}, error {err:e}, terms' magnitude {magnitude:e}",
+        );
+        worst = worst.max(err / magnitude);
+    }
+    eprintln!(
+        "{name} batch={batch} m={m} k={k} n={n}: worst error {worst:.1e} of the terms' magnitude"
+    );
 }

@@ -6,6 +6,8 @@
 //   Matmul -> pptm_matmul  (A W, f32 on CUDA cores)
 //             pptm_matmul_mma<pptm_bf16 | pptm_f16> (pptm/pattern/mma.cuh: bf16/fp16 operands on
 //             tensor cores, for a stage with tensor_eligible = true)
+//   BatchedMatmul -> pptm_matmul_batched (pptm/pattern/linear.cuh: batch products A[s] W[s], f32)
+//             pptm_matmul_mma_batched<pptm_bf16 | pptm_f16> (pptm/pattern/mma.cuh: tensor cores)
 // CPU references and fusion classes: spec/src/ops/linalg.rs.
 #ifndef PPTM_OPS_LINALG_CUH
 #define PPTM_OPS_LINALG_CUH

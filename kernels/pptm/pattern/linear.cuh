@@ -739,4 +739,62 @@ __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint
         pptm_matmul_tiled<64>(A, W, m, k, n, epi, out, b);
 }
 
+// ---- batched products: many independent products of one shape -----------------------------------
+//
+// out[s] = epi(A[s] W[s]) for s < batch, with A[s] (m x k), W[s] (k x n) and out[s] (m x n)
+// stored one after another; the epilogue sees row s m + i of the stacked output, so a bias per
+// column and elementwise stages index it as they index one product's. The tiles of all products
+// are numbered as one item's: tile t of product s is tile s T + t (T tiles a product) and goes
+// to block (s T + t) mod nblocks, so a batch of products too small to fill the GPU one by one
+// (64 x 64 is one tile) fills it together. A block runs a product's pattern only when it owns
+// one of its tiles, with its block index shifted to the first of them: the patterns walk their
+// tiles grid-stride from b.block, which is then exactly the tiles this block owns.
+
+// The epilogue of product s, from the stacked output's: row i of the product is row row0 + i.
+template <class Epi>
+struct pptm_epi_rows_from {
+    const Epi& epi;
+    uint64_t row0;
+    __device__ __forceinline__ auto operator()(uint64_t i, uint64_t j, float acc) const { return epi(row0 + i, j, acc); }
+};
+
+// run(s, c) for every product s < batch of which this block owns a tile (`tiles` tiles a
+// product), c being b with c.block this block's first tile of product s. Block-uniform: a block
+// skips a product as a whole, so the patterns' barriers stay matched.
+template <class Run>
+__device__ __forceinline__ void pptm_for_each_product(uint64_t batch, uint64_t tiles, const pptm_block_ctx& b, const Run& run) {
+    if (tiles == 0) return;
+    const uint32_t nb = b.nblocks;
+    const uint32_t step = (uint32_t)(tiles % nb);
+    uint32_t first = 0;  // the block that takes tile 0 of product s: s T mod nblocks
+    for (uint64_t s = 0; s < batch; ++s) {
+        const uint32_t mine = b.block >= first ? b.block - first : b.block + nb - first;
+        if (mine < tiles) {
+            pptm_block_ctx c = b;
+            c.block = mine;
+            run(s, c);
+        }
+        first += step;
+        if (first >= nb) first -= nb;
+    }
+}
+
+// Tiles pptm_matmul takes for an m x n product (its choice of pattern, above).
+__device__ __forceinline__ uint64_t pptm_matmul_tiles(uint64_t m, uint64_t n) {
+    const uint64_t direct = pptm_matmul_direct_tiles(m, n);
+    if (direct <= (uint64_t)PPTM_MATMUL_DIRECT_MAX_TILES) return direct;
+    const uint64_t t = pptm_matmul_small(m, n) ? 32 : 64;
+    return (m / t + (m % t != 0)) * (n / t + (n % t != 0));
+}
+
+// Batched f32 products on CUDA cores.
+template <class Epi>
+__device__ __forceinline__ void pptm_matmul_batched(uint64_t batch, const float* A, const float* W, uint64_t m, uint64_t k,
+                                                    uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
+    pptm_for_each_product(batch, pptm_matmul_tiles(m, n), b, [&](uint64_t s, const pptm_block_ctx& c) {
+        pptm_matmul(A + s * m * k, W + s * k * n, m, k, n, pptm_epi_rows_from<Epi>{epi, s * m},
+                    out == nullptr ? nullptr : out + s * m * n, c);
+    });
+}
+
 #endif  // PPTM_PATTERN_LINEAR_CUH

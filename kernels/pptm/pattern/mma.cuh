@@ -249,10 +249,15 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
 }
 
 // T: what the tensor cores multiply (pptm_bf16, pptm_f16); S: how A and W are stored (T, f32, or
-// fp8 E4M3 for T = fp16).
-template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, class S, class Epi>
+// fp8 E4M3 for T = fp16). BATCHED: `batch` products stacked in A, W and out (pptm_matmul_batched
+// in pattern/linear.cuh says how), their tiles numbered as one product's: tile t of product s is
+// tile s T + t (T tiles a product). The batch index is worked out per tile, so a batch costs no
+// registers across the k loop (a loop over products around this pattern made its variant spill
+// three times as much); a single product (BATCHED false) has no batch arithmetic at all.
+template <class T, uint32_t BM, uint32_t BN, uint32_t BK, uint32_t STAGES, bool BATCHED = false, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
-                                                      const Epi& epi, float* out, const pptm_block_ctx& b) {
+                                                      const Epi& epi, float* out, const pptm_block_ctx& b,
+                                                      uint64_t batch = 1) {
     constexpr uint32_t WARPS_M = 4, WARPS_N = 4;
     constexpr uint32_t WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // a warp's part of the tile
     constexpr uint32_t MT = WTM / 16, NT = WTN / 8;              // its mma tiles
@@ -274,13 +279,20 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     const bool vec_w = pptm_aligned16(W) && n % 8 == 0;
     const bool vec_out = out != nullptr && (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
     const uint64_t tiles_n = n / BN + (n % BN != 0);
-    const uint64_t tiles = (m / BM + (m % BM != 0)) * tiles_n;
+    const uint64_t per_product = (m / BM + (m % BM != 0)) * tiles_n;
+    const uint64_t tiles = BATCHED ? per_product * batch : per_product;
     const uint64_t ktiles = k / BK + (k % BK != 0);
     // Every reader of the scratch before this pattern (an earlier item's) is done.
     __syncthreads();
     for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
         pptm_tick(b);
-        const uint64_t i0 = tile / tiles_n * BM, j0 = tile % tiles_n * BN;
+        // Product s's matrices; its output rows are rows s m .. of the stacked output.
+        const uint64_t s = BATCHED ? tile / per_product : 0;
+        const uint64_t t = BATCHED ? tile - s * per_product : tile;
+        const auto* const a_p = a_src + s * m * k;
+        const auto* const w_p = w_src + s * k * n;
+        const uint64_t row0 = s * m;
+        const uint64_t i0 = t / tiles_n * BM, j0 = t % tiles_n * BN;
         float acc[MT][NT][4];
 #pragma unroll
         for (uint32_t x = 0; x < MT; ++x)
@@ -290,8 +302,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                 for (uint32_t e = 0; e < 4; ++e) acc[x][y][e] = 0.0f;
         auto load = [&](uint32_t s, uint64_t k0) {
             uint16_t* const as = smem + s * STAGE;
-            pptm_mma_stage<T, BM, BK>(as, AS, a_src, k, i0, k0, m, k, vec_a);
-            pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_src, n, k0, j0, k, n, vec_w);
+            pptm_mma_stage<T, BM, BK>(as, AS, a_p, k, i0, k0, m, k, vec_a);
+            pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_p, n, k0, j0, k, n, vec_w);
         };
         // Slices 0 .. STAGES - 2 start at once; one group of copies per slice (empty past k).
 #pragma unroll
@@ -343,14 +355,15 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                 for (uint32_t y = 0; y < NT; ++y) {
                     const uint64_t j = j0 + wn * WTN + 8 * y + 2 * (lane % 4);
                     if (j >= n) continue;
-                    const float v0 = epi(i, j, acc[x][y][2 * h]);
+                    const uint64_t gi = row0 + i;  // the row of the stacked output
+                    const float v0 = epi(gi, j, acc[x][y][2 * h]);
                     if (vec_out) {
                         // n is even and j is even: j + 1 < n too.
-                        const float v1 = epi(i, j + 1, acc[x][y][2 * h + 1]);
-                        *reinterpret_cast<float2*>(out + i * n + j) = make_float2(v0, v1);
+                        const float v1 = epi(gi, j + 1, acc[x][y][2 * h + 1]);
+                        *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
                     } else {
-                        out[i * n + j] = v0;
-                        if (j + 1 < n) out[i * n + j + 1] = epi(i, j + 1, acc[x][y][2 * h + 1]);
+                        out[gi * n + j] = v0;
+                        if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, acc[x][y][2 * h + 1]);
                     }
                 }
             }
@@ -373,6 +386,20 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
         pptm_matmul_mma_tiled<T, 128, 64, 32, 3>(A, W, m, k, n, epi, out, b);
     else
         pptm_matmul_mma_tiled<T, 64, 64, 32, 4>(A, W, m, k, n, epi, out, b);
+}
+
+// Batched products on tensor cores (pptm_matmul_batched in pattern/linear.cuh says what they
+// are): mma.sync only, as the products are small by intent, and the tile size chosen from the
+// whole batch's tiles, as the host's block request (ChainIr::stage_blocks) does.
+template <class T, class S, class Epi>
+__device__ __forceinline__ void pptm_matmul_mma_batched(uint64_t batch, const S* A, const S* W, uint64_t m, uint64_t k,
+                                                        uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
+    const uint64_t large = (m / 128 + (m % 128 != 0)) * (n / 64 + (n % 64 != 0));
+    // Products no taller than a small tile keep small tiles: a large one would be half empty.
+    if (m > 64 && batch * large >= (uint64_t)PPTM_MMA_LARGE_FROM)
+        pptm_matmul_mma_tiled<T, 128, 64, 32, 3, true>(A, W, m, k, n, epi, out, b, batch);
+    else
+        pptm_matmul_mma_tiled<T, 64, 64, 32, 4, true>(A, W, m, k, n, epi, out, b, batch);
 }
 
 // ---- the accuracy guard -----------------------------------------------------------------------

@@ -82,28 +82,64 @@ pub const MATMUL: OpDef = OpDef {
         ],
         Ty::Matrix("m", "n"),
         "pptm_matmul",
-        |t| {
-            let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
-            let (a, w) = (t.flow, t.tensors[0]);
-            let mut c = vec![0.0; m * n];
-            if k == 0 || n == 0 {
-                // No terms, or no outputs: m (a size parameter) bounds nothing else, and a loop
-                // over it would only spin.
-                return c;
-            }
-            for i in 0..m {
-                for p in 0..k {
-                    let aip = a[i * k + p];
-                    for j in 0..n {
-                        c[i * n + j] += aip * w[p * n + j];
-                    }
-                }
-            }
-            c
-        },
+        |t| matmul_ref(t, 1),
         "Matrix product A W (A: m x k, W: k x n, row-major): f32 on CUDA cores, or bf16/fp16 operands on tensor cores with f32 accumulation.",
     )
 };
+
+/// `A[s] W[s]` for every s < batch: `batch` independent products of one shape (the many small
+/// GEMMs of attention heads, experts, or a batch of small models), stacked one after another in
+/// A (batch×m×k), W (batch×k×n) and the result (batch×m×n). A bias after it (AddBias) is one per
+/// column, shared by every product. Precisions as [`MATMUL`]; the tensor-core path is mma.sync
+/// (no wgmma: its products are small by intent), its tiles numbered across the whole batch so
+/// that small products still fill the GPU.
+pub const BATCHED_MATMUL: OpDef = OpDef {
+    tensor_precisions: MATMUL.tensor_precisions,
+    ..output_fusable(
+        "BatchedMatmul",
+        &[
+            param("a", Ty::Batch("batch", "m", "k")),
+            param("w", Ty::Batch("batch", "k", "n")),
+        ],
+        Ty::Batch("batch", "m", "n"),
+        "pptm_matmul_batched",
+        |t| matmul_ref(t, t.dim("batch")),
+        "Batched matrix product A[s] W[s] for s < batch (A: batch x m x k, W: batch x k x n, row-major, stacked): f32 on CUDA cores, or bf16/fp16 operands on tensor cores with f32 accumulation.",
+    )
+};
+
+/// Whether `op` is a matrix product (single or batched): the ops the matmul pattern runs.
+pub fn is_matmul(op: &OpDef) -> bool {
+    op.device == MATMUL.device || op.device == BATCHED_MATMUL.device
+}
+
+/// The f64 reference of `batch` stacked products A[s] W[s] (`batch` = 1: one product).
+fn matmul_ref(t: &OpInputs, batch: usize) -> Vec<f64> {
+    let (m, k, n) = (t.dim("m"), t.dim("k"), t.dim("n"));
+    let (a, w) = (t.flow, t.tensors[0]);
+    let mut c = vec![0.0; batch * m * n];
+    if k == 0 || n == 0 {
+        // No terms, or no outputs: m (a size parameter) bounds nothing else, and a loop over it
+        // would only spin.
+        return c;
+    }
+    for s in 0..batch {
+        let (a, w) = (
+            &a[s * m * k..(s + 1) * m * k],
+            &w[s * k * n..(s + 1) * k * n],
+        );
+        let c = &mut c[s * m * n..(s + 1) * m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let aip = a[i * k + p];
+                for j in 0..n {
+                    c[i * n + j] += aip * w[p * n + j];
+                }
+            }
+        }
+    }
+    c
+}
 
 /// `alpha x + beta y` per element.
 pub const AXPBY: OpDef = OpDef::elementwise(

@@ -13,7 +13,8 @@ mod reduce;
 
 pub use divergence::KL_DIVERGENCE;
 pub use linalg::{
-    ADD_BIAS, AXPBY, BELIEF_UPDATE, GELU, GEMV, GEMV_T, MATMUL, RELU, SIGMOID, SQUARE, TANH,
+    ADD_BIAS, AXPBY, BATCHED_MATMUL, BELIEF_UPDATE, GELU, GEMV, GEMV_T, MATMUL, RELU, SIGMOID,
+    SQUARE, TANH, is_matmul,
 };
 pub use neighbours::{
     ADD_DIGAMMA, CHEBYSHEV_DISTANCE, DIGAMMA, KSG_DIGAMMA, KTH_SMALLEST, MAX_K, RADIUS_COUNT,
@@ -57,6 +58,8 @@ pub enum Ty {
     Vector(&'static str),
     /// A row-major f32 matrix.
     Matrix(&'static str, &'static str),
+    /// A stack of row-major matrices of one shape, one after another (batch, rows, columns).
+    Batch(&'static str, &'static str, &'static str),
     /// A value for every pair (i, j), i != j, of `n` points: computed, consumed, never stored.
     Pairs(&'static str),
     /// One value: what a reduction produces.
@@ -74,11 +77,27 @@ impl Ty {
             Ty::Row => "a vector over the last dimension",
             Ty::Vector(_) => "a vector",
             Ty::Matrix(..) => "a matrix",
+            Ty::Batch(..) => "a stack of matrices",
             Ty::Pairs(_) => "per-pair values",
             Ty::Scalar => "a scalar",
             Ty::F32 => "an f32 argument",
             Ty::U32 => "a u32 argument",
         }
+    }
+
+    /// The dimension letters of a tensor type, outermost first (`None` for the others).
+    pub fn letters(self) -> Option<Vec<&'static str>> {
+        match self {
+            Ty::Vector(l) => Some(vec![l]),
+            Ty::Matrix(r, c) => Some(vec![r, c]),
+            Ty::Batch(s, r, c) => Some(vec![s, r, c]),
+            _ => None,
+        }
+    }
+
+    /// A matrix, or a stack of them: what a precision's matrix storage applies to.
+    pub fn is_matrix(self) -> bool {
+        matches!(self, Ty::Matrix(..) | Ty::Batch(..))
     }
 
     /// Passed by value in the descriptor rather than as a buffer.
@@ -238,6 +257,7 @@ pub const CATALOG: &[&OpDef] = &[
     &BELIEF_UPDATE,
     &SQUARE,
     &MATMUL,
+    &BATCHED_MATMUL,
     &ADD_BIAS,
     &RELU,
     &SIGMOID,
@@ -332,7 +352,7 @@ mod tests {
                 }
                 (FusionClass::Reduction, CpuImpl::Reduction { .. }) => a.output == Ty::Scalar,
                 (FusionClass::OutputFusable, CpuImpl::Tensor(_)) => {
-                    matches!(a.output, Ty::Vector(_) | Ty::Matrix(..))
+                    matches!(a.output, Ty::Vector(_) | Ty::Matrix(..) | Ty::Batch(..))
                 }
                 (FusionClass::Pairwise, CpuImpl::Pair(_)) => matches!(a.output, Ty::Pairs(_)),
                 (FusionClass::RowReduction, CpuImpl::Row(_)) => {
