@@ -2030,7 +2030,7 @@ mod tests {
         assert_eq!(tc.blocks_for(&[100, 64, 64, 64]), 100);
         assert_eq!(tc.blocks_for(&[1000, 64, 64, 64]), 1000);
         assert_eq!(tc.blocks_for(&[100, 256, 64, 64]), 200);
-        assert_eq!(tc.blocks_for(&[10, 256, 64, 64]), 10 * 4 * 1);
+        assert_eq!(tc.blocks_for(&[10, 256, 64, 64]), 10 * 4);
         assert_eq!(tc.blocks_for(&[128, 256, 64, 64]), 256);
         // The guard samples one product: a batched stage refuses it, naming the attribute.
         spec.stages[0].tolerance = Some(crate::Tolerance(1e-2));
