@@ -73,7 +73,12 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     }
     // bf16/fp16 operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and kernels of
     // one block an SM (kernels/pptm/device.cuh).
-    if chains.iter().any(|c| hopper_tensor(&c)) {
+    // A batched product on such buffers (mma.sync) takes the same kernels for their 128
+    // registers a thread: under the 64 of two blocks an SM its k loop spilled.
+    if chains
+        .iter()
+        .any(|c| hopper_tensor(&c) || batched_tensor16(c))
+    {
         let _ = writeln!(out, "#define PPTM_HOPPER_TENSOR 1");
     }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
@@ -105,6 +110,15 @@ pub fn hopper_tensor(c: &&ChainIr) -> bool {
         s.tensor
             && s.op.device == pptm_spec::ops::MATMUL.device
             && s.tolerance.is_none()
+            && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
+    })
+}
+
+/// Whether the chain has a batched tensor-core product on bf16/fp16 buffers.
+fn batched_tensor16(c: &ChainIr) -> bool {
+    c.stages.iter().any(|s| {
+        s.tensor
+            && s.op.device == pptm_spec::ops::BATCHED_MATMUL.device
             && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
     })
 }
@@ -671,7 +685,7 @@ fn variant(out: &mut String, c: &ChainIr) {
     // whose wgmma pipeline crosses a function boundary (its C7510 notice), which took the 8192^3
     // matmul from 626 to 447 TFLOP/s on an H100.
     let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
-    let inline = if tensor && hopper_tensor(&c) {
+    let inline = if tensor && (hopper_tensor(&c) || batched_tensor16(c)) {
         "PPTM_WGMMA_RUN_INLINE"
     } else if plan.pattern == Pattern::Map || tensor {
         "__noinline__"

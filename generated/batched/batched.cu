@@ -15,6 +15,7 @@
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
 #define PPTM_LINEAR_SMEM_ALLOC_FLOATS 11136
+#define PPTM_HOPPER_TENSOR 1
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
@@ -42,7 +43,7 @@ struct pptm_epi_6618e69c {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_6618e69c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_6618e69c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6618e69c e(d);
     pptm_matmul_mma_batched<pptm_bf16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_6618e69c{e}, e.a3, b);
     partial = 0.0;
@@ -71,7 +72,7 @@ struct pptm_epi_cc841204 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_cc841204(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_cc841204(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_cc841204 e(d);
     pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_cc841204{e}, e.a3, b);
     partial = 0.0;

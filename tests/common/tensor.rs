@@ -133,7 +133,8 @@ pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
     // (batch, m, k, n): one product and a few; many single-tile products (more tiles than the
     // GPU has blocks, so blocks take several products); products of one or two rows; unaligned
     // rows (k or n not a multiple of 8) and partial tiles at every edge; a batch on the large
-    // tiles (m > 64, at least 128 of them); products on the f32 path's three tile shapes.
+    // tiles (m > 64, at least 128 of them); products on the f32 path's three tile shapes; on
+    // Hopper, the wgmma path.
     let shapes = [
         (1, 1, 1, 1),
         (7, 17, 17, 17),
@@ -146,6 +147,9 @@ pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
         (4, 33, 1000, 9),
         (2, 1000, 64, 1000),
         (3, 512, 7, 448),
+        // On Hopper the wgmma path (products of 128 x 128 outputs or more, k whole slices of
+        // 64): partial tiles in both dimensions, whose rows past m read the next product's A.
+        (4, 300, 192, 264),
     ];
     for (batch, m, k, n) in shapes {
         check_products(

@@ -389,11 +389,21 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
 }
 
 // Batched products on tensor cores (pptm_matmul_batched in pattern/linear.cuh says what they
-// are): mma.sync only, as the products are small by intent, and the tile size chosen from the
-// whole batch's tiles, as the host's block request (ChainIr::stage_blocks) does.
+// are): on Hopper, products of 128 x 128 outputs or more by wgmma (pattern/wgmma.cuh); the rest by
+// mma.sync, the tile size chosen from the whole batch's tiles, as the host's block request
+// (ChainIr::stage_blocks) does.
 template <class T, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma_batched(uint64_t batch, const S* A, const S* W, uint64_t m, uint64_t k,
                                                         uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
+#ifdef PPTM_WGMMA
+    // Hopper, 16-bit operands in memory, products of 128 x 128 outputs or more: TMA + wgmma.
+    if constexpr (sizeof(S) == 2) {
+        if (pptm_wgmma_batched_fits(A, W, batch, m, k, n)) {
+            pptm_matmul_wgmma_batched<T>(batch, reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
+            return;
+        }
+    }
+#endif
     const uint64_t large = (m / 128 + (m % 128 != 0)) * (n / 64 + (n % 64 != 0));
     // Products no taller than a small tile keep small tiles: a large one would be half empty.
     if (m > 64 && batch * large >= (uint64_t)PPTM_MMA_LARGE_FROM)

@@ -242,9 +242,15 @@ __device__ __forceinline__ void pptm_wg_tile(uint32_t t, uint32_t tiles_n, uint3
     tj = t % tiles_n;
 }
 
-template <class T, uint32_t BM, uint32_t BN, class Epi>
+// BATCHED: `batch` products stacked in A, W and out (pattern/linear.cuh's pptm_matmul_batched),
+// their tiles numbered as one product's (tile t of product s is tile s T + t). TMA sees A as one
+// (batch m) x k matrix and W as one (batch k) x n: product s's slices are rows s m + i of the first
+// and s k + p of the second. A tile's rows past m read the next product's rows of A, whose
+// outputs are never stored; k is a whole number of slices (pptm_wgmma_batched_fits), so no slice
+// reads into the next product's W.
+template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
-                                                        float* out, const pptm_block_ctx& b) {
+                                                        float* out, const pptm_block_ctx& b, uint32_t batch = 1) {
     constexpr uint32_t WGM = BM / 64, WGN = 4 / WGM;  // the warpgroups' grid over the tile
     constexpr uint32_t N = BN / WGN, R = N / 2;     // a warpgroup's columns, a thread's accumulators
     constexpr uint32_t A_BYTES = BM * PPTM_WG_BK * 2, STAGE_BYTES = A_BYTES + BN * PPTM_WG_BK * 2;
@@ -273,13 +279,14 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         // Generic-proxy writes to these bytes (an earlier pattern's) come before TMA's.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    if (warp == 0) pptm_tmap_build(pptm_wg_type<T>::index, A, m, k, W, k, n, maps, slot);
+    if (warp == 0) pptm_tmap_build(pptm_wg_type<T>::index, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps, slot);
     __syncthreads();
 
     // 32-bit counts (pptm_wgmma_fits bounds them): a 64-bit division is a function call, and a
     // call between a wgmma and its wait makes ptxas serialize every wgmma of the kernel.
     const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
-    const uint32_t tiles = tiles_m * tiles_n;
+    const uint32_t per_product = tiles_m * tiles_n;
+    const uint32_t tiles = BATCHED ? per_product * batch : per_product;
     const uint32_t ktiles = (uint32_t)(k / PPTM_WG_BK + (k % PPTM_WG_BK != 0));
     const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
     const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
@@ -289,14 +296,17 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         const uint32_t s = (uint32_t)(p % S);
         if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (uint32_t)((p / S - 1) & 1));
         uint32_t ti, tj;
-        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_n, ti, tj);
-        const int32_t i0 = (int32_t)(ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * PPTM_WG_BK);
+        const uint32_t tile = b.block + (p / ktiles) * b.nblocks;
+        const uint32_t prod = BATCHED ? tile / per_product : 0;  // its product
+        pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
+        const int32_t i0 = (int32_t)(prod * (uint32_t)m + ti * BM), j0 = (int32_t)(tj * BN);
+        const int32_t k0 = (int32_t)(p % ktiles * PPTM_WG_BK), kw0 = (int32_t)(prod * (uint32_t)k) + k0;
         const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
         pptm_mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
         for (uint32_t r = 0; r < BM / 128; ++r) pptm_tma_load_2d(dst + r * PPTM_WG_A_BOX_BYTES, slot[0], k0, i0 + 128 * (int32_t)r, bar);
 #pragma unroll
-        for (uint32_t q = 0; q < BN / 64; ++q) pptm_tma_load_2d(dst + A_BYTES + q * PPTM_WG_W_BOX_BYTES, slot[1], j0 + 64 * (int32_t)q, k0, bar);
+        for (uint32_t q = 0; q < BN / 64; ++q) pptm_tma_load_2d(dst + A_BYTES + q * PPTM_WG_W_BOX_BYTES, slot[1], j0 + 64 * (int32_t)q, kw0, bar);
     };
     if (threadIdx.x == 0) {
         pptm_tmap_acquire(slot[0]);
@@ -347,7 +357,9 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         // Accumulator 4 q + e: row 16 (warp % 4) + lane / 4 (+ 8 for e >= 2), column 8 q + 2 (lane % 4)
         // + e % 2 of this warpgroup's 64 x N.
         uint32_t ti, tj;
-        pptm_wg_tile(tile, tiles_n, ti, tj);
+        const uint32_t prod = BATCHED ? tile / per_product : 0;
+        pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
+        const uint64_t row0 = (uint64_t)prod * m;  // product prod's rows of the stacked output
         const uint64_t i_base = (uint64_t)ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
         const uint64_t j_base = (uint64_t)tj * BN + N * wn + 2 * (lane % 4);
 #pragma unroll
@@ -358,14 +370,15 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
                 const uint64_t j = j_base + 8 * q;
                 const float a0 = d[4 * q + 2 * h], a1 = d[4 * q + 2 * h + 1];
                 if (i >= m || j >= n) continue;
-                const float v0 = epi(i, j, a0);
+                const uint64_t gi = row0 + i;
+                const float v0 = epi(gi, j, a0);
                 if (vec_out) {
                     // n is even and so is j: j + 1 < n too.
-                    const float v1 = epi(i, j + 1, a1);
-                    *reinterpret_cast<float2*>(out + i * n + j) = make_float2(v0, v1);
+                    const float v1 = epi(gi, j + 1, a1);
+                    *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
                 } else {
-                    out[i * n + j] = v0;
-                    if (j + 1 < n) out[i * n + j + 1] = epi(i, j + 1, a1);
+                    out[gi * n + j] = v0;
+                    if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, a1);
                 }
             }
         }
@@ -386,6 +399,32 @@ __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64
         pptm_matmul_wgmma_tiled<T, 256, 192>(A, W, m, k, n, epi, out, b);
     else
         pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
+}
+
+// Whether a batch of products takes the wgmma path: products of at least 128 x 128 outputs (a
+// smaller one would leave most of a tile empty; pattern/mma.cuh's 64 x 64 tiles fit it), k whole
+// slices, the stacked matrices within pptm_wgmma_fits, and the batch's counts within 32 bits.
+__device__ __forceinline__ bool pptm_wgmma_batched_fits(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
+                                                        uint64_t n) {
+    if (batch == 0 || m < 128 || n < 128 || k % PPTM_WG_BK != 0 || batch >= (1ull << 31) || m >= (1ull << 31) ||
+        k >= (1ull << 31))
+        return false;
+    const uint64_t slices = batch * (m / 128 + 1) * (n / 128 + 1) * (k / 64 + 1);
+    return batch * m < (1ull << 31) && batch * k < (1ull << 31) && slices < (1ull << 32) &&
+           pptm_wgmma_fits(A, W, batch * m, k, n);
+}
+
+template <class T, class Epi>
+__device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const T* A, const T* W, uint64_t m, uint64_t k,
+                                                          uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
+    // 256 x 192 tiles where they fill the blocks and cover a product with at most 1/8 more area
+    // than 128 x 128 ones (a 128 x 128 product in a 256 x 192 tile ran at a third of the rate).
+    const uint64_t large = (m / 256 + (m % 256 != 0)) * (n / 192 + (n % 192 != 0));
+    const uint64_t small = (m / 128 + (m % 128 != 0)) * (n / 128 + (n % 128 != 0));
+    if (batch * large >= b.nblocks && large * 256 * 192 <= small * 128 * 128 + small * 128 * 128 / 8)
+        pptm_matmul_wgmma_tiled<T, 256, 192, true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
+    else
+        pptm_matmul_wgmma_tiled<T, 128, 128, true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
 }
 
 #endif  // PPTM_WGMMA
