@@ -73,8 +73,9 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     }
     // bf16/fp16 operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and kernels of
     // one block an SM (kernels/pptm/device.cuh).
-    // A batched product on such buffers (mma.sync) takes the same kernels for their 128
-    // registers a thread: under the 64 of two blocks an SM its k loop spilled.
+    // A batched product on such buffers takes the same kernels: its products of 128 x 128 outputs
+    // or more run on wgmma too, and its mma.sync loop, under the 64 registers of two blocks an SM,
+    // spilled 1 KB.
     if chains
         .iter()
         .any(|c| hopper_tensor(&c) || batched_tensor16(c))
