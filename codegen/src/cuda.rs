@@ -73,13 +73,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     }
     // bf16/fp16 operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and kernels of
     // one block an SM (kernels/pptm/device.cuh).
-    // A batched product on such buffers takes the same kernels: its products of 128 x 128 outputs
-    // or more run on wgmma too, and its mma.sync loop, under the 64 registers of two blocks an SM,
-    // spilled 1 KB.
-    if chains
-        .iter()
-        .any(|c| hopper_tensor(&c) || batched_tensor16(c))
-    {
+    if chains.iter().any(|c| hopper_tensor(&c)) {
         let _ = writeln!(out, "#define PPTM_HOPPER_TENSOR 1");
     }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
@@ -105,21 +99,12 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 
 /// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
 /// keeps f32 operands, and an fp8 one e4m3 operands, and converts them as it stages them, which
-/// TMA cannot).
+/// TMA cannot). A batched product counts too: its products of 128 x 128 outputs or more run on
+/// wgmma, and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB.
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
         s.tensor
-            && s.op.device == pptm_spec::ops::MATMUL.device
             && s.tolerance.is_none()
-            && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
-    })
-}
-
-/// Whether the chain has a batched tensor-core product on bf16/fp16 buffers.
-fn batched_tensor16(c: &ChainIr) -> bool {
-    c.stages.iter().any(|s| {
-        s.tensor
-            && s.op.device == pptm_spec::ops::BATCHED_MATMUL.device
             && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
     })
 }
@@ -145,32 +130,22 @@ fn device_elem(d: DType) -> &'static str {
 /// one (whose value, the sampled error, is the block's partial). A batched product's patterns
 /// take the batch size first.
 fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
-    if st.op.device == pptm_spec::ops::BATCHED_MATMUL.device {
-        let batch = dim_field(c, st, "batch");
-        return match (st.tensor, DType::matrix_storage(st.precision)) {
-            (true, DType::F8E4M3) => {
-                format!(
-                    "pptm_matmul_mma_batched<pptm_f16>({batch}, {args});
-    partial = 0.0;"
-                )
-            }
-            (true, storage) => format!(
-                "pptm_matmul_mma_batched<{}>({batch}, {args});
-    partial = 0.0;",
-                device_elem(storage)
-            ),
-            (false, _) => format!(
-                "pptm_matmul_batched({batch}, {args});
-    partial = 0.0;"
-            ),
-        };
-    }
     // What the tensor cores multiply: the storage type, except fp8 operands, which the pattern
     // widens to fp16 (exactly) as it stages them.
     let elem = match DType::matrix_storage(st.precision) {
         DType::F8E4M3 => "pptm_f16",
         storage => device_elem(storage),
     };
+    if st.op.device == pptm_spec::ops::BATCHED_MATMUL.device {
+        // The lowering refuses `tolerance` on a batched product: no guarded form.
+        let batch = dim_field(c, st, "batch");
+        let pattern = if st.tensor {
+            format!("pptm_matmul_mma_batched<{elem}>")
+        } else {
+            "pptm_matmul_batched".to_string()
+        };
+        return format!("{pattern}({batch}, {args});\n    partial = 0.0;");
+    }
     match (st.tensor, st.tolerance, c.guard()) {
         (true, Some(tol), Some((_, _, slot))) => format!(
             "partial = pptm_matmul_guarded<{elem}>({args}, {tol:e}f, {});",
@@ -686,7 +661,7 @@ fn variant(out: &mut String, c: &ChainIr) {
     // whose wgmma pipeline crosses a function boundary (its C7510 notice), which took the 8192^3
     // matmul from 626 to 447 TFLOP/s on an H100.
     let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
-    let inline = if tensor && (hopper_tensor(&c) || batched_tensor16(c)) {
+    let inline = if tensor && hopper_tensor(&c) {
         "PPTM_WGMMA_RUN_INLINE"
     } else if plan.pattern == Pattern::Map || tensor {
         "__noinline__"
