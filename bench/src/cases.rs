@@ -193,7 +193,7 @@ pub fn all() -> Vec<Case> {
         (1024, 1024, 1024),
         (8192, 8192, 8192),
     ]) {
-        cases.push(matmul_bias_gelu_bf16(size, m, k, n));
+        cases.push(matmul_bias_gelu_bf16(false, size, 1, m, k, n));
     }
     // Many small products of one shape: bench/src/cublas.rs times cuBLAS's strided batched GEMM
     // on the same shapes.
@@ -202,7 +202,7 @@ pub fn all() -> Vec<Case> {
         (256, 128, 128, 128),
         (64, 512, 512, 512),
     ]) {
-        cases.push(batched_matmul_bias_gelu_bf16(size, batch, m, k, n));
+        cases.push(matmul_bias_gelu_bf16(true, size, batch, m, k, n));
     }
     cases
 }
@@ -595,48 +595,6 @@ pub fn centred(seed: u64, n: usize) -> Vec<f32> {
     uniform(seed, n).into_iter().map(|u| u - 0.5).collect()
 }
 
-/// gelu(A W + b) on tensor cores: A (m×k) and W (k×n) bf16, f32 accumulation, bias and f32 output.
-fn matmul_bias_gelu_bf16(size: &'static str, m: usize, k: usize, n: usize) -> Case {
-    Case {
-        chain: "matmul_bias_gelu_bf16",
-        domain: MatmulBiasGeluBf16::DOMAIN.name,
-        size,
-        shape: matmul_shape(1, m, k, n),
-        x: m as f64,
-        bytes: (2 * (m * k + k * n) + 4 * (n + m * n)) as f64,
-        flops: 2.0 * (m * k * n) as f64,
-        prepare: Box::new(move |rt| {
-            let (a, w, b) = (
-                rt.upload(&centred_bf16(seed::MM16_A, m * k))?,
-                rt.upload(&centred_bf16(seed::MM16_W, k * n))?,
-                rt.upload(&centred(seed::MM16_B, n))?,
-            );
-            let mut out = rt.alloc::<f32>(m * n)?;
-            Ok(Box::new(move |read| {
-                let t = MatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?;
-                vector(t.device, &out, read)
-            }))
-        }),
-        expect: Box::new(move || {
-            let (a, w, b) = (
-                centred_bf16(seed::MM16_A, m * k),
-                centred_bf16(seed::MM16_W, k * n),
-                centred(seed::MM16_B, n),
-            );
-            let at = sample_indices(m * n)
-                .into_iter()
-                .map(|e| {
-                    let (i, j) = (e / n, e % n);
-                    let (s, abs) = bf16_dot_bias(&a, &w, &b, k, n, i, j, 0);
-                    let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
-                    (e, gelu, abs)
-                })
-                .collect();
-            Expect::Elements { at, exact: false }
-        }),
-    }
-}
-
 /// `batch` products A[s] W[s] of m×k and k×n bf16 matrices, stacked: "m×k×n bf16", or
 /// "batch × m×k×n bf16".
 pub fn matmul_shape(batch: usize, m: usize, k: usize, n: usize) -> String {
@@ -647,18 +605,30 @@ pub fn matmul_shape(batch: usize, m: usize, k: usize, n: usize) -> String {
     }
 }
 
-/// gelu(A[s] W[s] + b) for `batch` products of one shape on tensor cores (bf16 operands, f32
-/// accumulation, a bias shared by all, f32 output), their tiles spread over the GPU together.
-fn batched_matmul_bias_gelu_bf16(
+/// gelu(A W + b) on tensor cores: A (m×k) and W (k×n) bf16, f32 accumulation, bias and f32
+/// output. `batched`: gelu(A[s] W[s] + b) for `batch` such products stacked (a bias shared by
+/// all), by BatchedMatmulBiasGeluBf16, whose tiles of every product spread over the GPU together;
+/// otherwise one product (batch 1) by MatmulBiasGeluBf16.
+fn matmul_bias_gelu_bf16(
+    batched: bool,
     size: &'static str,
     batch: usize,
     m: usize,
     k: usize,
     n: usize,
 ) -> Case {
+    let (chain, domain) = if batched {
+        (
+            "batched_matmul_bias_gelu_bf16",
+            BatchedMatmulBiasGeluBf16::DOMAIN.name,
+        )
+    } else {
+        assert_eq!(batch, 1, "one product is a batch of 1");
+        ("matmul_bias_gelu_bf16", MatmulBiasGeluBf16::DOMAIN.name)
+    };
     Case {
-        chain: "batched_matmul_bias_gelu_bf16",
-        domain: BatchedMatmulBiasGeluBf16::DOMAIN.name,
+        chain,
+        domain,
         size,
         shape: matmul_shape(batch, m, k, n),
         x: (batch * m) as f64,
@@ -672,8 +642,12 @@ fn batched_matmul_bias_gelu_bf16(
             );
             let mut out = rt.alloc::<f32>(batch * m * n)?;
             Ok(Box::new(move |read| {
-                let t = BatchedMatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, batch, m, k)?
-                    .wait_timed()?;
+                let t = if batched {
+                    BatchedMatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, batch, m, k)?
+                        .wait_timed()?
+                } else {
+                    MatmulBiasGeluBf16::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?
+                };
                 vector(t.device, &out, read)
             }))
         }),
