@@ -97,6 +97,31 @@ pub struct GemvAxpbySum {
     total: SumReduction,
 }
 
+/// [`GemvAxpbySum`] with A stored in bf16 and multiplied on tensor cores: half the bytes the f32
+/// chain streams, which is what a large GEMV's time is. The vector stays f32 (carried to the tensor
+/// cores as two bf16 parts), so the result is A's bf16 values times x to f32 accuracy.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvAxpbySumBf16 {
+    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    product: Gemv,
+    #[stage(2)]
+    axpby: Axpby,
+    #[stage(3)]
+    square: Square,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+/// `y = A x` with A stored in bf16, on tensor cores (see [`GemvAxpbySumBf16`]); every output
+/// element is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvBf16 {
+    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    product: Gemv,
+}
+
 /// A dense layer: `gelu(A W + b)` (A: m×k, W: k×n, b: n), f32 on CUDA cores, the bias and
 /// activation applied to each output before it is stored.
 #[derive(FusionBuilder)]

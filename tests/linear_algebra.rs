@@ -1,6 +1,6 @@
-//! GemvAxpbySum, MatmulBias{Relu,Sigmoid,Tanh,Gelu} (f32, CUDA cores) and MatmulBiasGeluGuarded
-//! (the accuracy guard) of domain `linear_algebra` on every backend, against f64 references written
-//! here. The bf16/fp16 chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
+//! GemvAxpbySum, MatmulBias{Relu,Sigmoid,Tanh,Gelu} (f32, CUDA cores), GemvBf16 and
+//! GemvAxpbySumBf16 (a bf16 A on tensor cores) and MatmulBiasGeluGuarded (the accuracy guard) of
+//! domain `linear_algebra` on every backend, against f64 references written here. The bf16/fp16 chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
 //! tests/precision_fp8.rs.
 
 #[macro_use]
@@ -8,10 +8,10 @@ mod common;
 
 use common::{gelu, uniform};
 use pptm::chains::{
-    GemvAxpbySum, MatmulBiasGelu, MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid,
-    MatmulBiasTanh,
+    GemvAxpbySum, GemvAxpbySumBf16, GemvBf16, MatmulBiasGelu, MatmulBiasGeluGuarded,
+    MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
 };
-use pptm::{Buffer, Error, Runtime, Ticket};
+use pptm::{Buffer, Error, Runtime, Ticket, bf16};
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
     // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).
@@ -54,6 +54,91 @@ fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
             "m={m} n={n}: got {got}, f64 reference {want}, relative error {err:e}"
         );
     }
+}
+
+/// GemvBf16 and GemvAxpbySumBf16: A stored in bf16 and multiplied on tensor cores by the f32
+/// vector. The vector is not rounded to bf16 (the device carries it as two bf16 parts), so every
+/// output must match the f64 product of A's bf16 values and x within 1e-4 of its terms' magnitude,
+/// which x rounded to bf16 (2^-9) would miss. Shapes: rows of 16-byte multiples (n % 8 == 0) and
+/// not (read element by element), partial 16-row tiles, a row shorter than one warp's 64 columns
+/// and longer than the block's 1024, and m = 2^20 + 3.
+fn gemv_bf16_matches_f64_reference(rt: &Runtime) {
+    for (m, n) in [
+        (1, 1),
+        (7, 3),
+        (16, 8),
+        (17, 4099),
+        (1023, 1025),
+        (1000, 1000),
+        (33, 2056),
+        (4096, 4096),
+        ((1 << 20) + 3, 7),
+        (5, 1 << 16),
+    ] {
+        let x = uniform(n, -1.0, 1.0);
+        let a: Vec<bf16> = uniform(m * n, -1.0, 1.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let y = uniform(m, -1.0, 1.0);
+        let (alpha, beta) = (0.75f32, -1.25f32);
+        let mut want = vec![0.0f64; m];
+        let mut scale = vec![0.0f64; m];
+        for i in 0..m {
+            for j in 0..n {
+                let t = a[i * n + j].to_f64() * f64::from(x[j]);
+                want[i] += t;
+                scale[i] += t.abs();
+            }
+        }
+        let (xb, ab, yb) = (
+            rt.upload(&x).unwrap(),
+            rt.upload(&a).unwrap(),
+            rt.upload(&y).unwrap(),
+        );
+        let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
+        GemvBf16::submit(rt, &xb, &ab, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..m {
+            let tol = 1e-4 * scale[i].max(1e-3);
+            let err = (f64::from(got[i]) - want[i]).abs();
+            assert!(
+                err < tol,
+                "GemvBf16 m={m} n={n} row {i}: got {}, f64 reference {}, error {err:e}, tolerance {tol:e}",
+                got[i],
+                want[i]
+            );
+        }
+        let want_sum: f64 = (0..m)
+            .map(|i| {
+                let z = f64::from(alpha) * want[i] + f64::from(beta) * f64::from(y[i]);
+                z * z
+            })
+            .sum();
+        let got_sum = GemvAxpbySumBf16::submit(rt, &xb, &ab, &yb, alpha, beta)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let err = common::rel_err(f64::from(got_sum), want_sum);
+        assert!(
+            err < 1e-4,
+            "GemvAxpbySumBf16 m={m} n={n}: got {got_sum}, f64 reference {want_sum}, relative error {err:e}"
+        );
+    }
+    // An infinite element of x stays infinite (its low part is 0, not inf - inf).
+    let (m, n) = (19, 9);
+    let mut x = vec![0.5f32; n];
+    x[3] = f32::INFINITY;
+    let a = rt.upload(&vec![bf16::from_f32(1.0); m * n]).unwrap();
+    let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
+    GemvBf16::submit(rt, &rt.upload(&x).unwrap(), &a, &mut out)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![f32::INFINITY; m]);
 }
 
 type Submit = for<'a> fn(
@@ -292,6 +377,7 @@ fn bad_shapes_are_typed_errors(rt: &Runtime) {
 
 on_every_backend!(
     gemv_axpby_sum_matches_f64_reference,
+    gemv_bf16_matches_f64_reference,
     matmul_bias_act_matches_f64_reference,
     accuracy_guard_falls_back_on_fp16_overflow_only,
     bad_shapes_are_typed_errors,

@@ -15,6 +15,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
+use pptm_spec::ops::is_matmul;
 use pptm_spec::{
     ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Precision, Shape, Source, StageIr,
     Ty,
@@ -35,7 +36,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     );
     // The spec's constants the device code is compiled with (kernels/ checks each is defined).
     use pptm_spec::work;
-    let defines: [(&str, usize); 14] = [
+    let defines: [(&str, usize); 15] = [
         ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
         ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
         ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
@@ -54,6 +55,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         ),
         ("PPTM_GUARD_SAMPLES", pptm_spec::GUARD_SAMPLES),
         ("PPTM_GEMV_N_SHORT_BELOW", work::GEMV_SHORT_BELOW),
+        ("PPTM_GEMV_MMA_ROWS", work::GEMV_MMA_ROWS),
         ("PPTM_GEMV_T_NARROW_BELOW", work::GEMV_T_NARROW_BELOW),
         (
             "PPTM_GEMV_T_NARROW_COLS",
@@ -63,9 +65,13 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     for (name, value) in defines {
         let _ = writeln!(out, "#define {name} {value}");
     }
-    // A tensor-core stage stages two slices of its operands in the linear patterns' scratch
-    // (kernels/pptm/pattern/mma.cuh): 44.5 KB rather than their 16, so only where one is used.
-    if chains.iter().any(|c| c.stages.iter().any(|s| s.tensor)) {
+    // A tensor-core matmul stages slices of its operands in the linear patterns' scratch
+    // (kernels/pptm/pattern/mma.cuh): 44.5 KB rather than their 16, so only where one is used (a
+    // tensor-core GEMV reads A straight into its fragments and needs none).
+    if chains
+        .iter()
+        .any(|c| c.stages.iter().any(|s| s.tensor && is_matmul(s.op)))
+    {
         let _ = writeln!(
             out,
             "#define PPTM_LINEAR_SMEM_ALLOC_FLOATS {MMA_SMEM_FLOATS}"
@@ -100,10 +106,12 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 /// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
 /// keeps f32 operands, and an fp8 one e4m3 operands, and converts them as it stages them, which
 /// TMA cannot). A batched product counts too: its products of 128 x 128 outputs or more run on
-/// wgmma, and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB.
+/// wgmma, and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB. A
+/// tensor-core GEMV does not: it wants as many loads in flight as two blocks an SM give.
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
         s.tensor
+            && is_matmul(s.op)
             && s.tolerance.is_none()
             && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
     })
@@ -153,6 +161,17 @@ fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
         ),
         (true, _, _) => format!("pptm_matmul_mma<{elem}>({args});\n    partial = 0.0;"),
         _ => format!("pptm_matmul({args});\n    partial = 0.0;"),
+    }
+}
+
+/// The GEMV pattern for stage `st` (Gemv or GemvT): the op's own, or for a tensor-core Gemv
+/// (bf16 A) the mma.sync one.
+fn gemv_pattern(st: &StageIr) -> &'static str {
+    if st.tensor {
+        debug_assert_eq!(st.op.device, pptm_spec::ops::GEMV.device);
+        "pptm_gemv_n_mma"
+    } else {
+        st.op.device
     }
 }
 
@@ -592,7 +611,8 @@ fn variant(out: &mut String, c: &ChainIr) {
                 Pattern::Gemv => {
                     let _ = writeln!(
                         call,
-                        "    partial = pptm_gemv_n<{r}>({matrix}, {m}, {n}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);"
+                        "    partial = {}<{r}>({matrix}, {m}, {n}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);",
+                        gemv_pattern(ast)
                     );
                 }
                 Pattern::GemvT => {
@@ -989,7 +1009,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         Source::Stage(_) => unreachable!(),
                     };
                     let (m, n) = (dim_field(c, st, "m"), dim_field(c, st, "n"));
-                    if pptm_spec::ops::is_matmul(st.op) {
+                    if is_matmul(st.op) {
                         let k = dim_field(c, st, "k");
                         let args =
                             format!("{src}, {matrix}, {m}, {k}, {n}, pptm_pass_acc{{}}, {dst}, b");
@@ -1015,7 +1035,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         let _ = writeln!(
                             body,
                             "            {}<pptm_no_reducer>({matrix}, {m}, {n}, pptm_load_at{{{src}}}, pptm_pass_acc{{}}, {dst}, b);",
-                            st.op.device
+                            gemv_pattern(st)
                         );
                     }
                 }
@@ -1039,8 +1059,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     );
                 }
             }
-            let sets_partial =
-                st.op.class == FusionClass::Reduction || pptm_spec::ops::is_matmul(st.op);
+            let sets_partial = st.op.class == FusionClass::Reduction || is_matmul(st.op);
             if !sets_partial {
                 let _ = writeln!(body, "            partial = 0.0;");
             }

@@ -12,6 +12,7 @@
 #define PPTM_DYNAMIC_SMEM_BYTES 231424
 #define PPTM_GUARD_SAMPLES 16
 #define PPTM_GEMV_N_SHORT_BELOW 8192
+#define PPTM_GEMV_MMA_ROWS 16
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
 #define PPTM_LINEAR_SMEM_ALLOC_FLOATS 11136
@@ -65,6 +66,87 @@ __device__ __forceinline__ double pptm_finish_91e20aba(const pptm_desc& d, const
     const pptm_env_91e20aba e(d);
     double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
     return v;
+}
+
+// chain GemvAxpbySumBf16: Gemv -> Axpby -> Square -> SumReduction (Gemv pattern)
+// spec hash fba379bc0be18726099ac54a0074adf97fe13a391babadc3c31b0cf7693bb900, opcode 0xfba379bc
+struct pptm_env_fba379bc {
+    const float* a0;  // x
+    const pptm_bf16* a1;  // a
+    const float* a2;  // y
+    float a3;  // alpha
+    float a4;  // beta
+    uint64_t a5;  // n
+    uint64_t a6;  // m
+    __device__ explicit pptm_env_fba379bc(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const pptm_bf16*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_pro_fba379bc {
+    pptm_env_fba379bc e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_fba379bc {
+    pptm_env_fba379bc e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = pptm_ld_cg_f32(e.a2 + i);
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        const float s1 = pptm_op_axpby(acc, x[0], e.a3, e.a4);
+        const float s2 = pptm_op_square(s1);
+        return s2;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s1 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+        const float s2 = pptm_op_square(s1);
+        return s2;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_fba379bc(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_fba379bc e(d);
+    partial = pptm_gemv_n_mma<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_fba379bc{e}, pptm_epi_fba379bc{e}, nullptr, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_fba379bc(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_fba379bc e(d);
+    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    return v;
+}
+
+// chain GemvBf16: Gemv (Gemv pattern)
+// spec hash c4b9f0954cf9ac6287891056a451be236477a7e6f0d2c4575fc75b1f29f35094, opcode 0xc4b9f095
+struct pptm_env_c4b9f095 {
+    const float* a0;  // x
+    const pptm_bf16* a1;  // a
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_c4b9f095(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const pptm_bf16*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_c4b9f095 {
+    pptm_env_c4b9f095 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_c4b9f095 {
+    pptm_env_c4b9f095 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = 0.0f;
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        return acc;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        return acc;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_c4b9f095(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_c4b9f095 e(d);
+    partial = pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_c4b9f095{e}, pptm_epi_c4b9f095{e}, e.a2, b);
+    return PPTM_STATUS_OK;
 }
 
 // chain MatmulBiasGelu: Matmul -> AddBias -> Gelu (Matmul pattern)
@@ -253,6 +335,8 @@ __device__ __forceinline__ uint32_t pptm_run_a4e244f5(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
+    case 0xfba379bcu: return ((d.args[1]) & 1ull) == 0 && ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySumBf16
+    case 0xc4b9f095u: return ((d.args[1]) & 1ull) == 0 && ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvBf16
     case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu
     case 0x67fb1b7bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasRelu
@@ -266,6 +350,8 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x91e20abau: return pptm_run_91e20aba(d, b, partial);  // GemvAxpbySum
+    case 0xfba379bcu: return pptm_run_fba379bc(d, b, partial);  // GemvAxpbySumBf16
+    case 0xc4b9f095u: return pptm_run_c4b9f095(d, b, partial);  // GemvBf16
     case 0x646fa6dbu: return pptm_run_646fa6db(d, b, partial);  // MatmulBiasGelu
     case 0x67fb1b7bu: return pptm_run_67fb1b7b(d, b, partial);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
@@ -279,6 +365,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
     case 0x91e20abau: return pptm_finish_91e20aba(d, partials, nblocks, smem);  // GemvAxpbySum
+    case 0xfba379bcu: return pptm_finish_fba379bc(d, partials, nblocks, smem);  // GemvAxpbySumBf16
     case 0x67fb1b7bu: return pptm_finish_67fb1b7b(d, partials, nblocks, smem);  // MatmulBiasGeluGuarded
     default: return 0.0;
     }
@@ -286,6 +373,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0xc4b9f095u: return true;  // GemvBf16
     case 0x646fa6dbu: return true;  // MatmulBiasGelu
     case 0x67fb1b7bu: return true;  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
@@ -336,6 +424,53 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
             partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xfba379bcu: {  // GemvAxpbySumBf16
+        const pptm_env_fba379bc e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a6, e.a5, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Square
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_square(pptm_ld_cg_f32(scratch[1] + i));
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // SumReduction
+            const float* const in[1] = {scratch[2]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xc4b9f095u: {  // GemvBf16
+        const pptm_env_c4b9f095 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
+            partial = 0.0;
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -524,6 +659,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x91e20aba03ull: {  // GemvAxpbySum stage 3
         const pptm_env_91e20aba e(d);
+        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0xfba379bc03ull: {  // GemvAxpbySumBf16 stage 3
+        const pptm_env_fba379bc e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;

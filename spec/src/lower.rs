@@ -903,7 +903,7 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
         }
         if op.device != ops::MATMUL.device {
             return Err(bad(
-                "guards a single Matmul only (the guard samples one product's outputs); a batched product has none yet",
+                "guards a single Matmul only (the guard samples one product's outputs); other ops have none yet",
             ));
         }
         if !(tensor && matches!(precision, Precision::Bf16 | Precision::Fp16)) {
@@ -1294,6 +1294,9 @@ impl ChainIr {
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
                 .div_ceil(work::MAP_ELEMS_PER_BLOCK),
+            FusionClass::OutputFusable if st.op.device == ops::GEMV.device && st.tensor => {
+                dim("m").div_ceil(work::GEMV_MMA_ROWS)
+            }
             FusionClass::OutputFusable if st.op.device == ops::GEMV.device => {
                 let m = dim("m");
                 m.div_ceil(if m < work::GEMV_SHORT_BELOW {

@@ -482,4 +482,147 @@ __device__ __forceinline__ double pptm_matmul_guarded(const float* A, const floa
     return -(double)err;
 }
 
+// ---- gemv_n on tensor cores: y = epi(A pro), A in bf16 -----------------------------------------
+//
+// For a Gemv stage with tensor_eligible = true and precision "bf16": A (m x n, row-major) is a
+// bf16 buffer, the vector stays f32. A GEMV reads every element of A once and does two flops per
+// element, so its time is A's bytes over the memory bandwidth: bf16 storage halves them against
+// f32, and mma.sync does the multiply-adds without costing the loads anything.
+//
+// The vector is not rounded to bf16. Each x_j is split into hi (x_j with its low 16 bits cleared,
+// exact in bf16) and lo (x_j - hi, exact in f32, rounded to bf16), |x_j - hi - lo| <= 2^-16 |x_j|;
+// an m16n8k16 product takes hi as column 0 of its B fragment and lo as column 1, so
+// y_i = C[i][0] + C[i][1] is A's bf16 values times the f32 vector, to f32 accuracy. (Columns 2..7
+// carry hi again; nothing reads them. An infinite x_j has lo = 0, so it stays infinite.)
+//
+// A block owns 16 rows, one mma tile (the host asks for m / 16 blocks, work::GEMV_MMA_ROWS); its
+// warps split n, each taking PPTM_GEMV_MMA_SLABS slabs of 32 columns at a time, round robin. In a
+// slab, lane (g, t) (g = lane / 4, t = lane % 4) loads columns 8t .. 8t + 7 of rows g and g + 8,
+// one 16-byte load each (a warp reads 64 contiguous bytes of each of its 16 rows). A dot product
+// does not care in which order its terms are added, so the eight values go into the fragment
+// slots the lane owns (columns 2t, 2t + 1 and 2t + 8, 2t + 9 of two products) and B takes the
+// vector's values for the same eight columns in the same slots. pro is evaluated once per column a
+// warp: lane (g, t) evaluates it at column 8t + g of the slab, and shuffles hand each lane the eight
+// values of its columns. Each warp's 16 sums go through the scratch, and 16 threads add them in
+// warp order (the same result every run) and apply the epilogue.
+//
+// Rows whose start is not 16-byte aligned (n not a multiple of 8, or an unaligned A) are read
+// element by element instead; columns past n and rows past m read as 0 and are never stored.
+#ifndef PPTM_GEMV_MMA_ROWS
+#error "PPTM_GEMV_MMA_ROWS must be defined by the generated translation unit"
+#endif
+static_assert(PPTM_GEMV_MMA_ROWS == 16, "gemv_n_mma: a block owns the 16 rows of one mma tile");
+#ifndef PPTM_GEMV_MMA_SLABS
+#define PPTM_GEMV_MMA_SLABS 2
+#endif
+static_assert(PPTM_WARPS * PPTM_GEMV_MMA_ROWS <= PPTM_LINEAR_SMEM_FLOATS, "gemv_n_mma: the warps' sums fit the scratch");
+
+// Eight bf16 values of a row, columns j .. j + 7, as four pairs (the lower column in the low half);
+// 0 past the end of the row.
+template <bool VEC>
+__device__ __forceinline__ void pptm_gemv_mma_load8(uint32_t (&r)[4], const uint16_t* row, uint64_t j, uint64_t n, bool live) {
+    if constexpr (VEC) {
+        if (live && j < n) {
+            const pptm_f4 v = pptm_ld_cg_f4(reinterpret_cast<const float*>(row + j));
+            r[0] = __float_as_uint(v.x);
+            r[1] = __float_as_uint(v.y);
+            r[2] = __float_as_uint(v.z);
+            r[3] = __float_as_uint(v.w);
+        } else {
+            r[0] = r[1] = r[2] = r[3] = 0u;
+        }
+    } else {
+#pragma unroll
+        for (uint32_t q = 0; q < 4; ++q) {
+            const uint32_t lo = live && j + 2 * q < n ? pptm_ld_cg_u16(row + j + 2 * q) : 0u;
+            const uint32_t hi = live && j + 2 * q + 1 < n ? pptm_ld_cg_u16(row + j + 2 * q + 1) : 0u;
+            r[q] = lo | (hi << 16);
+        }
+    }
+}
+
+// The part of x that column `lo_col ? 1 : 0` of B carries: hi = x with its low 16 bits cleared,
+// or lo = x - hi (0 for an infinite x, whose hi is x already). Exact in f32; hi is exact in bf16.
+__device__ __forceinline__ float pptm_bf16_part(float x, bool lo_col) {
+    const float hi = __uint_as_float(__float_as_uint(x) & 0xffff0000u);
+    const float lo = fabsf(x) == __int_as_float(0x7f800000) ? 0.0f : x - hi;
+    return lo_col ? lo : hi;
+}
+
+template <bool VEC, class R, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_n_mma_rows(const uint16_t* A, uint64_t m, uint64_t n, const Pro& pro,
+                                                       const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t S = PPTM_GEMV_MMA_SLABS;
+    constexpr uint64_t span = 32 * S, stride = span * PPTM_WARPS;
+    float* const sums = pptm_linear_smem();
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3u;
+    const bool lo_col = g == 1;
+    const uint64_t groups = m / PPTM_GEMV_MMA_ROWS + (m % PPTM_GEMV_MMA_ROWS != 0);
+    double red = R::identity();
+    for (uint64_t grp = b.block; grp < groups; grp += b.nblocks) {
+        pptm_tick(b);
+        const uint64_t i0 = grp * PPTM_GEMV_MMA_ROWS + g, i1 = i0 + 8;
+        const uint16_t* const row0 = A + i0 * n;  // read only while i0 < m
+        const uint16_t* const row1 = A + i1 * n;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+        for (uint64_t c0 = (uint64_t)warp * span; c0 < n; c0 += stride) {  // warp-uniform
+            uint32_t a0[S][4], a1[S][4];
+            float xm[S];
+#pragma unroll
+            for (uint32_t s = 0; s < S; ++s) {
+                const uint64_t j = c0 + 32 * s + 8 * t;
+                pptm_gemv_mma_load8<VEC>(a0[s], row0, j, n, i0 < m);
+                pptm_gemv_mma_load8<VEC>(a1[s], row1, j, n, i1 < m);
+            }
+#pragma unroll
+            for (uint32_t s = 0; s < S; ++s) {
+                const uint64_t j = c0 + 32 * s + 8 * t + g;
+                xm[s] = j < n ? pro(j) : 0.0f;
+            }
+#pragma unroll
+            for (uint32_t s = 0; s < S; ++s) {
+                uint32_t bq[4];
+#pragma unroll
+                for (uint32_t q = 0; q < 4; ++q) {
+                    // Columns 8t + 2q and + 1 of the slab, evaluated by lanes (2q, t) and (2q + 1, t).
+                    const float x0 = __shfl_sync(0xffffffffu, xm[s], 8 * q + t);
+                    const float x1 = __shfl_sync(0xffffffffu, xm[s], 8 * q + 4 + t);
+                    bq[q] = pptm_pack2<pptm_bf16>(pptm_bf16_part(x0, lo_col), pptm_bf16_part(x1, lo_col));
+                }
+                const uint32_t f0[4] = {a0[s][0], a1[s][0], a0[s][1], a1[s][1]};
+                const uint32_t f1[4] = {a0[s][2], a1[s][2], a0[s][3], a1[s][3]};
+                pptm_mma<pptm_bf16>::run(d, f0, bq[0], bq[1]);
+                pptm_mma<pptm_bf16>::run(d, f1, bq[2], bq[3]);
+            }
+        }
+        // Every reader of the scratch before this group (this call's or an earlier pattern's) is done.
+        __syncthreads();
+        if (t == 0) {  // lane (g, 0) holds columns 0 and 1 of rows g and g + 8
+            sums[warp * PPTM_GEMV_MMA_ROWS + g] = d[0] + d[1];
+            sums[warp * PPTM_GEMV_MMA_ROWS + g + 8] = d[2] + d[3];
+        }
+        __syncthreads();
+        const uint64_t i = grp * PPTM_GEMV_MMA_ROWS + threadIdx.x;
+        if (threadIdx.x < PPTM_GEMV_MMA_ROWS && i < m) {
+            float acc = 0.0f;
+#pragma unroll
+            for (uint32_t w = 0; w < PPTM_WARPS; ++w) acc += sums[w * PPTM_GEMV_MMA_ROWS + threadIdx.x];
+            const float y = epi(i, acc);
+            if (out != nullptr) out[i] = y;
+            red = R::combine(red, (double)y);
+        }
+    }
+    return pptm_block_partial<R>(red, b.red_smem);
+}
+
+template <class R, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_n_mma(const pptm_bf16* A, uint64_t m, uint64_t n, const Pro& pro,
+                                                  const Epi& epi, float* out, const pptm_block_ctx& b) {
+    const uint16_t* const a = pptm_mma_src(A);
+    // Row i starts at A + i n: every row start is aligned iff A is and n % 8 == 0.
+    if (pptm_aligned16(a) && n % 8 == 0) return pptm_gemv_n_mma_rows<true, R>(a, m, n, pro, epi, out, b);
+    return pptm_gemv_n_mma_rows<false, R>(a, m, n, pro, epi, out, b);
+}
+
 #endif  // PPTM_PATTERN_MMA_CUH

@@ -31,24 +31,30 @@ const fn output_fusable(
     }
 }
 
-/// `A x`: A is m×n row-major, x has n elements; the result has m.
-pub const GEMV: OpDef = output_fusable(
-    "Gemv",
-    &[
-        param("x", Ty::Vector("n")),
-        param("a", Ty::Matrix("m", "n")),
-    ],
-    Ty::Vector("m"),
-    "pptm_gemv_n",
-    |t| {
-        let (m, n) = (t.dim("m"), t.dim("n"));
-        let a = t.tensors[0];
-        (0..m)
-            .map(|i| (0..n).map(|j| a[i * n + j] * t.flow[j]).sum())
-            .collect()
-    },
-    "Matrix-vector product A x (A: m x n, row-major).",
-);
+/// `A x`: A is m×n row-major, x has n elements; the result has m. f32 on CUDA cores; with
+/// `tensor_eligible = true` and precision "bf16", A is a bf16 buffer (half the bytes a GEMV is
+/// bound by) multiplied on tensor cores by the f32 vector, which is carried as two bf16 parts so
+/// that it is not rounded (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma).
+pub const GEMV: OpDef = OpDef {
+    tensor_precisions: &[Precision::Bf16],
+    ..output_fusable(
+        "Gemv",
+        &[
+            param("x", Ty::Vector("n")),
+            param("a", Ty::Matrix("m", "n")),
+        ],
+        Ty::Vector("m"),
+        "pptm_gemv_n",
+        |t| {
+            let (m, n) = (t.dim("m"), t.dim("n"));
+            let a = t.tensors[0];
+            (0..m)
+                .map(|i| (0..n).map(|j| a[i * n + j] * t.flow[j]).sum())
+                .collect()
+        },
+        "Matrix-vector product A x (A: m x n, row-major): f32 on CUDA cores, or a bf16 A on tensor cores times the f32 vector.",
+    )
+};
 
 /// `Aᵀ x`: A is m×n row-major, x has m elements; the result has n.
 pub const GEMV_T: OpDef = output_fusable(
