@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pptm::chains::{
     AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, DistanceKth, GemvAxpbySum,
-    KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16, TeReduction,
+    GemvAxpbySumBf16, KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16, TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -179,7 +179,11 @@ pub fn all() -> Vec<Case> {
         cases.push(te_reduction(size, n));
     }
     for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
-        cases.push(gemv_axpby_sum(size, n));
+        cases.push(gemv_axpby_sum(false, size, n));
+    }
+    // The same GEMVs with A stored in bf16 (tensor cores): half the bytes.
+    for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
+        cases.push(gemv_axpby_sum(true, size, n));
     }
     for (size, (m, k, n)) in SIZES.into_iter().zip([
         (64usize, 256usize, 256usize),
@@ -208,13 +212,14 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 9] = [
+pub const CHAINS: [&str; 10] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
     "distance_kth",
     "te_reduction",
     "gemv_axpby_sum",
+    "gemv_axpby_sum_bf16",
     "matmul_bias_gelu",
     "matmul_bias_gelu_bf16",
     "batched_matmul_bias_gelu_bf16",
@@ -485,44 +490,71 @@ fn te_reduction(size: &'static str, n: usize) -> Case {
     }
 }
 
-/// gemv_axpby_sum with m = n: z = αAx + βy, Σz².
-fn gemv_axpby_sum(size: &'static str, n: usize) -> Case {
+/// gemv_axpby_sum with m = n: z = αAx + βy, Σz²; with `bf16`, A is stored in bf16 (the same
+/// values rounded) and multiplied on tensor cores by the f32 x.
+fn gemv_axpby_sum(bf16: bool, size: &'static str, n: usize) -> Case {
     let m = n;
+    // A as the chain reads it: f32, or its values rounded to bf16.
+    let matrix = move || {
+        let a = uniform(seed::GEMV_A, m * n);
+        let rounded: Vec<pptm::bf16> = if bf16 {
+            a.iter().map(|&v| pptm::bf16::from_f32(v)).collect()
+        } else {
+            Vec::new()
+        };
+        (a, rounded)
+    };
+    let (chain, domain, a_bytes) = if bf16 {
+        ("gemv_axpby_sum_bf16", GemvAxpbySumBf16::DOMAIN.name, 2.0)
+    } else {
+        ("gemv_axpby_sum", GemvAxpbySum::DOMAIN.name, 4.0)
+    };
     Case {
-        chain: "gemv_axpby_sum",
-        domain: GemvAxpbySum::DOMAIN.name,
+        chain,
+        domain,
         size,
-        shape: format!("m = n = {n}"),
+        shape: format!("m = n = {n}{}", if bf16 { ", A bf16" } else { "" }),
         x: n as f64,
-        bytes: 4.0 * (m * n + m + n) as f64,
+        bytes: a_bytes * (m * n) as f64 + 4.0 * (m + n) as f64,
         flops: 2.0 * (m * n) as f64 + 5.0 * m as f64,
         prepare: Box::new(move |rt| {
-            let (x, a, y) = (
+            let (x, y) = (
                 rt.upload(&uniform(seed::GEMV_X, n))?,
-                rt.upload(&uniform(seed::GEMV_A, m * n))?,
                 rt.upload(&uniform(seed::GEMV_Y, m))?,
             );
-            Ok(Box::new(move |read| {
-                Ok(scalar(
-                    GemvAxpbySum::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?.wait_timed()?,
-                    read,
-                ))
-            }))
+            let (a32, a16) = matrix();
+            if bf16 {
+                let a = rt.upload(&a16)?;
+                Ok(Box::new(move |read| {
+                    Ok(scalar(
+                        GemvAxpbySumBf16::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?
+                            .wait_timed()?,
+                        read,
+                    ))
+                }))
+            } else {
+                let a = rt.upload(&a32)?;
+                Ok(Box::new(move |read| {
+                    Ok(scalar(
+                        GemvAxpbySum::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?
+                            .wait_timed()?,
+                        read,
+                    ))
+                }))
+            }
         }),
         expect: Box::new(move || {
-            let (x, a, y) = (
-                uniform(seed::GEMV_X, n),
-                uniform(seed::GEMV_A, m * n),
-                uniform(seed::GEMV_Y, m),
-            );
+            let (x, y) = (uniform(seed::GEMV_X, n), uniform(seed::GEMV_Y, m));
+            let (a32, a16) = matrix();
+            let a: Vec<f64> = if bf16 {
+                a16.iter().map(|v| v.to_f64()).collect()
+            } else {
+                a32.iter().map(|&v| f64::from(v)).collect()
+            };
             let value: f64 = (0..m)
                 .map(|i| {
                     let row = &a[i * n..(i + 1) * n];
-                    let ax: f64 = row
-                        .iter()
-                        .zip(&x)
-                        .map(|(&a, &x)| f64::from(a) * f64::from(x))
-                        .sum();
+                    let ax: f64 = row.iter().zip(&x).map(|(&a, &x)| a * f64::from(x)).sum();
                     let z = f64::from(GEMV_ALPHA) * ax + f64::from(GEMV_BETA) * f64::from(y[i]);
                     z * z
                 })
