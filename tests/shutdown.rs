@@ -44,6 +44,7 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
         let tickets: Vec<_> = (0..1000)
             .map(|_| KlComplexity::submit(&rt, &qb, &pb).unwrap())
             .collect();
+        let limit = rt.config().shutdown_timeout;
         let started = Instant::now();
         drop(rt);
         let dropped_in = started.elapsed();
@@ -61,9 +62,11 @@ fn dropping_the_runtime_with_items_in_flight_resolves_every_ticket() {
         assert_eq!(ok + shut, 1000);
         // Items submitted before the drop are drained, not dropped.
         assert_eq!(ok, 1000, "every item submitted before the drop completes");
+        // Not a speed bound: past its shutdown timeout a drop gives up on the manifold (and
+        // leaks it) instead of draining, so taking longer would mean a wait that ignored it.
         assert!(
-            dropped_in < Duration::from_secs(5),
-            "drop took {dropped_in:?}"
+            dropped_in < limit + Duration::from_secs(1),
+            "drop took {dropped_in:?}, past the shutdown timeout {limit:?}"
         );
         // Buffers outlive the runtime.
         assert_eq!(qb.to_vec().unwrap(), q);

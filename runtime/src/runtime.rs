@@ -77,7 +77,8 @@ pub struct Config {
     pub max_backoff: Duration,
     /// How long a blocking submit waits for a free slot before [`Error::Timeout`].
     pub submit_timeout: Duration,
-    /// How long shutdown (and dropping a pending ticket) waits for the device.
+    /// How long shutdown (and dropping a pending ticket) waits for the device. Default 5 s, or
+    /// `PPTM_SHUTDOWN_TIMEOUT_MS`.
     pub shutdown_timeout: Duration,
     /// How long a manifold may take to become resident before its launch is cancelled.
     pub launch_timeout: Duration,
@@ -107,7 +108,8 @@ impl Default for Config {
             hot_polls: 4096,
             max_backoff: Duration::from_micros(20),
             submit_timeout: Duration::from_secs(10),
-            shutdown_timeout: Duration::from_secs(5),
+            shutdown_timeout: ms_from_env("PPTM_SHUTDOWN_TIMEOUT_MS")
+                .map_or(Duration::from_secs(5), Duration::from_millis),
             launch_timeout: Duration::from_secs(2),
             watchdog: watchdog_from_env().unwrap_or(Some(Duration::from_millis(100))),
             fetch_pollers: 2,
@@ -120,12 +122,13 @@ impl Default for Config {
 /// `PPTM_WATCHDOG_MS=n` sets the default watchdog deadline (`0` turns it off), e.g. for runs
 /// under compute-sanitizer, whose kernels are many times slower.
 fn watchdog_from_env() -> Option<Option<Duration>> {
-    let ms: u64 = std::env::var("PPTM_WATCHDOG_MS")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let ms = ms_from_env("PPTM_WATCHDOG_MS")?;
     Some((ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+/// A number of milliseconds from the environment variable `var`; None when unset or not a number.
+fn ms_from_env(var: &str) -> Option<u64> {
+    std::env::var(var).ok()?.trim().parse().ok()
 }
 
 impl Config {
