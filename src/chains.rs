@@ -122,6 +122,29 @@ pub struct GemvBf16 {
     product: Gemv,
 }
 
+/// [`GemvAxpbySum`] with A stored in fp8 (OCP E4M3, [`crate::F8E4M3`]): a quarter of the f32
+/// chain's bytes. Its values are widened exactly to bf16 on the tensor cores; the vector stays f32.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvAxpbySumFp8 {
+    #[stage(1, tensor_eligible = true, precision = "fp8")]
+    product: Gemv,
+    #[stage(2)]
+    axpby: Axpby,
+    #[stage(3)]
+    square: Square,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+/// `y = A x` with A stored in fp8 (E4M3), on tensor cores; every output element is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvFp8 {
+    #[stage(1, tensor_eligible = true, precision = "fp8")]
+    product: Gemv,
+}
+
 /// A dense layer: `gelu(A W + b)` (A: m×k, W: k×n, b: n), f32 on CUDA cores, the bias and
 /// activation applied to each output before it is stored.
 #[derive(FusionBuilder)]

@@ -165,7 +165,7 @@ fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
 }
 
 /// The GEMV pattern for stage `st` (Gemv or GemvT): the op's own, or for a tensor-core Gemv
-/// (bf16 A) the mma.sync one.
+/// (bf16 or fp8 A) the mma.sync one.
 fn gemv_pattern(st: &StageIr) -> &'static str {
     if st.tensor {
         debug_assert_eq!(st.op.device, pptm_spec::ops::GEMV.device);

@@ -114,6 +114,52 @@ __device__ __forceinline__ double pptm_finish_fba379bc(const pptm_desc& d, const
     return v;
 }
 
+// chain GemvAxpbySumFp8: Gemv -> Axpby -> Square -> SumReduction (Gemv pattern)
+// spec hash 20719f307baf29501436b94ffb7866a801ae30a9e937665418f0559939345d30, opcode 0x20719f30
+struct pptm_env_20719f30 {
+    const float* a0;  // x
+    const pptm_e4m3* a1;  // a
+    const float* a2;  // y
+    float a3;  // alpha
+    float a4;  // beta
+    uint64_t a5;  // n
+    uint64_t a6;  // m
+    __device__ explicit pptm_env_20719f30(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const pptm_e4m3*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_pro_20719f30 {
+    pptm_env_20719f30 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_20719f30 {
+    pptm_env_20719f30 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = pptm_ld_cg_f32(e.a2 + i);
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        const float s1 = pptm_op_axpby(acc, x[0], e.a3, e.a4);
+        const float s2 = pptm_op_square(s1);
+        return s2;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s1 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+        const float s2 = pptm_op_square(s1);
+        return s2;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_20719f30(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_20719f30 e(d);
+    partial = pptm_gemv_n_mma<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_20719f30{e}, pptm_epi_20719f30{e}, nullptr, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_20719f30(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_20719f30 e(d);
+    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    return v;
+}
+
 // chain GemvBf16: Gemv (Gemv pattern)
 // spec hash c4b9f0954cf9ac6287891056a451be236477a7e6f0d2c4575fc75b1f29f35094, opcode 0xc4b9f095
 struct pptm_env_c4b9f095 {
@@ -146,6 +192,41 @@ struct pptm_epi_c4b9f095 {
 __device__ __noinline__ uint32_t pptm_run_c4b9f095(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_c4b9f095 e(d);
     partial = pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_c4b9f095{e}, pptm_epi_c4b9f095{e}, e.a2, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain GemvFp8: Gemv (Gemv pattern)
+// spec hash 421fa2bba149d76837b5528b83ef0696c26376aea9b9eae536138992005c15e0, opcode 0x421fa2bb
+struct pptm_env_421fa2bb {
+    const float* a0;  // x
+    const pptm_e4m3* a1;  // a
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_421fa2bb(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const pptm_e4m3*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_421fa2bb {
+    pptm_env_421fa2bb e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_421fa2bb {
+    pptm_env_421fa2bb e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = 0.0f;
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        return acc;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        return acc;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_421fa2bb(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_421fa2bb e(d);
+    partial = pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_421fa2bb{e}, pptm_epi_421fa2bb{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -336,7 +417,9 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
     case 0xfba379bcu: return ((d.args[1]) & 1ull) == 0 && ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySumBf16
+    case 0x20719f30u: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySumFp8
     case 0xc4b9f095u: return ((d.args[1]) & 1ull) == 0 && ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvBf16
+    case 0x421fa2bbu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvFp8
     case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu
     case 0x67fb1b7bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasRelu
@@ -351,7 +434,9 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x91e20abau: return pptm_run_91e20aba(d, b, partial);  // GemvAxpbySum
     case 0xfba379bcu: return pptm_run_fba379bc(d, b, partial);  // GemvAxpbySumBf16
+    case 0x20719f30u: return pptm_run_20719f30(d, b, partial);  // GemvAxpbySumFp8
     case 0xc4b9f095u: return pptm_run_c4b9f095(d, b, partial);  // GemvBf16
+    case 0x421fa2bbu: return pptm_run_421fa2bb(d, b, partial);  // GemvFp8
     case 0x646fa6dbu: return pptm_run_646fa6db(d, b, partial);  // MatmulBiasGelu
     case 0x67fb1b7bu: return pptm_run_67fb1b7b(d, b, partial);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
@@ -366,6 +451,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     switch (d.opcode) {
     case 0x91e20abau: return pptm_finish_91e20aba(d, partials, nblocks, smem);  // GemvAxpbySum
     case 0xfba379bcu: return pptm_finish_fba379bc(d, partials, nblocks, smem);  // GemvAxpbySumBf16
+    case 0x20719f30u: return pptm_finish_20719f30(d, partials, nblocks, smem);  // GemvAxpbySumFp8
     case 0x67fb1b7bu: return pptm_finish_67fb1b7b(d, partials, nblocks, smem);  // MatmulBiasGeluGuarded
     default: return 0.0;
     }
@@ -374,6 +460,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0xc4b9f095u: return true;  // GemvBf16
+    case 0x421fa2bbu: return true;  // GemvFp8
     case 0x646fa6dbu: return true;  // MatmulBiasGelu
     case 0x67fb1b7bu: return true;  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
@@ -465,8 +552,55 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x20719f30u: {  // GemvAxpbySumFp8
+        const pptm_env_20719f30 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a6, e.a5, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Square
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_square(pptm_ld_cg_f32(scratch[1] + i));
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // SumReduction
+            const float* const in[1] = {scratch[2]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0xc4b9f095u: {  // GemvBf16
         const pptm_env_c4b9f095 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x421fa2bbu: {  // GemvFp8
+        const pptm_env_421fa2bb e(d);
         switch (stage) {
         case 0: {  // Gemv
             pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
@@ -665,6 +799,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     }
     case 0xfba379bc03ull: {  // GemvAxpbySumBf16 stage 3
         const pptm_env_fba379bc e(d);
+        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x20719f3003ull: {  // GemvAxpbySumFp8 stage 3
+        const pptm_env_20719f30 e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;

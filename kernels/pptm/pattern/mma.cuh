@@ -482,12 +482,13 @@ __device__ __forceinline__ double pptm_matmul_guarded(const float* A, const floa
     return -(double)err;
 }
 
-// ---- gemv_n on tensor cores: y = epi(A pro), A in bf16 -----------------------------------------
+// ---- gemv_n on tensor cores: y = epi(A pro), A in bf16 or fp8 ----------------------------------
 //
-// For a Gemv stage with tensor_eligible = true and precision "bf16": A (m x n, row-major) is a
-// bf16 buffer, the vector stays f32. A GEMV reads every element of A once and does two flops per
-// element, so its time is A's bytes over the memory bandwidth: bf16 storage halves them against
-// f32, and mma.sync does the multiply-adds without costing the loads anything.
+// For a Gemv stage with tensor_eligible = true and precision "bf16" or "fp8": A (m x n, row-major)
+// is a bf16 or E4M3 buffer, the vector stays f32. A GEMV reads every element of A once and does two
+// flops per element, so its time is A's bytes over the memory bandwidth: bf16 storage halves them
+// against f32, fp8 quarters them, and mma.sync does the multiply-adds without costing the loads
+// anything. E4M3 values are widened to bf16 as they are loaded, exactly (bf16 holds every one).
 //
 // The vector is not rounded to bf16. Each x_j is split into hi (x_j with its low 16 bits cleared,
 // exact in bf16) and lo (x_j - hi, exact in f32, rounded to bf16), |x_j - hi - lo| <= 2^-16 |x_j|;
@@ -497,8 +498,11 @@ __device__ __forceinline__ double pptm_matmul_guarded(const float* A, const floa
 //
 // A block owns 16 rows, one mma tile (the host asks for m / 16 blocks, work::GEMV_MMA_ROWS); its
 // warps split n, each taking PPTM_GEMV_MMA_SLABS slabs of 32 columns at a time, round robin. In a
-// slab, lane (g, t) (g = lane / 4, t = lane % 4) loads columns 8t .. 8t + 7 of rows g and g + 8,
-// one 16-byte load each (a warp reads 64 contiguous bytes of each of its 16 rows). A dot product
+// slab, lane (g, t) (g = lane / 4, t = lane % 4) multiplies a piece of eight columns of rows g and
+// g + 8. A lane reads 16 bytes of a row at once: one piece of bf16 (columns 8t .. 8t + 7 of the
+// slab) or two of fp8 (columns 16t .. 16t + 15 of a pair of slabs), so every lane has 64 bytes in
+// flight and a warp reads 64 or 128 contiguous bytes of each row (fp8 with 8-byte loads, a piece
+// at a time, ran at 1.5 TB/s on an H100, against bf16's 2.4). A dot product
 // does not care in which order its terms are added, so the eight values go into the fragment
 // slots the lane owns (columns 2t, 2t + 1 and 2t + 8, 2t + 9 of two products) and B takes the
 // vector's values for the same eight columns in the same slots. pro is evaluated once per column a
@@ -506,8 +510,8 @@ __device__ __forceinline__ double pptm_matmul_guarded(const float* A, const floa
 // values of its columns. Each warp's 16 sums go through the scratch, and 16 threads add them in
 // warp order (the same result every run) and apply the epilogue.
 //
-// Rows whose start is not 16-byte aligned (n not a multiple of 8, or an unaligned A) are read
-// element by element instead; columns past n and rows past m read as 0 and are never stored.
+// Rows whose start is not aligned for that load (n not a multiple of 8, or an unaligned A) are
+// read element by element instead; columns past n and rows past m read as 0 and are never stored.
 #ifndef PPTM_GEMV_MMA_ROWS
 #error "PPTM_GEMV_MMA_ROWS must be defined by the generated translation unit"
 #endif
@@ -517,28 +521,79 @@ static_assert(PPTM_GEMV_MMA_ROWS == 16, "gemv_n_mma: a block owns the 16 rows of
 #endif
 static_assert(PPTM_WARPS * PPTM_GEMV_MMA_ROWS <= PPTM_LINEAR_SMEM_FLOATS, "gemv_n_mma: the warps' sums fit the scratch");
 
-// Eight bf16 values of a row, columns j .. j + 7, as four pairs (the lower column in the low half);
-// 0 past the end of the row.
+// The pieces of eight elements one 16-byte load holds.
+template <class E>
+__device__ constexpr uint32_t pptm_gemv_mma_pieces() {
+    return 16 / (8 * sizeof(E));
+}
+
+// Where lane t's piece s starts in a span of PPTM_GEMV_MMA_SLABS slabs (P pieces a load).
+template <uint32_t P>
+__device__ __forceinline__ uint32_t pptm_gemv_mma_piece(uint32_t s, uint32_t t) {
+    return (s / P) * 32 * P + t * 8 * P + 8 * (s % P);
+}
+
+// Two E4M3 values (the low two bytes of v, the first in the lower byte) as a bf16 pair, exactly.
+// sm_89 and later convert a pair in one instruction; compute_80 decodes each in software.
+__device__ __forceinline__ uint32_t pptm_e4m3x2_to_bf16x2(uint32_t v) {
+#if __CUDA_ARCH__ >= 890
+    float lo, hi;
+    asm("{ .reg .b16 p, a, b; .reg .b32 h; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 h, p; mov.b32 {a, b}, h;"
+        " cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+    return pptm_pack2<pptm_bf16>(lo, hi);
+#else
+    return pptm_pack2<pptm_bf16>(pptm_e4m3_to_f32(v & 0xffu), pptm_e4m3_to_f32((v >> 8) & 0xffu));
+#endif
+}
+
+// The 16 bytes of a row from column j: r[p] holds piece p (columns j + 8p .. j + 8p + 7) as four
+// bf16 pairs, the lower column in the low half; 0 past the end of the row (VEC: rows aligned for
+// one 16-byte load, and n a multiple of its elements). Rows of bf16 bits:
 template <bool VEC>
-__device__ __forceinline__ void pptm_gemv_mma_load8(uint32_t (&r)[4], const uint16_t* row, uint64_t j, uint64_t n, bool live) {
+__device__ __forceinline__ void pptm_gemv_mma_load(uint32_t (*r)[4], const uint16_t* row, uint64_t j, uint64_t n, bool live) {
     if constexpr (VEC) {
         if (live && j < n) {
             const pptm_f4 v = pptm_ld_cg_f4(reinterpret_cast<const float*>(row + j));
-            r[0] = __float_as_uint(v.x);
-            r[1] = __float_as_uint(v.y);
-            r[2] = __float_as_uint(v.z);
-            r[3] = __float_as_uint(v.w);
+            r[0][0] = __float_as_uint(v.x);
+            r[0][1] = __float_as_uint(v.y);
+            r[0][2] = __float_as_uint(v.z);
+            r[0][3] = __float_as_uint(v.w);
         } else {
-            r[0] = r[1] = r[2] = r[3] = 0u;
+            r[0][0] = r[0][1] = r[0][2] = r[0][3] = 0u;
         }
     } else {
 #pragma unroll
         for (uint32_t q = 0; q < 4; ++q) {
             const uint32_t lo = live && j + 2 * q < n ? pptm_ld_cg_u16(row + j + 2 * q) : 0u;
             const uint32_t hi = live && j + 2 * q + 1 < n ? pptm_ld_cg_u16(row + j + 2 * q + 1) : 0u;
-            r[q] = lo | (hi << 16);
+            r[0][q] = lo | (hi << 16);
         }
     }
+}
+
+// Rows of E4M3 bytes: two pieces, widened to bf16.
+template <bool VEC>
+__device__ __forceinline__ void pptm_gemv_mma_load(uint32_t (*r)[4], const uint8_t* row, uint64_t j, uint64_t n, bool live) {
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if constexpr (VEC) {
+        if (live && j < n)
+            asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                         : "l"(row + j));
+    } else {
+#pragma unroll
+        for (uint32_t e = 0; e < 16; ++e) {
+            uint16_t v = 0;
+            if (live && j + e < n) asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(row + j + e));
+            w[e / 4] |= (uint32_t)v << (8 * (e % 4));
+        }
+    }
+#pragma unroll
+    for (uint32_t p = 0; p < 2; ++p)
+#pragma unroll
+        for (uint32_t q = 0; q < 4; ++q) r[p][q] = pptm_e4m3x2_to_bf16x2(w[2 * p + q / 2] >> (16 * (q % 2)));
 }
 
 // The part of x that column `lo_col ? 1 : 0` of B carries: hi = x with its low 16 bits cleared,
@@ -549,10 +604,11 @@ __device__ __forceinline__ float pptm_bf16_part(float x, bool lo_col) {
     return lo_col ? lo : hi;
 }
 
-template <bool VEC, class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_n_mma_rows(const uint16_t* A, uint64_t m, uint64_t n, const Pro& pro,
+template <bool VEC, class R, class E, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_n_mma_rows(const E* A, uint64_t m, uint64_t n, const Pro& pro,
                                                        const Epi& epi, float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t S = PPTM_GEMV_MMA_SLABS;
+    constexpr uint32_t S = PPTM_GEMV_MMA_SLABS, P = pptm_gemv_mma_pieces<E>();
+    static_assert(S % P == 0, "gemv_n_mma: a span holds whole loads");
     constexpr uint64_t span = 32 * S, stride = span * PPTM_WARPS;
     float* const sums = pptm_linear_smem();
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3u;
@@ -562,22 +618,22 @@ __device__ __forceinline__ double pptm_gemv_n_mma_rows(const uint16_t* A, uint64
     for (uint64_t grp = b.block; grp < groups; grp += b.nblocks) {
         pptm_tick(b);
         const uint64_t i0 = grp * PPTM_GEMV_MMA_ROWS + g, i1 = i0 + 8;
-        const uint16_t* const row0 = A + i0 * n;  // read only while i0 < m
-        const uint16_t* const row1 = A + i1 * n;
+        const E* const row0 = A + i0 * n;  // read only while i0 < m
+        const E* const row1 = A + i1 * n;
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
         for (uint64_t c0 = (uint64_t)warp * span; c0 < n; c0 += stride) {  // warp-uniform
             uint32_t a0[S][4], a1[S][4];
             float xm[S];
 #pragma unroll
-            for (uint32_t s = 0; s < S; ++s) {
-                const uint64_t j = c0 + 32 * s + 8 * t;
-                pptm_gemv_mma_load8<VEC>(a0[s], row0, j, n, i0 < m);
-                pptm_gemv_mma_load8<VEC>(a1[s], row1, j, n, i1 < m);
+            for (uint32_t s = 0; s < S; s += P) {
+                const uint64_t j = c0 + pptm_gemv_mma_piece<P>(s, t);
+                pptm_gemv_mma_load<VEC>(&a0[s], row0, j, n, i0 < m);
+                pptm_gemv_mma_load<VEC>(&a1[s], row1, j, n, i1 < m);
             }
 #pragma unroll
             for (uint32_t s = 0; s < S; ++s) {
-                const uint64_t j = c0 + 32 * s + 8 * t + g;
+                const uint64_t j = c0 + pptm_gemv_mma_piece<P>(s, t) + g;
                 xm[s] = j < n ? pro(j) : 0.0f;
             }
 #pragma unroll
@@ -616,12 +672,13 @@ __device__ __forceinline__ double pptm_gemv_n_mma_rows(const uint16_t* A, uint64
     return pptm_block_partial<R>(red, b.red_smem);
 }
 
-template <class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_n_mma(const pptm_bf16* A, uint64_t m, uint64_t n, const Pro& pro,
-                                                  const Epi& epi, float* out, const pptm_block_ctx& b) {
-    const uint16_t* const a = pptm_mma_src(A);
-    // Row i starts at A + i n: every row start is aligned iff A is and n % 8 == 0.
-    if (pptm_aligned16(a) && n % 8 == 0) return pptm_gemv_n_mma_rows<true, R>(a, m, n, pro, epi, out, b);
+// A of bf16 or E4M3 (T); row i starts at A + i n, so every row start is aligned for the 16-byte
+// load iff A is and n is a multiple of its elements (8 or 16).
+template <class R, class T, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_n_mma(const T* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+                                                  float* out, const pptm_block_ctx& b) {
+    const auto* const a = pptm_mma_src(A);
+    if (pptm_aligned16(a) && n % (16 / sizeof(*a)) == 0) return pptm_gemv_n_mma_rows<true, R>(a, m, n, pro, epi, out, b);
     return pptm_gemv_n_mma_rows<false, R>(a, m, n, pro, epi, out, b);
 }
 

@@ -32,11 +32,12 @@ const fn output_fusable(
 }
 
 /// `A x`: A is m×n row-major, x has n elements; the result has m. f32 on CUDA cores; with
-/// `tensor_eligible = true` and precision "bf16", A is a bf16 buffer (half the bytes a GEMV is
-/// bound by) multiplied on tensor cores by the f32 vector, which is carried as two bf16 parts so
-/// that it is not rounded (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma).
+/// `tensor_eligible = true` and precision "bf16" or "fp8", A is a bf16 or E4M3 buffer (half or a
+/// quarter of the bytes a GEMV is bound by), widened exactly to bf16 and multiplied on tensor cores
+/// by the f32 vector, which is carried as two bf16 parts so that it is not rounded
+/// (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma).
 pub const GEMV: OpDef = OpDef {
-    tensor_precisions: &[Precision::Bf16],
+    tensor_precisions: &[Precision::Bf16, Precision::Fp8],
     ..output_fusable(
         "Gemv",
         &[
@@ -52,7 +53,7 @@ pub const GEMV: OpDef = OpDef {
                 .map(|i| (0..n).map(|j| a[i * n + j] * t.flow[j]).sum())
                 .collect()
         },
-        "Matrix-vector product A x (A: m x n, row-major): f32 on CUDA cores, or a bf16 A on tensor cores times the f32 vector.",
+        "Matrix-vector product A x (A: m x n, row-major): f32 on CUDA cores, or a bf16 or fp8 A on tensor cores times the f32 vector.",
     )
 };
 
