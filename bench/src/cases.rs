@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use pptm::chains::{
     AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, DistanceKth, GemvAxpbySum,
-    GemvAxpbySumBf16, KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16, TeReduction,
+    GemvAxpbySumBf16, GemvAxpbySumFp8, KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16,
+    TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -179,11 +180,13 @@ pub fn all() -> Vec<Case> {
         cases.push(te_reduction(size, n));
     }
     for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
-        cases.push(gemv_axpby_sum(false, size, n));
+        cases.push(gemv_axpby_sum(Storage::F32, size, n));
     }
-    // The same GEMVs with A stored in bf16 (tensor cores): half the bytes.
-    for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
-        cases.push(gemv_axpby_sum(true, size, n));
+    // The same GEMVs with A stored in bf16 or fp8 (tensor cores): half or a quarter of the bytes.
+    for storage in [Storage::Bf16, Storage::Fp8] {
+        for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
+            cases.push(gemv_axpby_sum(storage, size, n));
+        }
     }
     for (size, (m, k, n)) in SIZES.into_iter().zip([
         (64usize, 256usize, 256usize),
@@ -212,7 +215,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 10] = [
+pub const CHAINS: [&str; 11] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
@@ -220,6 +223,7 @@ pub const CHAINS: [&str; 10] = [
     "te_reduction",
     "gemv_axpby_sum",
     "gemv_axpby_sum_bf16",
+    "gemv_axpby_sum_fp8",
     "matmul_bias_gelu",
     "matmul_bias_gelu_bf16",
     "batched_matmul_bias_gelu_bf16",
@@ -490,30 +494,39 @@ fn te_reduction(size: &'static str, n: usize) -> Case {
     }
 }
 
-/// gemv_axpby_sum with m = n: z = αAx + βy, Σz²; with `bf16`, A is stored in bf16 (the same
-/// values rounded) and multiplied on tensor cores by the f32 x.
-fn gemv_axpby_sum(bf16: bool, size: &'static str, n: usize) -> Case {
+/// How gemv_axpby_sum stores A.
+#[derive(Clone, Copy)]
+enum Storage {
+    F32,
+    Bf16,
+    Fp8,
+}
+
+/// gemv_axpby_sum with m = n: z = αAx + βy, Σz²; A stored in f32 (CUDA cores), or its values
+/// rounded to bf16 or fp8 (E4M3) and multiplied on tensor cores by the f32 x.
+fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
     let m = n;
-    // A as the chain reads it: f32, or its values rounded to bf16.
-    let matrix = move || {
-        let a = uniform(seed::GEMV_A, m * n);
-        let rounded: Vec<pptm::bf16> = if bf16 {
-            a.iter().map(|&v| pptm::bf16::from_f32(v)).collect()
-        } else {
-            Vec::new()
-        };
-        (a, rounded)
-    };
-    let (chain, domain, a_bytes) = if bf16 {
-        ("gemv_axpby_sum_bf16", GemvAxpbySumBf16::DOMAIN.name, 2.0)
-    } else {
-        ("gemv_axpby_sum", GemvAxpbySum::DOMAIN.name, 4.0)
+    let a32 = move || uniform(seed::GEMV_A, m * n);
+    let (chain, domain, a_bytes, note) = match storage {
+        Storage::F32 => ("gemv_axpby_sum", GemvAxpbySum::DOMAIN.name, 4.0, ""),
+        Storage::Bf16 => (
+            "gemv_axpby_sum_bf16",
+            GemvAxpbySumBf16::DOMAIN.name,
+            2.0,
+            ", A bf16",
+        ),
+        Storage::Fp8 => (
+            "gemv_axpby_sum_fp8",
+            GemvAxpbySumFp8::DOMAIN.name,
+            1.0,
+            ", A fp8",
+        ),
     };
     Case {
         chain,
         domain,
         size,
-        shape: format!("m = n = {n}{}", if bf16 { ", A bf16" } else { "" }),
+        shape: format!("m = n = {n}{note}"),
         x: n as f64,
         bytes: a_bytes * (m * n) as f64 + 4.0 * (m + n) as f64,
         flops: 2.0 * (m * n) as f64 + 5.0 * m as f64,
@@ -522,35 +535,46 @@ fn gemv_axpby_sum(bf16: bool, size: &'static str, n: usize) -> Case {
                 rt.upload(&uniform(seed::GEMV_X, n))?,
                 rt.upload(&uniform(seed::GEMV_Y, m))?,
             );
-            let (a32, a16) = matrix();
-            if bf16 {
-                let a = rt.upload(&a16)?;
-                Ok(Box::new(move |read| {
-                    Ok(scalar(
-                        GemvAxpbySumBf16::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?
-                            .wait_timed()?,
-                        read,
-                    ))
-                }))
-            } else {
-                let a = rt.upload(&a32)?;
-                Ok(Box::new(move |read| {
-                    Ok(scalar(
-                        GemvAxpbySum::submit(rt, &x, &a, &y, GEMV_ALPHA, GEMV_BETA)?
-                            .wait_timed()?,
-                        read,
-                    ))
-                }))
-            }
+            let (alpha, beta) = (GEMV_ALPHA, GEMV_BETA);
+            let run: Box<dyn Fn(bool) -> pptm::Result<Sample> + '_> = match storage {
+                Storage::F32 => {
+                    let a = rt.upload(&a32())?;
+                    Box::new(move |read| {
+                        let t = GemvAxpbySum::submit(rt, &x, &a, &y, alpha, beta)?;
+                        Ok(scalar(t.wait_timed()?, read))
+                    })
+                }
+                Storage::Bf16 => {
+                    let a: Vec<pptm::bf16> = a32().into_iter().map(pptm::bf16::from_f32).collect();
+                    let a = rt.upload(&a)?;
+                    Box::new(move |read| {
+                        let t = GemvAxpbySumBf16::submit(rt, &x, &a, &y, alpha, beta)?;
+                        Ok(scalar(t.wait_timed()?, read))
+                    })
+                }
+                Storage::Fp8 => {
+                    let a: Vec<pptm::F8E4M3> =
+                        a32().into_iter().map(pptm::F8E4M3::from_f32).collect();
+                    let a = rt.upload(&a)?;
+                    Box::new(move |read| {
+                        let t = GemvAxpbySumFp8::submit(rt, &x, &a, &y, alpha, beta)?;
+                        Ok(scalar(t.wait_timed()?, read))
+                    })
+                }
+            };
+            Ok(run)
         }),
         expect: Box::new(move || {
             let (x, y) = (uniform(seed::GEMV_X, n), uniform(seed::GEMV_Y, m));
-            let (a32, a16) = matrix();
-            let a: Vec<f64> = if bf16 {
-                a16.iter().map(|v| v.to_f64()).collect()
-            } else {
-                a32.iter().map(|&v| f64::from(v)).collect()
-            };
+            // A's values as the chain stores them.
+            let a: Vec<f64> = a32()
+                .into_iter()
+                .map(|v| match storage {
+                    Storage::F32 => f64::from(v),
+                    Storage::Bf16 => pptm::bf16::from_f32(v).to_f64(),
+                    Storage::Fp8 => pptm::F8E4M3::from_f32(v).to_f64(),
+                })
+                .collect();
             let value: f64 = (0..m)
                 .map(|i| {
                     let row = &a[i * n..(i + 1) * n];
