@@ -502,16 +502,15 @@ __device__ __forceinline__ double pptm_matmul_guarded(const float* A, const floa
 // g + 8. A lane reads 16 bytes of a row at once: one piece of bf16 (columns 8t .. 8t + 7 of the
 // slab) or two of fp8 (columns 16t .. 16t + 15 of a pair of slabs), so every lane has 64 bytes in
 // flight and a warp reads 64 or 128 contiguous bytes of each row (fp8 with 8-byte loads, a piece
-// at a time, ran at 1.5 TB/s on an H100, against bf16's 2.4). A dot product
-// does not care in which order its terms are added, so the eight values go into the fragment
-// slots the lane owns (columns 2t, 2t + 1 and 2t + 8, 2t + 9 of two products) and B takes the
-// vector's values for the same eight columns in the same slots. pro is evaluated once per column a
-// warp: lane (g, t) evaluates it at column 8t + g of the slab, and shuffles hand each lane the eight
-// values of its columns. Each warp's 16 sums go through the scratch, and 16 threads add them in
+// at a time, ran at 1.5 TB/s on an H100, against bf16's 2.4). A dot product does not care in which
+// order its terms are added, so a piece's eight values go into the fragment slots the lane owns
+// (columns 2t, 2t + 1 and 2t + 8, 2t + 9 of two products) and B takes the vector's values for the
+// same eight columns in the same slots. pro is evaluated once per column a warp: lane (g, t)
+// evaluates it at column g of its piece, and shuffles hand each lane the eight values of its piece. Each warp's 16 sums go through the scratch, and 16 threads add them in
 // warp order (the same result every run) and apply the epilogue.
 //
-// Rows whose start is not aligned for that load (n not a multiple of 8, or an unaligned A) are
-// read element by element instead; columns past n and rows past m read as 0 and are never stored.
+// Rows whose start is not aligned for that load (n not a multiple of 8 for bf16 or of 16 for fp8,
+// or an unaligned A) are read element by element instead; columns past n and rows past m read as 0 and are never stored.
 #ifndef PPTM_GEMV_MMA_ROWS
 #error "PPTM_GEMV_MMA_ROWS must be defined by the generated translation unit"
 #endif
@@ -641,7 +640,7 @@ __device__ __forceinline__ double pptm_gemv_n_mma_rows(const E* A, uint64_t m, u
                 uint32_t bq[4];
 #pragma unroll
                 for (uint32_t q = 0; q < 4; ++q) {
-                    // Columns 8t + 2q and + 1 of the slab, evaluated by lanes (2q, t) and (2q + 1, t).
+                    // Columns 2q and 2q + 1 of the lane's piece, evaluated by lanes (2q, t) and (2q + 1, t).
                     const float x0 = __shfl_sync(0xffffffffu, xm[s], 8 * q + t);
                     const float x1 = __shfl_sync(0xffffffffu, xm[s], 8 * q + 4 + t);
                     bq[q] = pptm_pack2<pptm_bf16>(pptm_bf16_part(x0, lo_col), pptm_bf16_part(x1, lo_col));
