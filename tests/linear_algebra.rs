@@ -1,6 +1,7 @@
 //! GemvAxpbySum, MatmulBias{Relu,Sigmoid,Tanh,Gelu} (f32, CUDA cores), Gemv{Bf16,Fp8} and
 //! GemvAxpbySum{Bf16,Fp8} (a bf16 or fp8 A on tensor cores) and MatmulBiasGeluGuarded (the accuracy
-//! guard) of domain `linear_algebra` on every backend, against f64 references written here. The bf16/fp16 chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
+//! guard) of domain `linear_algebra` on every backend, against f64 references written here. The
+//! bf16/fp16 matmul chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
 //! tests/precision_fp8.rs.
 
 #[macro_use]
