@@ -46,8 +46,8 @@ pub mod work {
     pub const GEMV_SHORT_BELOW: usize = 8192;
     /// Output rows per block of a GEMV of fewer than `GEMV_SHORT_BELOW` rows.
     pub const GEMV_SHORT_ROWS_PER_BLOCK: usize = 16;
-    /// Output rows per block of a GEMV on tensor cores (bf16 A): one mma tile of 16 rows, the
-    /// block's warps splitting the columns (`PPTM_GEMV_MMA_ROWS`; kernels/pptm/pattern/mma.cuh).
+    /// Output rows per block of a GEMV on tensor cores (bf16 or fp8 A): one mma tile of 16 rows,
+    /// the block's warps splitting the columns (`PPTM_GEMV_MMA_ROWS`; kernels/pptm/pattern/mma.cuh).
     pub const GEMV_MMA_ROWS: usize = 16;
     /// Output columns per block of a transposed GEMV (a 32-column tile, a lane per column).
     pub const GEMV_T_COLS_PER_BLOCK: usize = 32;

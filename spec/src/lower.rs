@@ -2271,6 +2271,49 @@ mod tests {
     }
 
     #[test]
+    fn tensor_core_gemv_stores_a_in_its_precision_and_keeps_the_vector_f32() {
+        let gemv = |precision: Precision, tolerance: Option<f64>| {
+            let mut s = stage(1, "Gemv");
+            s.precision = Some(precision);
+            s.tensor_eligible = Some(true);
+            s.tolerance = tolerance.map(crate::Tolerance);
+            lower(&chain(vec![s]))
+        };
+        for (p, dtype) in [
+            (Precision::Bf16, DType::Bf16),
+            (Precision::Fp8, DType::F8E4M3),
+        ] {
+            let ir = gemv(p, None).unwrap();
+            let types: Vec<(&str, DType)> = ir
+                .args
+                .iter()
+                .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output))
+                .map(|a| (a.name.as_str(), a.dtype))
+                .collect();
+            assert_eq!(
+                types,
+                [("x", DType::F32), ("a", dtype), ("out", DType::F32)]
+            );
+            assert!(ir.stages[0].tensor);
+            // One block per 16 rows, whatever n (sizes in the chain's dimension order).
+            let sizes: Vec<usize> = ir
+                .dims
+                .iter()
+                .map(|d| if d.name == "m" { 1000 } else { 4096 })
+                .collect();
+            assert_eq!(ir.blocks_for(&sizes), 63);
+        }
+        // fp16 would have to carry the f32 vector in fp16's range: not offered.
+        let e = gemv(Precision::Fp16, None).unwrap_err();
+        assert!(e.to_string().contains("on tensor cores"), "{e}");
+        // The accuracy guard samples matrix products only.
+        assert!(matches!(
+            gemv(Precision::Bf16, Some(1e-2)),
+            Err(SpecError::ToleranceUnsupported { .. })
+        ));
+    }
+
+    #[test]
     fn finite_is_accepted_where_values_are_computed_and_refused_inside_patterns() {
         let with_finite = |ops: &[&str], at: usize| {
             let mut stages: Vec<StageSpec> = ops
