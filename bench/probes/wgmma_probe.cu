@@ -2,12 +2,15 @@
 // Rust:
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -I kernels -o wgmma_probe bench/probes/wgmma_probe.cu -lcuda -lcublas
-//     ./wgmma_probe [reps]
+//     ./wgmma_probe [reps] [batched [case]]
 //
 // One block an SM, grid-stride over tiles as in a manifold; out = gelu(A W + bias) with bf16 A and
 // W. Checks sampled outputs of several shapes (odd ones included) against an f64 reference on the
 // same bf16 operands, then times 64 x 256 x 256, 1024^3 and 8192^3 against cuBLAS's bf16 GEMM
-// alone (f32 output) with CUDA events: median of `reps` runs after warm-up.
+// alone (f32 output) with CUDA events: median of `reps` runs after warm-up. Then batched products
+// (pptm_matmul_wgmma_batched, its choice of tile and each tile forced) against cuBLAS's strided
+// batched GEMM alone. -DPROBE_IDENTITY drops the GELU, -DPROBE_NOSTORE the whole epilogue (for
+// seeing what the epilogue costs; the batched checks are then skipped).
 #define PPTM_BLOCK_THREADS 512
 #define PPTM_DYNAMIC_SMEM_BYTES (226 * 1024)
 #define PPTM_WGMMA_FROM 1
@@ -51,11 +54,18 @@
 
 
 
+// As the generated epilogues: `cols` loads the column values (the bias) the pattern hands back.
 struct ProbeEpi {
     const float* bias;
-    __device__ __forceinline__ float operator()(uint64_t, uint64_t j, float acc) const {
-        const float x = acc + bias[j];
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const { c[0] = pptm_ld_cg_f32(bias + j); }
+    __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc, const float (&c)[1]) const {
+        const float x = acc + c[0];
+#ifdef PROBE_IDENTITY
+        return x;  // experiment: the epilogue without GELU
+#else
         return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+#endif
     }
 };
 
@@ -65,6 +75,32 @@ __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1)
     const pptm_block_ctx b{blockIdx.x, gridDim.x, nullptr};
     pptm_matmul_wgmma<pptm_bf16>(A, W, m, k, n, ProbeEpi{bias}, out, b);
 #endif
+}
+
+// `batch` products stacked (pptm_matmul_wgmma_batched). TILE 0: the pattern's choice; 128 or 256:
+// that tile forced (128 x 128 or 256 x 192).
+template <int TILE>
+__global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1) probe_batched(const pptm_bf16* A, const pptm_bf16* W, const float* bias, float* out,
+                                                                       uint64_t batch, uint64_t m, uint64_t k, uint64_t n) {
+#ifdef PPTM_WGMMA
+    const pptm_block_ctx b{blockIdx.x, gridDim.x, nullptr};
+#ifdef PROBE_NOSTORE
+    out = nullptr;  // experiment: no epilogue at all
+#endif
+    if (TILE == 128)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 128, 128, true>(A, W, m, k, n, ProbeEpi{bias}, out, b, (uint32_t)batch);
+    else if (TILE == 256)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 256, 192, true>(A, W, m, k, n, ProbeEpi{bias}, out, b, (uint32_t)batch);
+    else
+        pptm_matmul_wgmma_batched<pptm_bf16>(batch, A, W, m, k, n, ProbeEpi{bias}, out, b);
+#endif
+}
+
+template <int TILE>
+static void launch_batched(int grid, const void* A, const void* W, const float* bias, float* out, uint64_t batch, uint64_t m, uint64_t k,
+                           uint64_t n) {
+    probe_batched<TILE><<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)A, (const pptm_bf16*)W, bias, out, batch, m, k,
+                                                                               n);
 }
 
 static uint16_t to_bf16(float x) {
@@ -95,11 +131,18 @@ struct Case {
 
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+    // "batched": only the batched checks and timings; then, if given, only the batched case of
+    // that index (for a profiler).
+    const bool only_batched = argc > 2 && std::strcmp(argv[2], "batched") == 0;
+    const int only_case = argc > 3 ? std::atoi(argv[3]) : -1;
     CK(cudaSetDevice(0));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     CK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe_batched<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe_batched<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe_batched<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     const int grid = prop.multiProcessorCount;
 
     const uint64_t cap = 8192ull * 8192;
@@ -130,6 +173,7 @@ int main(int argc, char** argv) {
                           {1000, 1000, 1000}, {1024, 1024, 1024}, {129, 4096, 520}, {4096, 4096, 4096}, {8192, 8192, 8192}};
     bool all_ok = true;
     for (const Case& c : cases) {
+        if (only_batched) break;
         // Operands packed for this shape (row-major m x k and k x n).
         CK(cudaMemcpy(dA, hA.data(), c.m * c.k * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dW, hW.data(), c.k * c.n * 2, cudaMemcpyHostToDevice));
@@ -177,8 +221,7 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     const Case timed[] = {{64, 256, 256}, {1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 8192, 8192}};
-    for (const Case& c : timed) {
-        auto median = [&](auto&& launch) {
+    auto median = [&](auto&& launch) {
             for (int r = 0; r < 3; ++r) launch();
             std::vector<float> t;
             for (int r = 0; r < reps; ++r) {
@@ -192,7 +235,9 @@ int main(int argc, char** argv) {
             }
             std::sort(t.begin(), t.end());
             return t[t.size() / 2];
-        };
+    };
+    for (const Case& c : timed) {
+        if (only_batched) break;
         const float ours = median([&] {
             probe<<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)dA, (const pptm_bf16*)dW, dbias, dout, c.m, c.k,
                                                                         c.n);
@@ -207,6 +252,80 @@ int main(int argc, char** argv) {
         std::printf("time %5llu x %5llu x %5llu: wgmma+bias+gelu %9.1f us (%6.1f TFLOP/s), cuBLAS GEMM alone %9.1f us (%6.1f TFLOP/s), ratio %.3f\n",
                     (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ours, flop / ours * 1e-6, theirs,
                     flop / theirs * 1e-6, theirs / ours);
+    }
+
+    // Batched products: A batch x m x k, W batch x k x n, out batch x m x n, stacked row-major.
+    struct BatchCase {
+        uint64_t batch, m, k, n;
+        bool timed;
+    };
+    const BatchCase batches[] = {{3, 128, 64, 128, false},   {5, 200, 128, 136, false},  {2, 300, 192, 264, false},
+                                 {256, 128, 128, 128, true}, {128, 256, 256, 256, true}, {64, 512, 512, 512, true},
+                                 {16, 1024, 1024, 1024, true}};
+    for (const BatchCase& c : batches) {
+        if (only_case >= 0 && &c != &batches[only_case]) continue;
+        const uint64_t sa = c.m * c.k, sw = c.k * c.n, so = c.m * c.n;
+        CK(cudaMemcpy(dA, hA.data(), c.batch * sa * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dW, hW.data(), c.batch * sw * 2, cudaMemcpyHostToDevice));
+        auto check = [&](const char* name, auto&& launch) {
+            CK(cudaMemset(dout, 0xff, c.batch * so * 4));
+            launch();
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            std::vector<float> h(c.batch * so);
+            CK(cudaMemcpy(h.data(), dout, h.size() * 4, cudaMemcpyDeviceToHost));
+            const uint64_t total = h.size(), samples = std::min<uint64_t>(total, 4096);
+            double worst = 0;
+            uint64_t bad = 0, nan_all = 0;
+            for (uint64_t s = 0; s < samples; ++s) {
+                const uint64_t idx = samples == total ? s : (s * 2654435761ull + 17) % total;
+                const uint64_t q = idx / so, i = idx % so / c.n, j = idx % c.n;
+                double acc = 0, mag = 0;
+                for (uint64_t p = 0; p < c.k; ++p) {
+                    const double t = from_bf16(hA[q * sa + i * c.k + p]) * from_bf16(hW[q * sw + p * c.n + j]);
+                    acc += t;
+                    mag += std::fabs(t);
+                }
+                const double x = acc + hb[j];
+#ifdef PROBE_IDENTITY
+                const double want = x;
+#else
+                const double want = 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+#endif
+                const double err = std::fabs(h[idx] - want) / (mag + std::fabs(hb[j]) + 1e-30);
+                worst = std::max(worst, std::isnan(err) ? 1e30 : err);
+                if (!(err <= 1e-5)) ++bad;
+            }
+            for (float v : h) nan_all += std::isnan(v);
+#ifdef PROBE_NOSTORE
+            (void)name;
+            return;
+#endif
+            const bool ok = bad == 0 && nan_all == 0;
+            all_ok &= ok;
+            std::printf("check %s %4llu x %4llu x %4llu x %4llu: %s (worst %.2e, %llu bad, %llu unwritten)\n", name,
+                        (unsigned long long)c.batch, (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n,
+                        ok ? "ok" : "WRONG", worst, (unsigned long long)bad, (unsigned long long)nan_all);
+        };
+        const auto chosen = [&] { launch_batched<0>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
+        const auto small = [&] { launch_batched<128>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
+        const auto large = [&] { launch_batched<256>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
+        check("chosen", chosen);
+        check("128x128", small);
+        check("256x192", large);
+        if (!c.timed) continue;
+        const float alpha = 1.0f, beta = 0.0f;
+        const auto blas = [&] {
+            cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, (int)c.n, (int)c.m, (int)c.k, &alpha, dW, CUDA_R_16BF, (int)c.n,
+                                       (long long)sw, dA, CUDA_R_16BF, (int)c.k, (long long)sa, &beta, dout, CUDA_R_32F, (int)c.n,
+                                       (long long)so, (int)c.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        };
+        const float t0 = median(chosen), t1 = median(small), t2 = median(large), tb = median(blas);
+        const double flop = 2.0 * c.batch * c.m * c.n * c.k;
+        std::printf("time batched %4llu x %4llu x %4llu x %4llu: chosen %7.1f us, 128x128 %7.1f, 256x192 %7.1f, cuBLAS strided GEMM alone "
+                    "%7.1f (%.0f TFLOP/s; ours best %.0f), ratio %.3f\n",
+                    (unsigned long long)c.batch, (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, t0, t1, t2,
+                    tb, flop / tb * 1e-6, flop / std::min(t1, t2) * 1e-6, tb / t0);
     }
     std::printf(all_ok ? "ALL CHECKS OK\n" : "SOME CHECKS FAILED\n");
     return all_ok ? 0 : 1;

@@ -196,6 +196,8 @@ enum Load<'a> {
     Loaded(&'a [usize]),
     /// From memory at an element index (`Like` inputs) and a column index (`Row` inputs).
     At { index: &'a str, column: &'a str },
+    /// As `At`, with the `Row` inputs already loaded: `c[k]` for the k-th slot of `cols`.
+    AtColumns { index: &'a str, cols: &'a [usize] },
 }
 
 /// Emits statements computing the stages in `range` for one element, starting from the channel
@@ -243,6 +245,13 @@ fn emit_stages(
                 (_, Load::At { index, .. }) => {
                     widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
                 }
+                (Ty::Row, Load::AtColumns { cols, .. }) => widen(format!(
+                    "c[{}]",
+                    cols.iter().position(|&x| x == slot).expect("column slot")
+                )),
+                (_, Load::AtColumns { index, .. }) => {
+                    widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
+                }
             });
         }
         let _ = writeln!(
@@ -287,6 +296,22 @@ fn epilogue_buffers(c: &ChainIr, range: std::ops::Range<usize>) -> Vec<usize> {
         for (p, src) in st.op.inputs.iter().zip(&st.inputs).skip(1) {
             if let Source::Arg(slot) = *src
                 && !p.ty.is_by_value()
+                && !slots.contains(&slot)
+            {
+                slots.push(slot);
+            }
+        }
+    }
+    slots
+}
+
+/// The buffers the stages in `range` read by column (`Row` inputs), each once, in order.
+fn column_buffers(c: &ChainIr, range: std::ops::Range<usize>) -> Vec<usize> {
+    let mut slots = Vec::new();
+    for s in range {
+        let st = &c.stages[s];
+        for (p, src) in st.op.inputs.iter().zip(&st.inputs).skip(1) {
+            if let (Source::Arg(slot), Ty::Row) = (*src, p.ty)
                 && !slots.contains(&slot)
             {
                 slots.push(slot);
@@ -543,11 +568,45 @@ fn variant(out: &mut String, c: &ChainIr) {
             let _ = writeln!(out, "struct pptm_epi_{t} {{");
             let _ = writeln!(out, "    pptm_env_{t} e;");
             if plan.pattern == Pattern::Matmul {
+                // A matmul's epilogue comes in two halves too: `cols` loads what it reads by
+                // column (a bias), so a tensor-core pattern loads those once for all the rows a
+                // thread stores, all at once, instead of one dependent load per element.
+                let cols = column_buffers(c, plan.epilogue.clone());
+                let len = cols.len().max(1);
+                let ty = range_type(c, &plan.epilogue);
+                let _ = writeln!(out, "    static constexpr uint32_t col_loads = {len};");
                 let _ = writeln!(
                     out,
-                    "    __device__ __forceinline__ {} operator()(uint64_t i, uint64_t j, float acc) const {{",
-                    range_type(c, &plan.epilogue)
+                    "    __device__ __forceinline__ void cols(uint64_t j, float (&c)[{len}]) const {{"
                 );
+                if cols.is_empty() {
+                    let _ = writeln!(out, "        c[0] = 0.0f;");
+                }
+                for (k, &slot) in cols.iter().enumerate() {
+                    let _ = writeln!(out, "        c[{k}] = pptm_ld_cg_f32({} + j);", field(slot));
+                }
+                let _ = writeln!(out, "    }}");
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ {ty} operator()(uint64_t i, uint64_t j, float acc, const float (&c)[{len}]) const {{"
+                );
+                let _ = writeln!(
+                    out,
+                    "        [[maybe_unused]] const uint64_t at = i * {} + j;",
+                    dim_field(c, ast, "n")
+                );
+                let load = Load::AtColumns {
+                    index: "at",
+                    cols: &cols,
+                };
+                let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
+                let _ = writeln!(out, "        return {};", v[0]);
+                let _ = writeln!(out, "    }}");
+                let _ = writeln!(
+                    out,
+                    "    __device__ __forceinline__ {ty} operator()(uint64_t i, uint64_t j, float acc) const {{"
+                );
+                // Written out, as the GEMV's below, rather than through `cols`.
                 let _ = writeln!(
                     out,
                     "        [[maybe_unused]] const uint64_t at = i * {} + j;",
@@ -1301,8 +1360,28 @@ mod tests {
             "{src}"
         );
         assert!(src.contains("const float s2 = pptm_op_gelu(s1);"));
+        // The column half: the bias loaded by `cols`, read from `c` by the four-argument form.
+        assert!(
+            src.contains(
+                "    static constexpr uint32_t col_loads = 1;\n    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {\n        c[0] = pptm_ld_cg_f32(e.a2 + j);\n    }"
+            ),
+            "{src}"
+        );
+        assert!(
+            src.contains("const float s1 = pptm_op_add_bias(acc, c[0]);"),
+            "{src}"
+        );
         assert!(
             src.contains("pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6,"),
+            "{src}"
+        );
+        // Without a column input, `cols` loads nothing.
+        let c = chain("Plain", &["Matmul", "Gelu"]);
+        let src = domain_source("inference", std::slice::from_ref(&c));
+        assert!(
+            src.contains(
+                "void cols(uint64_t j, float (&c)[1]) const {\n        c[0] = 0.0f;\n    }"
+            ),
             "{src}"
         );
     }

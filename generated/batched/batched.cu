@@ -37,6 +37,16 @@ struct pptm_env_6618e69c {
 };
 struct pptm_epi_6618e69c {
     pptm_env_6618e69c e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a7 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -66,6 +76,16 @@ struct pptm_env_cc841204 {
 };
 struct pptm_epi_cc841204 {
     pptm_env_cc841204 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a7 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -95,6 +115,16 @@ struct pptm_env_d48b0662 {
 };
 struct pptm_epi_d48b0662 {
     pptm_env_d48b0662 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a7 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -124,6 +154,16 @@ struct pptm_env_afe1d589 {
 };
 struct pptm_epi_afe1d589 {
     pptm_env_afe1d589 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a7 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));

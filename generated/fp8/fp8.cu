@@ -35,6 +35,16 @@ struct pptm_env_ce0367e1 {
 };
 struct pptm_epi_ce0367e1 {
     pptm_env_ce0367e1 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));

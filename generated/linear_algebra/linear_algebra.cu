@@ -244,6 +244,16 @@ struct pptm_env_646fa6db {
 };
 struct pptm_epi_646fa6db {
     pptm_env_646fa6db e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -273,6 +283,16 @@ struct pptm_env_67fb1b7b {
 };
 struct pptm_epi_67fb1b7b {
     pptm_env_67fb1b7b e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -303,6 +323,16 @@ struct pptm_env_bf989ba0 {
 };
 struct pptm_epi_bf989ba0 {
     pptm_env_bf989ba0 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_relu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -331,6 +361,16 @@ struct pptm_env_9e9087e3 {
 };
 struct pptm_epi_9e9087e3 {
     pptm_env_9e9087e3 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_sigmoid(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -359,6 +399,16 @@ struct pptm_env_1156234b {
 };
 struct pptm_epi_1156234b {
     pptm_env_1156234b e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_tanh(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));

@@ -36,6 +36,16 @@ struct pptm_env_e18f6af5 {
 };
 struct pptm_epi_e18f6af5 {
     pptm_env_e18f6af5 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -64,6 +74,16 @@ struct pptm_env_41eaba4d {
 };
 struct pptm_epi_41eaba4d {
     pptm_env_41eaba4d e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));

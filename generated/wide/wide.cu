@@ -141,6 +141,16 @@ struct pptm_env_b0042c30 {
 };
 struct pptm_epi_b0042c30 {
     pptm_env_b0042c30 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
     __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
@@ -169,6 +179,16 @@ struct pptm_env_cd0232fe {
 };
 struct pptm_epi_cd0232fe {
     pptm_env_cd0232fe e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ double operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const double s1 = pptm_op_add_bias((double)acc, (double)c[0]);
+        const double s2 = pptm_op_gelu((double)s1);
+        return s2;
+    }
     __device__ __forceinline__ double operator()(uint64_t i, uint64_t j, float acc) const {
         [[maybe_unused]] const uint64_t at = i * e.a6 + j;
         const double s1 = pptm_op_add_bias((double)acc, (double)pptm_ld_cg_f32(e.a2 + j));

@@ -191,6 +191,10 @@ struct pptm_pass_acc {
     __device__ __forceinline__ float apply(uint64_t, float acc, const float (&)[1]) const { return acc; }
     __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
     __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc) const { return acc; }
+    // The split form a matmul pattern may use to load column values once: none here.
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t, float (&c)[1]) const { c[0] = 0.0f; }
+    __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc, const float (&)[1]) const { return acc; }
 };
 
 #endif  // PPTM_FUSE_CUH

@@ -344,7 +344,22 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
         }
         if (out == nullptr) continue;
         // Accumulator e of mma tile (x, y) is row 16 x + lane / 4 (+ 8 for e >= 2), column
-        // 8 y + 2 (lane % 4) + e % 2 of the warp's part.
+        // 8 y + 2 (lane % 4) + e % 2 of the warp's part. What the chain reads by column (a bias)
+        // is loaded for all of this thread's columns at once, not element by element.
+        constexpr uint32_t NC = Epi::col_loads;
+        float c[NT][2][NC];
+#pragma unroll
+        for (uint32_t y = 0; y < NT; ++y)
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) {
+                const uint64_t j = j0 + wn * WTN + 8 * y + 2 * (lane % 4) + e;
+                if (j < n) {
+                    epi.cols(j, c[y][e]);
+                } else {
+#pragma unroll
+                    for (uint32_t z = 0; z < NC; ++z) c[y][e][z] = 0.0f;
+                }
+            }
 #pragma unroll
         for (uint32_t x = 0; x < MT; ++x)
 #pragma unroll
@@ -356,14 +371,14 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                     const uint64_t j = j0 + wn * WTN + 8 * y + 2 * (lane % 4);
                     if (j >= n) continue;
                     const uint64_t gi = row0 + i;  // the row of the stacked output
-                    const float v0 = epi(gi, j, acc[x][y][2 * h]);
+                    const float v0 = epi(gi, j, acc[x][y][2 * h], c[y][0]);
                     if (vec_out) {
                         // n is even and j is even: j + 1 < n too.
-                        const float v1 = epi(gi, j + 1, acc[x][y][2 * h + 1]);
+                        const float v1 = epi(gi, j + 1, acc[x][y][2 * h + 1], c[y][1]);
                         *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
                     } else {
                         out[gi * n + j] = v0;
-                        if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, acc[x][y][2 * h + 1]);
+                        if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, acc[x][y][2 * h + 1], c[y][1]);
                     }
                 }
             }

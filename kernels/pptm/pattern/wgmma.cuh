@@ -39,13 +39,19 @@
 // base; plus 1024 bytes of slack to align the dynamic shared memory's start.
 #define PPTM_WG_RING_BYTES (224 * 1024)
 #define PPTM_WG_SMEM_BYTES (PPTM_WG_RING_BYTES + 2048)
+// Groups of 8 columns whose column values (a bias) the epilogue loads at once (2, 4 and 8 were
+// within noise of each other in bench/probes/wgmma_probe.cu on an H100).
+#ifndef PPTM_WG_EPI_GROUPS
+#define PPTM_WG_EPI_GROUPS 4
+#endif
 // Tensor-map templates: [operand type: 0 bf16, 1 fp16][role: 0 A (box 64 x 128), 1 W (box 64 x 64)].
 #define PPTM_WG_TEMPLATES 4
 
 
 // The host finds the templates by name in a module that has this path (they exist only there), and
-// fills them when it loads the module. (Also in nvcc's host pass, for bench/probes/wgmma_probe.cu.)
-#if defined(PPTM_WGMMA) || !defined(__CUDA_ARCH__)
+// fills them when it loads the module. (Also in every pass of nvcc, for bench/probes/wgmma_probe.cu:
+// one of them defines __CUDA_ARCH__ without the sm_90a feature macro.)
+#if defined(PPTM_WGMMA) || !defined(__CUDACC_RTC__)
 extern "C" {
 __device__ __align__(128) uint64_t pptm_tmap_template[PPTM_WG_TEMPLATES][16];
 __device__ __align__(128) uint64_t pptm_tmap_slot[256][2][16];
@@ -362,23 +368,47 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         const uint64_t row0 = (uint64_t)prod * m;  // product prod's rows of the stacked output
         const uint64_t i_base = (uint64_t)ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
         const uint64_t j_base = (uint64_t)tj * BN + N * wn + 2 * (lane % 4);
+        // What the chain reads by column (a bias) is loaded for QC groups of 8 columns at once,
+        // then serves both rows: loaded element by element, each load (from L2) waited for before
+        // the next, it took most of the epilogue's time (64 x 512^3 batched, H100: 156 -> 117 us
+        // through the manifold). Two groups where a thread holds 96 accumulators: four spilled
+        // there in the manifolds.
+        constexpr uint32_t QC = R >= 96 ? 2 : PPTM_WG_EPI_GROUPS, NC = Epi::col_loads;
+        static_assert((N / 8) % QC == 0, "wgmma: whole groups of columns");
 #pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-            const uint64_t i = i_base + 8 * h;
+        for (uint32_t q0 = 0; q0 < N / 8; q0 += QC) {
+            float c[QC][2][NC];
 #pragma unroll
-            for (uint32_t q = 0; q < N / 8; ++q) {
-                const uint64_t j = j_base + 8 * q;
-                const float a0 = d[4 * q + 2 * h], a1 = d[4 * q + 2 * h + 1];
-                if (i >= m || j >= n) continue;
+            for (uint32_t qq = 0; qq < QC; ++qq)
+#pragma unroll
+                for (uint32_t e = 0; e < 2; ++e) {
+                    const uint64_t j = j_base + 8 * (q0 + qq) + e;
+                    if (j < n) {
+                        epi.cols(j, c[qq][e]);
+                    } else {
+#pragma unroll
+                        for (uint32_t x = 0; x < NC; ++x) c[qq][e][x] = 0.0f;
+                    }
+                }
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+                const uint64_t i = i_base + 8 * h;
+                if (i >= m) continue;
                 const uint64_t gi = row0 + i;
-                const float v0 = epi(gi, j, a0);
-                if (vec_out) {
-                    // n is even and so is j: j + 1 < n too.
-                    const float v1 = epi(gi, j + 1, a1);
-                    *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
-                } else {
-                    out[gi * n + j] = v0;
-                    if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, a1);
+#pragma unroll
+                for (uint32_t qq = 0; qq < QC; ++qq) {
+                    const uint32_t q = q0 + qq;
+                    const uint64_t j = j_base + 8 * q;
+                    if (j >= n) continue;
+                    const float v0 = epi(gi, j, d[4 * q + 2 * h], c[qq][0]);
+                    if (vec_out) {
+                        // n is even and so is j: j + 1 < n too.
+                        const float v1 = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
+                        *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
+                    } else {
+                        out[gi * n + j] = v0;
+                        if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
+                    }
                 }
             }
         }
