@@ -11,6 +11,7 @@ use super::abi::{
     PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params,
 };
 use super::driver::{Device, MappedHost, Stream};
+use super::exit;
 use super::queue::{self, Cell, Culprit, Failure, PushError, Queue, RingMemory};
 use crate::chain::DomainCode;
 use crate::error::{Error, Result};
@@ -651,6 +652,7 @@ fn reap_cancelled_launch(
 ) {
     device.manifold_cancelled();
     let kept = Arc::new(Mutex::new(Some((stream, queue, state))));
+    exit::install();
     let reaper = {
         let (device, kept) = (device.clone(), kept.clone());
         std::thread::Builder::new()
@@ -661,13 +663,25 @@ fn reap_cancelled_launch(
                 else {
                     return;
                 };
-                // Ended or failed: either way the kernel no longer runs.
-                while let Ok(false) = stream.query() {
+                // Ended or failed: either way the kernel no longer runs. At process exit the
+                // driver is going away: leave, touching nothing of it again (exit.rs).
+                let busy = loop {
+                    let Some(busy) = exit::enter() else {
+                        queue.leak_memory();
+                        state.leak.store(true, Ordering::Relaxed);
+                        std::mem::forget((stream, queue, state, device));
+                        return;
+                    };
+                    if !matches!(stream.query(), Ok(false)) {
+                        break busy;
+                    }
+                    drop(busy);
                     std::thread::sleep(Duration::from_millis(20));
-                }
+                };
                 tracing::debug!(domain, "a cancelled manifold launch has ended");
                 drop((queue, state, stream));
                 device.manifold_stopped(true);
+                drop(busy);
             })
     };
     if reaper.is_err()
@@ -686,6 +700,7 @@ fn reap_cancelled_launch(
 fn spawn_watchdog(m: &Arc<Manifold>, deadline: Duration) -> Result<()> {
     let weak: Weak<Manifold> = Arc::downgrade(m);
     let tick = (deadline / 4).clamp(Duration::from_millis(1), Duration::from_millis(25));
+    exit::install();
     std::thread::Builder::new()
         .name(format!("pptm-watchdog-{}", m.domain))
         .spawn(move || {
@@ -693,8 +708,15 @@ fn spawn_watchdog(m: &Arc<Manifold>, deadline: Duration) -> Result<()> {
             let mut since = Instant::now();
             loop {
                 std::thread::sleep(tick);
+                // Each look queries the stream and reads the mapped heartbeat: none once the
+                // process is exiting (exit.rs). The manifold is dropped outside the leave: a
+                // runtime dropped by this thread (the last reference) must not make the exit
+                // handler wait on its shutdown.
                 let Some(m) = weak.upgrade() else { return };
-                if !m.watch(&mut seen, &mut since, deadline) {
+                let Some(busy) = exit::enter() else { return };
+                let go_on = m.watch(&mut seen, &mut since, deadline);
+                drop(busy);
+                if !go_on {
                     return;
                 }
             }

@@ -4,6 +4,7 @@ pub(crate) mod abi;
 pub(crate) mod arena;
 pub mod baseline;
 pub(crate) mod driver;
+pub(crate) mod exit;
 pub(crate) mod graphs;
 pub(crate) mod launched;
 pub(crate) mod manifold;
