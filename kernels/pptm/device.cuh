@@ -356,4 +356,18 @@ __device__ __forceinline__ void pptm_check_finite_thread0(double v) {
     if (threadIdx.x == 0 && !isfinite(v)) pptm_nonfinite = 1u;
 }
 
+// ---- matmul epilogues -----------------------------------------------------------------------------
+
+// Column j's values of a matmul epilogue (what it reads by column, a bias; pattern/linear.cuh's
+// contract) into c, or zeros for a column past n, which is never stored.
+template <class Epi>
+__device__ __forceinline__ void pptm_epi_cols(const Epi& epi, uint64_t j, uint64_t n, float (&c)[Epi::col_loads]) {
+    if (j < n) {
+        epi.cols(j, c);
+    } else {
+#pragma unroll
+        for (uint32_t x = 0; x < Epi::col_loads; ++x) c[x] = 0.0f;
+    }
+}
+
 #endif  // PPTM_DEVICE_CUH

@@ -10,6 +10,10 @@
 //     pptm_ld_cg_*; the patterns call it only for j in range, possibly more than once per j.
 //   * epi(i, acc) / epi(i, j, acc) -> float: the chain's value for an output element, given the f32
 //     dot product; called exactly once per output element, by one thread.
+//   * A matmul epilogue also comes in two halves, for the tensor-core patterns: epi.cols(j, c)
+//     loads the Epi::col_loads values it reads by column j (a bias), and epi(i, j, acc, c)
+//     finishes from them, so a thread loads a column's values once for all the rows it stores
+//     (pptm_epi_cols in device.cuh).
 // The gemv patterns fold every y into a per-thread f64 accumulator with the reducer R and return
 // the block's partial (valid in thread 0), like pptm_map_reduce; `out` may be nullptr when the chain
 // only reduces. With R = pptm_no_reducer they skip the block reduction and return 0.

@@ -351,15 +351,7 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
 #pragma unroll
         for (uint32_t y = 0; y < NT; ++y)
 #pragma unroll
-            for (uint32_t e = 0; e < 2; ++e) {
-                const uint64_t j = j0 + wn * WTN + 8 * y + 2 * (lane % 4) + e;
-                if (j < n) {
-                    epi.cols(j, c[y][e]);
-                } else {
-#pragma unroll
-                    for (uint32_t z = 0; z < NC; ++z) c[y][e][z] = 0.0f;
-                }
-            }
+            for (uint32_t e = 0; e < 2; ++e) pptm_epi_cols(epi, j0 + wn * WTN + 8 * y + 2 * (lane % 4) + e, n, c[y][e]);
 #pragma unroll
         for (uint32_t x = 0; x < MT; ++x)
 #pragma unroll

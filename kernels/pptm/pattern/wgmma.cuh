@@ -381,15 +381,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
 #pragma unroll
             for (uint32_t qq = 0; qq < QC; ++qq)
 #pragma unroll
-                for (uint32_t e = 0; e < 2; ++e) {
-                    const uint64_t j = j_base + 8 * (q0 + qq) + e;
-                    if (j < n) {
-                        epi.cols(j, c[qq][e]);
-                    } else {
-#pragma unroll
-                        for (uint32_t x = 0; x < NC; ++x) c[qq][e][x] = 0.0f;
-                    }
-                }
+                for (uint32_t e = 0; e < 2; ++e) pptm_epi_cols(epi, j_base + 8 * (q0 + qq) + e, n, c[qq][e]);
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
                 const uint64_t i = i_base + 8 * h;

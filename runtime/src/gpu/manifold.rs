@@ -667,10 +667,7 @@ fn reap_cancelled_launch(
                 // driver is going away: leave, touching nothing of it again (exit.rs).
                 let busy = loop {
                     let Some(busy) = exit::enter() else {
-                        queue.leak_memory();
-                        state.leak.store(true, Ordering::Relaxed);
-                        std::mem::forget((stream, queue, state, device));
-                        return;
+                        return leak_for_good(device, stream, queue, state);
                     };
                     if !matches!(stream.query(), Ok(false)) {
                         break busy;
@@ -687,11 +684,16 @@ fn reap_cancelled_launch(
     if reaper.is_err()
         && let Some((stream, queue, state)) = kept.lock().unwrap_or_else(|e| e.into_inner()).take()
     {
-        queue.leak_memory();
-        state.leak.store(true, Ordering::Relaxed);
-        std::mem::forget((stream, queue, state));
-        std::mem::forget(device.clone());
+        leak_for_good(device.clone(), stream, queue, state);
     }
+}
+
+/// What a cancelled launch's kernel may still touch, given up without a driver call: its memory is
+/// never freed, and the kernel stays counted as resident (the device is never dropped).
+fn leak_for_good(device: Arc<Device>, stream: Stream, queue: Queue, state: DeviceState) {
+    queue.leak_memory();
+    state.leak.store(true, Ordering::Relaxed);
+    std::mem::forget((stream, queue, state, device));
 }
 
 /// The manifold's watchdog: a thread that looks every quarter deadline (at most every 25 ms) for
