@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+pub mod crash;
 #[macro_use]
 pub mod tensor;
 
@@ -18,6 +19,7 @@ pub fn require_gpu() -> bool {
 pub fn init_logging() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
+        crash::install_if_asked();
         let filter =
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
         let _ = tracing_subscriber::fmt()

@@ -90,6 +90,10 @@ pub(crate) struct Manifold {
     /// The watchdog asked the kernel to abort: its exit is expected, and the watchdog (not a
     /// waiter that notices the exit first) fails the pending items, with the hang.
     aborting: AtomicBool,
+    /// The watchdog thread, joined once the manifold stops (`stop_watchdog`), so that the owner's
+    /// reference is the last: a watchdog that held the last one would free the manifold's driver
+    /// objects on its own thread, perhaps while the process exits (exit.rs).
+    watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
     // Dropped last: the device owns the kernel's code.
     device: Arc<Device>,
 }
@@ -256,6 +260,7 @@ impl Manifold {
             state,
             counted: AtomicBool::new(true),
             aborting: AtomicBool::new(false),
+            watchdog: Mutex::new(None),
             device: device.clone(),
         });
         if let Some(deadline) = cfg.watchdog {
@@ -501,6 +506,26 @@ impl Manifold {
         self.begin_shutdown().finish()
     }
 
+    /// Waits for the watchdog thread to end, after the queue is closed (it ends at its next look,
+    /// woken now). Afterwards it holds no reference to the manifold. Called on the watchdog's own
+    /// thread (the manifold dropped there), it returns at once.
+    fn stop_watchdog(&self) {
+        let Some(watchdog) = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        if watchdog.thread().id() == std::thread::current().id() {
+            return;
+        }
+        debug_assert!(self.queue.is_closed() || self.life() != Life::Running);
+        watchdog.thread().unpark();
+        let _ = watchdog.join();
+    }
+
     /// The first half of `shutdown`: closes the queue and queues the shutdown item, without
     /// waiting for it. A runtime with several manifolds asks them all before it waits for any:
     /// under compute-sanitizer one kernel's end is processed only once the device is idle, so
@@ -616,7 +641,10 @@ pub(crate) struct ShutdownRequest<'a> {
 impl ShutdownRequest<'_> {
     /// Waits for the manifold to stop; what `Manifold::shutdown` returns.
     pub fn finish(self) -> Result<()> {
-        self.manifold.finish_shutdown(self.pushed, self.deadline)
+        let stopped = self.manifold.finish_shutdown(self.pushed, self.deadline);
+        // The queue is closed: the watchdog ends at its next look.
+        self.manifold.stop_watchdog();
+        stopped
     }
 }
 
@@ -678,6 +706,8 @@ fn reap_cancelled_launch(
                 tracing::debug!(domain, "a cancelled manifold launch has ended");
                 drop((queue, state, stream));
                 device.manifold_stopped(true);
+                // The last reference may be this one: its drop frees driver objects too.
+                drop(device);
                 drop(busy);
             })
     };
@@ -703,17 +733,18 @@ fn spawn_watchdog(m: &Arc<Manifold>, deadline: Duration) -> Result<()> {
     let weak: Weak<Manifold> = Arc::downgrade(m);
     let tick = (deadline / 4).clamp(Duration::from_millis(1), Duration::from_millis(25));
     exit::install();
-    std::thread::Builder::new()
+    let watchdog = std::thread::Builder::new()
         .name(format!("pptm-watchdog-{}", m.domain))
         .spawn(move || {
             let mut seen = (u64::MAX, None);
             let mut since = Instant::now();
             loop {
-                std::thread::sleep(tick);
+                // Woken early by `stop_watchdog` (or spuriously: a look comes early).
+                std::thread::park_timeout(tick);
                 // Each look queries the stream and reads the mapped heartbeat: none once the
-                // process is exiting (exit.rs). The manifold is dropped outside the leave: a
-                // runtime dropped by this thread (the last reference) must not make the exit
-                // handler wait on its shutdown.
+                // process is exiting (exit.rs). The manifold is dropped outside the leave: should
+                // this thread hold the last reference (a manifold never shut down), its drop must
+                // not make the exit handler wait on a shutdown.
                 let Some(m) = weak.upgrade() else { return };
                 let Some(busy) = exit::enter() else { return };
                 let go_on = m.watch(&mut seen, &mut since, deadline);
@@ -723,9 +754,10 @@ fn spawn_watchdog(m: &Arc<Manifold>, deadline: Duration) -> Result<()> {
                 }
             }
         })
-        .map(|_| ())
         .map_err(|e| Error::Launch {
             domain: m.domain,
             reason: format!("cannot start its watchdog thread: {e}"),
-        })
+        })?;
+    *m.watchdog.lock().unwrap_or_else(|e| e.into_inner()) = Some(watchdog);
+    Ok(())
 }
