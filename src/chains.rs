@@ -228,6 +228,22 @@ pub struct BatchedMatmulBiasGeluBf16 {
     activation: Gelu,
 }
 
+/// [`MatmulBiasGeluBf16`] with A and W stored in fp8 (OCP E4M3, [`crate::F8E4M3`]): a quarter of
+/// the f32 chain's operand bytes. The values are widened exactly to fp16 as they are staged in
+/// shared memory and multiplied by `mma.sync` with f32 accumulation (fp8 tensor-core instructions
+/// and the Hopper wgmma path do not take them yet). Domain `fp8`: its kernels keep two blocks an
+/// SM, without the `tensor` domain's Hopper path.
+#[derive(FusionBuilder)]
+#[fusion(domain = "fp8")]
+pub struct MatmulBiasGeluFp8 {
+    #[stage(1, tensor_eligible = true, precision = "fp8")]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
 /// [`MatmulBiasGeluBf16`] with fp16 operands.
 #[derive(FusionBuilder)]
 #[fusion(domain = "tensor")]

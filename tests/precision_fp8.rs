@@ -2,30 +2,15 @@
 //! ([`pptm::F8E4M3`]), widened exactly to fp16 as the pattern stages them in shared memory and
 //! multiplied by `mma.sync` with f32 accumulation (on every GPU: neither fp8 tensor-core
 //! instructions nor the Hopper wgmma path take them yet). Checked on every backend by the body
-//! the bf16/fp16 chains use (tests/common/tensor.rs), with the same shapes and bar.
-//!
-//! The chain is declared here, in a domain of its own, as an application would declare it (a
-//! domain of its own also keeps its call out of the `tensor` domain's manifold, whose inlined
-//! wgmma loop the call made save registers).
+//! the bf16/fp16 chains use (tests/common/tensor.rs), with the same shapes and bar. The chain is
+//! the library's (`pptm::chains::MatmulBiasGeluFp8`, domain `fp8`), which pptm-bench times too.
 
 #[macro_use]
 mod common;
 
 use common::tensor::tensor_core_matmul;
-use pptm::ops::{AddBias, Gelu, Matmul};
-use pptm::{F8E4M3, FusionBuilder, Runtime};
-
-/// `gelu(A W + b)` with fp8 (E4M3) A and W, f32 bias and output.
-#[derive(FusionBuilder)]
-#[fusion(domain = "fp8")]
-pub struct MatmulBiasGeluFp8 {
-    #[stage(1, tensor_eligible = true, precision = "fp8")]
-    product: Matmul,
-    #[stage(2)]
-    bias: AddBias,
-    #[stage(3)]
-    activation: Gelu,
-}
+use pptm::chains::MatmulBiasGeluFp8;
+use pptm::{F8E4M3, Runtime};
 
 operand!(F8E4M3, "fp8", MatmulBiasGeluFp8);
 

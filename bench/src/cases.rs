@@ -8,7 +8,7 @@ use std::time::Duration;
 use pptm::chains::{
     AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, DistanceKth, GemvAxpbySum,
     GemvAxpbySumBf16, GemvAxpbySumFp8, KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16,
-    TeReduction,
+    MatmulBiasGeluFp8, TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -201,6 +201,7 @@ pub fn all() -> Vec<Case> {
         (8192, 8192, 8192),
     ]) {
         cases.push(matmul_bias_gelu_bf16(false, size, 1, m, k, n));
+        cases.push(matmul_bias_gelu_fp8(size, m, k, n));
     }
     // Many small products of one shape: bench/src/cublas.rs times cuBLAS's strided batched GEMM
     // on the same shapes.
@@ -215,7 +216,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 11] = [
+pub const CHAINS: [&str; 12] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
@@ -226,6 +227,7 @@ pub const CHAINS: [&str; 11] = [
     "gemv_axpby_sum_fp8",
     "matmul_bias_gelu",
     "matmul_bias_gelu_bf16",
+    "matmul_bias_gelu_fp8",
     "batched_matmul_bias_gelu_bf16",
 ];
 
@@ -744,13 +746,78 @@ pub fn bf16_dot_bias(
     j: usize,
     w0: usize,
 ) -> (f64, f64) {
+    dot_bias(a, w, b, (k, n), (i, j), w0, |v| v.to_f64())
+}
+
+/// [`bf16_dot_bias`] for operands of any storage, widened by `wide`.
+fn dot_bias<T: Copy>(
+    a: &[T],
+    w: &[T],
+    b: &[f32],
+    (k, n): (usize, usize),
+    (i, j): (usize, usize),
+    w0: usize,
+    wide: impl Fn(T) -> f64,
+) -> (f64, f64) {
     let (mut s, mut abs) = (f64::from(b[j]), f64::from(b[j]).abs());
     for p in 0..k {
-        let t = a[i * k + p].to_f64() * w[(w0 + p) * n + j].to_f64();
+        let t = wide(a[i * k + p]) * wide(w[(w0 + p) * n + j]);
         s += t;
         abs += t.abs();
     }
     (s, abs)
+}
+
+/// The fp8 operands of matmul_bias_gelu_fp8: stream `seed` centred on 0 and rounded to E4M3.
+fn centred_fp8(seed: u64, n: usize) -> Vec<pptm::F8E4M3> {
+    uniform(seed, n)
+        .into_iter()
+        .map(|u| pptm::F8E4M3::from_f32(u - 0.5))
+        .collect()
+}
+
+/// gelu(A W + b) with A (m×k) and W (k×n) stored in fp8 (E4M3), widened to fp16 for the tensor
+/// cores (MatmulBiasGeluFp8): the same shapes as matmul_bias_gelu_bf16, a quarter of the f32
+/// operand bytes.
+fn matmul_bias_gelu_fp8(size: &'static str, m: usize, k: usize, n: usize) -> Case {
+    Case {
+        chain: "matmul_bias_gelu_fp8",
+        domain: MatmulBiasGeluFp8::DOMAIN.name,
+        size,
+        shape: format!("{m}×{k}×{n} fp8"),
+        x: m as f64,
+        bytes: ((m * k + k * n) + 4 * (n + m * n)) as f64,
+        flops: 2.0 * (m * k * n) as f64,
+        prepare: Box::new(move |rt| {
+            let (a, w, b) = (
+                rt.upload(&centred_fp8(seed::MM16_A, m * k))?,
+                rt.upload(&centred_fp8(seed::MM16_W, k * n))?,
+                rt.upload(&centred(seed::MM16_B, n))?,
+            );
+            let mut out = rt.alloc::<f32>(m * n)?;
+            Ok(Box::new(move |read| {
+                let t = MatmulBiasGeluFp8::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (a, w, b) = (
+                centred_fp8(seed::MM16_A, m * k),
+                centred_fp8(seed::MM16_W, k * n),
+                centred(seed::MM16_B, n),
+            );
+            let at = sample_indices(m * n)
+                .into_iter()
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let (s, abs) = dot_bias(&a, &w, &b, (k, n), (i, j), 0, |v| v.to_f64());
+                    let gelu = 0.5 * s * (1.0 + libm::erf(s / std::f64::consts::SQRT_2));
+                    (e, gelu, abs)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
 }
 
 #[cfg(test)]
