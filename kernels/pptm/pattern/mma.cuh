@@ -155,6 +155,33 @@ __device__ __forceinline__ float pptm_e4m3_to_f32(uint32_t v) {
     return (v & 0x80u) ? -mag : mag;
 }
 
+// Two E4M3 values (the low two bytes of v, the first in the lower byte) as a pair of T (fp16 or
+// bf16, the first in the low half), exactly. sm_89 and later convert a pair to fp16 in one
+// instruction; compute_80 decodes each in software.
+template <class T>
+__device__ __forceinline__ uint32_t pptm_e4m3x2_widen(uint32_t v) {
+#if __CUDA_ARCH__ >= 890
+    float lo, hi;
+    asm("{ .reg .b16 p, a, b; .reg .b32 h; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 h, p; mov.b32 {a, b}, h;"
+        " cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+    return pptm_pack2<T>(lo, hi);
+#else
+    return pptm_pack2<T>(pptm_e4m3_to_f32(v & 0xffu), pptm_e4m3_to_f32((v >> 8) & 0xffu));
+#endif
+}
+template <>
+__device__ __forceinline__ uint32_t pptm_e4m3x2_widen<pptm_f16>(uint32_t v) {
+#if __CUDA_ARCH__ >= 890
+    uint32_t h;
+    asm("{ .reg .b16 p; cvt.u16.u32 p, %1; cvt.rn.f16x2.e4m3x2 %0, p; }" : "=r"(h) : "r"(v));
+    return h;
+#else
+    return pptm_pack2<pptm_f16>(pptm_e4m3_to_f32(v & 0xffu), pptm_e4m3_to_f32((v >> 8) & 0xffu));
+#endif
+}
+
 // ---- the pattern ------------------------------------------------------------------------------
 
 // Whether an m x n product takes the 128 x 64 tiles.
@@ -248,6 +275,42 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
     }
 }
 
+// fp8 operands with 16-byte aligned rows take a pipeline of their own: their raw bytes go to
+// shared memory by cp.async, STAGES slices deep like 16-bit operands (plain loads that widen on the
+// way leave every slice's L2 latency exposed), and each thread widens the pieces it copied itself
+// into the one slice of T the tensor cores read (its own copies are visible to it after
+// cp.async.wait_group, so no extra barrier). Rows x cols bytes of a row-major matrix from (r0, c0)
+// into `dst` (rows of `cols` bytes, unpadded: a thread reads its own 16 contiguous bytes back).
+template <uint32_t ROWS, uint32_t COLS>
+__device__ __forceinline__ void pptm_fp8_copy(uint8_t* dst, const uint8_t* base, uint64_t ld, uint64_t r0, uint64_t c0,
+                                              uint64_t rows, uint64_t cols) {
+    static_assert(COLS % 16 == 0, "fp8: rows of whole 16-byte pieces");
+    for (uint32_t c = threadIdx.x; c < ROWS * COLS / 16; c += PPTM_BLOCK_THREADS) {
+        const uint32_t r = c / (COLS / 16), q = 16 * (c % (COLS / 16));
+        const uint64_t gr = r0 + r, gc = c0 + q;
+        // cols is a multiple of 16: a piece is all inside or all outside (zeros).
+        const bool in = gr < rows && gc < cols;
+        pptm_cp_async_16(dst + r * COLS + q, in ? base + gr * ld + gc : base, in ? 16u : 0u);
+    }
+}
+
+// The pieces this thread copied by pptm_fp8_copy<ROWS, COLS>, widened into `dst` (rows `ds` values
+// apart).
+template <class T, uint32_t ROWS, uint32_t COLS>
+__device__ __forceinline__ void pptm_fp8_widen(uint16_t* dst, uint32_t ds, const uint8_t* raw) {
+    for (uint32_t c = threadIdx.x; c < ROWS * COLS / 16; c += PPTM_BLOCK_THREADS) {
+        const uint32_t r = c / (COLS / 16), q = 16 * (c % (COLS / 16));
+        const uint4 b = *reinterpret_cast<const uint4*>(raw + r * COLS + q);
+        uint32_t v[8];
+        const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) v[e] = pptm_e4m3x2_widen<T>(w[e / 2] >> (16 * (e % 2)));
+        uint4* const d = reinterpret_cast<uint4*>(dst + r * ds + q);
+        d[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        d[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
+}
+
 // T: what the tensor cores multiply (pptm_bf16, pptm_f16); S: how A and W are stored (T, f32, or
 // fp8 E4M3 for T = fp16). BATCHED: `batch` products stacked in A, W and out (pptm_matmul_batched
 // in pattern/linear.cuh says how), their tiles numbered as one product's: tile t of product s is
@@ -270,6 +333,9 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     static_assert((AS * 2) % 16 == 0 && (WS * 2) % 16 == 0 && (BM * AS * 2) % 16 == 0 && (STAGE * 2) % 16 == 0,
                   "mma: ldmatrix rows and cp.async pieces are 16-byte aligned");
     static_assert(STAGES >= 2 && STAGES * STAGE * 2 <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4, "mma: the slices fit the scratch");
+    constexpr uint32_t RAW = BM * BK + BK * BN;  // bytes of an fp8 slice
+    static_assert(sizeof(S) != 1 || (STAGE * 2 + STAGES * RAW <= PPTM_LINEAR_SMEM_ALLOC_FLOATS * 4 && (BM * BK) % 16 == 0),
+                  "mma: a slice of T and the fp8 slices fit the scratch");
     uint16_t* const smem = reinterpret_cast<uint16_t*>(pptm_linear_smem());
     const auto* const a_src = pptm_mma_src(A);
     const auto* const w_src = pptm_mma_src(W);
@@ -277,6 +343,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     const uint32_t wm = warp / WARPS_N, wn = warp % WARPS_N;
     const bool vec_a = pptm_aligned16(A) && k % 8 == 0;
     const bool vec_w = pptm_aligned16(W) && n % 8 == 0;
+    // fp8 rows of whole 16-byte pieces, 16-byte aligned: the raw pipeline (pptm_fp8_copy).
+    [[maybe_unused]] const bool raw_fp8 = sizeof(S) == 1 && pptm_aligned16(A) && pptm_aligned16(W) && k % 16 == 0 && n % 16 == 0;
     const bool vec_out = out != nullptr && (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
     const uint64_t tiles_n = n / BN + (n % BN != 0);
     const uint64_t per_product = (m / BM + (m % BM != 0)) * tiles_n;
@@ -300,26 +368,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
             for (uint32_t y = 0; y < NT; ++y)
 #pragma unroll
                 for (uint32_t e = 0; e < 4; ++e) acc[x][y][e] = 0.0f;
-        auto load = [&](uint32_t s, uint64_t k0) {
-            uint16_t* const as = smem + s * STAGE;
-            pptm_mma_stage<T, BM, BK>(as, AS, a_p, k, i0, k0, m, k, vec_a);
-            pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_p, n, k0, j0, k, n, vec_w);
-        };
-        // Slices 0 .. STAGES - 2 start at once; one group of copies per slice (empty past k).
-#pragma unroll
-        for (uint32_t s = 0; s + 1 < STAGES; ++s) {
-            if (s < ktiles) load(s, s * BK);
-            pptm_cp_async_commit();
-        }
-        for (uint64_t kt = 0; kt < ktiles; ++kt) {
-            // Slice kt + STAGES - 1 goes to the buffer of slice kt - 1, whose last reader (its
-            // multiply) finished at the barrier that ended it.
-            if (kt + STAGES - 1 < ktiles) load((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
-            pptm_cp_async_commit();
-            pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
-            __syncthreads();                         // ... and every thread's
-            const uint16_t* const as = smem + (uint32_t)(kt % STAGES) * STAGE;
-            const uint16_t* const ws = as + BM * AS;
+        // The tensor cores' part of a slice: `as` (BM x BK of A), `ws` (BK x BN of W).
+        auto multiply = [&](const uint16_t* as, const uint16_t* ws) {
 #pragma unroll
             for (uint32_t kk = 0; kk < BK; kk += 16) {
                 uint32_t af[MT][4];
@@ -339,8 +389,62 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                     }
                 }
             }
-            // Every warp is done with slice kt before its buffer is refilled.
-            __syncthreads();
+        };
+        bool multiplied = false;
+        if constexpr (sizeof(S) == 1) {
+            if (raw_fp8) {
+                // fp8 bytes STAGES slices deep (pptm_fp8_copy), widened a slice at a time into the
+                // slice of T at the scratch's start.
+                uint8_t* const ring = reinterpret_cast<uint8_t*>(smem + STAGE);
+                auto fetch = [&](uint32_t s, uint64_t k0) {
+                    pptm_fp8_copy<BM, BK>(ring + s * RAW, a_p, k, i0, k0, m, k);
+                    pptm_fp8_copy<BK, BN>(ring + s * RAW + BM * BK, w_p, n, k0, j0, k, n);
+                };
+#pragma unroll
+                for (uint32_t s = 0; s + 1 < STAGES; ++s) {
+                    if (s < ktiles) fetch(s, s * BK);
+                    pptm_cp_async_commit();
+                }
+                for (uint64_t kt = 0; kt < ktiles; ++kt) {
+                    // Slice kt + STAGES - 1 goes where slice kt - 1 was, which this thread widened.
+                    if (kt + STAGES - 1 < ktiles) fetch((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
+                    pptm_cp_async_commit();
+                    pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
+                    const uint8_t* const raw = ring + (uint32_t)(kt % STAGES) * RAW;
+                    pptm_fp8_widen<T, BM, BK>(smem, AS, raw);
+                    pptm_fp8_widen<T, BK, BN>(smem + BM * AS, WS, raw + BM * BK);
+                    __syncthreads();  // every thread's widened pieces
+                    multiply(smem, smem + BM * AS);
+                    // Every warp is done with the slice of T before it is widened into again.
+                    __syncthreads();
+                }
+                multiplied = true;
+            }
+        }
+        if (!multiplied) {
+            auto load = [&](uint32_t s, uint64_t k0) {
+                uint16_t* const as = smem + s * STAGE;
+                pptm_mma_stage<T, BM, BK>(as, AS, a_p, k, i0, k0, m, k, vec_a);
+                pptm_mma_stage<T, BK, BN>(as + BM * AS, WS, w_p, n, k0, j0, k, n, vec_w);
+            };
+            // Slices 0 .. STAGES - 2 start at once; one group of copies per slice (empty past k).
+#pragma unroll
+            for (uint32_t s = 0; s + 1 < STAGES; ++s) {
+                if (s < ktiles) load(s, s * BK);
+                pptm_cp_async_commit();
+            }
+            for (uint64_t kt = 0; kt < ktiles; ++kt) {
+                // Slice kt + STAGES - 1 goes to the buffer of slice kt - 1, whose last reader (its
+                // multiply) finished at the barrier that ended it.
+                if (kt + STAGES - 1 < ktiles) load((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
+                pptm_cp_async_commit();
+                pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
+                __syncthreads();                         // ... and every thread's
+                const uint16_t* const as = smem + (uint32_t)(kt % STAGES) * STAGE;
+                multiply(as, as + BM * AS);
+                // Every warp is done with slice kt before its buffer is refilled.
+                __syncthreads();
+            }
         }
         if (out == nullptr) continue;
         // Accumulator e of mma tile (x, y) is row 16 x + lane / 4 (+ 8 for e >= 2), column
@@ -540,19 +644,7 @@ __device__ __forceinline__ uint32_t pptm_gemv_mma_piece(uint32_t s, uint32_t t) 
 }
 
 // Two E4M3 values (the low two bytes of v, the first in the lower byte) as a bf16 pair, exactly.
-// sm_89 and later convert a pair in one instruction; compute_80 decodes each in software.
-__device__ __forceinline__ uint32_t pptm_e4m3x2_to_bf16x2(uint32_t v) {
-#if __CUDA_ARCH__ >= 890
-    float lo, hi;
-    asm("{ .reg .b16 p, a, b; .reg .b32 h; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 h, p; mov.b32 {a, b}, h;"
-        " cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-        : "=f"(lo), "=f"(hi)
-        : "r"(v));
-    return pptm_pack2<pptm_bf16>(lo, hi);
-#else
-    return pptm_pack2<pptm_bf16>(pptm_e4m3_to_f32(v & 0xffu), pptm_e4m3_to_f32((v >> 8) & 0xffu));
-#endif
-}
+__device__ __forceinline__ uint32_t pptm_e4m3x2_to_bf16x2(uint32_t v) { return pptm_e4m3x2_widen<pptm_bf16>(v); }
 
 // The 16 bytes of a row from column j: r[p] holds piece p (columns j + 8p .. j + 8p + 7) as four
 // bf16 pairs, the lower column in the low half; 0 past the end of the row (VEC: rows aligned for
