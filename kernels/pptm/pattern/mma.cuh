@@ -243,54 +243,39 @@ __device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const
     }
 }
 
-// The same from an fp8 (E4M3) matrix, widened to T on the way (exactly: fp16 and bf16 hold every
-// E4M3 value) (`vec`: rows 16-byte aligned and
-// a multiple of 8 long, so a piece of 8 is one 8-byte load, all inside or all outside).
-template <class T, uint32_t ROWS, uint32_t COLS>
-__device__ __forceinline__ void pptm_mma_stage(uint16_t* dst, uint32_t ds, const uint8_t* base, uint64_t ld, uint64_t r0,
-                                               uint64_t c0, uint64_t rows, uint64_t cols, bool vec) {
-    constexpr uint32_t PIECES = ROWS * COLS / 8;
-    for (uint32_t c = threadIdx.x; c < PIECES; c += PPTM_BLOCK_THREADS) {
-        const uint32_t r = c / (COLS / 8), q = 8 * (c % (COLS / 8));
-        const uint64_t gr = r0 + r, gc = c0 + q;
-        uint32_t bytes[8];
-        if (vec) {
-            uint2 w = make_uint2(0u, 0u);
-            if (gr < rows && gc < cols) asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(w.x), "=r"(w.y) : "l"(base + gr * ld + gc));
-#pragma unroll
-            for (uint32_t e = 0; e < 8; ++e) bytes[e] = ((e < 4 ? w.x : w.y) >> (8 * (e % 4))) & 0xffu;
-        } else {
-#pragma unroll
-            for (uint32_t e = 0; e < 8; ++e) {
-                uint16_t v = 0;
-                if (gr < rows && gc + e < cols) asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(base + gr * ld + gc + e));
-                bytes[e] = v;
-            }
-        }
-        float v[8];
-#pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) v[e] = pptm_e4m3_to_f32(bytes[e]);
-        *reinterpret_cast<uint4*>(dst + r * ds + q) =
-            make_uint4(pptm_pack2<T>(v[0], v[1]), pptm_pack2<T>(v[2], v[3]), pptm_pack2<T>(v[4], v[5]), pptm_pack2<T>(v[6], v[7]));
-    }
-}
-
-// fp8 operands with 16-byte aligned rows take a pipeline of their own: their raw bytes go to
-// shared memory by cp.async, STAGES slices deep like 16-bit operands (plain loads that widen on the
-// way leave every slice's L2 latency exposed), and each thread widens the pieces it copied itself
-// into the one slice of T the tensor cores read (its own copies are visible to it after
+// fp8 operands take a pipeline of their own: their raw bytes go to shared memory STAGES slices
+// deep, by cp.async where rows are 16-byte aligned (plain loads that widen on the way, as before,
+// left every slice's L2 latency exposed), and each thread widens the pieces it copied itself into
+// the one slice of T the tensor cores read (its own copies are visible to it after
 // cp.async.wait_group, so no extra barrier). Rows x cols bytes of a row-major matrix from (r0, c0)
-// into `dst` (rows of `cols` bytes, unpadded: a thread reads its own 16 contiguous bytes back).
+// into `dst` (rows of `cols` bytes, unpadded: a thread reads its own 16 contiguous bytes back),
+// zero outside. `vec`: rows 16-byte aligned and `cols` a multiple of 16, so a piece is all inside
+// or all outside; otherwise byte by byte, stored at once.
 template <uint32_t ROWS, uint32_t COLS>
 __device__ __forceinline__ void pptm_fp8_copy(uint8_t* dst, const uint8_t* base, uint64_t ld, uint64_t r0, uint64_t c0,
-                                              uint64_t rows, uint64_t cols) {
+                                              uint64_t rows, uint64_t cols, bool vec) {
     static_assert(COLS % 16 == 0, "fp8: rows of whole 16-byte pieces");
+#pragma unroll 1
     for (uint32_t c = threadIdx.x; c < ROWS * COLS / 16; c += PPTM_BLOCK_THREADS) {
         const uint32_t r = c / (COLS / 16), q = 16 * (c % (COLS / 16));
         const uint64_t gr = r0 + r, gc = c0 + q;
-        // cols is a multiple of 16: a piece is all inside or all outside (zeros).
-        const bool in = gr < rows && gc < cols;
-        pptm_cp_async_16(dst + r * COLS + q, in ? base + gr * ld + gc : base, in ? 16u : 0u);
+        if (vec) {
+            const bool in = gr < rows && gc < cols;
+            pptm_cp_async_16(dst + r * COLS + q, in ? base + gr * ld + gc : base, in ? 16u : 0u);
+        } else {
+#pragma unroll 1
+            for (uint32_t g = 0; g < 16; g += 4) {
+                uint32_t word = 0;
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) {
+                    uint16_t v = 0;
+                    if (gr < rows && gc + g + e < cols)
+                        asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(base + gr * ld + gc + g + e));
+                    word |= (uint32_t)v << (8 * e);
+                }
+                *reinterpret_cast<uint32_t*>(dst + r * COLS + q + g) = word;
+            }
+        }
     }
 }
 
@@ -298,6 +283,7 @@ __device__ __forceinline__ void pptm_fp8_copy(uint8_t* dst, const uint8_t* base,
 // apart).
 template <class T, uint32_t ROWS, uint32_t COLS>
 __device__ __forceinline__ void pptm_fp8_widen(uint16_t* dst, uint32_t ds, const uint8_t* raw) {
+#pragma unroll 1
     for (uint32_t c = threadIdx.x; c < ROWS * COLS / 16; c += PPTM_BLOCK_THREADS) {
         const uint32_t r = c / (COLS / 16), q = 16 * (c % (COLS / 16));
         const uint4 b = *reinterpret_cast<const uint4*>(raw + r * COLS + q);
@@ -343,8 +329,9 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     const uint32_t wm = warp / WARPS_N, wn = warp % WARPS_N;
     const bool vec_a = pptm_aligned16(A) && k % 8 == 0;
     const bool vec_w = pptm_aligned16(W) && n % 8 == 0;
-    // fp8 rows of whole 16-byte pieces, 16-byte aligned: the raw pipeline (pptm_fp8_copy).
-    [[maybe_unused]] const bool raw_fp8 = sizeof(S) == 1 && pptm_aligned16(A) && pptm_aligned16(W) && k % 16 == 0 && n % 16 == 0;
+    // fp8 rows of whole 16-byte pieces, 16-byte aligned: copied by cp.async (pptm_fp8_copy).
+    [[maybe_unused]] const bool vec_a8 = pptm_aligned16(A) && k % 16 == 0;
+    [[maybe_unused]] const bool vec_w8 = pptm_aligned16(W) && n % 16 == 0;
     const bool vec_out = out != nullptr && (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
     const uint64_t tiles_n = n / BN + (n % BN != 0);
     const uint64_t per_product = (m / BM + (m % BM != 0)) * tiles_n;
@@ -390,17 +377,16 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                 }
             }
         };
-        bool multiplied = false;
         if constexpr (sizeof(S) == 1) {
-            if (raw_fp8) {
+            {
                 // fp8 bytes STAGES slices deep (pptm_fp8_copy), widened a slice at a time into the
                 // slice of T at the scratch's start.
                 uint8_t* const ring = reinterpret_cast<uint8_t*>(smem + STAGE);
                 auto fetch = [&](uint32_t s, uint64_t k0) {
-                    pptm_fp8_copy<BM, BK>(ring + s * RAW, a_p, k, i0, k0, m, k);
-                    pptm_fp8_copy<BK, BN>(ring + s * RAW + BM * BK, w_p, n, k0, j0, k, n);
+                    pptm_fp8_copy<BM, BK>(ring + s * RAW, a_p, k, i0, k0, m, k, vec_a8);
+                    pptm_fp8_copy<BK, BN>(ring + s * RAW + BM * BK, w_p, n, k0, j0, k, n, vec_w8);
                 };
-#pragma unroll
+#pragma unroll 1
                 for (uint32_t s = 0; s + 1 < STAGES; ++s) {
                     if (s < ktiles) fetch(s, s * BK);
                     pptm_cp_async_commit();
@@ -418,10 +404,8 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
                     // Every warp is done with the slice of T before it is widened into again.
                     __syncthreads();
                 }
-                multiplied = true;
             }
-        }
-        if (!multiplied) {
+        } else {
             auto load = [&](uint32_t s, uint64_t k0) {
                 uint16_t* const as = smem + s * STAGE;
                 pptm_mma_stage<T, BM, BK>(as, AS, a_p, k, i0, k0, m, k, vec_a);
