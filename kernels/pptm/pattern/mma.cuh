@@ -378,32 +378,30 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
             }
         };
         if constexpr (sizeof(S) == 1) {
-            {
-                // fp8 bytes STAGES slices deep (pptm_fp8_copy), widened a slice at a time into the
-                // slice of T at the scratch's start.
-                uint8_t* const ring = reinterpret_cast<uint8_t*>(smem + STAGE);
-                auto fetch = [&](uint32_t s, uint64_t k0) {
-                    pptm_fp8_copy<BM, BK>(ring + s * RAW, a_p, k, i0, k0, m, k, vec_a8);
-                    pptm_fp8_copy<BK, BN>(ring + s * RAW + BM * BK, w_p, n, k0, j0, k, n, vec_w8);
-                };
+            // fp8 bytes STAGES slices deep (pptm_fp8_copy), widened a slice at a time into the
+            // slice of T at the scratch's start.
+            uint8_t* const ring = reinterpret_cast<uint8_t*>(smem + STAGE);
+            auto fetch = [&](uint32_t s, uint64_t k0) {
+                pptm_fp8_copy<BM, BK>(ring + s * RAW, a_p, k, i0, k0, m, k, vec_a8);
+                pptm_fp8_copy<BK, BN>(ring + s * RAW + BM * BK, w_p, n, k0, j0, k, n, vec_w8);
+            };
 #pragma unroll 1
-                for (uint32_t s = 0; s + 1 < STAGES; ++s) {
-                    if (s < ktiles) fetch(s, s * BK);
-                    pptm_cp_async_commit();
-                }
-                for (uint64_t kt = 0; kt < ktiles; ++kt) {
-                    // Slice kt + STAGES - 1 goes where slice kt - 1 was, which this thread widened.
-                    if (kt + STAGES - 1 < ktiles) fetch((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
-                    pptm_cp_async_commit();
-                    pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
-                    const uint8_t* const raw = ring + (uint32_t)(kt % STAGES) * RAW;
-                    pptm_fp8_widen<T, BM, BK>(smem, AS, raw);
-                    pptm_fp8_widen<T, BK, BN>(smem + BM * AS, WS, raw + BM * BK);
-                    __syncthreads();  // every thread's widened pieces
-                    multiply(smem, smem + BM * AS);
-                    // Every warp is done with the slice of T before it is widened into again.
-                    __syncthreads();
-                }
+            for (uint32_t s = 0; s + 1 < STAGES; ++s) {
+                if (s < ktiles) fetch(s, s * BK);
+                pptm_cp_async_commit();
+            }
+            for (uint64_t kt = 0; kt < ktiles; ++kt) {
+                // Slice kt + STAGES - 1 goes where slice kt - 1 was, which this thread widened.
+                if (kt + STAGES - 1 < ktiles) fetch((uint32_t)((kt + STAGES - 1) % STAGES), (kt + STAGES - 1) * BK);
+                pptm_cp_async_commit();
+                pptm_cp_async_wait_group<STAGES - 1>();  // this thread's copies of slice kt have landed
+                const uint8_t* const raw = ring + (uint32_t)(kt % STAGES) * RAW;
+                pptm_fp8_widen<T, BM, BK>(smem, AS, raw);
+                pptm_fp8_widen<T, BK, BN>(smem + BM * AS, WS, raw + BM * BK);
+                __syncthreads();  // every thread's widened pieces
+                multiply(smem, smem + BM * AS);
+                // Every warp is done with the slice of T before it is widened into again.
+                __syncthreads();
             }
         } else {
             auto load = [&](uint32_t s, uint64_t k0) {
