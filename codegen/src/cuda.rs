@@ -77,8 +77,8 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
             "#define PPTM_LINEAR_SMEM_ALLOC_FLOATS {MMA_SMEM_FLOATS}"
         );
     }
-    // bf16/fp16 operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and kernels of
-    // one block an SM (kernels/pptm/device.cuh).
+    // bf16/fp16 (or fp8) operands in memory: on Hopper (compute_90a), the TMA + wgmma path, and
+    // kernels of one block an SM (kernels/pptm/device.cuh).
     if chains.iter().any(|c| hopper_tensor(&c)) {
         let _ = writeln!(out, "#define PPTM_HOPPER_TENSOR 1");
     }
@@ -103,17 +103,22 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     out
 }
 
-/// Whether the chain has a tensor-core stage whose operands are bf16/fp16 buffers (a guarded stage
-/// keeps f32 operands, and an fp8 one e4m3 operands, and converts them as it stages them, which
-/// TMA cannot). A batched product counts too: its products of 128 x 128 outputs or more run on
-/// wgmma, and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB. A
-/// tensor-core GEMV does not: it wants as many loads in flight as two blocks an SM give.
+/// Whether the chain has a tensor-core stage that the Hopper TMA + wgmma path can take: a product
+/// of bf16/fp16 buffers, or a single product of fp8 (E4M3) ones, which fp8 wgmma multiplies (a
+/// guarded stage keeps f32 operands and converts them as it stages them, which TMA cannot). A
+/// batched bf16/fp16 product counts too: its products of 128 x 128 outputs or more run on wgmma,
+/// and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB. A tensor-core
+/// GEMV does not: it wants as many loads in flight as two blocks an SM give.
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
         s.tensor
             && is_matmul(s.op)
             && s.tolerance.is_none()
-            && matches!(DType::matrix_storage(s.precision), DType::Bf16 | DType::F16)
+            && match DType::matrix_storage(s.precision) {
+                DType::Bf16 | DType::F16 => true,
+                DType::F8E4M3 => s.op.device == pptm_spec::ops::MATMUL.device,
+                _ => false,
+            }
     })
 }
 
@@ -138,8 +143,8 @@ fn device_elem(d: DType) -> &'static str {
 /// one (whose value, the sampled error, is the block's partial). A batched product's patterns
 /// take the batch size first.
 fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
-    // What the tensor cores multiply: the storage type, except fp8 operands, which the pattern
-    // widens to fp16 (exactly) as it stages them.
+    // What mma.sync multiplies: the storage type, except fp8 operands, which the pattern widens to
+    // fp16 (exactly) as it stages them (Hopper's wgmma path takes them as they are).
     let elem = match DType::matrix_storage(st.precision) {
         DType::F8E4M3 => "pptm_f16",
         storage => device_elem(storage),

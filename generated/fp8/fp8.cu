@@ -16,6 +16,7 @@
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
 #define PPTM_LINEAR_SMEM_ALLOC_FLOATS 11136
+#define PPTM_HOPPER_TENSOR 1
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
@@ -52,7 +53,7 @@ struct pptm_epi_ce0367e1 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_ce0367e1(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_ce0367e1(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_ce0367e1 e(d);
     pptm_matmul_mma<pptm_f16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_ce0367e1{e}, e.a3, b);
     partial = 0.0;

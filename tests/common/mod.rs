@@ -36,9 +36,13 @@ pub fn gpu() -> Option<&'static Runtime> {
     // tests/tensor_core.rs: its domain's blocks (one an SM, 226 KiB of shared memory on Hopper)
     // leave no room beside them, so its persistent runtime takes only part of the GPU and the
     // launched variants' kernels, run by the binary's other tests at the same time, get the rest.
-    // tests/batched_matmul.rs: the same (its domain takes the Hopper kernels too).
-    let max_sms = matches!(env!("CARGO_CRATE_NAME"), "tensor_core" | "batched_matmul")
-        .then_some(TENSOR_BINARY_SMS);
+    // tests/batched_matmul.rs and tests/precision_fp8.rs: the same (their domains take the Hopper
+    // kernels too).
+    let max_sms = matches!(
+        env!("CARGO_CRATE_NAME"),
+        "tensor_core" | "batched_matmul" | "precision_fp8"
+    )
+    .then_some(TENSOR_BINARY_SMS);
     GPU.get_or_init(|| {
         match Runtime::gpu_with(pptm::Config {
             max_sms,
@@ -61,8 +65,8 @@ pub fn gpu() -> Option<&'static Runtime> {
 
 static GPU: OnceLock<Option<Runtime>> = OnceLock::new();
 
-/// SMs the persistent runtime of tests/tensor_core.rs and tests/batched_matmul.rs may use (half
-/// an H100's or H200's).
+/// SMs the persistent runtime of tests/tensor_core.rs, tests/batched_matmul.rs and
+/// tests/precision_fp8.rs may use (half an H100's or H200's).
 pub const TENSOR_BINARY_SMS: u32 = 64;
 
 /// Statics are never dropped, so the shared runtime's manifolds would still be resident when the

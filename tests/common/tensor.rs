@@ -120,6 +120,11 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         (4096, 64, 1000),
         // Large tiles with rows of A that are not 16-byte aligned.
         (2048, 17, 1000),
+        // On Hopper, the wgmma paths for every operand type (fp8 needs k and n multiples of 16):
+        // partial tiles at both edges and a partial last slice of k (128 bytes of it for fp8);
+        // then a long k, 32 slices, over which fp8's per-slice sums add up.
+        (1000, 1040, 272),
+        (130, 4096, 512),
     ];
     for (m, k, n) in shapes {
         check_products(rt, T::NAME, T::from_f32, 1, m, k, n, |rt, a, w, b, out| {

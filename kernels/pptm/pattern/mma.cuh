@@ -467,10 +467,17 @@ template <class T, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                 const Epi& epi, float* out, const pptm_block_ctx& b) {
 #ifdef PPTM_WGMMA
-    // Hopper, 16-bit operands in memory: TMA + wgmma (pattern/wgmma.cuh) where it applies.
+    // Hopper: TMA + wgmma (pattern/wgmma.cuh) where it applies.
     if constexpr (sizeof(S) == 2) {
         if (pptm_wgmma_fits(A, W, m, k, n)) {
             pptm_matmul_wgmma<T>(reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
+            return;
+        }
+    }
+    // E4M3 operands: fp8 wgmma, W transposed slice by slice in shared memory.
+    if constexpr (sizeof(S) == 1) {
+        if (pptm_wgmma_fp8_fits(A, W, m, k, n)) {
+            pptm_matmul_wgmma_fp8(A, W, m, k, n, epi, out, b);
             return;
         }
     }

@@ -44,8 +44,10 @@
 #ifndef PPTM_WG_EPI_GROUPS
 #define PPTM_WG_EPI_GROUPS 4
 #endif
-// Tensor-map templates: [operand type: 0 bf16, 1 fp16][role: 0 A (box 64 x 128), 1 W (box 64 x 64)].
-#define PPTM_WG_TEMPLATES 4
+// Tensor-map templates: [operand type: 0 bf16, 1 fp16][role: 0 A (box 64 x 128), 1 W (box 64 x 64)],
+// then (index 4) E4M3 bytes, box 128 x 128, for both of an fp8 product's operands.
+#define PPTM_WG_TEMPLATES 5
+#define PPTM_WG_TEMPLATE_E4M3 4
 
 
 // The host finds the templates by name in a module that has this path (they exist only there), and
@@ -107,18 +109,20 @@ __device__ __forceinline__ void pptm_tma_load_2d(uint32_t dst, const void* tmap,
 
 // ---- tensor maps ----------------------------------------------------------------------------------
 
-// Warp 0: this SM's two tensor maps for A (rows x cols) and W, from the templates, in global memory
-// and visible to TMA once the issuing thread runs pptm_tmap_acquire.
-__device__ __forceinline__ void pptm_tmap_build(uint32_t type, const void* a, uint64_t a_rows, uint64_t a_cols, const void* w,
-                                                uint64_t w_rows, uint64_t w_cols, uint64_t* smem_maps, uint64_t (*slot)[16]) {
+// Warp 0: this SM's two tensor maps for A (rows x cols) and W, from templates a_tpl and w_tpl, for
+// elements of `esize` bytes, in global memory and visible to TMA once the issuing thread runs
+// pptm_tmap_acquire.
+__device__ __forceinline__ void pptm_tmap_build(uint32_t a_tpl, uint32_t w_tpl, uint32_t esize, const void* a, uint64_t a_rows,
+                                                uint64_t a_cols, const void* w, uint64_t w_rows, uint64_t w_cols, uint64_t* smem_maps,
+                                                uint64_t (*slot)[16]) {
     const uint32_t lane = threadIdx.x & 31u;
-    smem_maps[lane] = pptm_tmap_template[2 * type + lane / 16][lane % 16];
+    smem_maps[lane] = pptm_tmap_template[lane < 16 ? a_tpl : w_tpl][lane % 16];
     __syncwarp();
     if (lane < 2) {
         const uint32_t m = pptm_smem_addr(smem_maps + 16 * lane);
         const uint64_t addr = reinterpret_cast<uint64_t>(lane == 0 ? a : w);
         const uint32_t rows = (uint32_t)(lane == 0 ? a_rows : w_rows), cols = (uint32_t)(lane == 0 ? a_cols : w_cols);
-        const uint64_t pitch = 2ull * (lane == 0 ? a_cols : w_cols);
+        const uint64_t pitch = esize * (lane == 0 ? a_cols : w_cols);
         asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(m), "l"(addr) : "memory");
         asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(m), "r"(cols) : "memory");
         asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(m), "r"(rows) : "memory");
@@ -226,6 +230,57 @@ struct pptm_wg_type<pptm_f16> {
     static constexpr uint32_t index = 1;
 };
 
+// ---- the epilogue ----------------------------------------------------------------------------------
+
+// A warpgroup's 64 x N accumulators d (f32, this thread's N / 2) through the chain's epilogue into
+// out (m x n, row-major; rows row0 + i of it for a batch's product): the warpgroup's block of
+// outputs starts at row i0, column j0. Accumulator 4 q + e is row 16 (warp % 4) + lane / 4 (+ 8 for
+// e >= 2), column 8 q + 2 (lane % 4) + e % 2 of the 64 x N.
+template <uint32_t N, uint32_t R, class Epi>
+__device__ __forceinline__ void pptm_wg_store(const float (&d)[R], const Epi& epi, float* out, uint64_t m, uint64_t n, uint64_t row0,
+                                              uint64_t i0, uint64_t j0) {
+    static_assert(R == N / 2, "wgmma: N / 2 accumulators a thread");
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint64_t i_base = i0 + 16 * (warp % 4) + lane / 4, j_base = j0 + 2 * (lane % 4);
+    const bool vec_out = (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
+    // What the chain reads by column (a bias) is loaded for QC groups of 8 columns at once, then
+    // serves both rows: loaded element by element, each load (from L2) waited for before the
+    // next, it took most of the epilogue's time (64 x 512^3 batched, H100: 156 -> 117 us through
+    // the manifold). Two groups where a thread holds 96 accumulators: four spilled there in the
+    // manifolds.
+    constexpr uint32_t QC = R >= 96 ? 2 : PPTM_WG_EPI_GROUPS, NC = Epi::col_loads;
+    static_assert((N / 8) % QC == 0, "wgmma: whole groups of columns");
+#pragma unroll
+    for (uint32_t q0 = 0; q0 < N / 8; q0 += QC) {
+        float c[QC][2][NC];
+#pragma unroll
+        for (uint32_t qq = 0; qq < QC; ++qq)
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) pptm_epi_cols(epi, j_base + 8 * (q0 + qq) + e, n, c[qq][e]);
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+            const uint64_t i = i_base + 8 * h;
+            if (i >= m) continue;
+            const uint64_t gi = row0 + i;
+#pragma unroll
+            for (uint32_t qq = 0; qq < QC; ++qq) {
+                const uint32_t q = q0 + qq;
+                const uint64_t j = j_base + 8 * q;
+                if (j >= n) continue;
+                const float v0 = epi(gi, j, d[4 * q + 2 * h], c[qq][0]);
+                if (vec_out) {
+                    // n is even and so is j: j + 1 < n too.
+                    const float v1 = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
+                    *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
+                } else {
+                    out[gi * n + j] = v0;
+                    if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
+                }
+            }
+        }
+    }
+}
+
 // ---- the pattern ----------------------------------------------------------------------------------
 
 // Whether the TMA path can take these operands: rows 16-byte aligned, sizes within TMA's 32-bit
@@ -285,7 +340,8 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         // Generic-proxy writes to these bytes (an earlier pattern's) come before TMA's.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    if (warp == 0) pptm_tmap_build(pptm_wg_type<T>::index, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps, slot);
+    if (warp == 0)
+        pptm_tmap_build(2 * pptm_wg_type<T>::index, 2 * pptm_wg_type<T>::index + 1, 2, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps, slot);
     __syncthreads();
 
     // 32-bit counts (pptm_wgmma_fits bounds them): a 64-bit division is a function call, and a
@@ -327,7 +383,6 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         for (; released < end; ++released)
             if (lane == 0) pptm_mbar_arrive(empty0 + 8 * (uint32_t)(released % S));
     };
-    const bool vec_out = (reinterpret_cast<uint64_t>(out) & 7u) == 0 && n % 2 == 0;
     for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
         pptm_tick(b);
 #pragma unroll
@@ -360,50 +415,11 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         pptm_wg_fence_operands(d);
         release_below(g);
         if (out == nullptr) continue;
-        // Accumulator 4 q + e: row 16 (warp % 4) + lane / 4 (+ 8 for e >= 2), column 8 q + 2 (lane % 4)
-        // + e % 2 of this warpgroup's 64 x N.
         uint32_t ti, tj;
         const uint32_t prod = BATCHED ? tile / per_product : 0;
         pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
-        const uint64_t row0 = (uint64_t)prod * m;  // product prod's rows of the stacked output
-        const uint64_t i_base = (uint64_t)ti * BM + 64 * wm + 16 * (warp % 4) + lane / 4;
-        const uint64_t j_base = (uint64_t)tj * BN + N * wn + 2 * (lane % 4);
-        // What the chain reads by column (a bias) is loaded for QC groups of 8 columns at once,
-        // then serves both rows: loaded element by element, each load (from L2) waited for before
-        // the next, it took most of the epilogue's time (64 x 512^3 batched, H100: 156 -> 117 us
-        // through the manifold). Two groups where a thread holds 96 accumulators: four spilled
-        // there in the manifolds.
-        constexpr uint32_t QC = R >= 96 ? 2 : PPTM_WG_EPI_GROUPS, NC = Epi::col_loads;
-        static_assert((N / 8) % QC == 0, "wgmma: whole groups of columns");
-#pragma unroll
-        for (uint32_t q0 = 0; q0 < N / 8; q0 += QC) {
-            float c[QC][2][NC];
-#pragma unroll
-            for (uint32_t qq = 0; qq < QC; ++qq)
-#pragma unroll
-                for (uint32_t e = 0; e < 2; ++e) pptm_epi_cols(epi, j_base + 8 * (q0 + qq) + e, n, c[qq][e]);
-#pragma unroll
-            for (uint32_t h = 0; h < 2; ++h) {
-                const uint64_t i = i_base + 8 * h;
-                if (i >= m) continue;
-                const uint64_t gi = row0 + i;
-#pragma unroll
-                for (uint32_t qq = 0; qq < QC; ++qq) {
-                    const uint32_t q = q0 + qq;
-                    const uint64_t j = j_base + 8 * q;
-                    if (j >= n) continue;
-                    const float v0 = epi(gi, j, d[4 * q + 2 * h], c[qq][0]);
-                    if (vec_out) {
-                        // n is even and so is j: j + 1 < n too.
-                        const float v1 = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
-                        *reinterpret_cast<float2*>(out + gi * n + j) = make_float2(v0, v1);
-                    } else {
-                        out[gi * n + j] = v0;
-                        if (j + 1 < n) out[gi * n + j + 1] = epi(gi, j + 1, d[4 * q + 2 * h + 1], c[qq][1]);
-                    }
-                }
-            }
-        }
+        // Product prod's rows of the stacked output.
+        pptm_wg_store<N>(d, epi, out, m, n, (uint64_t)prod * m, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
     }
     // Every barrier's phases are complete (each slice was waited for and released); retire them so
     // the bytes may serve another pattern.
@@ -447,6 +463,189 @@ __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const 
         pptm_matmul_wgmma_tiled<T, 256, 192, true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
     else
         pptm_matmul_wgmma_tiled<T, 128, 128, true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
+}
+
+// ---- fp8 (E4M3) operands --------------------------------------------------------------------------
+//
+// Hopper's e4m3 wgmma takes both operands K-major (rows of k), and W (k x n, row-major) is not: its
+// slices land as TMA writes them (128 rows of k, 128 bytes of n each, 128-byte swizzled), and the
+// block transposes each into a K-major copy (128 rows of n, 128 bytes of k, swizzled as TMA would
+// have) that the tensor cores read. A is K-major already. A slice is 128 of k: one 128-byte row.
+// The transpose is 4 x 4 bytes a step (four 32-bit loads, eight byte permutes, four stores), each
+// warp's 32 steps placed so both its loads and its stores touch 32 different banks; the block
+// transposes the next slice while the tensor cores multiply this one.
+//
+// Accumulation: the fp8 MMA adds into its accumulators with fewer mantissa bits than f32 (about
+// 13, as the SageAttention2 and DeepSeek-V3 papers measured), so its rounding would grow with k.
+// Each slice's product (128 of k) goes into a fresh accumulator (scale-d 0), which is waited for
+// and added to an f32 sum. (Two accumulators taking turns, the older added while the newer runs,
+// made ptxas serialize every wgmma, its C7514 notice: it does not see that wait_group 1 retires
+// the older.)
+//
+// Tiles of 128 x 128, the four warpgroups 2 x 2 (64 x 64 each). Shared memory: S slices of A and
+// raw W (32 KiB each) and two transposed copies of W (16 KiB each); a copy is rewritten while the
+// other is read, after every warpgroup has waited for the slice that read it.
+
+#define PPTM_WG8_BOX (128 * 128)
+
+// d (64 x 64 f32) = [d +] A (64 x 32, K-major) B (32 x 64, K-major), E4M3 operands.
+template <bool ACCUMULATE>
+__device__ __forceinline__ void pptm_wgmma_e4m3_n64(float (&d)[32], uint64_t a, uint64_t b) {
+    if constexpr (ACCUMULATE)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" PPTM_WG_R32 "}, %32, %33, 1, 1, 1;"
+                     : PPTM_WG_D32
+                     : "l"(a), "l"(b));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" PPTM_WG_R32 "}, %32, %33, 0, 1, 1;"
+                     : PPTM_WG_D32
+                     : "l"(a), "l"(b));
+}
+
+// Whether the fp8 TMA path can take these operands: rows 16-byte aligned (k and n multiples of 16
+// bytes), sizes within 32-bit counts, enough work to pay for building tensor maps.
+__device__ __forceinline__ bool pptm_wgmma_fp8_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
+    const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 && k % 16 == 0 &&
+                         n % 16 == 0;
+    const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31) &&
+                       (m / 128 + 1) * (n / 128 + 1) < (1ull << 31) && (m / 128 + 1) * (n / 128 + 1) * (k / 128 + 1) < (1ull << 32);
+    return aligned && small && m != 0 && k != 0 && n != 0 && m * n * k >= (uint64_t)PPTM_WGMMA_FROM;
+}
+
+// This thread's share of a W slice's transpose: raw (128 rows of k, 128 bytes of n, swizzled) into
+// t (128 rows of n, 128 bytes of k, swizzled). Byte (r, c) of either sits at r 128 + ((c / 16) ^
+// (r % 8)) 16 + c % 16. Lane (a, b) = (lane / 4, lane % 4) of warp w moves, for x = 2 w + it, the
+// 4 x 4 block at rows k0 = 16 (a ^ x / 4) + 4 (b ^ x % 4), columns n0 = 16 a + 4 b: its loads' banks
+// are 4 (a ^ f(b)) + b, its stores' 4 (a ^ x / 4 ^ g(b)) + (b ^ x % 4), 32 different ones a warp.
+__device__ __forceinline__ void pptm_fp8_transpose_slice(const uint8_t* raw, uint8_t* t) {
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, a = lane / 4, b = lane % 4;
+    static_assert(PPTM_WARPS * 2 == 32, "fp8 wgmma: 16 warps, two blocks of each of the 32 placements");
+#pragma unroll
+    for (uint32_t it = 0; it < 2; ++it) {
+        const uint32_t x = 2 * warp + it, ka = a ^ (x / 4), kb = b ^ (x % 4);
+        const uint32_t k0 = 16 * ka + 4 * kb, n0 = 16 * a + 4 * b;
+        uint32_t r[4];
+#pragma unroll
+        for (uint32_t i = 0; i < 4; ++i)
+            r[i] = *reinterpret_cast<const uint32_t*>(raw + (k0 + i) * 128 + ((a ^ ((k0 + i) & 7)) * 16) + 4 * b);
+        // r[i] holds row k0 + i, columns n0 .. n0 + 3; o[j] holds row n0 + j, columns k0 .. k0 + 3.
+        const uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
+        const uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
+        const uint32_t o[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                               __byte_perm(t1, t3, 0x7632)};
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j)
+            *reinterpret_cast<uint32_t*>(t + (n0 + j) * 128 + ((ka ^ ((n0 + j) & 7)) * 16) + 4 * kb) = o[j];
+    }
+}
+
+template <class Epi>
+__device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const pptm_e4m3* W, uint64_t m, uint64_t k, uint64_t n,
+                                                      const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t BM = 128, BN = 128, BK = 128, N = 64, R = 32;
+    constexpr uint32_t STAGE_BYTES = 2 * PPTM_WG8_BOX;  // A's slice, then W's as it landed
+    constexpr uint32_t S = (PPTM_WG_RING_BYTES - 2 * PPTM_WG8_BOX) / STAGE_BYTES;
+    static_assert(S >= 3 && S * STAGE_BYTES + 2 * PPTM_WG8_BOX <= PPTM_WG_RING_BYTES, "fp8 wgmma: the slice ring");
+    uint8_t* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(pptm_dynamic_smem()) + 1023) & ~(uint64_t)1023);
+    uint8_t* const wt = base + S * STAGE_BYTES;  // the two transposed copies of W
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES);  // full[S], empty[S]
+    uint64_t* const maps = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES + 512);
+    const uint32_t smem0 = pptm_smem_addr(base), wt0 = pptm_smem_addr(wt);
+    const uint32_t full0 = pptm_smem_addr(bars), empty0 = full0 + 8 * S;
+    uint32_t smid;
+    asm("mov.u32 %0, %%smid;" : "=r"(smid));
+    uint64_t(*const slot)[16] = pptm_tmap_slot[smid & 255u];
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t wg = warp / 4, wm = wg / 2, wn = wg % 2;
+
+    // Every reader and writer of this shared memory before the pattern (an earlier item's) is done.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < S; ++s) {
+            pptm_mbar_init(full0 + 8 * s, 1);
+            pptm_mbar_init(empty0 + 8 * s, PPTM_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    if (warp == 0) pptm_tmap_build(PPTM_WG_TEMPLATE_E4M3, PPTM_WG_TEMPLATE_E4M3, 1, A, m, k, W, k, n, maps, slot);
+    __syncthreads();
+
+    const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
+    const uint32_t tiles = tiles_m * tiles_n, ktiles = (uint32_t)(k / BK + (k % BK != 0));
+    const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
+    const uint32_t total = mine * ktiles;
+
+    auto produce = [&](uint32_t p) {
+        const uint32_t s = p % S;
+        if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (p / S - 1) & 1);
+        uint32_t ti, tj;
+        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_n, ti, tj);
+        const int32_t i0 = (int32_t)(ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * BK);
+        const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
+        pptm_mbar_expect_tx(bar, STAGE_BYTES);
+        pptm_tma_load_2d(dst, slot[0], k0, i0, bar);
+        pptm_tma_load_2d(dst + PPTM_WG8_BOX, slot[1], j0, k0, bar);
+    };
+    if (threadIdx.x == 0) {
+        pptm_tmap_acquire(slot[0]);
+        pptm_tmap_acquire(slot[1]);
+        for (uint32_t p = 0; p < S && p < total; ++p) produce(p);
+    }
+
+    float sum[R], acc[R];
+#pragma unroll
+    for (uint32_t e = 0; e < R; ++e) acc[e] = 0.0f;  // (scale-d 0 ignores them; defined all the same)
+    uint32_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
+    // Slice p's W, transposed into copy p % 2, once its bytes have landed.
+    auto transpose = [&](uint32_t p) {
+        const uint32_t s = p % S;
+        pptm_mbar_wait(full0 + 8 * s, (p / S) & 1);
+        pptm_fp8_transpose_slice(base + s * STAGE_BYTES + PPTM_WG8_BOX, wt + (p % 2) * PPTM_WG8_BOX);
+    };
+    if (total > 0) transpose(0);
+    uint32_t g = 0;  // slices multiplied so far, over this block's tiles
+    for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
+#pragma unroll
+        for (uint32_t e = 0; e < R; ++e) sum[e] = 0.0f;
+        for (uint32_t kt = 0; kt < ktiles; ++kt, ++g) {
+            // Slice g's copy is whole and visible to the tensor cores (async proxy), and every
+            // warpgroup is done with slice g - 1, which read the other copy.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            __syncthreads();
+            const uint32_t s = g % S;
+            const uint32_t a_addr = smem0 + s * STAGE_BYTES + wm * 64 * 128;
+            const uint32_t b_addr = wt0 + (g % 2) * PPTM_WG8_BOX + wn * 64 * 128;
+            pptm_wg_fence_operands(acc);
+            pptm_wg_fence();
+            // 128-byte rows, 8-row atoms 1024 bytes apart; k32 is 32 bytes along the row.
+            pptm_wgmma_e4m3_n64<false>(acc, pptm_wg_desc(a_addr, 16, 1024), pptm_wg_desc(b_addr, 16, 1024));
+#pragma unroll
+            for (uint32_t kk = 1; kk < BK / 32; ++kk)
+                pptm_wgmma_e4m3_n64<true>(acc, pptm_wg_desc(a_addr + 32 * kk, 16, 1024),
+                                          pptm_wg_desc(b_addr + 32 * kk, 16, 1024));
+            pptm_wg_commit();
+            pptm_wg_fence_operands(acc);
+            // The next slice (this tile's or the next one's) is transposed meanwhile.
+            if (g + 1 < total) transpose(g + 1);
+            pptm_wg_wait<0>();
+            pptm_wg_fence_operands(acc);
+#pragma unroll
+            for (uint32_t e = 0; e < R; ++e) sum[e] += acc[e];
+            // Slice g is done with: its A multiplied, its W transposed. Its buffer takes slice g + S.
+            for (; released <= g; ++released)
+                if (lane == 0) pptm_mbar_arrive(empty0 + 8 * (released % S));
+            if (threadIdx.x == 0 && g + S < total) produce(g + S);
+            __syncwarp();
+        }
+        if (out == nullptr) continue;
+        uint32_t ti, tj;
+        pptm_wg_tile(tile, tiles_n, ti, tj);
+        pptm_wg_store<N>(sum, epi, out, m, n, 0, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (uint32_t s = 0; s < 2 * S; ++s) pptm_mbar_inval(full0 + 8 * s);
 }
 
 #endif  // PPTM_WGMMA

@@ -864,6 +864,24 @@ unsafe impl Send for Module {}
 // SAFETY: as above.
 unsafe impl Sync for Module {}
 
+/// The tensor-map templates a wgmma module's `pptm_tmap_template` holds, in its order
+/// (kernels/pptm/pattern/wgmma.cuh): (element type, its bytes, box columns, box rows), each with
+/// 128-byte swizzle and zeros outside the matrix. bf16 then fp16, each A (64 x 128) and W
+/// (64 x 64); then E4M3 bytes (128 x 128), both operands of an fp8 product.
+const TMAP_TEMPLATES: &[(sys::CUtensorMapDataType, u32, u32, u32)] = {
+    use sys::CUtensorMapDataType::{
+        CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 as BF16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16 as F16,
+        CU_TENSOR_MAP_DATA_TYPE_UINT8 as U8,
+    };
+    &[
+        (BF16, 2, 64, 128),
+        (BF16, 2, 64, 64),
+        (F16, 2, 64, 128),
+        (F16, 2, 64, 64),
+        (U8, 1, 128, 128),
+    ]
+};
+
 impl Module {
     /// How many manifold blocks fit on one SM (the occupancy API, for the block size pptm uses).
     pub fn blocks_per_sm_max(&self, device: &Device) -> Result<u32> {
@@ -886,8 +904,7 @@ impl Module {
     /// For a module with the Hopper wgmma path (kernels/pptm/pattern/wgmma.cuh; it alone has the
     /// `pptm_tmap_template` global): lets its kernels have `HOPPER_DYNAMIC_SMEM_BYTES` of dynamic
     /// shared memory, and fills the tensor-map templates the device copies and edits for each
-    /// item (bf16 and fp16; A boxes of 64 x 128, W boxes of 64 x 64; 128-byte swizzle; zeros
-    /// outside the matrix). Called at load, while no manifold is resident. Returns the dynamic
+    /// item (`TMAP_TEMPLATES`). Called at load, while no manifold is resident. Returns the dynamic
     /// shared memory the module's kernels take (0 without the path).
     fn prepare_wgmma(&self, device: &Device) -> Result<u32> {
         let mut global: sys::CUdeviceptr = 0;
@@ -905,7 +922,7 @@ impl Module {
             return Ok(0);
         }
         check("cuModuleGetGlobal", found)?;
-        let want = 4 * std::mem::size_of::<sys::CUtensorMap>();
+        let want = TMAP_TEMPLATES.len() * std::mem::size_of::<sys::CUtensorMap>();
         if bytes != want {
             return Err(Error::ModuleLoad {
                 domain: "?",
@@ -924,40 +941,35 @@ impl Module {
                 )
             })?;
         }
-        use sys::CUtensorMapDataType::{
-            CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 as BF16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16 as F16,
-        };
-        let mut maps = Vec::with_capacity(4);
-        for ty in [BF16, F16] {
-            for box_rows in [128u32, 64] {
-                // A 64 x box_rows matrix at the template array itself (any 16-byte aligned device
-                // address does): the device replaces address, sizes and pitch for each item.
-                let dims: [u64; 2] = [64, u64::from(box_rows)];
-                let strides: [u64; 1] = [128];
-                let boxes: [u32; 2] = [64, box_rows];
-                let steps: [u32; 2] = [1, 1];
-                // SAFETY: CUtensorMap is plain bytes, written whole by the call on success.
-                let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
-                // SAFETY: every array has the rank's (2) entries, strides rank - 1; the address is
-                // device memory of this context, 16-byte aligned (a 128-byte aligned global).
-                check("cuTensorMapEncodeTiled", unsafe {
-                    sys::cuTensorMapEncodeTiled(
-                        &mut map,
-                        ty,
-                        2,
-                        global as *mut c_void,
-                        dims.as_ptr(),
-                        strides.as_ptr(),
-                        boxes.as_ptr(),
-                        steps.as_ptr(),
-                        sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-                    )
-                })?;
-                maps.extend_from_slice(&map.opaque);
-            }
+        let mut maps = Vec::with_capacity(TMAP_TEMPLATES.len());
+        for &(ty, elem_bytes, box_cols, box_rows) in TMAP_TEMPLATES {
+            // A box_cols x box_rows matrix at the template array itself (any 16-byte aligned device
+            // address does): the device replaces address, sizes and pitch for each item.
+            let dims: [u64; 2] = [u64::from(box_cols), u64::from(box_rows)];
+            let strides: [u64; 1] = [u64::from(box_cols * elem_bytes)];
+            let boxes: [u32; 2] = [box_cols, box_rows];
+            let steps: [u32; 2] = [1, 1];
+            // SAFETY: CUtensorMap is plain bytes, written whole by the call on success.
+            let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+            // SAFETY: every array has the rank's (2) entries, strides rank - 1; the address is
+            // device memory of this context, 16-byte aligned (a 128-byte aligned global).
+            check("cuTensorMapEncodeTiled", unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    ty,
+                    2,
+                    global as *mut c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxes.as_ptr(),
+                    steps.as_ptr(),
+                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            })?;
+            maps.extend_from_slice(&map.opaque);
         }
         device.upload(global, bytemuck::cast_slice(&maps))?;
         Ok(smem as u32)
