@@ -472,8 +472,8 @@ __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const 
 // block transposes each into a K-major copy (128 rows of n, 128 bytes of k, swizzled as TMA would
 // have) that the tensor cores read. A is K-major already. A slice is 128 of k: one 128-byte row.
 // The transpose is 4 x 4 bytes a step (four 32-bit loads, eight byte permutes, four stores), each
-// warp's 32 steps placed so both its loads and its stores touch 32 different banks; the block
-// transposes the next slice while the tensor cores multiply this one.
+// warp's 32 steps placed so both its loads and its stores touch 32 different banks. Each warp
+// transposes its part of slice g + 2 while the tensor cores multiply slice g.
 //
 // Accumulation: the fp8 MMA adds into its accumulators with fewer mantissa bits than f32 (about
 // 13, as the SageAttention2 and DeepSeek-V3 papers measured), so its rounding would grow with k.
@@ -483,8 +483,12 @@ __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const 
 // the older.)
 //
 // Tiles of 128 x 128, the four warpgroups 2 x 2 (64 x 64 each). Shared memory: S slices of A and
-// raw W (32 KiB each) and two transposed copies of W (16 KiB each); a copy is rewritten while the
-// other is read, after every warpgroup has waited for the slice that read it.
+// raw W (32 KiB each) and three transposed copies of W (16 KiB each). No block-wide barrier in the
+// loop: mbarriers say when a copy is whole (`ready`, an arrival from each warp once its part is
+// written) and when every warpgroup is done reading it (`freed`, an arrival from each warp after
+// its wait), so a warpgroup that has added its sum issues its next slice at once, while the tensor
+// cores still run the others' (a block-wide barrier each slice left them idle between slices:
+// 8192^3 at 2.77 ms on an H100).
 
 #define PPTM_WG8_BOX (128 * 128)
 
@@ -512,21 +516,26 @@ __device__ __forceinline__ bool pptm_wgmma_fp8_fits(const void* A, const void* W
 }
 
 // This thread's share of a W slice's transpose: raw (128 rows of k, 128 bytes of n, swizzled) into
-// t (128 rows of n, 128 bytes of k, swizzled). Byte (r, c) of either sits at r 128 + ((c / 16) ^
-// (r % 8)) 16 + c % 16. Lane (a, b) = (lane / 4, lane % 4) of warp w moves, for x = 2 w + it, the
+// t (128 rows of n, 128 bytes of k, swizzled), both shared-memory addresses 1024-byte aligned.
+// Byte (r, c) of either sits at (128 r + c) ^ ((r % 8) 16): the row's low bits select which 16-byte
+// piece of it holds c. Lane (a, b) = (lane / 4, lane % 4) of warp w moves, for x = 2 w + it, the
 // 4 x 4 block at rows k0 = 16 (a ^ x / 4) + 4 (b ^ x % 4), columns n0 = 16 a + 4 b: its loads' banks
 // are 4 (a ^ f(b)) + b, its stores' 4 (a ^ x / 4 ^ g(b)) + (b ^ x % 4), 32 different ones a warp.
-__device__ __forceinline__ void pptm_fp8_transpose_slice(const uint8_t* raw, uint8_t* t) {
+// A block's four rows start at r0 with r0 % 8 = 0 or 4, so row r0 + i sits at (r0's address ^ 16 i)
+// + 128 i: one XOR an access, the rest in the instruction's offset. (With 64-bit generic
+// addresses computed for each access, the integer pipe was the busiest and bounded the product.)
+__device__ __forceinline__ void pptm_fp8_transpose_slice(uint32_t raw, uint32_t t) {
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, a = lane / 4, b = lane % 4;
     static_assert(PPTM_WARPS * 2 == 32, "fp8 wgmma: 16 warps, two blocks of each of the 32 placements");
 #pragma unroll
     for (uint32_t it = 0; it < 2; ++it) {
         const uint32_t x = 2 * warp + it, ka = a ^ (x / 4), kb = b ^ (x % 4);
         const uint32_t k0 = 16 * ka + 4 * kb, n0 = 16 * a + 4 * b;
+        const uint32_t ld0 = raw + ((128 * k0 + n0) ^ ((k0 & 7) << 4)), st0 = t + ((128 * n0 + k0) ^ ((n0 & 7) << 4));
         uint32_t r[4];
 #pragma unroll
         for (uint32_t i = 0; i < 4; ++i)
-            r[i] = *reinterpret_cast<const uint32_t*>(raw + (k0 + i) * 128 + ((a ^ ((k0 + i) & 7)) * 16) + 4 * b);
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r[i]) : "r"((ld0 ^ (16 * i)) + 128 * i) : "memory");
         // r[i] holds row k0 + i, columns n0 .. n0 + 3; o[j] holds row n0 + j, columns k0 .. k0 + 3.
         const uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
         const uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
@@ -534,7 +543,7 @@ __device__ __forceinline__ void pptm_fp8_transpose_slice(const uint8_t* raw, uin
                                __byte_perm(t1, t3, 0x7632)};
 #pragma unroll
         for (uint32_t j = 0; j < 4; ++j)
-            *reinterpret_cast<uint32_t*>(t + (n0 + j) * 128 + ((ka ^ ((n0 + j) & 7)) * 16) + 4 * kb) = o[j];
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"((st0 ^ (16 * j)) + 128 * j), "r"(o[j]) : "memory");
     }
 }
 
@@ -543,14 +552,16 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
                                                       const Epi& epi, float* out, const pptm_block_ctx& b) {
     constexpr uint32_t BM = 128, BN = 128, BK = 128, N = 64, R = 32;
     constexpr uint32_t STAGE_BYTES = 2 * PPTM_WG8_BOX;  // A's slice, then W's as it landed
-    constexpr uint32_t S = (PPTM_WG_RING_BYTES - 2 * PPTM_WG8_BOX) / STAGE_BYTES;
-    static_assert(S >= 3 && S * STAGE_BYTES + 2 * PPTM_WG8_BOX <= PPTM_WG_RING_BYTES, "fp8 wgmma: the slice ring");
+    constexpr uint32_t S = (PPTM_WG_RING_BYTES - 3 * PPTM_WG8_BOX) / STAGE_BYTES;
+    static_assert(S >= 3 && S * STAGE_BYTES + 3 * PPTM_WG8_BOX <= PPTM_WG_RING_BYTES, "fp8 wgmma: the slice ring");
     uint8_t* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(pptm_dynamic_smem()) + 1023) & ~(uint64_t)1023);
-    uint8_t* const wt = base + S * STAGE_BYTES;  // the two transposed copies of W
-    uint64_t* const bars = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES);  // full[S], empty[S]
+    uint8_t* const wt = base + S * STAGE_BYTES;  // the three transposed copies of W
+    // full[S], empty[S], ready[3], freed[3]
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES);
     uint64_t* const maps = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES + 512);
     const uint32_t smem0 = pptm_smem_addr(base), wt0 = pptm_smem_addr(wt);
-    const uint32_t full0 = pptm_smem_addr(bars), empty0 = full0 + 8 * S;
+    const uint32_t full0 = pptm_smem_addr(bars), empty0 = full0 + 8 * S, ready0 = empty0 + 8 * S, freed0 = ready0 + 24;
+    static_assert(8 * (2 * S + 6) <= 512, "fp8 wgmma: the barriers fit before the tensor maps");
     uint32_t smid;
     asm("mov.u32 %0, %%smid;" : "=r"(smid));
     uint64_t(*const slot)[16] = pptm_tmap_slot[smid & 255u];
@@ -564,6 +575,10 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
             pptm_mbar_init(full0 + 8 * s, 1);
             pptm_mbar_init(empty0 + 8 * s, PPTM_WARPS);
         }
+        for (uint32_t c = 0; c < 3; ++c) {
+            pptm_mbar_init(ready0 + 8 * c, PPTM_WARPS);
+            pptm_mbar_init(freed0 + 8 * c, PPTM_WARPS);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
@@ -573,8 +588,9 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
     const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
     const uint32_t tiles = tiles_m * tiles_n, ktiles = (uint32_t)(k / BK + (k % BK != 0));
     const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
-    const uint32_t total = mine * ktiles;
+    const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
 
+    // Thread 0 issues slice p into buffer p % S once every warp has released slice p - S.
     auto produce = [&](uint32_t p) {
         const uint32_t s = p % S;
         if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (p / S - 1) & 1);
@@ -592,30 +608,35 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         for (uint32_t p = 0; p < S && p < total; ++p) produce(p);
     }
 
+    // This warp's part of slice p's W, transposed into copy p % 3 once its bytes have landed and
+    // every warpgroup is done with slice p - 3 (which read that copy); then the warp says so.
+    auto transpose = [&](uint32_t p) {
+        const uint32_t s = p % S, c = p % 3;
+        if (p >= 3) pptm_mbar_wait(freed0 + 8 * c, (p / 3 - 1) & 1);
+        pptm_mbar_wait(full0 + 8 * s, (p / S) & 1);
+        pptm_fp8_transpose_slice(smem0 + s * STAGE_BYTES + PPTM_WG8_BOX, wt0 + c * PPTM_WG8_BOX);
+        // The copy's bytes (generic proxy writes) are visible to the tensor cores (async proxy)
+        // of whoever acquires `ready`.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        if (lane == 0) pptm_mbar_arrive(ready0 + 8 * c);
+    };
+    if (total > 0) transpose(0);
+    if (total > 1) transpose(1);
+
     float sum[R], acc[R];
 #pragma unroll
     for (uint32_t e = 0; e < R; ++e) acc[e] = 0.0f;  // (scale-d 0 ignores them; defined all the same)
-    uint32_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
-    // Slice p's W, transposed into copy p % 2, once its bytes have landed.
-    auto transpose = [&](uint32_t p) {
-        const uint32_t s = p % S;
-        pptm_mbar_wait(full0 + 8 * s, (p / S) & 1);
-        pptm_fp8_transpose_slice(base + s * STAGE_BYTES + PPTM_WG8_BOX, wt + (p % 2) * PPTM_WG8_BOX);
-    };
-    if (total > 0) transpose(0);
     uint32_t g = 0;  // slices multiplied so far, over this block's tiles
     for (uint32_t tile = b.block; tile < tiles; tile += b.nblocks) {
         pptm_tick(b);
 #pragma unroll
         for (uint32_t e = 0; e < R; ++e) sum[e] = 0.0f;
         for (uint32_t kt = 0; kt < ktiles; ++kt, ++g) {
-            // Slice g's copy is whole and visible to the tensor cores (async proxy), and every
-            // warpgroup is done with slice g - 1, which read the other copy.
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            __syncthreads();
-            const uint32_t s = g % S;
+            const uint32_t s = g % S, c = g % 3;
+            pptm_mbar_wait(ready0 + 8 * c, (g / 3) & 1);
             const uint32_t a_addr = smem0 + s * STAGE_BYTES + wm * 64 * 128;
-            const uint32_t b_addr = wt0 + (g % 2) * PPTM_WG8_BOX + wn * 64 * 128;
+            const uint32_t b_addr = wt0 + c * PPTM_WG8_BOX + wn * 64 * 128;
             pptm_wg_fence_operands(acc);
             pptm_wg_fence();
             // 128-byte rows, 8-row atoms 1024 bytes apart; k32 is 32 bytes along the row.
@@ -626,15 +647,19 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
                                           pptm_wg_desc(b_addr + 32 * kk, 16, 1024));
             pptm_wg_commit();
             pptm_wg_fence_operands(acc);
-            // The next slice (this tile's or the next one's) is transposed meanwhile.
-            if (g + 1 < total) transpose(g + 1);
+            // Slice g + 2 (this tile's or a later one's) is transposed meanwhile.
+            if (g + 2 < total) transpose(g + 2);
             pptm_wg_wait<0>();
             pptm_wg_fence_operands(acc);
 #pragma unroll
             for (uint32_t e = 0; e < R; ++e) sum[e] += acc[e];
-            // Slice g is done with: its A multiplied, its W transposed. Its buffer takes slice g + S.
-            for (; released <= g; ++released)
-                if (lane == 0) pptm_mbar_arrive(empty0 + 8 * (released % S));
+            // Slice g is done with: its copy of W read, its A multiplied, its raw W transposed
+            // (two slices ago). Its buffer takes slice g + S.
+            __syncwarp();
+            if (lane == 0) {
+                pptm_mbar_arrive(freed0 + 8 * c);
+                pptm_mbar_arrive(empty0 + 8 * s);
+            }
             if (threadIdx.x == 0 && g + S < total) produce(g + S);
             __syncwarp();
         }
@@ -643,9 +668,11 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         pptm_wg_tile(tile, tiles_n, ti, tj);
         pptm_wg_store<N>(sum, epi, out, m, n, 0, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
     }
+    // Every barrier's arrivals are in (each slice was transposed, multiplied and released); retire
+    // them so the bytes may serve another pattern.
     __syncthreads();
     if (threadIdx.x == 0)
-        for (uint32_t s = 0; s < 2 * S; ++s) pptm_mbar_inval(full0 + 8 * s);
+        for (uint32_t x = 0; x < 2 * S + 6; ++x) pptm_mbar_inval(full0 + 8 * x);
 }
 
 #endif  // PPTM_WGMMA
