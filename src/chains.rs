@@ -229,10 +229,12 @@ pub struct BatchedMatmulBiasGeluBf16 {
 }
 
 /// [`MatmulBiasGeluBf16`] with A and W stored in fp8 (OCP E4M3, [`crate::F8E4M3`]): a quarter of
-/// the f32 chain's operand bytes. The values are widened exactly to fp16 as they are staged in
-/// shared memory and multiplied by `mma.sync` with f32 accumulation (fp8 tensor-core instructions
-/// and the Hopper wgmma path do not take them yet). Domain `fp8`: its kernels keep two blocks an
-/// SM, without the `tensor` domain's Hopper path.
+/// the f32 chain's operand bytes. On Hopper (compute_90a), products with k and n multiples of 16
+/// and at least 2^24 multiply-adds run on fp8 tensor cores (e4m3 wgmma: TMA brings the operands,
+/// W's slices are transposed in shared memory, and each slice of 128 of k is summed in f32, since
+/// the fp8 MMA's own accumulation keeps about 13 bits). Elsewhere the values are widened exactly
+/// to fp16 as they are staged and multiplied by `mma.sync`, f32 accumulation. Domain `fp8`: one
+/// 512-thread block an SM on Hopper, as the `tensor` domain.
 #[derive(FusionBuilder)]
 #[fusion(domain = "fp8")]
 pub struct MatmulBiasGeluFp8 {

@@ -1,8 +1,9 @@
 //! `precision = "fp8"` on a tensor-core Matmul: A and W are OCP E4M3 buffers
-//! ([`pptm::F8E4M3`]), widened exactly to fp16 as the pattern stages them in shared memory and
-//! multiplied by `mma.sync` with f32 accumulation (on every GPU: neither fp8 tensor-core
-//! instructions nor the Hopper wgmma path take them yet). Checked on every backend by the body
-//! the bf16/fp16 chains use (tests/common/tensor.rs), with the same shapes and bar. The chain is
+//! ([`pptm::F8E4M3`]). On Hopper, shapes with k and n multiples of 16 and 2^24 multiply-adds or
+//! more run on e4m3 wgmma, each 128 of k summed in f32 (the shapes (1000, 1040, 272) and
+//! (130, 4096, 512) of the body); the rest, and every other GPU, widen them exactly to fp16 for
+//! `mma.sync`, f32 accumulation. Checked on every backend by the body the bf16/fp16 chains use
+//! (tests/common/tensor.rs), with the same shapes and bar. The chain is
 //! the library's (`pptm::chains::MatmulBiasGeluFp8`, domain `fp8`), which pptm-bench times too.
 
 #[macro_use]

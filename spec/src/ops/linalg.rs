@@ -77,8 +77,8 @@ pub const GEMV_T: OpDef = output_fusable(
 );
 
 /// `A W`: A is m×k, W is k×n, both row-major; the result is m×n. f32 on CUDA cores; with
-/// `tensor_eligible = true`, bf16, fp16 or fp8 (E4M3, widened to fp16 as staged) operands on
-/// tensor cores (f32 accumulation, f32 output).
+/// `tensor_eligible = true`, bf16, fp16 or fp8 (E4M3: widened to fp16 as staged for mma.sync, or
+/// as they are on Hopper's e4m3 wgmma) operands on tensor cores (f32 accumulation, f32 output).
 pub const MATMUL: OpDef = OpDef {
     tensor_precisions: &[Precision::Bf16, Precision::Fp16, Precision::Fp8],
     ..output_fusable(
