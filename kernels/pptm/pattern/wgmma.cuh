@@ -473,7 +473,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const 
 // have) that the tensor cores read. A is K-major already. A slice is 128 of k: one 128-byte row.
 // The transpose is 4 x 4 bytes a step (four 32-bit loads, eight byte permutes, four stores), each
 // warp's 32 steps placed so both its loads and its stores touch 32 different banks. Each warp
-// transposes its part of slice g + 2 while the tensor cores multiply slice g.
+// transposes its part of slice g + 1 while the tensor cores multiply slice g.
 //
 // Accumulation: the fp8 MMA adds into its accumulators with fewer mantissa bits than f32 (about
 // 13, as the SageAttention2 and DeepSeek-V3 papers measured), so its rounding would grow with k.
@@ -591,6 +591,9 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
     const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
 
     // Thread 0 issues slice p into buffer p % S once every warp has released slice p - S.
+    // (It issues slice g + S - 1 after multiplying slice g: the buffer of slice g - 1, which every
+    // warp has released by then or nearly. Waiting for slice g's own release held warpgroup 0's
+    // next wgmma until every warpgroup had finished slice g, and the tensor cores ran dry.)
     auto produce = [&](uint32_t p) {
         const uint32_t s = p % S;
         if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (p / S - 1) & 1);
@@ -605,7 +608,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
     if (threadIdx.x == 0) {
         pptm_tmap_acquire(slot[0]);
         pptm_tmap_acquire(slot[1]);
-        for (uint32_t p = 0; p < S && p < total; ++p) produce(p);
+        for (uint32_t p = 0; p + 1 < S && p < total; ++p) produce(p);
     }
 
     // This warp's part of slice p's W, transposed into copy p % 3 once its bytes have landed and
@@ -622,7 +625,6 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         if (lane == 0) pptm_mbar_arrive(ready0 + 8 * c);
     };
     if (total > 0) transpose(0);
-    if (total > 1) transpose(1);
 
     float sum[R], acc[R];
 #pragma unroll
@@ -647,20 +649,21 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
                                           pptm_wg_desc(b_addr + 32 * kk, 16, 1024));
             pptm_wg_commit();
             pptm_wg_fence_operands(acc);
-            // Slice g + 2 (this tile's or a later one's) is transposed meanwhile.
-            if (g + 2 < total) transpose(g + 2);
+            // Slice g + 1 (this tile's or the next one's) is transposed meanwhile, into the copy
+            // slice g - 2 read: every warpgroup finished that one before slice g could be issued.
+            if (g + 1 < total) transpose(g + 1);
             pptm_wg_wait<0>();
             pptm_wg_fence_operands(acc);
 #pragma unroll
             for (uint32_t e = 0; e < R; ++e) sum[e] += acc[e];
             // Slice g is done with: its copy of W read, its A multiplied, its raw W transposed
-            // (two slices ago). Its buffer takes slice g + S.
+            // (a slice ago).
             __syncwarp();
             if (lane == 0) {
                 pptm_mbar_arrive(freed0 + 8 * c);
                 pptm_mbar_arrive(empty0 + 8 * s);
             }
-            if (threadIdx.x == 0 && g + S < total) produce(g + S);
+            if (threadIdx.x == 0 && g + S - 1 < total) produce(g + S - 1);
             __syncwarp();
         }
         if (out == nullptr) continue;
