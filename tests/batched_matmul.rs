@@ -23,7 +23,9 @@ pub struct BatchedMatmulBiasGeluF16 {
     activation: Gelu,
 }
 
-/// [`BatchedMatmulBiasGeluBf16`] with fp8 (E4M3) operands, widened to fp16 as they are staged.
+/// [`BatchedMatmulBiasGeluBf16`] with fp8 (E4M3) operands: on Hopper's e4m3 wgmma where the
+/// products have 128 x 128 outputs or more and k is whole slices of 128, elsewhere widened to fp16
+/// as they are staged for mma.sync.
 #[derive(FusionBuilder)]
 #[fusion(domain = "batched")]
 pub struct BatchedMatmulBiasGeluFp8 {

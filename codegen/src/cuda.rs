@@ -104,21 +104,20 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 }
 
 /// Whether the chain has a tensor-core stage that the Hopper TMA + wgmma path can take: a product
-/// of bf16/fp16 buffers, or a single product of fp8 (E4M3) ones, which fp8 wgmma multiplies (a
-/// guarded stage keeps f32 operands and converts them as it stages them, which TMA cannot). A
-/// batched bf16/fp16 product counts too: its products of 128 x 128 outputs or more run on wgmma,
-/// and its mma.sync loop, under the 64 registers of two blocks an SM, spilled 1 KB. A tensor-core
-/// GEMV does not: it wants as many loads in flight as two blocks an SM give.
+/// of bf16, fp16 or fp8 (E4M3) buffers (a guarded stage keeps f32 operands and converts them as it
+/// stages them, which TMA cannot). A batched product counts too: its products of 128 x 128
+/// outputs or more run on wgmma, and its mma.sync loop, under the 64 registers of two blocks an
+/// SM, spilled 1 KB. A tensor-core GEMV does not: it wants as many loads in flight as two blocks
+/// an SM give.
 pub fn hopper_tensor(c: &&ChainIr) -> bool {
     c.stages.iter().any(|s| {
         s.tensor
             && is_matmul(s.op)
             && s.tolerance.is_none()
-            && match DType::matrix_storage(s.precision) {
-                DType::Bf16 | DType::F16 => true,
-                DType::F8E4M3 => s.op.device == pptm_spec::ops::MATMUL.device,
-                _ => false,
-            }
+            && matches!(
+                DType::matrix_storage(s.precision),
+                DType::Bf16 | DType::F16 | DType::F8E4M3
+            )
     })
 }
 

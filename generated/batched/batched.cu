@@ -171,7 +171,7 @@ struct pptm_epi_afe1d589 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_afe1d589(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_afe1d589(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_afe1d589 e(d);
     pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_afe1d589{e}, e.a3, b);
     partial = 0.0;

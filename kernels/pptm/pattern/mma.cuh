@@ -503,6 +503,13 @@ __device__ __forceinline__ void pptm_matmul_mma_batched(uint64_t batch, const S*
             return;
         }
     }
+    // E4M3 operands, products of 128 x 128 outputs or more, k whole slices of 128: fp8 wgmma.
+    if constexpr (sizeof(S) == 1) {
+        if (pptm_wgmma_fp8_batched_fits(A, W, batch, m, k, n)) {
+            pptm_matmul_wgmma_fp8<true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
+            return;
+        }
+    }
 #endif
     const uint64_t large = (m / 128 + (m % 128 != 0)) * (n / 64 + (n % 64 != 0));
     // Products no taller than a small tile keep small tiles: a large one would be half empty.

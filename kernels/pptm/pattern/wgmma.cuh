@@ -547,9 +547,11 @@ __device__ __forceinline__ void pptm_fp8_transpose_slice(uint32_t raw, uint32_t 
     }
 }
 
-template <class Epi>
+// BATCHED: `batch` products stacked in A, W and out, as pptm_matmul_wgmma_tiled takes them (k a
+// whole number of slices: pptm_wgmma_fp8_batched_fits).
+template <bool BATCHED = false, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const pptm_e4m3* W, uint64_t m, uint64_t k, uint64_t n,
-                                                      const Epi& epi, float* out, const pptm_block_ctx& b) {
+                                                      const Epi& epi, float* out, const pptm_block_ctx& b, uint32_t batch = 1) {
     constexpr uint32_t BM = 128, BN = 128, BK = 128, N = 64, R = 32;
     constexpr uint32_t STAGE_BYTES = 2 * PPTM_WG8_BOX;  // A's slice, then W's as it landed
     constexpr uint32_t S = (PPTM_WG_RING_BYTES - 3 * PPTM_WG8_BOX) / STAGE_BYTES;
@@ -582,11 +584,14 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    if (warp == 0) pptm_tmap_build(PPTM_WG_TEMPLATE_E4M3, PPTM_WG_TEMPLATE_E4M3, 1, A, m, k, W, k, n, maps, slot);
+    if (warp == 0)
+        pptm_tmap_build(PPTM_WG_TEMPLATE_E4M3, PPTM_WG_TEMPLATE_E4M3, 1, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps,
+                        slot);
     __syncthreads();
 
     const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
-    const uint32_t tiles = tiles_m * tiles_n, ktiles = (uint32_t)(k / BK + (k % BK != 0));
+    const uint32_t per_product = tiles_m * tiles_n, tiles = BATCHED ? per_product * batch : per_product;
+    const uint32_t ktiles = (uint32_t)(k / BK + (k % BK != 0));
     const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
     const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
 
@@ -598,12 +603,13 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         const uint32_t s = p % S;
         if (p >= S) pptm_mbar_wait(empty0 + 8 * s, (p / S - 1) & 1);
         uint32_t ti, tj;
-        pptm_wg_tile(b.block + (p / ktiles) * b.nblocks, tiles_n, ti, tj);
-        const int32_t i0 = (int32_t)(ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * BK);
+        const uint32_t tile = b.block + (p / ktiles) * b.nblocks, prod = BATCHED ? tile / per_product : 0;
+        pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
+        const int32_t i0 = (int32_t)(prod * (uint32_t)m + ti * BM), j0 = (int32_t)(tj * BN), k0 = (int32_t)(p % ktiles * BK);
         const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
         pptm_mbar_expect_tx(bar, STAGE_BYTES);
         pptm_tma_load_2d(dst, slot[0], k0, i0, bar);
-        pptm_tma_load_2d(dst + PPTM_WG8_BOX, slot[1], j0, k0, bar);
+        pptm_tma_load_2d(dst + PPTM_WG8_BOX, slot[1], j0, (int32_t)(prod * (uint32_t)k) + k0, bar);
     };
     if (threadIdx.x == 0) {
         pptm_tmap_acquire(slot[0]);
@@ -668,14 +674,27 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         }
         if (out == nullptr) continue;
         uint32_t ti, tj;
-        pptm_wg_tile(tile, tiles_n, ti, tj);
-        pptm_wg_store<N>(sum, epi, out, m, n, 0, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
+        const uint32_t prod = BATCHED ? tile / per_product : 0;
+        pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
+        pptm_wg_store<N>(sum, epi, out, m, n, (uint64_t)prod * m, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
     }
     // Every barrier's arrivals are in (each slice was transposed, multiplied and released); retire
     // them so the bytes may serve another pattern.
     __syncthreads();
     if (threadIdx.x == 0)
         for (uint32_t x = 0; x < 2 * S + 6; ++x) pptm_mbar_inval(full0 + 8 * x);
+}
+
+// Whether a batch of fp8 products takes the wgmma path: products of at least 128 x 128 outputs, k
+// whole slices of 128 (so no slice reads into the next product's W), the stacked matrices within
+// pptm_wgmma_fp8_fits, and the batch's counts within 32 bits.
+__device__ __forceinline__ bool pptm_wgmma_fp8_batched_fits(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
+                                                            uint64_t n) {
+    if (batch == 0 || m < 128 || n < 128 || k % 128 != 0 || batch >= (1ull << 31) || m >= (1ull << 31) || k >= (1ull << 31))
+        return false;
+    const uint64_t slices = batch * (m / 128 + 1) * (n / 128 + 1) * (k / 128 + 1);
+    return batch * m < (1ull << 31) && batch * k < (1ull << 31) && slices < (1ull << 32) &&
+           pptm_wgmma_fp8_fits(A, W, batch * m, k, n);
 }
 
 #endif  // PPTM_WGMMA
