@@ -3,8 +3,9 @@
 //! more run on e4m3 wgmma, each 128 of k summed in f32 (the shapes (1000, 1040, 272) and
 //! (130, 4096, 512) of the body); the rest, and every other GPU, widen them exactly to fp16 for
 //! `mma.sync`, f32 accumulation. Checked on every backend by the body the bf16/fp16 chains use
-//! (tests/common/tensor.rs), with the same shapes, and a bar of 1e-3 of the terms' magnitude rather
-//! than 1e-4: the fp8 tensor cores add with about 13 mantissa bits within a slice. The chain is
+//! (tests/common/tensor.rs), with the same shapes and bar, except 1e-3 of the terms' magnitude
+//! rather than 1e-4 for the shapes fp8 wgmma may take: the fp8 tensor cores add with about 13
+//! mantissa bits within a slice. The chain is
 //! the library's (`pptm::chains::MatmulBiasGeluFp8`, domain `fp8`), which pptm-bench times too.
 
 #[macro_use]
