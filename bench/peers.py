@@ -44,12 +44,14 @@ KTH_K, KTH_D = 4, 4
 TE_K, TE_EPS_SCALE = 4, 0.1
 PSI_K = sum(1.0 / i for i in range(1, TE_K)) - 0.5772156649015329  # digamma(TE_K)
 SIZES = ["small", "medium", "large"]
-CHAINS = ["kl_complexity", "accuracy_pipeline", "belief_update", "distance_kth", "te_reduction",
-          "gemv_axpby_sum", "gemv_axpby_sum_bf16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
+CHAINS = ["kl_complexity", "accuracy_pipeline", "belief_update", "belief_update_bf16",
+          "distance_kth", "te_reduction", "gemv_axpby_sum", "gemv_axpby_sum_bf16",
+          "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
 # What a result must match its float64 reference to: 1e-4, but 1e-2 where PyTorch rounds to bf16
 # (the product before the bias; x and A x of a bf16 GEMV), which pptm does not (the plan's bar for
 # bf16 operands).
-TOLERANCE = {"matmul_bias_gelu_bf16": 1e-2, "gemv_axpby_sum_bf16": 1e-2}
+TOLERANCE = {"matmul_bias_gelu_bf16": 1e-2, "gemv_axpby_sum_bf16": 1e-2, "belief_update_bf16": 1e-2,
+             "gemv_axpby_sum_fp16": 1e-2}
 
 
 def uniform(seed, n):
@@ -100,6 +102,18 @@ def cases(torch):
                                          t(SEED["BEL_MU"], n, d)),
                     lambda o, p, w, j, mu: mu + BELIEF_LR * (j.t() @ (w * (o - p))),
                     False))
+    for size, n in zip(SIZES, [256, 1024, 4096]):
+        # J's values rounded to bf16 (as cases.rs); what a user writes multiplies in bf16, so the
+        # weighted error is rounded to bf16 too. The float64 reference uses the same bf16 J.
+        m = n
+        def bel16(d, n=n, m=m):
+            j = t(SEED["BEL_J"], m * n, torch.float32, (m, n)).to(torch.bfloat16)
+            return (t(SEED["BEL_OBS"], m, d), t(SEED["BEL_PRED"], m, d), t(SEED["BEL_PREC"], m, d),
+                    j.to(d) if d == torch.float64 else j, t(SEED["BEL_MU"], n, d))
+        out.append(("belief_update_bf16", size, f"m = n = {n}, J bf16", n,
+                    2 * m * n + 4 * (3 * m + 2 * n), 2 * m * n + 4 * m, bel16,
+                    lambda o, p, w, j, mu: mu + BELIEF_LR * (j.t() @ (w * (o - p)).to(j.dtype)).to(mu.dtype),
+                    False))
     for size, n in zip(SIZES, [1024, 4096, 16384]):
         # The k-th smallest distance to the others is the (k+1)-th of the row with the point
         # itself (distance 0, the smallest), whatever the ties.
@@ -142,15 +156,17 @@ def cases(torch):
         # rounded to bf16 too and A x comes back in bf16. The float64 reference multiplies the
         # same bf16 A by the f32 x.
         m = n
-        def gemv16(d, n=n, m=m):
-            a = t(SEED["GEMV_A"], m * n, torch.float32, (m, n)).to(torch.bfloat16)
-            return (t(SEED["GEMV_X"], n, d), a.to(d) if d == torch.float64 else a,
-                    t(SEED["GEMV_Y"], m, d))
-        out.append(("gemv_axpby_sum_bf16", size, f"m = n = {n}, A bf16", n, 2 * m * n + 4 * (m + n),
-                    2 * m * n + 5 * m, gemv16,
-                    lambda x, a, y: ((GEMV_ALPHA * (a @ x.to(a.dtype)).to(x.dtype)
-                                      + GEMV_BETA * y) ** 2).sum(),
-                    True))
+        for chain, dtype in [("gemv_axpby_sum_bf16", torch.bfloat16), ("gemv_axpby_sum_fp16", torch.float16)]:
+            def gemv16(d, n=n, m=m, dtype=dtype):
+                a = t(SEED["GEMV_A"], m * n, torch.float32, (m, n)).to(dtype)
+                return (t(SEED["GEMV_X"], n, d), a.to(d) if d == torch.float64 else a,
+                        t(SEED["GEMV_Y"], m, d))
+            note = "A bf16" if dtype == torch.bfloat16 else "A fp16 (CUDA cores)"
+            out.append((chain, size, f"m = n = {n}, {note}", n, 2 * m * n + 4 * (m + n),
+                        2 * m * n + 5 * m, gemv16,
+                        lambda x, a, y: ((GEMV_ALPHA * (a @ x.to(a.dtype)).to(x.dtype)
+                                          + GEMV_BETA * y) ** 2).sum(),
+                        True))
     for size, (m, k, n) in zip(SIZES, [(64, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096)]):
         out.append(("matmul_bias_gelu", size, f"{m}×{k}×{n} f32", m, 4 * (m * k + k * n + n + m * n),
                     2 * m * k * n,

@@ -54,6 +54,29 @@ pub struct BeliefUpdateStep {
     update: crate::ops::BeliefUpdate,
 }
 
+/// [`BeliefUpdateStep`] with the Jacobian J stored in bf16: the transposed GEMV that reads it, the
+/// chain's cost at large sizes, streams half the bytes. The error, the weighting, the sums and the
+/// update stay f32.
+///
+/// Domain `narrow` holds the GEMVs that read a bf16, fp16 or fp8 matrix on CUDA cores. They are
+/// kept out of `inference` and `linear_algebra` because a manifold is one kernel under 64
+/// registers a thread: inlined beside the f32 chains, their patterns raised KlComplexity's spills
+/// from 8 to 56 bytes and the linear_algebra manifold's from 780 to 1928 (ptxas, sm_90a). An
+/// application using them with chains of another domain starts both with
+/// `Runtime::prepare_domains`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct BeliefUpdateStepBf16 {
+    #[stage(1)]
+    error: PredictionError,
+    #[stage(2)]
+    weighted: PrecisionWeight,
+    #[stage(3, precision = "bf16")]
+    gradient: GemvT,
+    #[stage(4)]
+    update: crate::ops::BeliefUpdate,
+}
+
 /// For each of n points (rows of `x`, n×d), the Chebyshev distance to its k-th nearest other
 /// point, written to `out`. The n×n distance matrix is never stored.
 #[derive(FusionBuilder)]
@@ -143,6 +166,57 @@ pub struct GemvAxpbySumFp8 {
 pub struct GemvFp8 {
     #[stage(1, tensor_eligible = true, precision = "fp8")]
     product: Gemv,
+}
+
+/// [`GemvAxpbySum`] with A stored in fp16, on CUDA cores: each element widened to f32 as it is
+/// loaded, the vector and the sums f32 (fp16 takes no tensor-core GEMV: its range could not carry
+/// the f32 vector in two parts).
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct GemvAxpbySumFp16 {
+    #[stage(1, precision = "fp16")]
+    product: Gemv,
+    #[stage(2)]
+    axpby: Axpby,
+    #[stage(3)]
+    square: Square,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+/// `y = A x` with A stored in fp16, on CUDA cores (see [`GemvAxpbySumFp16`]); every output element
+/// is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct GemvFp16 {
+    #[stage(1, precision = "fp16")]
+    product: Gemv,
+}
+
+/// `y = Aᵀ x` (A: m×n, x: m, y: n) with A stored in bf16: half the bytes of an f32 A, which is
+/// what a large transposed GEMV's time is. Each element is widened to f32 as it is loaded; the
+/// vector and the sums stay f32 (CUDA cores).
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct GemvTBf16 {
+    #[stage(1, precision = "bf16")]
+    product: GemvT,
+}
+
+/// [`GemvTBf16`] with A stored in fp16.
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct GemvTFp16 {
+    #[stage(1, precision = "fp16")]
+    product: GemvT,
+}
+
+/// [`GemvTBf16`] with A stored in fp8 (OCP E4M3, [`crate::F8E4M3`]): a quarter of an f32 A's bytes.
+#[derive(FusionBuilder)]
+#[fusion(domain = "narrow")]
+pub struct GemvTFp8 {
+    #[stage(1, precision = "fp8")]
+    product: GemvT,
 }
 
 /// A dense layer: `gelu(A W + b)` (A: m×k, W: k×n, b: n), f32 on CUDA cores, the bias and

@@ -12,7 +12,7 @@ use pptm::chains::{
     GemvAxpbySum, GemvAxpbySumBf16, GemvAxpbySumFp8, GemvBf16, GemvFp8, MatmulBiasGelu,
     MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
 };
-use pptm::{Buffer, Element, Error, F8E4M3, Runtime, Ticket, bf16};
+use pptm::{Buffer, Error, F8E4M3, Runtime, Ticket, bf16};
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
     // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).
@@ -57,148 +57,15 @@ fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
     }
 }
 
-/// How a tensor-core GEMV stores A, and its two chains (y stored; the axpby-sum).
-trait GemvStorage: Element {
-    const NAME: &'static str;
-    fn from_f32(x: f32) -> Self;
-    fn gemv<'a>(
-        rt: &Runtime,
-        x: &'a Buffer<f32>,
-        a: &'a Buffer<Self>,
-        out: &'a mut Buffer<f32>,
-    ) -> Result<Ticket<'a, ()>, Error>;
-    fn gemv_axpby_sum<'a>(
-        rt: &Runtime,
-        x: &'a Buffer<f32>,
-        a: &'a Buffer<Self>,
-        y: &'a Buffer<f32>,
-        alpha: f32,
-        beta: f32,
-    ) -> Result<Ticket<'a, f32>, Error>;
-}
-
-macro_rules! gemv_storage {
-    ($t:ty, $name:literal, $gemv:ty, $sum:ty) => {
-        impl GemvStorage for $t {
-            const NAME: &'static str = $name;
-            fn from_f32(x: f32) -> Self {
-                <$t>::from_f32(x)
-            }
-            fn gemv<'a>(
-                rt: &Runtime,
-                x: &'a Buffer<f32>,
-                a: &'a Buffer<Self>,
-                out: &'a mut Buffer<f32>,
-            ) -> Result<Ticket<'a, ()>, Error> {
-                <$gemv>::submit(rt, x, a, out)
-            }
-            fn gemv_axpby_sum<'a>(
-                rt: &Runtime,
-                x: &'a Buffer<f32>,
-                a: &'a Buffer<Self>,
-                y: &'a Buffer<f32>,
-                alpha: f32,
-                beta: f32,
-            ) -> Result<Ticket<'a, f32>, Error> {
-                <$sum>::submit(rt, x, a, y, alpha, beta)
-            }
-        }
-    };
-}
 gemv_storage!(bf16, "bf16", GemvBf16, GemvAxpbySumBf16);
 gemv_storage!(F8E4M3, "fp8", GemvFp8, GemvAxpbySumFp8);
 
 fn gemv_bf16_matches_f64_reference(rt: &Runtime) {
-    gemv_on_tensor_cores::<bf16>(rt);
+    common::gemv::gemv_narrow_matches_f64::<bf16>(rt);
 }
 
 fn gemv_fp8_matches_f64_reference(rt: &Runtime) {
-    gemv_on_tensor_cores::<F8E4M3>(rt);
-}
-
-/// Gemv{Bf16,Fp8} and GemvAxpbySum{Bf16,Fp8}: A stored in bf16 or fp8 and multiplied on tensor
-/// cores by the f32 vector. The vector is not rounded to bf16 (the device carries it as two bf16
-/// parts), so every output must match the f64 product of A's stored values and x within 1e-4 of
-/// its terms' magnitude, which x rounded to bf16 (2^-9) would miss. Shapes: rows whose start is
-/// aligned for 16-byte loads (n a multiple of 8 for bf16, of 16 for fp8) and not (read element by
-/// element), partial 16-row tiles, a row shorter than one warp's 64 columns and longer than the block's 1024, and
-/// m = 2^20 + 3.
-fn gemv_on_tensor_cores<T: GemvStorage>(rt: &Runtime) {
-    let name = T::NAME;
-    for (m, n) in [
-        (1, 1),
-        (7, 3),
-        (16, 8),
-        (17, 4099),
-        (1023, 1025),
-        (1000, 1000),
-        (1023, 1040),
-        (33, 2056),
-        (4096, 4096),
-        ((1 << 20) + 3, 7),
-        (5, 1 << 16),
-    ] {
-        let x = uniform(n, -1.0, 1.0);
-        let a: Vec<T> = uniform(m * n, -1.0, 1.0)
-            .into_iter()
-            .map(T::from_f32)
-            .collect();
-        let y = uniform(m, -1.0, 1.0);
-        let (alpha, beta) = (0.75f32, -1.25f32);
-        let mut want = vec![0.0f64; m];
-        let mut scale = vec![0.0f64; m];
-        for i in 0..m {
-            for j in 0..n {
-                let t = a[i * n + j].to_f64() * f64::from(x[j]);
-                want[i] += t;
-                scale[i] += t.abs();
-            }
-        }
-        let (xb, ab, yb) = (
-            rt.upload(&x).unwrap(),
-            rt.upload(&a).unwrap(),
-            rt.upload(&y).unwrap(),
-        );
-        let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
-        T::gemv(rt, &xb, &ab, &mut out).unwrap().wait().unwrap();
-        let got = out.to_vec().unwrap();
-        for i in 0..m {
-            let tol = 1e-4 * scale[i].max(1e-3);
-            let err = (f64::from(got[i]) - want[i]).abs();
-            assert!(
-                err < tol,
-                "Gemv {name} m={m} n={n} row {i}: got {}, f64 reference {}, error {err:e}, tolerance {tol:e}",
-                got[i],
-                want[i]
-            );
-        }
-        let want_sum: f64 = (0..m)
-            .map(|i| {
-                let z = f64::from(alpha) * want[i] + f64::from(beta) * f64::from(y[i]);
-                z * z
-            })
-            .sum();
-        let got_sum = T::gemv_axpby_sum(rt, &xb, &ab, &yb, alpha, beta)
-            .unwrap()
-            .wait()
-            .unwrap();
-        let err = common::rel_err(f64::from(got_sum), want_sum);
-        assert!(
-            err < 1e-4,
-            "GemvAxpbySum {name} m={m} n={n}: got {got_sum}, f64 reference {want_sum}, relative error {err:e}"
-        );
-    }
-    // An infinite element of x stays infinite (its low part is 0, not inf - inf).
-    let (m, n) = (19, 9);
-    let mut x = vec![0.5f32; n];
-    x[3] = f32::INFINITY;
-    let a = rt.upload(&vec![T::from_f32(1.0); m * n]).unwrap();
-    let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
-    T::gemv(rt, &rt.upload(&x).unwrap(), &a, &mut out)
-        .unwrap()
-        .wait()
-        .unwrap();
-    assert_eq!(out.to_vec().unwrap(), vec![f32::INFINITY; m]);
+    common::gemv::gemv_narrow_matches_f64::<F8E4M3>(rt);
 }
 
 type Submit = for<'a> fn(

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use pptm::chains::{
-    AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, DistanceKth, GemvAxpbySum,
-    GemvAxpbySumBf16, GemvAxpbySumFp8, KlComplexity, MatmulBiasGelu, MatmulBiasGeluBf16,
-    MatmulBiasGeluFp8, TeReduction,
+    AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, BeliefUpdateStepBf16,
+    DistanceKth, GemvAxpbySum, GemvAxpbySumBf16, GemvAxpbySumFp8, GemvAxpbySumFp16, KlComplexity,
+    MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluFp8, TeReduction,
 };
 use pptm::{Chain, Runtime};
 // The f64 reference the te_reduction chain is checked against is the op catalog's own.
@@ -172,8 +172,11 @@ pub fn all() -> Vec<Case> {
         cases.push(kl_complexity(size, n));
         cases.push(accuracy_pipeline(size, n));
     }
-    for (size, n) in SIZES.into_iter().zip([256usize, 1024, 4096]) {
-        cases.push(belief_update(size, n));
+    // J in f32, and stored in bf16 (the transposed GEMV reads half the bytes, on CUDA cores).
+    for storage in [Storage::F32, Storage::Bf16] {
+        for (size, n) in SIZES.into_iter().zip([256usize, 1024, 4096]) {
+            cases.push(belief_update(storage, size, n));
+        }
     }
     for (size, n) in SIZES.into_iter().zip([1024usize, 4096, 16384]) {
         cases.push(distance_kth(size, n));
@@ -182,8 +185,9 @@ pub fn all() -> Vec<Case> {
     for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
         cases.push(gemv_axpby_sum(Storage::F32, size, n));
     }
-    // The same GEMVs with A stored in bf16 or fp8 (tensor cores): half or a quarter of the bytes.
-    for storage in [Storage::Bf16, Storage::Fp8] {
+    // The same GEMVs with A stored in bf16 or fp8 (tensor cores), or fp16 (CUDA cores): half or a
+    // quarter of the bytes.
+    for storage in [Storage::Bf16, Storage::Fp8, Storage::F16] {
         for (size, n) in SIZES.into_iter().zip([256usize, 4096, 16384]) {
             cases.push(gemv_axpby_sum(storage, size, n));
         }
@@ -216,15 +220,17 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 12] = [
+pub const CHAINS: [&str; 14] = [
     "kl_complexity",
     "accuracy_pipeline",
     "belief_update",
+    "belief_update_bf16",
     "distance_kth",
     "te_reduction",
     "gemv_axpby_sum",
     "gemv_axpby_sum_bf16",
     "gemv_axpby_sum_fp8",
+    "gemv_axpby_sum_fp16",
     "matmul_bias_gelu",
     "matmul_bias_gelu_bf16",
     "matmul_bias_gelu_fp8",
@@ -326,40 +332,76 @@ fn accuracy_pipeline(size: &'static str, n: usize) -> Case {
     }
 }
 
-/// belief_update with m = n: mu + lr · Jᵀ (prec ⊙ (obs − pred)), J m×n.
-fn belief_update(size: &'static str, n: usize) -> Case {
+/// belief_update with m = n: mu + lr · Jᵀ (prec ⊙ (obs − pred)), J m×n, stored in f32 or (its
+/// values rounded) bf16.
+fn belief_update(storage: Storage, size: &'static str, n: usize) -> Case {
     let m = n;
+    let (chain, domain, j_bytes, note) = match storage {
+        Storage::F32 => ("belief_update", BeliefUpdateStep::DOMAIN.name, 4.0, ""),
+        Storage::Bf16 => (
+            "belief_update_bf16",
+            BeliefUpdateStepBf16::DOMAIN.name,
+            2.0,
+            ", J bf16",
+        ),
+        Storage::Fp8 | Storage::F16 => unreachable!("no belief_update chain stores J so"),
+    };
     Case {
-        chain: "belief_update",
-        domain: BeliefUpdateStep::DOMAIN.name,
+        chain,
+        domain,
         size,
-        shape: format!("m = n = {n}"),
+        shape: format!("m = n = {n}{note}"),
         x: n as f64,
-        bytes: 4.0 * (m * n + 3 * m + 2 * n) as f64,
+        bytes: j_bytes * (m * n) as f64 + 4.0 * (3 * m + 2 * n) as f64,
         flops: 2.0 * (m * n) as f64 + 4.0 * m as f64,
         prepare: Box::new(move |rt| {
-            let (o, p, w, j, mu) = (
+            let (o, p, w, mu) = (
                 rt.upload(&uniform(seed::BEL_OBS, m))?,
                 rt.upload(&uniform(seed::BEL_PRED, m))?,
                 rt.upload(&uniform(seed::BEL_PREC, m))?,
-                rt.upload(&uniform(seed::BEL_J, m * n))?,
                 rt.upload(&uniform(seed::BEL_MU, n))?,
             );
             let mut out = rt.alloc::<f32>(n)?;
-            Ok(Box::new(move |read| {
-                let t = BeliefUpdateStep::submit(rt, &o, &p, &w, &j, &mu, BELIEF_LR, &mut out)?
-                    .wait_timed()?;
-                vector(t.device, &out, read)
-            }))
+            let j32 = uniform(seed::BEL_J, m * n);
+            let run: Runner<'_> = match storage {
+                Storage::Bf16 => {
+                    let j: Vec<pptm::bf16> = j32.into_iter().map(pptm::bf16::from_f32).collect();
+                    let j = rt.upload(&j)?;
+                    Box::new(move |read| {
+                        let t = BeliefUpdateStepBf16::submit(
+                            rt, &o, &p, &w, &j, &mu, BELIEF_LR, &mut out,
+                        )?
+                        .wait_timed()?;
+                        vector(t.device, &out, read)
+                    })
+                }
+                _ => {
+                    let j = rt.upload(&j32)?;
+                    Box::new(move |read| {
+                        let t =
+                            BeliefUpdateStep::submit(rt, &o, &p, &w, &j, &mu, BELIEF_LR, &mut out)?
+                                .wait_timed()?;
+                        vector(t.device, &out, read)
+                    })
+                }
+            };
+            Ok(run)
         }),
         expect: Box::new(move || {
-            let (o, p, w, j, mu) = (
+            let (o, p, w, mu) = (
                 uniform(seed::BEL_OBS, m),
                 uniform(seed::BEL_PRED, m),
                 uniform(seed::BEL_PREC, m),
-                uniform(seed::BEL_J, m * n),
                 uniform(seed::BEL_MU, n),
             );
+            // J's values as the chain stores them.
+            let j: Vec<f64> = uniform(seed::BEL_J, m * n)
+                .into_iter()
+                .map(|v| match storage {
+                    Storage::Bf16 => pptm::bf16::from_f32(v).to_f64(),
+                    _ => f64::from(v),
+                })
+                .collect();
             let g: Vec<f64> = (0..m)
                 .map(|i| f64::from(w[i]) * (f64::from(o[i]) - f64::from(p[i])))
                 .collect();
@@ -369,7 +411,7 @@ fn belief_update(size: &'static str, n: usize) -> Case {
                 .map(|c| {
                     let (mut s, mut a) = (0.0, 0.0);
                     for (i, gi) in g.iter().enumerate() {
-                        let t = f64::from(j[i * n + c]) * gi;
+                        let t = j[i * n + c] * gi;
                         s += t;
                         a += t.abs();
                     }
@@ -496,16 +538,18 @@ fn te_reduction(size: &'static str, n: usize) -> Case {
     }
 }
 
-/// How gemv_axpby_sum stores A.
+/// How a GEMV case stores its matrix.
 #[derive(Clone, Copy)]
 enum Storage {
     F32,
     Bf16,
     Fp8,
+    F16,
 }
 
 /// gemv_axpby_sum with m = n: z = αAx + βy, Σz²; A stored in f32 (CUDA cores), or its values
-/// rounded to bf16 or fp8 (E4M3) and multiplied on tensor cores by the f32 x.
+/// rounded to bf16 or fp8 (E4M3) and multiplied on tensor cores by the f32 x, or rounded to fp16
+/// and widened to f32 on CUDA cores.
 fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
     let m = n;
     let a32 = move || uniform(seed::GEMV_A, m * n);
@@ -522,6 +566,12 @@ fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
             GemvAxpbySumFp8::DOMAIN.name,
             1.0,
             ", A fp8",
+        ),
+        Storage::F16 => (
+            "gemv_axpby_sum_fp16",
+            GemvAxpbySumFp16::DOMAIN.name,
+            2.0,
+            ", A fp16 (CUDA cores)",
         ),
     };
     Case {
@@ -563,6 +613,14 @@ fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
                         Ok(scalar(t.wait_timed()?, read))
                     })
                 }
+                Storage::F16 => {
+                    let a: Vec<pptm::f16> = a32().into_iter().map(pptm::f16::from_f32).collect();
+                    let a = rt.upload(&a)?;
+                    Box::new(move |read| {
+                        let t = GemvAxpbySumFp16::submit(rt, &x, &a, &y, alpha, beta)?;
+                        Ok(scalar(t.wait_timed()?, read))
+                    })
+                }
             };
             Ok(run)
         }),
@@ -575,6 +633,7 @@ fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
                     Storage::F32 => f64::from(v),
                     Storage::Bf16 => pptm::bf16::from_f32(v).to_f64(),
                     Storage::Fp8 => pptm::F8E4M3::from_f32(v).to_f64(),
+                    Storage::F16 => pptm::f16::from_f32(v).to_f64(),
                 })
                 .collect();
             let value: f64 = (0..m)

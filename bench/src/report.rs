@@ -353,7 +353,9 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
         C[i % C.len()]
     };
 
-    let root = BitMapBackend::new(path, (2000, 1500)).into_drawing_area();
+    // One panel per chain and one for the legend, four a row.
+    let rows = (CHAINS.len() + 1).div_ceil(4);
+    let root = BitMapBackend::new(path, (2000, 375 * rows as u32 + 100)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let device = files
         .iter()
@@ -367,8 +369,7 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             ("sans-serif", 26),
         )
         .map_err(err)?;
-    // One panel per chain and one for the legend.
-    let panels = root.split_evenly((3, 4));
+    let panels = root.split_evenly((rows, 4));
     debug_assert!(panels.len() > CHAINS.len());
     for (chain, area) in CHAINS.iter().zip(panels.iter()) {
         let ms: Vec<&Measurement> = files

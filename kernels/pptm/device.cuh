@@ -160,7 +160,99 @@ __device__ __forceinline__ void pptm_st_cs_f4(float* p, pptm_f4 v) {
                  : "memory");
 }
 
+__device__ __forceinline__ uint16_t pptm_ld_cg_u16(const uint16_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t pptm_ld_cg_u8(const uint8_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ bool pptm_aligned16(const void* p) { return (reinterpret_cast<uint64_t>(p) & 15u) == 0; }
+__device__ __forceinline__ bool pptm_aligned4(const void* p) { return (reinterpret_cast<uint64_t>(p) & 3u) == 0; }
+
+// ---- narrow storage widened to f32 -------------------------------------------------------------
+
+// An OCP E4M3 value (sign, 4 exponent bits biased by 7, 3 significand bits; no infinities,
+// S.1111.111 NaN) as f32, exactly (fp16 holds every such value too).
+__device__ __forceinline__ float pptm_e4m3_to_f32(uint32_t v) {
+    const uint32_t e = (v >> 3) & 15u, m = v & 7u;
+    const float mag = e == 15u && m == 7u ? __int_as_float(0x7fc00000)
+                      : e == 0u          ? (float)m * 0.001953125f  // m 2^-9
+                                         : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (v & 0x80u) ? -mag : mag;
+}
+
+// Two E4M3 values (the low two bytes of v, the first in the lower byte) as f32, exactly. sm_89 and
+// later convert a pair to fp16 in one instruction; compute_80 decodes each in software.
+__device__ __forceinline__ void pptm_e4m3x2_to_f32(uint32_t v, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+    asm("{ .reg .b16 p, a, b; .reg .b32 h; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 h, p; mov.b32 {a, b}, h;"
+        " cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(v));
+#else
+    lo = pptm_e4m3_to_f32(v & 0xffu);
+    hi = pptm_e4m3_to_f32((v >> 8) & 0xffu);
+#endif
+}
+
+// How the CUDA-core GEMVs read a matrix stored as E (f32, bf16, fp16 or E4M3) and compute in f32:
+//   * PER_WORD elements fill a 32-bit word (the first in its low bits);
+//   * widen(w, f) writes a word's elements to f[0 .. PER_WORD) as f32, exactly;
+//   * load(p) reads one element through L2 and widens it.
+// Every value of the narrow types is an f32 value, so the products are those of the stored values.
+template <class E>
+struct pptm_storage;
+
+template <>
+struct pptm_storage<float> {
+    static constexpr uint32_t PER_WORD = 1;
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
+    static __device__ __forceinline__ float load(const float* p) { return pptm_ld_cg_f32(p); }
+};
+
+template <>
+struct pptm_storage<pptm_bf16> {
+    static constexpr uint32_t PER_WORD = 2;
+    // bf16 is the top half of an f32.
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) {
+        f[0] = __uint_as_float(w << 16);
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    }
+    static __device__ __forceinline__ float load(const pptm_bf16* p) {
+        return __uint_as_float((uint32_t)pptm_ld_cg_u16(&p->bits) << 16);
+    }
+};
+
+template <>
+struct pptm_storage<pptm_f16> {
+    static constexpr uint32_t PER_WORD = 2;
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) {
+        asm("{ .reg .b16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+            : "=f"(f[0]), "=f"(f[1])
+            : "r"(w));
+    }
+    static __device__ __forceinline__ float load(const pptm_f16* p) {
+        float f;
+        asm("{ .reg .b16 a; mov.b16 a, %1; cvt.f32.f16 %0, a; }" : "=f"(f) : "h"(pptm_ld_cg_u16(&p->bits)));
+        return f;
+    }
+};
+
+template <>
+struct pptm_storage<pptm_e4m3> {
+    static constexpr uint32_t PER_WORD = 4;
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) {
+        pptm_e4m3x2_to_f32(w, f[0], f[1]);
+        pptm_e4m3x2_to_f32(w >> 16, f[2], f[3]);
+    }
+    static __device__ __forceinline__ float load(const pptm_e4m3* p) { return pptm_e4m3_to_f32(pptm_ld_cg_u8(&p->bits)); }
+};
 
 // ---- asynchronous copies to shared memory (sm_80+) ---------------------------------------------
 

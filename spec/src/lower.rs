@@ -2314,6 +2314,57 @@ mod tests {
     }
 
     #[test]
+    fn cuda_core_gemvs_store_a_narrow_and_keep_the_rest_f32() {
+        for op in ["Gemv", "GemvT"] {
+            for (p, dtype) in [
+                (None, DType::F32),
+                (Some(Precision::Fp32), DType::F32),
+                (Some(Precision::Bf16), DType::Bf16),
+                (Some(Precision::Fp16), DType::F16),
+                (Some(Precision::Fp8), DType::F8E4M3),
+            ] {
+                let mut s = stage(1, op);
+                s.precision = p;
+                let ir = lower(&chain(vec![s, stage(2, "Square")])).unwrap();
+                let types: Vec<(&str, DType)> = ir
+                    .args
+                    .iter()
+                    .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Output))
+                    .map(|a| (a.name.as_str(), a.dtype))
+                    .collect();
+                assert_eq!(
+                    types,
+                    [("x", DType::F32), ("a", dtype), ("out", DType::F32)],
+                    "{op} {p:?}"
+                );
+                assert!(!ir.stages[0].tensor);
+                // The blocks asked for do not depend on A's storage (sizes in dimension order).
+                let sizes: Vec<usize> = ir
+                    .dims
+                    .iter()
+                    .map(|d| if d.name == "m" { 1000 } else { 4096 })
+                    .collect();
+                let want = if op == "Gemv" { 63 } else { 128 };
+                assert_eq!(ir.blocks_for(&sizes), want, "{op} {p:?}");
+            }
+            // The patterns accumulate in f32: fp64 is refused at the attribute.
+            let mut s = stage(1, op);
+            s.precision = Some(Precision::Fp64);
+            let e = lower(&chain(vec![s])).unwrap_err();
+            assert!(matches!(e, SpecError::PrecisionUnsupported { .. }), "{e}");
+            assert_eq!(e.blame(), Blame::StageAttr(0, "precision"));
+        }
+        // GemvT has no tensor-core form.
+        let mut s = stage(1, "GemvT");
+        s.tensor_eligible = Some(true);
+        s.precision = Some(Precision::Bf16);
+        assert!(matches!(
+            lower(&chain(vec![s])).unwrap_err(),
+            SpecError::TensorUnsupported { .. }
+        ));
+    }
+
+    #[test]
     fn finite_is_accepted_where_values_are_computed_and_refused_inside_patterns() {
         let with_finite = |ops: &[&str], at: usize| {
             let mut stages: Vec<StageSpec> = ops

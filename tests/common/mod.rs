@@ -5,6 +5,8 @@ use std::sync::OnceLock;
 
 pub mod crash;
 #[macro_use]
+pub mod gemv;
+#[macro_use]
 pub mod tensor;
 
 use pptm::{Error, Runtime};

@@ -3,6 +3,9 @@
 //
 //   * pptm_gemv_n:  y_i = epi(i, sum_j A[i, j] * pro(j)),  i < m  (A x, A row-major m x n).
 //   * pptm_gemv_t:  y_j = epi(j, sum_i A[i, j] * pro(i)),  j < n  (A^T x, same A).
+//     A GEMV's A may be f32 or stored narrow (bf16, fp16, E4M3; pptm_storage in device.cuh): each
+//     element is widened to f32 as it is loaded, and the sums are f32 as for an f32 A. A GEMV's
+//     time is reading A, so a bf16 A halves it; the vector is not rounded.
 //   * pptm_matmul:  out[i, j] = epi(i, j, sum_p A[i, p] * W[p, j])  (A m x k, W k x n, row-major).
 //
 // Functor contract (codegen emits them; the patterns take them by const reference):
@@ -23,7 +26,7 @@
 // sit in block-uniform loops. A, W and everything pro/epi read go through L2 (pptm_ld_cg_*): the
 // manifold is persistent and an L1 line from an earlier item must never be read. 16-byte loads are
 // used only where every row start is 16-byte aligned (aligned base and a row length that is a
-// multiple of 4); otherwise a scalar path with the same results.
+// multiple of 16 bytes); otherwise a scalar path with the same results.
 //
 // Dot products accumulate in f32 in short runs (a few terms per partial, partials summed
 // pairwise; no running sum sees more than about n / 64 additions), well inside the 1e-4 bar.
@@ -104,32 +107,53 @@ __device__ __forceinline__ void pptm_gemv_n_stage(const Pro& pro, uint64_t n, ui
     }
 }
 
+// Piece q of a row segment (16 bytes of E: V = 4 PER_WORD elements) times the staged x values it
+// meets: four words, each widened to PER_WORD floats, in runs of four products.
+template <class E>
+__device__ __forceinline__ float pptm_gemv_n_dot_piece(const pptm_f4& v, const pptm_f4* x) {
+    constexpr uint32_t PW = pptm_storage<E>::PER_WORD;
+    const uint32_t w[4] = {__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w)};
+    float d = 0.0f;
+#pragma unroll
+    for (uint32_t g = 0; g < PW; ++g) {
+        float f[4];
+#pragma unroll
+        for (uint32_t k = 0; k < 4 / PW; ++k) pptm_storage<E>::widen(w[g * (4 / PW) + k], f + k * PW);
+        const pptm_f4 a = {f[0], f[1], f[2], f[3]};
+        const float t = pptm_dot4(a, x[g]);
+        d = g == 0 ? t : d + t;
+    }
+    return d;
+}
+
 // One lane's share of a row segment times the staged chunk; `a` and `xs` are 16-byte aligned and
-// the segment holds len4 float4s.
-__device__ __forceinline__ float pptm_gemv_n_dot_vec(const float* a, const float* xs, uint32_t len4, uint32_t lane) {
-    constexpr uint32_t U = PPTM_GEMV_N_UNROLL;
+// the segment holds len16 pieces of 16 bytes.
+template <class E>
+__device__ __forceinline__ float pptm_gemv_n_dot_vec(const E* a, const float* xs, uint32_t len16, uint32_t lane) {
+    constexpr uint32_t U = PPTM_GEMV_N_UNROLL, PW = pptm_storage<E>::PER_WORD, V = 4 * PW;
     const pptm_f4* x4 = reinterpret_cast<const pptm_f4*>(xs);
+    auto piece = [&](uint32_t q) { return pptm_ld_cg_f4(reinterpret_cast<const float*>(a + V * (uint64_t)q)); };
     float p[U];
 #pragma unroll
     for (uint32_t u = 0; u < U; ++u) p[u] = 0.0f;
     uint32_t q = lane;
 #pragma unroll 1
-    for (; q + 32 * (U - 1) < len4; q += 32 * U) {
+    for (; q + 32 * (U - 1) < len16; q += 32 * U) {
         pptm_f4 v[U];
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) v[u] = pptm_ld_cg_f4(a + 4 * (uint64_t)(q + 32 * u));
+        for (uint32_t u = 0; u < U; ++u) v[u] = piece(q + 32 * u);
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) p[u] += pptm_dot4(v[u], x4[q + 32 * u]);
+        for (uint32_t u = 0; u < U; ++u) p[u] += pptm_gemv_n_dot_piece<E>(v[u], x4 + PW * (q + 32 * u));
     }
-    if (q < len4) {
+    if (q < len16) {
         // Fewer than U loads a lane left: all issued at once, so a short row costs one round trip.
         pptm_f4 v[U];
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u)
-            if (q + 32 * u < len4) v[u] = pptm_ld_cg_f4(a + 4 * (uint64_t)(q + 32 * u));
+            if (q + 32 * u < len16) v[u] = piece(q + 32 * u);
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u)
-            if (q + 32 * u < len4) p[u] += pptm_dot4(v[u], x4[q + 32 * u]);
+            if (q + 32 * u < len16) p[u] += pptm_gemv_n_dot_piece<E>(v[u], x4 + PW * (q + 32 * u));
     }
 #pragma unroll
     for (uint32_t h = U / 2; h > 0; h /= 2)
@@ -139,7 +163,8 @@ __device__ __forceinline__ float pptm_gemv_n_dot_vec(const float* a, const float
 }
 
 // The same for any alignment: lanes stride element by element (still coalesced).
-__device__ __forceinline__ float pptm_gemv_n_dot_scalar(const float* a, const float* xs, uint32_t len, uint32_t lane) {
+template <class E>
+__device__ __forceinline__ float pptm_gemv_n_dot_scalar(const E* a, const float* xs, uint32_t len, uint32_t lane) {
     constexpr uint32_t U = 2 * PPTM_GEMV_N_UNROLL;
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t j = lane;
@@ -147,7 +172,7 @@ __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const float* a, const fl
     for (; j + 32 * (U - 1) < len; j += 32 * U) {
         float v[U];
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) v[u] = pptm_ld_cg_f32(a + j + 32 * u);
+        for (uint32_t u = 0; u < U; ++u) v[u] = pptm_storage<E>::load(a + j + 32 * u);
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) p[u & 3] = fmaf(v[u], xs[j + 32 * u], p[u & 3]);
     }
@@ -155,7 +180,7 @@ __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const float* a, const fl
         // Fewer than U loads a lane left: all issued at once.
         float v[U];
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) v[u] = j + 32 * u < len ? pptm_ld_cg_f32(a + j + 32 * u) : 0.0f;
+        for (uint32_t u = 0; u < U; ++u) v[u] = j + 32 * u < len ? pptm_storage<E>::load(a + j + 32 * u) : 0.0f;
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u)
             if (j + 32 * u < len) p[u & 3] = fmaf(v[u], xs[j + 32 * u], p[u & 3]);
@@ -163,16 +188,19 @@ __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const float* a, const fl
     return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
-template <class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+// A is f32, or stored in bf16, fp16 or E4M3 (a narrow-storage GEMV on CUDA cores: each element
+// widened to f32 as it is loaded, the vector and the sums f32).
+template <class R, class E, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_n(const E* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                               float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t CH = PPTM_GEMV_N_CHUNK;
+    constexpr uint32_t CH = PPTM_GEMV_N_CHUNK, V = 4 * pptm_storage<E>::PER_WORD;
     static_assert(2 * CH <= PPTM_LINEAR_SMEM_FLOATS, "gemv_n: two chunks of x fit the scratch");
+    static_assert(CH % V == 0, "gemv_n: chunks start on a 16-byte boundary of every aligned row");
     float* const xs = pptm_linear_smem();
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    // Row i starts at A + i * n: every row start is aligned iff A is and n % 4 == 0; chunk starts
-    // are multiples of CH, so every chunk of a row is aligned too.
-    const bool vec = pptm_aligned16(A) && n % 4 == 0;
+    // Row i starts at A + i * n: every row start is aligned iff A is and n is a multiple of the V
+    // elements of 16 bytes; chunk starts are multiples of CH, so every chunk of a row is aligned too.
+    const bool vec = pptm_aligned16(A) && n % V == 0;
     const uint32_t rpw = m < PPTM_GEMV_N_SHORT_BELOW ? 1u : PPTM_GEMV_N_ROWS_PER_WARP;
     const uint64_t group_rows = (uint64_t)PPTM_WARPS * rpw;
     const uint64_t groups = m / group_rows + (m % group_rows != 0);
@@ -199,8 +227,8 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
             for (uint32_t r = 0; r < rpw; ++r) {
                 const uint64_t i = row0 + r;
                 if (i >= m) break;  // warp-uniform
-                const float* a = A + i * n + c0;
-                const float d = vec ? pptm_gemv_n_dot_vec(a, xc, len / 4, lane) : pptm_gemv_n_dot_scalar(a, xc, len, lane);
+                const E* a = A + i * n + c0;
+                const float d = vec ? pptm_gemv_n_dot_vec(a, xc, len / V, lane) : pptm_gemv_n_dot_scalar(a, xc, len, lane);
                 const float s = pptm_warp_sum(d);
                 if (lane == r) acc += s;
             }
@@ -219,11 +247,13 @@ __device__ __forceinline__ double pptm_gemv_n(const float* A, uint64_t m, uint64
 
 // ---- gemv_t: y = epi(A^T pro) -------------------------------------------------------------------
 //
-// A block takes a tile of consecutive columns, TW of them: 32 when n >= PPTM_GEMV_T_NARROW_BELOW,
-// else PPTM_GEMV_T_NARROW_COLS (8); the host sizes its request by the same rule. Lane l owns column
-// l % TW of the tile and row l / TW of each group of 32 / TW rows, so a warp load reads 32 / TW row
-// segments of TW floats (128 or 32 bytes, whole sectors either way), and the 16 warps split the
-// row groups. Narrow tiles give many blocks: a 256-column product spreads over 32 SMs, not 8, and
+// A block takes a tile of consecutive columns, TC of them: 32 when n >= PPTM_GEMV_T_NARROW_BELOW,
+// else PPTM_GEMV_T_NARROW_COLS (8); the host sizes its request by the same rule, whatever A's
+// element type. For an f32 A, lane l owns column l % TC of the tile and row l / TC of each group
+// of 32 / TC rows, so a warp load reads 32 / TC row segments of TC floats (128 or 32 bytes, whole
+// sectors either way), and the 16 warps split the row groups. A narrow A (bf16, fp16: two columns
+// a word; E4M3: four) is read a 32-bit word a lane, so a warp load covers two or four times the
+// rows in the same bytes and instructions (a 32-column bf16 tile: two rows of 64 bytes). Narrow tiles give many blocks: a 256-column product spreads over 32 SMs, not 8, and
 // a 256-row one is read in a single round of loads. The block stages pro for PPTM_GEMV_T_CHUNK rows
 // in shared memory, one coalesced evaluation per row (evaluated in every lane, as a broadcast, it
 // cost more load instructions than A itself); each warp keeps PPTM_GEMV_T_UNROLL (8) loads of A in
@@ -248,44 +278,73 @@ static_assert(PPTM_GEMV_T_CHUNK % PPTM_BLOCK_THREADS == 0, "gemv_t: a chunk is s
 static_assert(PPTM_GEMV_T_NARROW_COLS > 0 && PPTM_GEMV_T_NARROW_COLS <= 32 && 32 % PPTM_GEMV_T_NARROW_COLS == 0,
               "gemv_t: a narrow tile divides a warp");
 
-// One tile width's loop (TW columns a tile, 32 / TW rows a warp load).
-template <uint32_t TW, class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+// A's element at p as a word: with PW = 1 the element itself, widened to f32 (its bits); with PW > 1
+// the PW elements of the 32-bit word at p, as stored.
+template <class E, uint32_t PW>
+__device__ __forceinline__ uint32_t pptm_gemv_t_load(const E* p) {
+    if constexpr (PW == 1)
+        return __float_as_uint(pptm_storage<E>::load(p));
+    else
+        return pptm_ld_cg_u32(reinterpret_cast<const uint32_t*>(p));
+}
+
+// Element i of such a word, as f32 (0 bits are 0.0 in every storage type).
+template <class E, uint32_t PW>
+__device__ __forceinline__ float pptm_gemv_t_elem(uint32_t w, uint32_t i) {
+    if constexpr (PW == 1) {
+        return __uint_as_float(w);
+    } else {
+        float f[PW];
+        pptm_storage<E>::widen(w, f);
+        return f[i];
+    }
+}
+
+// One tile width's loop: TC columns a tile; each lane loads PW of them a row (one 32-bit word of a
+// narrow A, or one element), so TC / PW lanes cover a row's segment and a warp load reads
+// 32 PW / TC rows.
+template <uint32_t TC, uint32_t PW, class R, class E, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_t_tiled(const E* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                                     float* out, const pptm_block_ctx& b) {
-    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, CH = PPTM_GEMV_T_CHUNK, RPL = 32 / TW;
+    constexpr uint32_t U = PPTM_GEMV_T_UNROLL, CH = PPTM_GEMV_T_CHUNK, TW = TC / PW, RPL = 32 / TW;
     // Narrow tiles serve small products, where a round trip saved shows: the first loads of A go
     // out before pro is staged. 32-column tiles keep the loads inside the loop: a build that held
     // them across the staging at every width ran 4096 x 4096 in 46 µs against 36 on an H200.
-    constexpr bool EARLY = TW < 32;
-    static_assert(TW <= 32 && 32 % TW == 0, "gemv_t: a tile's lanes divide a warp");
+    constexpr bool EARLY = TC < 32;
+    static_assert(TC <= 32 && 32 % TC == 0 && TC % PW == 0, "gemv_t: a tile's lanes divide a warp");
     static_assert(CH + PPTM_WARPS * 32 <= PPTM_LINEAR_SMEM_FLOATS, "gemv_t: staged pro and the column sums fit the scratch");
     float* const xs = pptm_linear_smem();
     float(*const part)[32] = reinterpret_cast<float(*)[32]>(pptm_linear_smem() + CH);
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const uint32_t sub = lane / TW;  // this lane's row within a warp load
-    const uint64_t tiles = n / TW + (n % TW != 0);
+    const uint64_t tiles = n / TC + (n % TC != 0);
     double red = R::identity();
     PPTM_CLK(1);
     for (uint64_t t = b.block; t < tiles; t += b.nblocks) {
         pptm_tick(b);
-        const uint64_t col = t * TW + lane % TW;
-        const bool in = col < n;
+        // The first of the PW columns this lane loads, and the column it finishes (warp 0,
+        // lane < TC): the same one when a lane loads one column.
+        const uint64_t lcol = t * TC + (lane % TW) * PW, col = PW == 1 ? lcol : t * TC + lane;
+        // PW > 1 only when n is a multiple of PW: a word's columns are all in range or all out.
+        const bool in = lcol < n, out_in = PW == 1 ? in : col < n;
         // Narrow tiles issue the epilogue's loads for their column now, so their round trip
         // overlaps the dot products instead of following them (Epi::load / Epi::apply).
         float ex[Epi::loads];
-        if (EARLY && warp == 0 && lane < TW && in) epi.load(col, ex);
-        float s = 0.0f;
+        if (EARLY && warp == 0 && lane < TC && out_in) epi.load(col, ex);
+        float s[PW];
+#pragma unroll
+        for (uint32_t i = 0; i < PW; ++i) s[i] = 0.0f;
         for (uint64_t c0 = 0; c0 < m; c0 += CH) {
             const uint32_t len = (uint32_t)min((uint64_t)CH, m - c0);
-            const float* const a = A + c0 * n + col;
+            const E* const a = A + c0 * n + lcol;
             // Row groups warp, warp + 16, ... of the chunk, U of them per round; a missing row of
             // the last round is predicated off.
-            float p[U];
+            uint32_t p[U];
             auto load = [&](uint32_t g0) {
 #pragma unroll
                 for (uint32_t u = 0; u < U; ++u) {
                     const uint32_t r = (g0 + PPTM_WARPS * u) * RPL + sub;
-                    p[u] = in && r < len ? pptm_ld_cg_f32(a + (uint64_t)r * n) : 0.0f;
+                    p[u] = in && r < len ? pptm_gemv_t_load<E, PW>(a + (uint64_t)r * n) : 0u;
                 }
             };
             if (EARLY) load(warp);
@@ -307,27 +366,35 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
             for (uint32_t g0 = warp; g0 * RPL < len; g0 += PPTM_WARPS * U) {  // warp-uniform
                 if (!EARLY || g0 != warp) load(g0);
 #pragma unroll
-                for (uint32_t u = 0; u < U; ++u) {
-                    const uint32_t r = (g0 + PPTM_WARPS * u) * RPL + sub;
-                    p[u] *= r < len ? xs[r] : 0.0f;
+                for (uint32_t i = 0; i < PW; ++i) {
+                    float q[U];
+#pragma unroll
+                    for (uint32_t u = 0; u < U; ++u) {
+                        const uint32_t r = (g0 + PPTM_WARPS * u) * RPL + sub;
+                        q[u] = pptm_gemv_t_elem<E, PW>(p[u], i) * (r < len ? xs[r] : 0.0f);
+                    }
+                    // Products summed pairwise before they reach the running sum: short runs.
+#pragma unroll
+                    for (uint32_t h = U / 2; h > 0; h /= 2)
+#pragma unroll
+                        for (uint32_t u = 0; u < h; ++u) q[u] += q[u + h];
+                    s[i] += q[0];
                 }
-                // Products summed pairwise before they reach the running sum: short runs.
-#pragma unroll
-                for (uint32_t h = U / 2; h > 0; h /= 2)
-#pragma unroll
-                    for (uint32_t u = 0; u < h; ++u) p[u] += p[u + h];
-                s += p[0];
             }
         }
         // The lanes that share a column add their rows' sums.
 #pragma unroll
-        for (uint32_t o = TW; o < 32u; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        for (uint32_t i = 0; i < PW; ++i)
+#pragma unroll
+            for (uint32_t o = TW; o < 32u; o <<= 1) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
         // Warp 0 has read the previous tile's sums (when m == 0 no chunk barrier said so).
         if (m == 0) __syncthreads();
-        if (sub == 0) part[warp][lane] = s;
+        if (sub == 0)
+#pragma unroll
+            for (uint32_t i = 0; i < PW; ++i) part[warp][lane * PW + i] = s[i];
         __syncthreads();
         PPTM_CLK(4);
-        if (warp == 0 && lane < TW && in) {
+        if (warp == 0 && lane < TC && out_in) {
             // Lane c takes column c of the tile: the epilogue's loads and stores stay coalesced.
             float h0 = 0.0f, h1 = 0.0f;
 #pragma unroll
@@ -348,12 +415,21 @@ __device__ __forceinline__ double pptm_gemv_t_tiled(const float* A, uint64_t m, 
     return pptm_block_partial<R>(red, b.red_smem);
 }
 
-template <class R, class Pro, class Epi>
-__device__ __forceinline__ double pptm_gemv_t(const float* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
+// A is f32, or stored in bf16, fp16 or E4M3 (widened to f32 as it is loaded). A narrow A whose rows
+// all start on a 4-byte boundary (n a multiple of a word's elements) is read a word a lane.
+template <class R, class E, class Pro, class Epi>
+__device__ __forceinline__ double pptm_gemv_t(const E* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                               float* out, const pptm_block_ctx& b) {
-    if (n < PPTM_GEMV_T_NARROW_BELOW)
-        return pptm_gemv_t_tiled<PPTM_GEMV_T_NARROW_COLS, R>(A, m, n, pro, epi, out, b);
-    return pptm_gemv_t_tiled<32, R>(A, m, n, pro, epi, out, b);
+    constexpr uint32_t PW = pptm_storage<E>::PER_WORD, NC = PPTM_GEMV_T_NARROW_COLS;
+    static_assert(NC % PW == 0, "gemv_t: a narrow tile holds whole words");
+    if constexpr (PW > 1) {
+        if (pptm_aligned4(A) && n % PW == 0) {
+            if (n < PPTM_GEMV_T_NARROW_BELOW) return pptm_gemv_t_tiled<NC, PW, R>(A, m, n, pro, epi, out, b);
+            return pptm_gemv_t_tiled<32, PW, R>(A, m, n, pro, epi, out, b);
+        }
+    }
+    if (n < PPTM_GEMV_T_NARROW_BELOW) return pptm_gemv_t_tiled<NC, 1, R>(A, m, n, pro, epi, out, b);
+    return pptm_gemv_t_tiled<32, 1, R>(A, m, n, pro, epi, out, b);
 }
 
 // ---- matmul: out = epi(A W) ---------------------------------------------------------------------

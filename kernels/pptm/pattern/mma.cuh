@@ -94,12 +94,6 @@ __device__ __forceinline__ void pptm_cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ uint16_t pptm_ld_cg_u16(const uint16_t* p) {
-    uint16_t v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-
 // ---- 16-bit conversions ---------------------------------------------------------------------
 
 // Two f32 values as a pair of T (lo in the low half), rounded to nearest even; beyond T's range
@@ -144,32 +138,13 @@ __device__ __forceinline__ const uint16_t* pptm_mma_src(const pptm_f16* p) { ret
 __device__ __forceinline__ const float* pptm_mma_src(const float* p) { return p; }
 __device__ __forceinline__ const uint8_t* pptm_mma_src(const pptm_e4m3* p) { return reinterpret_cast<const uint8_t*>(p); }
 
-// An OCP E4M3 value (sign, 4 exponent bits biased by 7, 3 significand bits; no infinities,
-// S.1111.111 NaN) as f32, exactly; fp16 holds every such value too, so pptm_pack2<pptm_f16>
-// of two of them is exact.
-__device__ __forceinline__ float pptm_e4m3_to_f32(uint32_t v) {
-    const uint32_t e = (v >> 3) & 15u, m = v & 7u;
-    const float mag = e == 15u && m == 7u ? __int_as_float(0x7fc00000)
-                      : e == 0u          ? (float)m * 0.001953125f  // m 2^-9
-                                         : __uint_as_float(((e + 120u) << 23) | (m << 20));
-    return (v & 0x80u) ? -mag : mag;
-}
-
 // Two E4M3 values (the low two bytes of v, the first in the lower byte) as a pair of T (fp16 or
-// bf16, the first in the low half), exactly. sm_89 and later convert a pair to fp16 in one
-// instruction; compute_80 decodes each in software.
+// bf16, the first in the low half), exactly (pptm_e4m3x2_to_f32 in device.cuh).
 template <class T>
 __device__ __forceinline__ uint32_t pptm_e4m3x2_widen(uint32_t v) {
-#if __CUDA_ARCH__ >= 890
     float lo, hi;
-    asm("{ .reg .b16 p, a, b; .reg .b32 h; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 h, p; mov.b32 {a, b}, h;"
-        " cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-        : "=f"(lo), "=f"(hi)
-        : "r"(v));
+    pptm_e4m3x2_to_f32(v, lo, hi);
     return pptm_pack2<T>(lo, hi);
-#else
-    return pptm_pack2<T>(pptm_e4m3_to_f32(v & 0xffu), pptm_e4m3_to_f32((v >> 8) & 0xffu));
-#endif
 }
 template <>
 __device__ __forceinline__ uint32_t pptm_e4m3x2_widen<pptm_f16>(uint32_t v) {

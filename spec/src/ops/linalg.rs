@@ -31,12 +31,25 @@ const fn output_fusable(
     }
 }
 
-/// `A x`: A is m×n row-major, x has n elements; the result has m. f32 on CUDA cores; with
-/// `tensor_eligible = true` and precision "bf16" or "fp8", A is a bf16 or E4M3 buffer (half or a
-/// quarter of the bytes a GEMV is bound by), widened exactly to bf16 and multiplied on tensor cores
-/// by the f32 vector, which is carried as two bf16 parts so that it is not rounded
-/// (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma).
+/// What a GEMV's precision means on CUDA cores: the storage of A (f32, or bf16, fp16, E4M3: a half
+/// or a quarter of the bytes its time is made of), each element widened exactly to f32 as it is
+/// loaded; the vector, the sums and the output stay f32 (kernels/pptm/pattern/linear.cuh).
+/// fp64 is not offered: the patterns accumulate in f32.
+const GEMV_STORAGE: &[Precision] = &[
+    Precision::Fp32,
+    Precision::Bf16,
+    Precision::Fp16,
+    Precision::Fp8,
+];
+
+/// `A x`: A is m×n row-major, x has n elements; the result has m. On CUDA cores A is f32, bf16,
+/// fp16 or E4M3 ([`GEMV_STORAGE`]); with `tensor_eligible = true` and precision "bf16" or "fp8", A
+/// is a bf16 or E4M3 buffer widened exactly to bf16 and multiplied on tensor cores by the f32
+/// vector, which is carried as two bf16 parts so that it is not rounded
+/// (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma). fp16 is not offered there: its range could not
+/// carry an f32 vector in two parts.
 pub const GEMV: OpDef = OpDef {
+    precisions: GEMV_STORAGE,
     tensor_precisions: &[Precision::Bf16, Precision::Fp8],
     ..output_fusable(
         "Gemv",
@@ -53,28 +66,32 @@ pub const GEMV: OpDef = OpDef {
                 .map(|i| (0..n).map(|j| a[i * n + j] * t.flow[j]).sum())
                 .collect()
         },
-        "Matrix-vector product A x (A: m x n, row-major): f32 on CUDA cores, or a bf16 or fp8 A on tensor cores times the f32 vector.",
+        "Matrix-vector product A x (A: m x n, row-major): an f32, bf16, fp16 or fp8 A on CUDA cores, or a bf16 or fp8 A on tensor cores, times the f32 vector.",
     )
 };
 
-/// `Aᵀ x`: A is m×n row-major, x has m elements; the result has n.
-pub const GEMV_T: OpDef = output_fusable(
-    "GemvT",
-    &[
-        param("x", Ty::Vector("m")),
-        param("a", Ty::Matrix("m", "n")),
-    ],
-    Ty::Vector("n"),
-    "pptm_gemv_t",
-    |t| {
-        let (m, n) = (t.dim("m"), t.dim("n"));
-        let a = t.tensors[0];
-        (0..n)
-            .map(|j| (0..m).map(|i| a[i * n + j] * t.flow[i]).sum())
-            .collect()
-    },
-    "Transposed matrix-vector product A^T x (A: m x n, row-major).",
-);
+/// `Aᵀ x`: A is m×n row-major, x has m elements; the result has n. A is f32, bf16, fp16 or E4M3
+/// ([`GEMV_STORAGE`]), on CUDA cores.
+pub const GEMV_T: OpDef = OpDef {
+    precisions: GEMV_STORAGE,
+    ..output_fusable(
+        "GemvT",
+        &[
+            param("x", Ty::Vector("m")),
+            param("a", Ty::Matrix("m", "n")),
+        ],
+        Ty::Vector("n"),
+        "pptm_gemv_t",
+        |t| {
+            let (m, n) = (t.dim("m"), t.dim("n"));
+            let a = t.tensors[0];
+            (0..n)
+                .map(|j| (0..m).map(|i| a[i * n + j] * t.flow[i]).sum())
+                .collect()
+        },
+        "Transposed matrix-vector product A^T x (A: m x n, row-major; f32, bf16, fp16 or fp8 A, f32 sums).",
+    )
+};
 
 /// `A W`: A is m×k, W is k×n, both row-major; the result is m×n. f32 on CUDA cores; with
 /// `tensor_eligible = true`, bf16, fp16 or fp8 (E4M3: widened to fp16 as staged for mma.sync, or
