@@ -1,8 +1,9 @@
 // Op family: linear algebra and activations. The elementwise ops are device functions here; the
 // output-fusable ops are patterns in pptm/pattern/linear.cuh that codegen instantiates with the
 // chain's prologue and epilogue:
-//   Gemv   -> pptm_gemv_n  (A x)
-//   GemvT  -> pptm_gemv_t  (A^T x)
+//   Gemv   -> pptm_gemv_n  (A x; A f32, or bf16/fp16/E4M3 widened to f32 as it is loaded)
+//             pptm_gemv_n_mma (pptm/pattern/mma.cuh: a bf16 or E4M3 A on tensor cores)
+//   GemvT  -> pptm_gemv_t  (A^T x; A as pptm_gemv_n's)
 //   Matmul -> pptm_matmul  (A W, f32 on CUDA cores)
 //             pptm_matmul_mma<pptm_bf16 | pptm_f16> (pptm/pattern/mma.cuh: bf16/fp16 operands on
 //             tensor cores, for a stage with tensor_eligible = true)
