@@ -81,13 +81,25 @@ __device__ __forceinline__ float pptm_dot4(const pptm_f4& a, const pptm_f4& x) {
 // block stages x in shared memory, PPTM_GEMV_N_CHUNK elements at a time, double-buffered so that
 // one barrier per chunk suffices and the next chunk's pro loads are in flight while the current
 // chunk streams.
+//
+// Two ways through a chunk, by A's element type:
+//   * f32: a warp walks its rows one after the other, PPTM_GEMV_N_UNROLL 16-byte loads a lane in
+//     flight, and sums each row's chunk across the warp before the next row.
+//   * bf16, fp16, E4M3: a warp walks its rows together (pptm_gemv_n_dot_slots): at each 16-byte
+//     piece a lane reads the staged x once and the piece of each of its four rows, keeps a partial
+//     per row across the chunks, and the warp sums each row once a group. Row by row, a chunk is
+//     only 4 KiB of an fp16 row, and the warp sum and the drained loads of every row and chunk
+//     held an fp16 A to 2.57 TB/s on an H100 (16384^2, bench/probes/gemv_probe.cu), an E4M3 A to
+//     1.64; together they read 2.90 and 2.5 TB/s. f32 keeps the row walk: the slot loop is no
+//     faster for it (2.7% in the probe) and, inlined in the f32 domains' manifolds, its registers
+//     cost them spills (KlComplexity's, compiled beside it, rose from 8 to 96 bytes).
 
 #ifndef PPTM_GEMV_N_SHORT_BELOW
 #error "PPTM_GEMV_N_SHORT_BELOW must be defined by the generated translation unit"
 #endif
 #define PPTM_GEMV_N_ROWS_PER_WARP 4
 #define PPTM_GEMV_N_CHUNK 2048
-// Independent 16-byte loads in flight per lane on the aligned path (scalar path: twice as many
+// Independent 16-byte loads in flight per lane on the aligned f32 path (scalar path: twice as many
 // 4-byte loads).
 #ifndef PPTM_GEMV_N_UNROLL
 #define PPTM_GEMV_N_UNROLL 4
@@ -126,8 +138,8 @@ __device__ __forceinline__ float pptm_gemv_n_dot_piece(const pptm_f4& v, const p
     return d;
 }
 
-// One lane's share of a row segment times the staged chunk; `a` and `xs` are 16-byte aligned and
-// the segment holds len16 pieces of 16 bytes.
+// One lane's share of a row segment times the staged chunk (the f32 row walk); `a` and `xs` are
+// 16-byte aligned and the segment holds len16 pieces of 16 bytes.
 template <class E>
 __device__ __forceinline__ float pptm_gemv_n_dot_vec(const E* a, const float* xs, uint32_t len16, uint32_t lane) {
     constexpr uint32_t U = PPTM_GEMV_N_UNROLL, PW = pptm_storage<E>::PER_WORD, V = 4 * PW;
@@ -162,6 +174,38 @@ __device__ __forceinline__ float pptm_gemv_n_dot_vec(const E* a, const float* xs
     return p[0];
 }
 
+// A warp's share of one chunk on the aligned narrow path: `slots` (up to four) runs of 16-byte
+// pieces times the staged chunk `xs`, lane partials added to p[slot]. Slot r reads pieces q < qend
+// at a + r step + V q and meets x piece r xq + q, while that is below len16 (the chunk's pieces).
+// The warp's rows are its slots (step n, xq 0, qend len16: one staged x read serves every row), or,
+// for one row a warp, the four quarters of its chunk (step V xq, xq = qend a quarter of the
+// pieces). Either way a lane has four 16-byte loads in flight, and one loop serves both (a second
+// instantiation cost the manifold's register allocation). `a` and `xs` are 16-byte aligned.
+template <class E>
+__device__ __forceinline__ void pptm_gemv_n_dot_slots(const E* a, uint64_t step, uint32_t xq, uint32_t qend, uint32_t slots,
+                                                      uint32_t len16, const float* xs, uint32_t lane, float (&p)[4]) {
+    constexpr uint32_t PW = pptm_storage<E>::PER_WORD, V = 4 * PW;
+    const pptm_f4* x4 = reinterpret_cast<const pptm_f4*>(xs);
+#pragma unroll 1
+    for (uint32_t q = lane; q < qend; q += 32) {
+        pptm_f4 v[4];
+#pragma unroll
+        for (uint32_t r = 0; r < 4; ++r)
+            if (r < slots && r * xq + q < len16)
+                v[r] = pptm_ld_cg_f4(reinterpret_cast<const float*>(a + r * step + V * (uint64_t)q));
+        pptm_f4 x[PW];
+#pragma unroll
+        for (uint32_t r = 0; r < 4; ++r) {
+            if (r < slots && r * xq + q < len16) {
+                if (r == 0 || xq != 0)
+#pragma unroll
+                    for (uint32_t g = 0; g < PW; ++g) x[g] = x4[PW * (r * xq + q) + g];
+                p[r] += pptm_gemv_n_dot_piece<E>(v[r], x);
+            }
+        }
+    }
+}
+
 // The same for any alignment: lanes stride element by element (still coalesced).
 template <class E>
 __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const E* a, const float* xs, uint32_t len, uint32_t lane) {
@@ -194,14 +238,17 @@ template <class R, class E, class Pro, class Epi>
 __device__ __forceinline__ double pptm_gemv_n(const E* A, uint64_t m, uint64_t n, const Pro& pro, const Epi& epi,
                                               float* out, const pptm_block_ctx& b) {
     constexpr uint32_t CH = PPTM_GEMV_N_CHUNK, V = 4 * pptm_storage<E>::PER_WORD;
+    constexpr bool rowwise = pptm_storage<E>::PER_WORD == 1;  // f32: the row walk
     static_assert(2 * CH <= PPTM_LINEAR_SMEM_FLOATS, "gemv_n: two chunks of x fit the scratch");
     static_assert(CH % V == 0, "gemv_n: chunks start on a 16-byte boundary of every aligned row");
+    static_assert(PPTM_GEMV_N_ROWS_PER_WARP == 4, "gemv_n: the narrow path's slots are a warp's rows");
     float* const xs = pptm_linear_smem();
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     // Row i starts at A + i * n: every row start is aligned iff A is and n is a multiple of the V
     // elements of 16 bytes; chunk starts are multiples of CH, so every chunk of a row is aligned too.
     const bool vec = pptm_aligned16(A) && n % V == 0;
-    const uint32_t rpw = m < PPTM_GEMV_N_SHORT_BELOW ? 1u : PPTM_GEMV_N_ROWS_PER_WARP;
+    const bool few = m < PPTM_GEMV_N_SHORT_BELOW;
+    const uint32_t rpw = few ? 1u : PPTM_GEMV_N_ROWS_PER_WARP;
     const uint64_t group_rows = (uint64_t)PPTM_WARPS * rpw;
     const uint64_t groups = m / group_rows + (m % group_rows != 0);
     double red = R::identity();
@@ -210,6 +257,9 @@ __device__ __forceinline__ double pptm_gemv_n(const E* A, uint64_t m, uint64_t n
         const uint64_t row0 = g * group_rows + warp * rpw;
         // Row row0 + r's running sum lives in lane r: one register however many rows a warp owns.
         float acc = 0.0f;
+        // The narrow path's lane partials of the warp's slots, over every chunk.
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint32_t rows = row0 < m ? (uint32_t)min((uint64_t)rpw, m - row0) : 0u;  // warp-uniform
         float xr[CH / PPTM_BLOCK_THREADS];
         // Every reader of the scratch before this group (this call's or an earlier pattern's) is done.
         __syncthreads();
@@ -223,16 +273,44 @@ __device__ __forceinline__ double pptm_gemv_n(const E* A, uint64_t m, uint64_t n
             __syncthreads();
             if (n - c0 > CH) pptm_gemv_n_stage(pro, n, c0 + CH, xr);
             const uint32_t len = (uint32_t)min((uint64_t)CH, n - c0);
+            if constexpr (rowwise) {
 #pragma unroll 1
-            for (uint32_t r = 0; r < rpw; ++r) {
-                const uint64_t i = row0 + r;
-                if (i >= m) break;  // warp-uniform
-                const E* a = A + i * n + c0;
-                const float d = vec ? pptm_gemv_n_dot_vec(a, xc, len / V, lane) : pptm_gemv_n_dot_scalar(a, xc, len, lane);
-                const float s = pptm_warp_sum(d);
-                if (lane == r) acc += s;
+                for (uint32_t r = 0; r < rpw; ++r) {
+                    const uint64_t i = row0 + r;
+                    if (i >= m) break;  // warp-uniform
+                    const E* a = A + i * n + c0;
+                    const float d = vec ? pptm_gemv_n_dot_vec(a, xc, len / V, lane) : pptm_gemv_n_dot_scalar(a, xc, len, lane);
+                    const float s = pptm_warp_sum(d);
+                    if (lane == r) acc += s;
+                }
+            } else {
+                const E* a = A + row0 * n + c0;  // read only for rows > 0
+                const uint32_t len16 = len / V;
+                if (vec && few) {
+                    const uint32_t quarter = (len16 + 3) / 4;
+                    pptm_gemv_n_dot_slots(a, (uint64_t)V * quarter, quarter, quarter, rows == 0 ? 0u : 4u, len16, xc, lane, p);
+                } else if (vec) {
+                    pptm_gemv_n_dot_slots(a, n, 0u, len16, rows, len16, xc, lane, p);
+                } else {
+#pragma unroll 1
+                    for (uint32_t r = 0; r < rows; ++r) {
+                        const float d = pptm_gemv_n_dot_scalar(a + r * n, xc, len, lane);
+#pragma unroll
+                        for (uint32_t k = 0; k < 4; ++k) p[k] += k == r ? d : 0.0f;  // p[r], p kept in registers
+                    }
+                }
             }
             buf ^= 1u;
+        }
+        if constexpr (!rowwise) {
+            // One row a warp: its quarters' partials (the scalar path left p[1..3] at 0).
+            if (few) p[0] = (p[0] + p[1]) + (p[2] + p[3]);
+#pragma unroll
+            for (uint32_t r = 0; r < 4; ++r) {
+                if (r >= rows) break;  // warp-uniform
+                const float s = pptm_warp_sum(p[r]);
+                if (lane == r) acc = s;
+            }
         }
         const uint64_t i = row0 + lane;
         if (lane < rpw && i < m) {
