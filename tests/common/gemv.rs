@@ -63,8 +63,10 @@ macro_rules! gemv_storage {
 /// 1e-4 of its terms' magnitude, which x rounded to bf16 (2^-9) would miss. Shapes: rows whose
 /// start is aligned for 16-byte loads (n a multiple of 8 for 16-bit A, of 16 for fp8) and not (read
 /// element by element), partial 16-row tiles, a row shorter than one warp's 64 columns and longer
-/// than the block's 1024, m past GEMV_SHORT_BELOW (four rows a warp on CUDA cores), and
-/// m = 2^20 + 3. Outputs are poisoned with NaN first.
+/// than the block's 1024, m past GEMV_SHORT_BELOW (four rows a warp on CUDA cores; at 8195 the
+/// last warp has three), m = 2^20 + 3, and aligned rows whose pieces do not split evenly into the
+/// quarters that one row a warp is read in (1023 x 1040, 33 x 2056). Outputs are poisoned with NaN
+/// first.
 pub fn gemv_narrow_matches_f64<T: GemvStorage>(rt: &Runtime) {
     let name = T::NAME;
     for (m, n) in [
@@ -78,6 +80,7 @@ pub fn gemv_narrow_matches_f64<T: GemvStorage>(rt: &Runtime) {
         (33, 2056),
         (4096, 4096),
         (8200, 64),
+        (8195, 48),
         ((1 << 20) + 3, 7),
         (5, 1 << 16),
     ] {
