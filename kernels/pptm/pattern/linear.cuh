@@ -90,9 +90,9 @@ __device__ __forceinline__ float pptm_dot4(const pptm_f4& a, const pptm_f4& x) {
 //     per row across the chunks, and the warp sums each row once a group. Row by row, a chunk is
 //     only 4 KiB of an fp16 row, and the warp sum and the drained loads of every row and chunk
 //     held an fp16 A to 2.57 TB/s on an H100 (16384^2, bench/probes/gemv_probe.cu), an E4M3 A to
-//     1.64; together they read 2.90 and 2.5 TB/s. f32 keeps the row walk: the slot loop is no
-//     faster for it (2.7% in the probe) and, inlined in the f32 domains' manifolds, its registers
-//     cost them spills (KlComplexity's, compiled beside it, rose from 8 to 96 bytes).
+//     1.64; together they read 2.87 and 2.44 TB/s. f32 keeps the row walk: the slot loop gains it
+//     3% stand-alone, but inlined in the f32 domains' manifolds its registers cost the chains
+//     beside it (KlComplexity at 2^26 went from 184 to 275 us, its spills from 8 bytes to 172).
 
 #ifndef PPTM_GEMV_N_SHORT_BELOW
 #error "PPTM_GEMV_N_SHORT_BELOW must be defined by the generated translation unit"
