@@ -2,10 +2,11 @@
 // Rust:
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -I kernels -o gemv_probe bench/probes/gemv_probe.cu
-//     ./gemv_probe [reps] [m] [n] [f32|bf16|fp16|e4m3]
+//     ./gemv_probe [reps] [m] [n] [f32|bf16|fp16|e4m3|all] [blocks per SM]
 //
-// y = A x with A stored f32, bf16, fp16 or E4M3 and x f32, launched as the narrow domain's manifold
-// runs (512 threads, two blocks an SM, grid-stride over row groups). Each variant's y is checked
+// y = A x with A stored f32, bf16, fp16 or E4M3 and x f32, launched as a manifold runs (512
+// threads, grid-stride over row groups), on two blocks an SM (what fits; a manifold with
+// `Config::blocks_per_sm = 2`) or one (the runtime's default). Each variant's y is checked
 // against an f64 reference on the same stored A, then timed with CUDA events (median and p99 of
 // `reps` runs after warm-up) and reported as time and A's bytes per second, beside the tensor-core
 // GEMV (pattern/mma.cuh) for bf16 and E4M3. Figures from an H100 are in linear.cuh's gemv_n notes.
@@ -237,10 +238,11 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
-    std::printf("%s, %d SMs, grid %d x %d threads\n", prop.name, sms, 2 * sms, PPTM_BLOCK_THREADS);
-    const int grid = 2 * sms;
-    const char* only = argc > 4 ? argv[4] : "";  // one type by name, or every type
-    auto want = [&](const char* t) { return !*only || std::strcmp(only, t) == 0; };
+    const int per_sm = argc > 5 ? std::max(1, std::min(2, std::atoi(argv[5]))) : 2;
+    const int grid = per_sm * sms;
+    std::printf("%s, %d SMs, grid %d x %d threads\n", prop.name, sms, grid, PPTM_BLOCK_THREADS);
+    const char* only = argc > 4 ? argv[4] : "all";  // one type by name, or every type
+    auto want = [&](const char* t) { return std::strcmp(only, "all") == 0 || std::strcmp(only, t) == 0; };
     if (want("fp16")) all<pptm_f16>(m, n, reps, grid);
     if (want("f32")) all<float>(m, n, reps, grid);
     if (want("bf16")) all<pptm_bf16>(m, n, reps, grid);
