@@ -219,6 +219,8 @@ static void run(const char* label, Case<E>& c, int reps, int grid) {
                 Host<E>::name(), label, (unsigned long long)m, (unsigned long long)n, med, p99,
                 (double)m * n * sizeof(E) / (med * 1e-6) / 1e12, worst, worst <= 1e-4 ? "" : "  FAIL");
     std::fflush(stdout);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
 }
 
 template <class E>
