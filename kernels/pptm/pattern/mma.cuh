@@ -243,10 +243,8 @@ __device__ __forceinline__ void pptm_fp8_copy(uint8_t* dst, const uint8_t* base,
                 uint32_t word = 0;
 #pragma unroll
                 for (uint32_t e = 0; e < 4; ++e) {
-                    uint16_t v = 0;
-                    if (gr < rows && gc + g + e < cols)
-                        asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(base + gr * ld + gc + g + e));
-                    word |= (uint32_t)v << (8 * e);
+                    const uint32_t v = gr < rows && gc + g + e < cols ? pptm_ld_cg_u8(base + gr * ld + gc + g + e) : 0u;
+                    word |= v << (8 * e);
                 }
                 *reinterpret_cast<uint32_t*>(dst + r * COLS + q + g) = word;
             }
@@ -654,9 +652,8 @@ __device__ __forceinline__ void pptm_gemv_mma_load(uint32_t (*r)[4], const uint8
     } else {
 #pragma unroll
         for (uint32_t e = 0; e < 16; ++e) {
-            uint16_t v = 0;
-            if (live && j + e < n) asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(v) : "l"(row + j + e));
-            w[e / 4] |= (uint32_t)v << (8 * (e % 4));
+            const uint32_t v = live && j + e < n ? pptm_ld_cg_u8(row + j + e) : 0u;
+            w[e / 4] |= v << (8 * (e % 4));
         }
     }
 #pragma unroll

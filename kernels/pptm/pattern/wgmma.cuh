@@ -283,16 +283,42 @@ __device__ __forceinline__ void pptm_wg_store(const float (&d)[R], const Epi& ep
 
 // ---- the pattern ----------------------------------------------------------------------------------
 
-// Whether the TMA path can take these operands: rows 16-byte aligned, sizes within TMA's 32-bit
-// coordinates, and enough work to pay for building tensor maps.
-__device__ __forceinline__ bool pptm_wgmma_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
-    const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 && k % 8 == 0 &&
-                         n % 8 == 0;
+// Whether the TMA path can take these operands, whose elements are 16 / `row_unit` bytes and whose
+// k advances in slices of `bk`: rows 16-byte aligned (k and n multiples of `row_unit`), sizes within
+// TMA's 32-bit coordinates, and enough work to pay for building tensor maps. The bf16/fp16 and the
+// E4M3 paths differ only in these two numbers (pptm_wgmma_fits, pptm_wgmma_fp8_fits).
+__device__ __forceinline__ bool pptm_wgmma_fits_with(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n,
+                                                     uint64_t row_unit, uint64_t bk) {
+    const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 &&
+                         k % row_unit == 0 && n % row_unit == 0;
     // TMA's coordinates are 32-bit, and so are the pattern's counts of tiles and slices (at most
-    // (m / 128 + 1) (n / 128 + 1) (k / 64 + 1) slices in all).
+    // (m / 128 + 1) (n / 128 + 1) (k / bk + 1) slices in all).
     const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31) &&
-                       (m / 128 + 1) * (n / 128 + 1) < (1ull << 31) && (m / 128 + 1) * (n / 128 + 1) * (k / 64 + 1) < (1ull << 32);
+                       (m / 128 + 1) * (n / 128 + 1) < (1ull << 31) && (m / 128 + 1) * (n / 128 + 1) * (k / bk + 1) < (1ull << 32);
     return aligned && small && m != 0 && k != 0 && n != 0 && m * n * k >= (uint64_t)PPTM_WGMMA_FROM;
+}
+
+// Whether a batch of products takes the wgmma path: each product at least 128 x 128 outputs (a
+// smaller one would leave most of a tile empty; pattern/mma.cuh's 64 x 64 tiles fit it), k whole
+// slices of `bk` (so no slice reads into the next product's W), the stacked matrices within
+// pptm_wgmma_fits_with, and the batch's counts within 32 bits.
+__device__ __forceinline__ bool pptm_wgmma_batched_fits_with(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
+                                                             uint64_t n, uint64_t row_unit, uint64_t bk) {
+    if (batch == 0 || m < 128 || n < 128 || k % bk != 0 || batch >= (1ull << 31) || m >= (1ull << 31) || k >= (1ull << 31))
+        return false;
+    const uint64_t slices = batch * (m / 128 + 1) * (n / 128 + 1) * (k / bk + 1);
+    return batch * m < (1ull << 31) && batch * k < (1ull << 31) && slices < (1ull << 32) &&
+           pptm_wgmma_fits_with(A, W, batch * m, k, n, row_unit, bk);
+}
+
+// bf16 / fp16 operands: 8 elements to 16 bytes, slices of PPTM_WG_BK.
+__device__ __forceinline__ bool pptm_wgmma_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
+    return pptm_wgmma_fits_with(A, W, m, k, n, 8, PPTM_WG_BK);
+}
+
+__device__ __forceinline__ bool pptm_wgmma_batched_fits(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
+                                                        uint64_t n) {
+    return pptm_wgmma_batched_fits_with(A, W, batch, m, k, n, 8, PPTM_WG_BK);
 }
 
 // Tile t of a tiles_m x tiles_n grid, row by row. (Grouping tile rows, so a wave of tiles shares
@@ -439,19 +465,6 @@ __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64
         pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
 }
 
-// Whether a batch of products takes the wgmma path: products of at least 128 x 128 outputs (a
-// smaller one would leave most of a tile empty; pattern/mma.cuh's 64 x 64 tiles fit it), k whole
-// slices, the stacked matrices within pptm_wgmma_fits, and the batch's counts within 32 bits.
-__device__ __forceinline__ bool pptm_wgmma_batched_fits(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
-                                                        uint64_t n) {
-    if (batch == 0 || m < 128 || n < 128 || k % PPTM_WG_BK != 0 || batch >= (1ull << 31) || m >= (1ull << 31) ||
-        k >= (1ull << 31))
-        return false;
-    const uint64_t slices = batch * (m / 128 + 1) * (n / 128 + 1) * (k / 64 + 1);
-    return batch * m < (1ull << 31) && batch * k < (1ull << 31) && slices < (1ull << 32) &&
-           pptm_wgmma_fits(A, W, batch * m, k, n);
-}
-
 template <class T, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const T* A, const T* W, uint64_t m, uint64_t k,
                                                           uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
@@ -505,14 +518,9 @@ __device__ __forceinline__ void pptm_wgmma_e4m3_n64(float (&d)[32], uint64_t a, 
                      : "l"(a), "l"(b));
 }
 
-// Whether the fp8 TMA path can take these operands: rows 16-byte aligned (k and n multiples of 16
-// bytes), sizes within 32-bit counts, enough work to pay for building tensor maps.
+// E4M3 operands: 16 bytes are 16 elements, slices of 128.
 __device__ __forceinline__ bool pptm_wgmma_fp8_fits(const void* A, const void* W, uint64_t m, uint64_t k, uint64_t n) {
-    const bool aligned = (reinterpret_cast<uint64_t>(A) & 15u) == 0 && (reinterpret_cast<uint64_t>(W) & 15u) == 0 && k % 16 == 0 &&
-                         n % 16 == 0;
-    const bool small = m < (1ull << 31) && k < (1ull << 31) && n < (1ull << 31) &&
-                       (m / 128 + 1) * (n / 128 + 1) < (1ull << 31) && (m / 128 + 1) * (n / 128 + 1) * (k / 128 + 1) < (1ull << 32);
-    return aligned && small && m != 0 && k != 0 && n != 0 && m * n * k >= (uint64_t)PPTM_WGMMA_FROM;
+    return pptm_wgmma_fits_with(A, W, m, k, n, 16, 128);
 }
 
 // This thread's share of a W slice's transpose: raw (128 rows of k, 128 bytes of n, swizzled) into
@@ -685,16 +693,9 @@ __device__ __forceinline__ void pptm_matmul_wgmma_fp8(const pptm_e4m3* A, const 
         for (uint32_t x = 0; x < 2 * S + 6; ++x) pptm_mbar_inval(full0 + 8 * x);
 }
 
-// Whether a batch of fp8 products takes the wgmma path: products of at least 128 x 128 outputs, k
-// whole slices of 128 (so no slice reads into the next product's W), the stacked matrices within
-// pptm_wgmma_fp8_fits, and the batch's counts within 32 bits.
 __device__ __forceinline__ bool pptm_wgmma_fp8_batched_fits(const void* A, const void* W, uint64_t batch, uint64_t m, uint64_t k,
                                                             uint64_t n) {
-    if (batch == 0 || m < 128 || n < 128 || k % 128 != 0 || batch >= (1ull << 31) || m >= (1ull << 31) || k >= (1ull << 31))
-        return false;
-    const uint64_t slices = batch * (m / 128 + 1) * (n / 128 + 1) * (k / 128 + 1);
-    return batch * m < (1ull << 31) && batch * k < (1ull << 31) && slices < (1ull << 32) &&
-           pptm_wgmma_fp8_fits(A, W, batch * m, k, n);
+    return pptm_wgmma_batched_fits_with(A, W, batch, m, k, n, 16, 128);
 }
 
 #endif  // PPTM_WGMMA
