@@ -69,12 +69,27 @@ struct ProbeEpi {
     }
 };
 
+// TILE 0: the pattern's choice (pptm_matmul_wgmma); 256, 128 or 64: that tile forced (256 x 192,
+// 128 x 128, or 128 x 64 with k split in the block).
+template <int TILE>
 __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1)
     probe(const pptm_bf16* A, const pptm_bf16* W, const float* bias, float* out, uint64_t m, uint64_t k, uint64_t n) {
 #ifdef PPTM_WGMMA
     const pptm_block_ctx b{blockIdx.x, gridDim.x, nullptr};
-    pptm_matmul_wgmma<pptm_bf16>(A, W, m, k, n, ProbeEpi{bias}, out, b);
+    if (TILE == 256)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 256, 192>(A, W, m, k, n, ProbeEpi{bias}, out, b);
+    else if (TILE == 128)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 128, 128>(A, W, m, k, n, ProbeEpi{bias}, out, b);
+    else if (TILE == 64)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 128, 64, false, 2>(A, W, m, k, n, ProbeEpi{bias}, out, b);
+    else
+        pptm_matmul_wgmma<pptm_bf16>(A, W, m, k, n, ProbeEpi{bias}, out, b);
 #endif
+}
+
+template <int TILE>
+static void launch(int grid, const void* A, const void* W, const float* bias, float* out, uint64_t m, uint64_t k, uint64_t n) {
+    probe<TILE><<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)A, (const pptm_bf16*)W, bias, out, m, k, n);
 }
 
 // `batch` products stacked (pptm_matmul_wgmma_batched). TILE 0: the pattern's choice; 128 or 256:
@@ -139,7 +154,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    CK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
@@ -170,16 +188,20 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dbias, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
 
     const Case cases[] = {{1, 8, 8},      {17, 64, 64},       {7, 8, 264},        {64, 256, 256}, {127, 72, 264},
-                          {1000, 1000, 1000}, {1024, 1024, 1024}, {129, 4096, 520}, {4096, 4096, 4096}, {8192, 8192, 8192}};
+                          {1000, 1000, 1000}, {1024, 1024, 1024}, {129, 4096, 520}, {300, 1000, 72}, {1000, 520, 200},
+                          {4096, 4096, 4096}, {8192, 8192, 8192}};
     bool all_ok = true;
-    for (const Case& c : cases) {
+    for (const Case& c : cases)
+      for (const int tile : {0, 64, 128, 256}) {
         if (only_batched) break;
         // Operands packed for this shape (row-major m x k and k x n).
         CK(cudaMemcpy(dA, hA.data(), c.m * c.k * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dW, hW.data(), c.k * c.n * 2, cudaMemcpyHostToDevice));
         CK(cudaMemset(dout, 0xff, c.m * c.n * 4));  // NaN poison
-        probe<<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)dA, (const pptm_bf16*)dW, dbias, dout, c.m, c.k,
-                                                                    c.n);
+        if (tile == 0) launch<0>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
+        if (tile == 64) launch<64>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
+        if (tile == 128) launch<128>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
+        if (tile == 256) launch<256>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         std::vector<float> h(c.m * c.n);
@@ -210,8 +232,8 @@ int main(int argc, char** argv) {
         for (float v : h) nan_all += std::isnan(v);
         const bool ok = bad == 0 && nan_all == 0;
         all_ok &= ok;
-        std::printf("check %5llu x %5llu x %5llu: %s (worst %.2e of the terms' magnitude, %llu of %llu samples bad, %llu unwritten)\n",
-                    (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ok ? "ok" : "WRONG", worst,
+        std::printf("check tile %3d %5llu x %5llu x %5llu: %s (worst %.2e of the terms' magnitude, %llu of %llu samples bad, %llu unwritten)\n",
+                    tile, (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ok ? "ok" : "WRONG", worst,
                     (unsigned long long)bad, (unsigned long long)samples, (unsigned long long)nan_all);
     }
 
@@ -220,7 +242,8 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const Case timed[] = {{64, 256, 256}, {1024, 1024, 1024}, {4096, 4096, 4096}, {8192, 8192, 8192}};
+    const Case timed[] = {{64, 256, 256},     {256, 256, 256},    {512, 512, 512},    {1000, 1000, 1000}, {1024, 1024, 1024},
+                          {1024, 4096, 1024}, {2048, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192}};
     auto median = [&](auto&& launch) {
             for (int r = 0; r < 3; ++r) launch();
             std::vector<float> t;
@@ -238,10 +261,10 @@ int main(int argc, char** argv) {
     };
     for (const Case& c : timed) {
         if (only_batched) break;
-        const float ours = median([&] {
-            probe<<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)dA, (const pptm_bf16*)dW, dbias, dout, c.m, c.k,
-                                                                        c.n);
-        });
+        const float ours = median([&] { launch<0>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
+        const float t64 = median([&] { launch<64>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
+        const float t128 = median([&] { launch<128>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
+        const float t256 = median([&] { launch<256>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
         const float alpha = 1.0f, beta = 0.0f;
         // Row-major out (m x n) = A W is column-major out^T = W^T A^T: cuBLAS gets (n x k) W, (k x m) A.
         const float theirs = median([&] {
@@ -252,6 +275,7 @@ int main(int argc, char** argv) {
         std::printf("time %5llu x %5llu x %5llu: wgmma+bias+gelu %9.1f us (%6.1f TFLOP/s), cuBLAS GEMM alone %9.1f us (%6.1f TFLOP/s), ratio %.3f\n",
                     (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ours, flop / ours * 1e-6, theirs,
                     flop / theirs * 1e-6, theirs / ours);
+        std::printf("     forced tiles: 128x64 split-k %9.1f us, 128x128 %9.1f us, 256x192 %9.1f us\n", t64, t128, t256);
     }
 
     // Batched products: A batch x m x k, W batch x k x n, out batch x m x n, stacked row-major.

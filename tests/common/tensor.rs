@@ -126,6 +126,12 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         // then a long k, 32 slices, over which fp8's per-slice sums add up.
         (1000, 1040, 272),
         (130, 4096, 512),
+        // bf16/fp16 wgmma tiles: the shapes above take 128 x 64 tiles with k split in the block (at
+        // most half as many 128 x 128 tiles as blocks) or 256 x 192; 48 and 100 tiles of 128 x 128
+        // take that tile on 64 blocks (this binary's persistent manifold) and on 132 (the launched
+        // variants on an H100 or H200).
+        (768, 200, 1000),
+        (1280, 136, 1240),
     ];
     for (m, k, n) in shapes {
         check_products(rt, T::NAME, T::from_f32, 1, m, k, n, |rt, a, w, b, out| {

@@ -6,7 +6,8 @@
 //
 // Shape. A block (512 threads = 4 warpgroups) computes a BM x BN tile of out: 256 x 192, each
 // warpgroup 64 rows (96 f32 accumulators a thread, one m64n192k16 wgmma per 16 of k), or 128 x 128
-// where the large tiles would leave blocks idle, the warpgroups 2 x 2 (m64n64k16). What bounds the
+// where the large tiles would leave blocks idle, the warpgroups 2 x 2 (m64n64k16), or 128 x 64 with
+// each slice's k split between two pairs of warpgroups (KS below; pptm_matmul_wgmma picks). What bounds the
 // large products is the bytes each SM takes from L2 (about 5.9 TB/s in all on an H100, for cuBLAS
 // too): 256 x 192 takes 22 % fewer a product than 128 x 256, whose 8192^3 reached 0.67 of cuBLAS
 // against 0.84. k advances in slices of 64: the slice of A (BM rows x 64, boxes of 128 rows) and of
@@ -335,15 +336,23 @@ __device__ __forceinline__ void pptm_wg_tile(uint32_t t, uint32_t tiles_n, uint3
 // and s k + p of the second. A tile's rows past m read the next product's rows of A, whose
 // outputs are never stored; k is a whole number of slices (pptm_wgmma_batched_fits), so no slice
 // reads into the next product's W.
-template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, class Epi>
+//
+// KS = 2 splits each slice's k between two halves of the block: warpgroups 0 and 1 multiply its
+// first 32 of k, 2 and 3 its last 32, into accumulators of the same 64 x N outputs; at the tile's
+// end each pair swaps half of its sums through shared memory (XBYTES past the ring's slices), and
+// each member stores the half of the columns it kept. For tiles of 128 x 64 on products that 128 x
+// 128 tiles cover with half the blocks or fewer (1024^3: 64 tiles, on 132 SMs).
+template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, uint32_t KS = 1, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                         float* out, const pptm_block_ctx& b, uint32_t batch = 1) {
-    constexpr uint32_t WGM = BM / 64, WGN = 4 / WGM;  // the warpgroups' grid over the tile
-    constexpr uint32_t N = BN / WGN, R = N / 2;     // a warpgroup's columns, a thread's accumulators
+    constexpr uint32_t WGM = BM / 64, WGN = 4 / (WGM * KS);  // the warpgroups' grid over the tile
+    constexpr uint32_t N = BN / WGN, R = N / 2;            // a warpgroup's columns, a thread's accumulators
     constexpr uint32_t A_BYTES = BM * PPTM_WG_BK * 2, STAGE_BYTES = A_BYTES + BN * PPTM_WG_BK * 2;
-    static_assert(WGM * WGN == 4 && BM % 128 == 0 && BN % 64 == 0 && N % 64 == 0, "wgmma: tile shape");
-    constexpr uint32_t S = PPTM_WG_RING_BYTES / STAGE_BYTES;
-    static_assert(S >= 3 && S * STAGE_BYTES <= PPTM_WG_RING_BYTES && STAGE_BYTES % 1024 == 0, "wgmma: the slice ring");
+    static_assert((KS == 1 || KS == 2) && WGM * WGN * KS == 4 && BM % 128 == 0 && BN % 64 == 0 && N % 64 == 0, "wgmma: tile shape");
+    constexpr uint32_t KK = PPTM_WG_BK / 16 / KS;                  // a warpgroup's k16 steps a slice
+    constexpr uint32_t XBYTES = KS == 1 ? 0 : 4 * 128 * (R / 2) * 4;  // the swapped halves
+    constexpr uint32_t S = (PPTM_WG_RING_BYTES - XBYTES) / STAGE_BYTES;
+    static_assert(S >= 3 && S * STAGE_BYTES + XBYTES <= PPTM_WG_RING_BYTES && STAGE_BYTES % 1024 == 0, "wgmma: the slice ring");
     uint8_t* const base = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(pptm_dynamic_smem()) + 1023) & ~(uint64_t)1023);
     uint64_t* const bars = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES);  // full[S], empty[S]
     uint64_t* const maps = reinterpret_cast<uint64_t*>(base + PPTM_WG_RING_BYTES + 512);
@@ -353,7 +362,8 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
     asm("mov.u32 %0, %%smid;" : "=r"(smid));
     uint64_t(*const slot)[16] = pptm_tmap_slot[smid & 255u];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t wg = warp / 4, wm = wg / WGN, wn = wg % WGN;
+    // kh: which half of each slice's k this warpgroup multiplies (KS = 2).
+    const uint32_t wg = warp / 4, kh = KS == 1 ? 0 : wg / (WGM * WGN), wm = (KS == 1 ? wg : wg % (WGM * WGN)) / WGN, wn = wg % WGN;
 
     // Every reader and writer of this shared memory before the pattern (an earlier item's) is done.
     __syncthreads();
@@ -421,7 +431,8 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
             const uint32_t w_addr = smem0 + s * STAGE_BYTES + A_BYTES + wn * (N / 64) * PPTM_WG_W_BOX_BYTES;
             pptm_wg_fence();
 #pragma unroll
-            for (uint32_t kk = 0; kk < PPTM_WG_BK / 16; ++kk) {
+            for (uint32_t q = 0; q < KK; ++q) {
+                const uint32_t kk = kh * KK + q;
                 // A: 128-byte rows, 8-row atoms 1024 bytes apart (stride); k16 is 32 bytes along the
                 // row. W: 64-column boxes PPTM_WG_W_BOX_BYTES apart (leading), 8-row atoms 1024
                 // apart (stride); k16 is 16 rows, 2048 bytes.
@@ -445,7 +456,39 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         const uint32_t prod = BATCHED ? tile / per_product : 0;
         pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
         // Product prod's rows of the stacked output.
-        pptm_wg_store<N>(d, epi, out, m, n, (uint64_t)prod * m, (uint64_t)ti * BM + 64 * wm, (uint64_t)tj * BN + N * wn);
+        const uint64_t row0 = (uint64_t)prod * m, i0 = (uint64_t)ti * BM + 64 * wm, j0 = (uint64_t)tj * BN + N * wn;
+        if constexpr (KS == 1) {
+            pptm_wg_store<N>(d, epi, out, m, n, row0, i0, j0);
+        } else {
+            // Accumulators [0, H) are the first N / 2 columns. kh 0 keeps them and sends the rest;
+            // kh 1 the reverse. The swap area is [warpgroup][H][128 threads]: a warp's writes and
+            // reads are 32 consecutive words. The first barrier orders this tile's writes after
+            // every read of the previous tile's; the second, the reads after the writes. (Branches
+            // on kh, not an index computed from it, keep d in registers.)
+            constexpr uint32_t H = R / 2;
+            float* const swap = reinterpret_cast<float*>(base + S * STAGE_BYTES);
+            const uint32_t t = threadIdx.x % 128;
+            __syncthreads();
+            float* const mine = swap + wg * H * 128;
+            if (kh == 0) {
+#pragma unroll
+                for (uint32_t e = 0; e < H; ++e) mine[e * 128 + t] = d[H + e];
+            } else {
+#pragma unroll
+                for (uint32_t e = 0; e < H; ++e) mine[e * 128 + t] = d[e];
+            }
+            __syncthreads();
+            const float* const theirs = swap + (wg ^ (WGM * WGN)) * H * 128;
+            float h[H];
+            if (kh == 0) {
+#pragma unroll
+                for (uint32_t e = 0; e < H; ++e) h[e] = d[e] + theirs[e * 128 + t];
+            } else {
+#pragma unroll
+                for (uint32_t e = 0; e < H; ++e) h[e] = d[H + e] + theirs[e * 128 + t];
+            }
+            pptm_wg_store<N / 2>(h, epi, out, m, n, row0, i0, j0 + kh * (N / 2));
+        }
     }
     // Every barrier's phases are complete (each slice was waited for and released); retire them so
     // the bytes may serve another pattern.
@@ -454,15 +497,23 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         for (uint32_t s = 0; s < 2 * S; ++s) pptm_mbar_inval(full0 + 8 * s);
 }
 
-// 256 x 192 tiles (the fewest bytes from L2 per product: what bounds this pattern), or 128 x 128
-// where the large ones would leave some of the blocks idle.
+// The tile that finishes soonest: rounds of tiles over the blocks times a tile's time. Per unit of
+// k, a 128 x 128 tile takes 0.65 of a 256 x 192 one and a 128 x 64 split one (KS = 2) 0.5
+// (bench/probes/wgmma_probe.cu on an H200, 256 x 192 / 128 x 128 / split: 4096^3 in 3 / 8 / 16
+// rounds took 224 / 388 / 595 us, 8192^3 in 11 / 32 / 63 rounds 1637 / 3117 / 4676). So the
+// split tile where it takes one round (1024^3: 128 tiles on 132 SMs, 18.0 us against 21.3 for
+// 128 x 128), 128 x 128 where that takes one round, else 256 x 192, the fewest bytes from L2 per
+// product (2048^3: one round of 88 tiles, 48.5 us against 57.5 for two rounds of 128 x 128).
 template <class T, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
-    if ((m / 256 + (m % 256 != 0)) * (n / 192 + (n % 192 != 0)) >= b.nblocks)
-        pptm_matmul_wgmma_tiled<T, 256, 192>(A, W, m, k, n, epi, out, b);
-    else
+    const uint64_t tiles128 = (m / 128 + (m % 128 != 0)) * (n / 128 + (n % 128 != 0));
+    if (2 * tiles128 <= b.nblocks)
+        pptm_matmul_wgmma_tiled<T, 128, 64, false, 2>(A, W, m, k, n, epi, out, b);
+    else if (tiles128 <= b.nblocks)
         pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
+    else
+        pptm_matmul_wgmma_tiled<T, 256, 192>(A, W, m, k, n, epi, out, b);
 }
 
 template <class T, class Epi>
