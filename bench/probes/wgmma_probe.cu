@@ -69,8 +69,8 @@ struct ProbeEpi {
     }
 };
 
-// TILE 0: the pattern's choice (pptm_matmul_wgmma); 256, 128 or 64: that tile forced (256 x 192,
-// 128 x 128, or 128 x 64 with k split in the block).
+// TILE 0: the pattern's choice (pptm_matmul_wgmma); 256, 129, 128 or 64: that tile forced (256 x
+// 192, 256 x 128, 128 x 128, or 128 x 64 with k split in the block).
 template <int TILE>
 __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1)
     probe(const pptm_bf16* A, const pptm_bf16* W, const float* bias, float* out, uint64_t m, uint64_t k, uint64_t n) {
@@ -78,6 +78,8 @@ __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1)
     const pptm_block_ctx b{blockIdx.x, gridDim.x, nullptr};
     if (TILE == 256)
         pptm_matmul_wgmma_tiled<pptm_bf16, 256, 192>(A, W, m, k, n, ProbeEpi{bias}, out, b);
+    else if (TILE == 129)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 256, 128>(A, W, m, k, n, ProbeEpi{bias}, out, b);
     else if (TILE == 128)
         pptm_matmul_wgmma_tiled<pptm_bf16, 128, 128>(A, W, m, k, n, ProbeEpi{bias}, out, b);
     else if (TILE == 64)
@@ -106,6 +108,8 @@ __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, 1) probe_batched(const ppt
         pptm_matmul_wgmma_tiled<pptm_bf16, 128, 128, true>(A, W, m, k, n, ProbeEpi{bias}, out, b, (uint32_t)batch);
     else if (TILE == 256)
         pptm_matmul_wgmma_tiled<pptm_bf16, 256, 192, true>(A, W, m, k, n, ProbeEpi{bias}, out, b, (uint32_t)batch);
+    else if (TILE == 129)
+        pptm_matmul_wgmma_tiled<pptm_bf16, 256, 128, true>(A, W, m, k, n, ProbeEpi{bias}, out, b, (uint32_t)batch);
     else
         pptm_matmul_wgmma_batched<pptm_bf16>(batch, A, W, m, k, n, ProbeEpi{bias}, out, b);
 #endif
@@ -158,6 +162,8 @@ int main(int argc, char** argv) {
     CK(cudaFuncSetAttribute(probe<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<129>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe_batched<129>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
@@ -192,7 +198,7 @@ int main(int argc, char** argv) {
                           {4096, 4096, 4096}, {8192, 8192, 8192}};
     bool all_ok = true;
     for (const Case& c : cases)
-      for (const int tile : {0, 64, 128, 256}) {
+      for (const int tile : {0, 64, 128, 129, 256}) {
         if (only_batched) break;
         // Operands packed for this shape (row-major m x k and k x n).
         CK(cudaMemcpy(dA, hA.data(), c.m * c.k * 2, cudaMemcpyHostToDevice));
@@ -202,6 +208,7 @@ int main(int argc, char** argv) {
         if (tile == 64) launch<64>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
         if (tile == 128) launch<128>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
         if (tile == 256) launch<256>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
+        if (tile == 129) launch<129>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         std::vector<float> h(c.m * c.n);
@@ -243,7 +250,8 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     const Case timed[] = {{64, 256, 256},     {256, 256, 256},    {512, 512, 512},    {1000, 1000, 1000}, {1024, 1024, 1024},
-                          {1024, 4096, 1024}, {2048, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192}};
+                          {1024, 4096, 1024}, {1536, 1536, 1536}, {2048, 2048, 2048}, {2048, 8192, 2048},
+                          {3072, 3072, 3072}, {4096, 4096, 4096}, {8192, 8192, 8192}};
     auto median = [&](auto&& launch) {
             for (int r = 0; r < 3; ++r) launch();
             std::vector<float> t;
@@ -265,6 +273,7 @@ int main(int argc, char** argv) {
         const float t64 = median([&] { launch<64>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
         const float t128 = median([&] { launch<128>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
         const float t256 = median([&] { launch<256>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
+        const float t129 = median([&] { launch<129>(grid, dA, dW, dbias, dout, c.m, c.k, c.n); });
         const float alpha = 1.0f, beta = 0.0f;
         // Row-major out (m x n) = A W is column-major out^T = W^T A^T: cuBLAS gets (n x k) W, (k x m) A.
         const float theirs = median([&] {
@@ -275,7 +284,8 @@ int main(int argc, char** argv) {
         std::printf("time %5llu x %5llu x %5llu: wgmma+bias+gelu %9.1f us (%6.1f TFLOP/s), cuBLAS GEMM alone %9.1f us (%6.1f TFLOP/s), ratio %.3f\n",
                     (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ours, flop / ours * 1e-6, theirs,
                     flop / theirs * 1e-6, theirs / ours);
-        std::printf("     forced tiles: 128x64 split-k %9.1f us, 128x128 %9.1f us, 256x192 %9.1f us\n", t64, t128, t256);
+        std::printf("     forced tiles: 128x64 split-k %9.1f us, 128x128 %9.1f us, 256x128 %9.1f us, 256x192 %9.1f us\n", t64, t128, t129,
+                    t256);
     }
 
     // Batched products: A batch x m x k, W batch x k x n, out batch x m x n, stacked row-major.
@@ -334,9 +344,11 @@ int main(int argc, char** argv) {
         const auto chosen = [&] { launch_batched<0>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
         const auto small = [&] { launch_batched<128>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
         const auto large = [&] { launch_batched<256>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
+        const auto wide = [&] { launch_batched<129>(grid, dA, dW, dbias, dout, c.batch, c.m, c.k, c.n); };
         check("chosen", chosen);
         check("128x128", small);
         check("256x192", large);
+        check("256x128", wide);
         if (!c.timed) continue;
         const float alpha = 1.0f, beta = 0.0f;
         const auto blas = [&] {
@@ -346,12 +358,13 @@ int main(int argc, char** argv) {
         };
         // Chosen is timed first and again last: the first timing follows the host's checks, during
         // which the GPU idles (and its clocks may fall).
-        const float t0 = median(chosen), t1 = median(small), t2 = median(large), tb = median(blas), t3 = median(chosen);
+        const float t0 = median(chosen), t1 = median(small), t2 = median(large), tw = median(wide), tb = median(blas), t3 = median(chosen);
         const double flop = 2.0 * c.batch * c.m * c.n * c.k;
         std::printf("time batched %4llu x %4llu x %4llu x %4llu: chosen %7.1f us, 128x128 %7.1f, 256x192 %7.1f, cuBLAS strided GEMM alone "
                     "%7.1f (%.0f TFLOP/s; ours best %.0f), ratio %.3f; chosen again %7.1f\n",
                     (unsigned long long)c.batch, (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, t0, t1, t2,
                     tb, flop / tb * 1e-6, flop / std::min(t1, t2) * 1e-6, tb / t0, t3);
+        std::printf("     forced 256x128 %7.1f us\n", tw);
     }
     std::printf(all_ok ? "ALL CHECKS OK\n" : "SOME CHECKS FAILED\n");
     return all_ok ? 0 : 1;

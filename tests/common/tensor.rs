@@ -126,12 +126,14 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         // then a long k, 32 slices, over which fp8's per-slice sums add up.
         (1000, 1040, 272),
         (130, 4096, 512),
-        // bf16/fp16 wgmma tiles: the shapes above take 128 x 64 tiles with k split in the block (at
-        // most half as many 128 x 128 tiles as blocks) or 256 x 192; 48 and 100 tiles of 128 x 128
-        // take that tile on 64 blocks (this binary's persistent manifold) and on 132 (the launched
-        // variants on an H100 or H200).
+        // bf16/fp16 wgmma tiles (pptm_matmul_wgmma picks by rounds of tiles over the blocks: 64 in
+        // this binary's persistent manifold, 132 for the launched variants on an H100 or H200).
+        // Above: 128 x 64 with k split in the block, and 256 x 128 for (4096, 64, 1000). Here:
+        // 128 x 128 on 64 blocks and the split tile on 132; 256 x 128 on 64 and 128 x 128 on 132;
+        // 256 x 192 on both (264 of them).
         (768, 200, 1000),
         (1280, 136, 1240),
+        (3072, 16, 4224),
     ];
     for (m, k, n) in shapes {
         check_products(rt, T::NAME, T::from_f32, 1, m, k, n, |rt, a, w, b, out| {

@@ -497,23 +497,34 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         for (uint32_t s = 0; s < 2 * S; ++s) pptm_mbar_inval(full0 + 8 * s);
 }
 
-// The tile that finishes soonest: rounds of tiles over the blocks times a tile's time. Per unit of
-// k, a 128 x 128 tile takes 0.65 of a 256 x 192 one and a 128 x 64 split one (KS = 2) 0.5
-// (bench/probes/wgmma_probe.cu on an H200, 256 x 192 / 128 x 128 / split: 4096^3 in 3 / 8 / 16
-// rounds took 224 / 388 / 595 us, 8192^3 in 11 / 32 / 63 rounds 1637 / 3117 / 4676). So the
-// split tile where it takes one round (1024^3: 128 tiles on 132 SMs, 18.0 us against 21.3 for
-// 128 x 128), 128 x 128 where that takes one round, else 256 x 192, the fewest bytes from L2 per
-// product (2048^3: one round of 88 tiles, 48.5 us against 57.5 for two rounds of 128 x 128).
+// Rounds of `tiles` over the blocks times a tile's time per unit of k, in twentieths of a 256 x 192
+// tile's: what a tile shape takes for a product that k does not make short. 32-bit counts
+// (pptm_wgmma_fits bounds the tiles of 128 x 128 below 2^31): a 64-bit division is a call.
+__device__ __forceinline__ uint32_t pptm_wg_cost(uint64_t m, uint64_t n, uint32_t bm, uint32_t bn, uint32_t per_k, uint32_t nblocks) {
+    const uint32_t tiles = (uint32_t)((m / bm + (m % bm != 0)) * (n / bn + (n % bn != 0)));
+    return (tiles / nblocks + (tiles % nblocks != 0)) * per_k;
+}
+
+// The tile that finishes soonest by pptm_wg_cost. Per unit of k, against a 256 x 192 tile (the
+// fewest bytes from L2 per product), a 256 x 128 tile takes 0.8, 128 x 128 0.65 and the 128 x 64
+// split one (KS = 2) 0.5: bench/probes/wgmma_probe.cu on an H200, 256 x 192 / 256 x 128 /
+// 128 x 128 / split: 8192^3 in 11 / 16 / 32 / 63 rounds took 1679 / 2036 / 3195 / 4600 us, 4096^3
+// in 3 / 4 / 8 / 16 rounds 226 / 228 / 391 / 598. Ties go to the larger tile. So 1024^3 takes the
+// split tile (one round of 128: 18.7 us against 22.3 for 128 x 128), 1536^3 to 2048^3 256 x 128
+// (one round; 2048^3 40.8 us against 49.0 for 88 tiles of 256 x 192), 3072^3 up 256 x 192.
 template <class T, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
-    const uint64_t tiles128 = (m / 128 + (m % 128 != 0)) * (n / 128 + (n % 128 != 0));
-    if (2 * tiles128 <= b.nblocks)
-        pptm_matmul_wgmma_tiled<T, 128, 64, false, 2>(A, W, m, k, n, epi, out, b);
-    else if (tiles128 <= b.nblocks)
-        pptm_matmul_wgmma_tiled<T, 128, 128>(A, W, m, k, n, epi, out, b);
+    const uint32_t large = pptm_wg_cost(m, n, 256, 192, 20, b.nblocks), wide = pptm_wg_cost(m, n, 256, 128, 16, b.nblocks);
+    const uint32_t square = pptm_wg_cost(m, n, 128, 128, 13, b.nblocks), split = pptm_wg_cost(m, n, 128, 64, 10, b.nblocks);
+    if (large <= wide && large <= square && large <= split)
+        pptm_matmul_wgmma_tiled<T, 256, 192, false, 1>(A, W, m, k, n, epi, out, b);
+    else if (wide <= square && wide <= split)
+        pptm_matmul_wgmma_tiled<T, 256, 128, false, 1>(A, W, m, k, n, epi, out, b);
+    else if (square <= split)
+        pptm_matmul_wgmma_tiled<T, 128, 128, false, 1>(A, W, m, k, n, epi, out, b);
     else
-        pptm_matmul_wgmma_tiled<T, 256, 192>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 128, 64, false, 2>(A, W, m, k, n, epi, out, b);
 }
 
 template <class T, class Epi>
@@ -521,6 +532,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_batched(uint64_t batch, const 
                                                           uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
     // 256 x 192 tiles where they fill the blocks and cover a product with at most 1/8 more area
     // than 128 x 128 ones (a 128 x 128 product in a 256 x 192 tile ran at a third of the rate).
+    // (Batched products are short in k, and a tile's time is then not pptm_wg_cost's.)
     const uint64_t large = (m / 256 + (m % 256 != 0)) * (n / 192 + (n % 192 != 0));
     const uint64_t small = (m / 128 + (m % 128 != 0)) * (n / 128 + (n % 128 != 0));
     if (batch * large >= b.nblocks && large * 256 * 192 <= small * 128 * 128 + small * 128 * 128 / 8)
