@@ -6,8 +6,8 @@
 //
 // Shape. A block (512 threads = 4 warpgroups) computes a BM x BN tile of out: 256 x 192, each
 // warpgroup 64 rows (96 f32 accumulators a thread, one m64n192k16 wgmma per 16 of k), or 128 x 128
-// where the large tiles would leave blocks idle, the warpgroups 2 x 2 (m64n64k16), or 128 x 64 with
-// each slice's k split between two pairs of warpgroups (KS below; pptm_matmul_wgmma picks). What bounds the
+// where the large tiles would leave blocks idle, the warpgroups 2 x 2 (m64n64k16); also 256 x 128 and 128 x 64 with
+// each slice's k split in the block (KS below): pptm_matmul_wgmma picks by a cost model. What bounds the
 // large products is the bytes each SM takes from L2 (about 5.9 TB/s in all on an H100, for cuBLAS
 // too): 256 x 192 takes 22 % fewer a product than 128 x 256, whose 8192^3 reached 0.67 of cuBLAS
 // against 0.84. k advances in slices of 64: the slice of A (BM rows x 64, boxes of 128 rows) and of
