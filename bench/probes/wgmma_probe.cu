@@ -94,6 +94,19 @@ static void launch(int grid, const void* A, const void* W, const float* bias, fl
     probe<TILE><<<grid, PPTM_BLOCK_THREADS, PPTM_DYNAMIC_SMEM_BYTES>>>((const pptm_bf16*)A, (const pptm_bf16*)W, bias, out, m, k, n);
 }
 
+// The TILEs probe() takes, and one launch by a runtime value of it.
+static const int kTiles[] = {0, 64, 128, 129, 256};
+static void launch_tile(int tile, int grid, const void* A, const void* W, const float* bias, float* out, uint64_t m, uint64_t k,
+                        uint64_t n) {
+    switch (tile) {
+        case 64: launch<64>(grid, A, W, bias, out, m, k, n); break;
+        case 128: launch<128>(grid, A, W, bias, out, m, k, n); break;
+        case 129: launch<129>(grid, A, W, bias, out, m, k, n); break;
+        case 256: launch<256>(grid, A, W, bias, out, m, k, n); break;
+        default: launch<0>(grid, A, W, bias, out, m, k, n); break;
+    }
+}
+
 // `batch` products stacked (pptm_matmul_wgmma_batched). TILE 0: the pattern's choice; 128 or 256:
 // that tile forced (128 x 128 or 256 x 192).
 template <int TILE>
@@ -161,8 +174,8 @@ int main(int argc, char** argv) {
     CK(cudaFuncSetAttribute(probe<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
-    CK(cudaFuncSetAttribute(probe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe<129>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(probe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<129>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
     CK(cudaFuncSetAttribute(probe_batched<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, PPTM_DYNAMIC_SMEM_BYTES));
@@ -197,18 +210,14 @@ int main(int argc, char** argv) {
                           {1000, 1000, 1000}, {1024, 1024, 1024}, {129, 4096, 520}, {300, 1000, 72}, {1000, 520, 200},
                           {4096, 4096, 4096}, {8192, 8192, 8192}};
     bool all_ok = true;
-    for (const Case& c : cases)
-      for (const int tile : {0, 64, 128, 129, 256}) {
-        if (only_batched) break;
-        // Operands packed for this shape (row-major m x k and k x n).
-        CK(cudaMemcpy(dA, hA.data(), c.m * c.k * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dW, hW.data(), c.k * c.n * 2, cudaMemcpyHostToDevice));
+    for (const Case& c : cases) {
+      if (only_batched) break;
+      // Operands packed for this shape (row-major m x k and k x n).
+      CK(cudaMemcpy(dA, hA.data(), c.m * c.k * 2, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dW, hW.data(), c.k * c.n * 2, cudaMemcpyHostToDevice));
+      for (const int tile : kTiles) {
         CK(cudaMemset(dout, 0xff, c.m * c.n * 4));  // NaN poison
-        if (tile == 0) launch<0>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
-        if (tile == 64) launch<64>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
-        if (tile == 128) launch<128>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
-        if (tile == 256) launch<256>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
-        if (tile == 129) launch<129>(grid, dA, dW, dbias, dout, c.m, c.k, c.n);
+        launch_tile(tile, grid, dA, dW, dbias, dout, c.m, c.k, c.n);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         std::vector<float> h(c.m * c.n);
@@ -242,6 +251,7 @@ int main(int argc, char** argv) {
         std::printf("check tile %3d %5llu x %5llu x %5llu: %s (worst %.2e of the terms' magnitude, %llu of %llu samples bad, %llu unwritten)\n",
                     tile, (unsigned long long)c.m, (unsigned long long)c.k, (unsigned long long)c.n, ok ? "ok" : "WRONG", worst,
                     (unsigned long long)bad, (unsigned long long)samples, (unsigned long long)nan_all);
+      }
     }
 
     cublasHandle_t handle;
