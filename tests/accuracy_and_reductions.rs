@@ -31,7 +31,7 @@ pub struct LargestError {
 
 /// n values uniform in [-1, 1).
 fn signed(n: usize) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 

@@ -42,8 +42,13 @@ fn cases() -> u32 {
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: cases(),
-        // Cases are checked on every backend here; nothing to write next to the sources.
-        failure_persistence: None,
+        // A failing case is saved (and replayed first by every later run, on every backend) in
+        // proptest-regressions/api_properties.txt beside Cargo.toml: commit it with the fix.
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(
+                "proptest-regressions/api_properties.txt",
+            ),
+        )),
         ..ProptestConfig::default()
     }
 }
@@ -1263,8 +1268,14 @@ fn submit_list<C: Chain>(
             .iter()
             .zip(correct)
             .all(|(a, b)| a.signature() == b.signature());
+    // The correct list itself, values and all, must run: no refusal is acceptable for it.
+    let exact = list == correct;
     let got = rt.submit_chain::<C>(args);
     match got {
+        Err(e) if exact => Err(TestCaseError::fail(format!(
+            "{}: the correct argument list {list:?} was refused: {e:?}",
+            C::NAME
+        ))),
         Ok(t) if same => {
             t.wait()
                 .map_err(|e| TestCaseError::fail(format!("{}: {e:?}", C::NAME)))?;

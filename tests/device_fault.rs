@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::{assert_close, kl_reference, positive};
 use pptm::chains::KlComplexity;
-use pptm::{Error, Injection, Runtime};
+use pptm::{Error, Injection};
 
 /// The faulting item and every item queued behind it fail with `Error::DeviceFault` naming the
 /// faulting item; threads waiting on them return; later calls are typed errors, not hangs or
@@ -16,14 +16,8 @@ use pptm::{Error, Injection, Runtime};
 #[test]
 fn an_injected_fault_names_the_faulting_item_and_nothing_hangs() {
     let test = "an_injected_fault_names_the_faulting_item_and_nothing_hangs";
-    common::init_logging();
-    let rt = match Runtime::gpu() {
-        Ok(rt) => rt,
-        Err(Error::NoGpu(why)) if !common::require_gpu() => {
-            eprintln!("SKIPPED (no GPU: {why}): {test}");
-            return;
-        }
-        Err(e) => panic!("cannot open the GPU runtime: {e}"),
+    let Some(rt) = common::open_gpu(test, pptm::Config::default()) else {
+        return;
     };
     let (q, p) = (positive(4097), positive(4097));
     let want = kl_reference(&q, &p);

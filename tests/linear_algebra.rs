@@ -31,15 +31,6 @@ fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
             uniform(m, -1.0, 1.0),
         );
         let (alpha, beta) = (0.75f32, -1.25f32);
-        let want: f64 = (0..m)
-            .map(|i| {
-                let ax: f64 = (0..n)
-                    .map(|j| f64::from(a[i * n + j]) * f64::from(x[j]))
-                    .sum();
-                let z = f64::from(alpha) * ax + f64::from(beta) * f64::from(y[i]);
-                z * z
-            })
-            .sum();
         let (xb, ab, yb) = (
             rt.upload(&x).unwrap(),
             rt.upload(&a).unwrap(),
@@ -49,10 +40,12 @@ fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
             .unwrap()
             .wait()
             .unwrap();
-        let err = common::rel_err(f64::from(got), want);
-        assert!(
-            err < 1e-4,
-            "m={m} n={n}: got {got}, f64 reference {want}, relative error {err:e}"
+        common::assert_gemv_axpby_sum_close(
+            got,
+            (&x, &a, &y),
+            (alpha, beta),
+            1e-4,
+            format_args!("m={m} n={n}"),
         );
     }
 }

@@ -1,5 +1,6 @@
 //! Three domains resident at once on one GPU, sharing its SMs, with submissions routed to each
-//! domain's manifold and interleaved; results checked against the CPU backend.
+//! domain's manifold and interleaved; results checked against f64 references written
+//! in tests/common, independent of the op catalog (so the `cpu::` copy checks the CPU backend too).
 
 #[macro_use]
 mod common;
@@ -28,7 +29,6 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         ];
         assert!(blocks.iter().all(|&b| b == blocks[0]), "{blocks:?}");
     }
-    let cpu = Runtime::cpu();
     for round in 0..20usize {
         let n = 1000 + 37 * round;
         let (q, p) = (common::positive(n), common::positive(n));
@@ -36,27 +36,7 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         let (m, k) = (64 + round, 96);
         let a = common::positive(m * k);
         let (v, y) = (common::positive(k), common::positive(m));
-        let want_kl =
-            KlComplexity::submit(&cpu, &cpu.upload(&q).unwrap(), &cpu.upload(&p).unwrap())
-                .unwrap()
-                .wait()
-                .unwrap();
-        let mut want_kth = cpu.alloc::<f32>(n).unwrap();
-        DistanceKth::submit(&cpu, &cpu.upload(&x).unwrap(), 3, &mut want_kth, 3)
-            .unwrap()
-            .wait()
-            .unwrap();
-        let want_sum = GemvAxpbySum::submit(
-            &cpu,
-            &cpu.upload(&v).unwrap(),
-            &cpu.upload(&a).unwrap(),
-            &cpu.upload(&y).unwrap(),
-            0.5,
-            -2.0,
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
+        let want_kth = &common::kth_reference(&x, n, 3, &[3])[0];
 
         // All three in flight at once, one per domain.
         let (qb, pb, xb) = (
@@ -76,17 +56,17 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         let got_sum = t_sum.wait().unwrap();
         t_kth.wait().unwrap();
         let got_kl = t_kl.wait().unwrap();
-        common::assert_close(got_kl, f64::from(want_kl), format!("KL round {round}"));
-        let err = common::rel_err(f64::from(got_sum), f64::from(want_sum));
-        assert!(
-            err < 1e-4,
-            "round {round}: gemv_axpby_sum {got_sum} vs {want_sum}"
+        common::assert_kl_sum_close(got_kl, &q, &p, format_args!("KL round {round}"));
+        common::assert_gemv_axpby_sum_close(
+            got_sum,
+            (&v, &a, &y),
+            (0.5, -2.0),
+            1e-4,
+            format_args!("gemv_axpby_sum round {round}"),
         );
-        assert_eq!(
-            kth.to_vec().unwrap(),
-            want_kth.to_vec().unwrap(),
-            "round {round}"
-        );
+        // Distances are exact f32 values on both sides: equal, not just close.
+        let got_kth: Vec<f64> = kth.to_vec().unwrap().into_iter().map(f64::from).collect();
+        assert_eq!(&got_kth, want_kth, "DistanceKth round {round}");
     }
 
     if persistent {

@@ -48,6 +48,21 @@ pub struct CheckedBeliefUpdate {
     update: BeliefUpdate,
 }
 
+/// The same chain with only the prediction error (the GEMV-T's prologue) checked: an infinity
+/// there must fail the item although the unchecked epilogue would let it through.
+#[derive(FusionBuilder)]
+#[fusion(domain = "checked")]
+pub struct CheckedPredictionError {
+    #[stage(1, finite = true)]
+    error: PredictionError,
+    #[stage(2)]
+    weighted: PrecisionWeight,
+    #[stage(3)]
+    gradient: GemvT,
+    #[stage(4)]
+    update: BeliefUpdate,
+}
+
 const SIZES: &[usize] = &[1, 7, 1023, (1 << 20) + 3];
 
 fn expect_non_finite<T: std::fmt::Debug>(got: pptm::Result<T>, chain: &str, what: &str) {
@@ -58,7 +73,7 @@ fn expect_non_finite<T: std::fmt::Debug>(got: pptm::Result<T>, chain: &str, what
 }
 
 fn checked_reduction_fails_on_an_infinite_total(rt: &Runtime) {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     for &n in SIZES {
         let q = positive(n);
         let mut p = positive(n);
@@ -88,7 +103,7 @@ fn checked_reduction_fails_on_an_infinite_total(rt: &Runtime) {
 }
 
 fn checked_elements_fail_and_are_still_written(rt: &Runtime) {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     for &n in SIZES {
         let q = positive(n);
         let mut p = positive(n);
@@ -146,7 +161,7 @@ fn belief_reference(
 }
 
 fn checked_gemv_prologue_and_epilogue(rt: &Runtime) {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     let mut uniform = |k: usize, lo: f32, hi: f32| -> Vec<f32> {
         (0..k).map(|_| rng.random_range(lo..hi)).collect()
     };
@@ -180,10 +195,25 @@ fn checked_gemv_prologue_and_epilogue(rt: &Runtime) {
             "CheckedBeliefUpdate",
             &format!("m={m} n={n}, obs[{}] = inf", m / 2),
         );
+        // Caught in the prologue itself: with only stage 1 checked, the same observation fails
+        // the item, so no later check can be what caught it above.
+        expect_non_finite(
+            CheckedPredictionError::submit(rt, &up(&bad_obs), &pb, &wb, &jb, &mb, 0.05, &mut out)
+                .unwrap()
+                .wait(),
+            "CheckedPredictionError",
+            &format!("m={m} n={n}, obs[{}] = inf, prologue check only", m / 2),
+        );
+        CheckedPredictionError::submit(rt, &ob, &pb, &wb, &jb, &mb, 0.05, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
         // Finite inputs whose update overflows f32 (every gradient is 2m, the step 3e38):
-        // caught in the epilogue.
+        // caught in the epilogue. The outputs are poisoned first, so each infinity below was
+        // written by this item.
         let (ones, zeros, twos) = (up(&vec![1.0; m]), up(&vec![0.0; m]), up(&vec![2.0; m]));
         let all_ones = up(&vec![1.0; m * n]);
+        out.fill(-7.0).unwrap();
         expect_non_finite(
             CheckedBeliefUpdate::submit(rt, &ones, &zeros, &twos, &all_ones, &mb, 3.0e38, &mut out)
                 .unwrap()
@@ -191,9 +221,11 @@ fn checked_gemv_prologue_and_epilogue(rt: &Runtime) {
             "CheckedBeliefUpdate",
             &format!("m={m} n={n}, lr = 3e38"),
         );
+        let got = out.to_vec().unwrap();
         assert!(
-            out.to_vec().unwrap().iter().all(|v| v.is_infinite()),
-            "m={m} n={n}: every output overflowed and was written"
+            got.iter().all(|&v| v == f32::INFINITY),
+            "m={m} n={n}: every output overflowed to +inf and was written: {:?}",
+            &got[..got.len().min(8)]
         );
         // And the next item is clean again.
         CheckedBeliefUpdate::submit(rt, &ob, &pb, &wb, &jb, &mb, 0.05, &mut out)

@@ -204,11 +204,11 @@ fn mixed_precisions_flow(rt: &Runtime) {
         let squares: Vec<f64> = x
             .iter()
             .map(|&v| {
-                let psi = f64::from(pptm_spec::ops::digamma(f64::from(v)) as f32);
+                let psi = f64::from(common::digamma(f64::from(v)) as f32);
                 psi * psi
             })
             .collect();
-        let want = squares.iter().sum::<f64>() / n as f64 + pptm_spec::ops::digamma(f64::from(k));
+        let want = squares.iter().sum::<f64>() / n as f64 + common::digamma(f64::from(k));
         let xb = rt.upload(&x).unwrap();
         let got = DigammaMix::submit(rt, &xb, k).unwrap().wait().unwrap();
         let err = (f64::from(got) - want).abs();

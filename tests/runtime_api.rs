@@ -141,14 +141,16 @@ fn many_submissions_complete_exactly_once(rt: &Runtime) {
 }
 
 fn try_submit_never_blocks(rt: &Runtime) {
-    let q = rt.upload(&positive(1000)).unwrap();
+    let (qh, ph) = (positive(1000), positive(1000));
+    let want = kl_reference(&qh, &ph);
+    let (q, p) = (rt.upload(&qh).unwrap(), rt.upload(&ph).unwrap());
     let mut accepted = 0;
     let mut full = 0;
     let mut tickets = Vec::new();
     for _ in 0..2000 {
         match rt.try_submit_chain::<KlComplexity>(vec![
             Arg::Input("q", (&q).into()),
-            Arg::Input("p", (&q).into()),
+            Arg::Input("p", (&p).into()),
         ]) {
             Ok(t) => {
                 accepted += 1;
@@ -160,13 +162,13 @@ fn try_submit_never_blocks(rt: &Runtime) {
                 // Make room, as a caller would.
                 tickets
                     .drain(..)
-                    .for_each(|t| assert_eq!(t.wait().unwrap(), 0.0));
+                    .for_each(|t| assert_close(t.wait().unwrap(), want, "after a full queue"));
             }
             Err(e) => panic!("{e}"),
         }
     }
     for t in tickets {
-        assert_eq!(t.wait().unwrap(), 0.0);
+        assert_close(t.wait().unwrap(), want, "the last accepted items");
     }
     assert_eq!(accepted + full, 2000);
     assert!(accepted >= 1000, "most submissions should find room");
@@ -194,8 +196,9 @@ on_every_backend!(
 );
 
 #[test]
-fn runtime_new_says_which_backend_it_chose() {
-    // Whatever is present here, the choice is explained.
+fn runtime_cpu_describes_itself_as_the_cpu_backend() {
+    // Runtime::new's own choice (GPU when present, PPTM_BACKEND) is tested in
+    // tests/backend_choice.rs, in child processes with their own environments.
     let rt = Runtime::cpu();
     assert_eq!(rt.backend(), BackendKind::Cpu);
     assert!(

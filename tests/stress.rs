@@ -33,7 +33,7 @@ fn items_per_thread(rt: &Runtime) -> usize {
 }
 
 fn signed(n: usize) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 

@@ -8,15 +8,33 @@
 #[macro_use]
 mod common;
 
-use common::rel_err;
+use common::{cheb, digamma, kth_reference, rel_err};
 use pptm::chains::{DistanceKth, TeReduction};
-use pptm::{Error, Runtime};
+use pptm::ops::{KsgDigamma, RadiusCount, SubspaceDistances};
+use pptm::{Chain, Error, FusionBuilder, Runtime};
+
+/// TeReduction without its mean: each point's KSG term ψ(n_z+1) − ψ(n_xz+1) − ψ(n_yz+1), written
+/// out per point. An off-by-one count moves a term by 1/(c+1) >= 1/n, which the per-point check
+/// below resolves with ten times to spare; in the mean over n points it would be 1/(c·n), within
+/// any bar an f32 estimate can be held to. (A domain of its own, for tests: every test here starts
+/// it beside `transfer_entropy` first.)
+#[derive(FusionBuilder)]
+#[fusion(domain = "neighbour_counts")]
+pub struct KsgTerms {
+    #[stage(1)]
+    distances: SubspaceDistances,
+    #[stage(2)]
+    counts: RadiusCount,
+    #[stage(3)]
+    terms: KsgDigamma,
+}
+
 use rand::Rng;
 
 /// n points with d coordinates on a grid of step 1/8 in [-2, 2), about one in ten a copy of an
 /// earlier point.
 fn points(n: usize, d: usize) -> Vec<f32> {
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     let mut x: Vec<f32> = (0..n * d)
         .map(|_| rng.random_range(-16i32..16) as f32 / 8.0)
         .collect();
@@ -31,32 +49,18 @@ fn points(n: usize, d: usize) -> Vec<f32> {
     x
 }
 
-/// Chebyshev distance between rows i and j, as f32 differences (what the chain promises).
-fn cheb(x: &[f32], d: usize, i: usize, j: usize) -> f64 {
-    (0..d)
-        .map(|c| f64::from((x[i * d + c] - x[j * d + c]).abs()))
-        .fold(0.0, f64::max)
-}
-
-/// For each k in `ks`, every point's k-th smallest distance to the others (each row is sorted
-/// once for all the k).
-fn kth_reference(x: &[f32], n: usize, d: usize, ks: &[u32]) -> Vec<Vec<f64>> {
-    let mut out = vec![Vec::with_capacity(n); ks.len()];
-    let mut row = Vec::with_capacity(n);
-    for i in 0..n {
-        row.clear();
-        row.extend((0..n).filter(|&j| j != i).map(|j| cheb(x, d, i, j)));
-        row.sort_unstable_by(f64::total_cmp);
-        for (o, &k) in out.iter_mut().zip(ks) {
-            o.push(row.get(k as usize - 1).copied().unwrap_or(f64::NAN));
-        }
-    }
-    out
-}
-
 const KS: [u32; 3] = [1, 4, 10];
 
+/// Starts both domains of this file's chains together (a second domain cannot be loaded once a
+/// manifold is resident); every test body calls it first, and all but the first find them
+/// running.
+fn start(rt: &Runtime) {
+    rt.prepare_domains(&[TeReduction::DOMAIN, KsgTerms::DOMAIN])
+        .unwrap();
+}
+
 fn distance_kth_matches_f64_reference(rt: &Runtime) {
+    start(rt);
     for n in [5usize, 1000, 4097] {
         for d in [1usize, 3, 8] {
             let x = points(n, d);
@@ -83,22 +87,11 @@ fn distance_kth_matches_f64_reference(rt: &Runtime) {
     }
 }
 
-fn digamma(x: f64) -> f64 {
-    // ψ(x) for x >= 1 by recurrence to x >= 12 and the asymptotic series.
-    let (mut x, mut acc) = (x, 0.0);
-    while x < 12.0 {
-        acc -= 1.0 / x;
-        x += 1.0;
-    }
-    let r = 1.0 / (x * x);
-    acc + x.ln() - 0.5 / x - r * (1.0 / 12.0 - r * (1.0 / 120.0 - r / 252.0))
-}
-
 /// Coupled series embedded as points: z_t, x_t = z_t + noise, y_t = x_t + noise, each with
 /// `d` coordinates (delay embedding is the caller's business).
 fn coupled(n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let z = points(n, d);
-    let mut rng = rand::rng();
+    let mut rng = common::rng();
     let x: Vec<f32> = z
         .iter()
         .map(|v| v + rng.random_range(-4i32..4) as f32 / 8.0)
@@ -110,19 +103,30 @@ fn coupled(n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (x, y, z)
 }
 
+/// Each point's counts (n_xz, n_yz, n_z) of other points strictly within `eps[i]`.
+fn counts_reference(x: &[f32], y: &[f32], z: &[f32], d: usize, eps: &[f32]) -> Vec<[u32; 3]> {
+    let n = eps.len();
+    (0..n)
+        .map(|i| {
+            let e = f64::from(eps[i]);
+            let mut c = [0u32; 3];
+            for j in (0..n).filter(|&j| j != i) {
+                let (dx, dy, dz) = (cheb(x, d, i, j), cheb(y, d, i, j), cheb(z, d, i, j));
+                c[0] += u32::from(dx.max(dz) < e);
+                c[1] += u32::from(dy.max(dz) < e);
+                c[2] += u32::from(dz < e);
+            }
+            c
+        })
+        .collect()
+}
+
 /// The KSG estimate and the mean magnitude of its terms (the scale its error is judged on).
 fn te_reference(x: &[f32], y: &[f32], z: &[f32], d: usize, eps: &[f32], k: u32) -> (f64, f64) {
     let n = eps.len();
     let (mut sum, mut abs) = (0.0, 0.0);
-    for (i, &radius) in eps.iter().enumerate() {
-        let (mut nxz, mut nyz, mut nz) = (0.0, 0.0, 0.0);
-        let e = f64::from(radius);
-        for j in (0..n).filter(|&j| j != i) {
-            let (dx, dy, dz) = (cheb(x, d, i, j), cheb(y, d, i, j), cheb(z, d, i, j));
-            nxz += f64::from(u8::from(dx.max(dz) < e));
-            nyz += f64::from(u8::from(dy.max(dz) < e));
-            nz += f64::from(u8::from(dz < e));
-        }
+    for [nxz, nyz, nz] in counts_reference(x, y, z, d, eps) {
+        let (nxz, nyz, nz) = (f64::from(nxz), f64::from(nyz), f64::from(nz));
         let term = digamma(nz + 1.0) - digamma(nxz + 1.0) - digamma(nyz + 1.0);
         sum += term;
         abs += term.abs();
@@ -131,22 +135,72 @@ fn te_reference(x: &[f32], y: &[f32], z: &[f32], d: usize, eps: &[f32], k: u32) 
     (psi_k + sum / n as f64, psi_k.abs() + abs / n as f64)
 }
 
-fn te_reduction_matches_f64_reference(rt: &Runtime) {
+/// Radii that make ties at the radius common: each point's k-th neighbour distance in the joint
+/// (x, y, z) space, as TeReduction's callers compute them.
+fn joint_radii(x: &[f32], y: &[f32], z: &[f32], n: usize, d: usize) -> Vec<Vec<f64>> {
+    let joint: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            x[i * d..(i + 1) * d]
+                .iter()
+                .chain(&y[i * d..(i + 1) * d])
+                .chain(&z[i * d..(i + 1) * d])
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    kth_reference(&joint, n, 3 * d, &KS)
+}
+
+/// Every point's neighbour counts, checked through its KSG term: each term within 2^-20 of its
+/// three ψ values' magnitude (a few f32 ulps each), a bar below half of 1/(n+1), the least an
+/// off-by-one count can move it, so any count that is off fails here.
+fn neighbour_counts_are_exact(rt: &Runtime) {
+    start(rt);
     for n in [5usize, 1000, 4097] {
         for d in [1usize, 3, 8] {
             let (x, y, z) = coupled(n, d);
-            // Radii: each point's k-th neighbour distance in the joint (x, y, z) space.
-            let joint: Vec<f32> = (0..n)
-                .flat_map(|i| {
-                    x[i * d..(i + 1) * d]
-                        .iter()
-                        .chain(&y[i * d..(i + 1) * d])
-                        .chain(&z[i * d..(i + 1) * d])
-                        .copied()
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            let radii = kth_reference(&joint, n, 3 * d, &KS);
+            for (k, radius) in KS.into_iter().zip(joint_radii(&x, &y, &z, n, d)) {
+                if k as usize >= n {
+                    continue;
+                }
+                let eps: Vec<f32> = radius.into_iter().map(|v| v as f32).collect();
+                let counts = counts_reference(&x, &y, &z, d, &eps);
+                let (xb, yb, zb, eb) = (
+                    rt.upload(&x).unwrap(),
+                    rt.upload(&y).unwrap(),
+                    rt.upload(&z).unwrap(),
+                    rt.upload(&eps).unwrap(),
+                );
+                let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+                KsgTerms::submit(rt, &xb, &yb, &zb, &eb, &mut out, d, d, d)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let got = out.to_vec().unwrap();
+                for (i, &[nxz, nyz, nz]) in counts.iter().enumerate() {
+                    let psi = |c: u32| digamma(f64::from(c) + 1.0);
+                    let want = psi(nz) - psi(nxz) - psi(nyz);
+                    let bar = 2f64.powi(-20) * (psi(nz).abs() + psi(nxz).abs() + psi(nyz).abs());
+                    assert!(bar < 0.5 / (n as f64 + 1.0), "the bar resolves one count");
+                    let err = (f64::from(got[i]) - want).abs();
+                    assert!(
+                        err <= bar,
+                        "n={n} d={d} k={k} point {i}: term {} vs {want} (counts n_xz {nxz}, \
+                         n_yz {nyz}, n_z {nz}): error {err:e}, bar {bar:e}",
+                        got[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn te_reduction_matches_f64_reference(rt: &Runtime) {
+    start(rt);
+    for n in [5usize, 1000, 4097] {
+        for d in [1usize, 3, 8] {
+            let (x, y, z) = coupled(n, d);
+            let radii = joint_radii(&x, &y, &z, n, d);
             for (k, radius) in KS.into_iter().zip(radii) {
                 if k as usize >= n {
                     continue;
@@ -175,6 +229,7 @@ fn te_reduction_matches_f64_reference(rt: &Runtime) {
 }
 
 fn bad_shapes_are_typed_errors(rt: &Runtime) {
+    start(rt);
     let x = rt.upload(&points(10, 3)).unwrap();
     let mut out = rt.alloc::<f32>(10).unwrap();
     // 30 coordinates are not 10 points of 4.
@@ -211,6 +266,7 @@ fn bad_shapes_are_typed_errors(rt: &Runtime) {
 
 on_every_backend!(
     distance_kth_matches_f64_reference,
+    neighbour_counts_are_exact,
     te_reduction_matches_f64_reference,
     bad_shapes_are_typed_errors,
 );

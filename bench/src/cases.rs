@@ -11,8 +11,18 @@ use pptm::chains::{
     MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluFp8, TeReduction,
 };
 use pptm::{Chain, Runtime};
-// The f64 reference the te_reduction chain is checked against is the op catalog's own.
-use pptm_spec::ops::digamma;
+
+/// ψ(x) for x > 0 in f64, written here rather than taken from the op catalog (which the CPU
+/// backend runs): recurrence up to x >= 12, then the asymptotic series, below 1e-13 there.
+fn digamma(x: f64) -> f64 {
+    let (mut x, mut acc) = (x, 0.0);
+    while x < 12.0 {
+        acc -= 1.0 / x;
+        x += 1.0;
+    }
+    let r = 1.0 / (x * x);
+    acc + x.ln() - 0.5 / x - r * (1.0 / 12.0 - r * (1.0 / 120.0 - r / 252.0))
+}
 
 /// `n` values of input stream `seed`, uniform in (0, 1]: value i is a splitmix64 hash of
 /// (seed, i), so a prefix does not depend on n and numpy computes the same bits (peers.py).

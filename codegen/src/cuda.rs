@@ -1206,6 +1206,62 @@ mod tests {
     }
 
     #[test]
+    fn gemv_prologue_and_epilogue_stages_are_checked_where_they_compute() {
+        let ops = [
+            "PredictionError",
+            "PrecisionWeight",
+            "GemvT",
+            "BeliefUpdate",
+        ];
+        let mut spec = spec("CheckedBelief", &ops);
+        spec.stages[0].finite = Some(true);
+        let checked = lower(&spec).unwrap();
+        let t = tag(&checked);
+        let src = domain_source("inference", std::slice::from_ref(&checked));
+        // The fused GEMV-T's prologue checks the prediction error as it computes it, before the
+        // precision weight; the epilogue, unchecked here, has no check.
+        let pro = format!("struct pptm_pro_{t} {{");
+        let epi = format!("struct pptm_epi_{t} {{");
+        let (pro_at, epi_at) = (src.find(&pro).unwrap(), src.find(&epi).unwrap());
+        let prologue = &src[pro_at..epi_at];
+        let epilogue = &src[epi_at..src[epi_at..].find("\n};").unwrap() + epi_at];
+        assert!(
+            prologue.contains("const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + j), pptm_ld_cg_f32(e.a1 + j));\n        pptm_check_finite(s0);\n        const float s1 = pptm_op_precision_weight("),
+            "{prologue}"
+        );
+        assert_eq!(
+            prologue.matches("pptm_check_finite").count(),
+            1,
+            "{prologue}"
+        );
+        assert!(!epilogue.contains("pptm_check_finite"), "{epilogue}");
+        // The unfused stage 1 checks too.
+        assert!(src.contains("const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));\n                pptm_check_finite(s0);\n                scratch[0][i] = s0;"), "{src}");
+        assert!(
+            src.contains(&format!("    case 0x{t}u: return true;  // CheckedBelief")),
+            "{src}"
+        );
+        // The epilogue stage checked instead: the check moves there, and the prologue has none.
+        spec.stages[0].finite = None;
+        spec.stages[3].finite = Some(true);
+        let checked = lower(&spec).unwrap();
+        let t = tag(&checked);
+        let src = domain_source("inference", std::slice::from_ref(&checked));
+        let (pro, epi) = (
+            format!("struct pptm_pro_{t} {{"),
+            format!("struct pptm_epi_{t} {{"),
+        );
+        let (pro_at, epi_at) = (src.find(&pro).unwrap(), src.find(&epi).unwrap());
+        assert!(!src[pro_at..epi_at].contains("pptm_check_finite"));
+        let epilogue = &src[epi_at..src[epi_at..].find("\n};").unwrap() + epi_at];
+        assert_eq!(
+            epilogue.matches("pptm_check_finite(s3);").count(),
+            2,
+            "{epilogue}"
+        );
+    }
+
+    #[test]
     fn fuses_elementwise_into_a_reduction_pass() {
         let kl = chain("KlComplexity", &["KlDivergence", "SumReduction"]);
         let src = domain_source("inference", std::slice::from_ref(&kl));

@@ -122,11 +122,56 @@ __device__ __noinline__ uint32_t pptm_run_63882bb9(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain CheckedPredictionError: PredictionError -> PrecisionWeight -> GemvT -> BeliefUpdate (GemvT pattern)
+// spec hash 49fd9d1c9b78d14d552e2938da684bd70c1ab00dc81b0179ae5eb4a61645201a, opcode 0x49fd9d1c
+struct pptm_env_49fd9d1c {
+    const float* a0;  // obs
+    const float* a1;  // pred
+    const float* a2;  // prec
+    const float* a3;  // a
+    const float* a4;  // mu
+    float a5;  // lr
+    float* a6;  // out
+    uint64_t a7;  // m
+    uint64_t a8;  // n
+    __device__ explicit pptm_env_49fd9d1c(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6(reinterpret_cast<float*>(d.args[6])), a7(d.args[7]), a8(d.args[8]) {}
+};
+struct pptm_pro_49fd9d1c {
+    pptm_env_49fd9d1c e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + j), pptm_ld_cg_f32(e.a1 + j));
+        pptm_check_finite(s0);
+        const float s1 = pptm_op_precision_weight(s0, pptm_ld_cg_f32(e.a2 + j));
+        return s1;
+    }
+};
+struct pptm_epi_49fd9d1c {
+    pptm_env_49fd9d1c e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = pptm_ld_cg_f32(e.a4 + i);
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        const float s3 = pptm_op_belief_update(acc, x[0], e.a5);
+        return s3;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s3 = pptm_op_belief_update(acc, pptm_ld_cg_f32(e.a4 + i), e.a5);
+        return s3;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_49fd9d1c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_49fd9d1c e(d);
+    partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_49fd9d1c{e}, pptm_epi_49fd9d1c{e}, e.a6, b);
+    return PPTM_STATUS_OK;
+}
+
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x4ff01d9au: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // CheckedBeliefUpdate
     case 0xc9a18dcdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // CheckedKl
     case 0x63882bb9u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // CheckedKlTerms
+    case 0x49fd9d1cu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // CheckedPredictionError
     default: return true;
     }
 }
@@ -136,6 +181,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x4ff01d9au: return pptm_run_4ff01d9a(d, b, partial);  // CheckedBeliefUpdate
     case 0xc9a18dcdu: return pptm_run_c9a18dcd(d, b, partial);  // CheckedKl
     case 0x63882bb9u: return pptm_run_63882bb9(d, b, partial);  // CheckedKlTerms
+    case 0x49fd9d1cu: return pptm_run_49fd9d1c(d, b, partial);  // CheckedPredictionError
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -151,6 +197,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x4ff01d9au: return true;  // CheckedBeliefUpdate
     case 0x63882bb9u: return true;  // CheckedKlTerms
+    case 0x49fd9d1cu: return true;  // CheckedPredictionError
     default: return false;
     }
 }
@@ -160,6 +207,7 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
     case 0x4ff01d9au: return true;  // CheckedBeliefUpdate
     case 0xc9a18dcdu: return true;  // CheckedKl
     case 0x63882bb9u: return true;  // CheckedKlTerms
+    case 0x49fd9d1cu: return true;  // CheckedPredictionError
     default: return false;
     }
 }
@@ -241,6 +289,48 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
                 pptm_check_finite(s0);
                 e.a2[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x49fd9d1cu: {  // CheckedPredictionError
+        const pptm_env_49fd9d1c e(d);
+        switch (stage) {
+        case 0: {  // PredictionError
+            const uint64_t count = e.a7;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a7;
+                const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                pptm_check_finite(s0);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // PrecisionWeight
+            const uint64_t count = e.a7;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a7;
+                const float s1 = pptm_op_precision_weight(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // GemvT
+            pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_load_at{scratch[1]}, pptm_pass_acc{}, scratch[2], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // BeliefUpdate
+            const uint64_t count = e.a8;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a8;
+                const float s3 = pptm_op_belief_update(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a4 + i), e.a5);
+                e.a6[i] = s3;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

@@ -7,7 +7,9 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// No usable GPU: no driver library, no device, or a device too old.
+    /// No usable GPU: no driver library, no device, or a device too old. A driver that is
+    /// installed but fails to start is [`Error::Driver`] (call `cuInit`) instead: that is a broken
+    /// GPU, not an absent one.
     #[error("no usable GPU: {0}")]
     NoGpu(String),
 

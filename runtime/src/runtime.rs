@@ -215,6 +215,15 @@ impl Runtime {
             None | Some("") | Some("auto") => match Self::gpu_with(config.clone()) {
                 Ok(rt) => Ok(rt),
                 Err(Error::NoGpu(why)) => Ok(Self::cpu_because(config, why)),
+                // A driver that is installed but fails to start: the application still runs, on
+                // the CPU, and the log and `describe` say the GPU is broken, not absent.
+                Err(e @ Error::Driver { call: "cuInit", .. }) => {
+                    tracing::warn!("pptm: the CUDA driver failed to start, using the CPU: {e}");
+                    Ok(Self::cpu_because(
+                        config,
+                        format!("the CUDA driver failed: {e}"),
+                    ))
+                }
                 Err(e) => Err(e),
             },
             Some(other) => Err(Error::Config(format!(

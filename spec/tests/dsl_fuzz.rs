@@ -1154,7 +1154,13 @@ where
 {
     let config = Config {
         cases,
-        failure_persistence: None,
+        // A failing case is saved, and replayed first by every later run, in
+        // spec/proptest-regressions/dsl_fuzz.txt: commit it with the fix.
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(
+                "proptest-regressions/dsl_fuzz.txt",
+            ),
+        )),
         max_shrink_iters: 4096,
         ..Config::default()
     };

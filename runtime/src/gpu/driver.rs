@@ -166,8 +166,19 @@ impl Device {
                 "the CUDA driver library (libcuda.so) is not installed".into(),
             ));
         }
-        result::init()
-            .map_err(|e| Error::NoGpu(format!("cuInit failed: {}", Error::driver("cuInit", e))))?;
+        // No device at all (none installed, or CUDA_VISIBLE_DEVICES hides them all) is "no GPU";
+        // any other failure of cuInit is a driver that is there but broken, and says so: a test
+        // suite must not mistake it for an absent GPU and skip.
+        result::init().map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE {
+                Error::NoGpu(format!(
+                    "cuInit found no device: {}",
+                    Error::driver("cuInit", e)
+                ))
+            } else {
+                Error::driver("cuInit", e)
+            }
+        })?;
         let count =
             result::device::get_count().map_err(|e| Error::driver("cuDeviceGetCount", e))?;
         if count <= 0 {

@@ -331,7 +331,7 @@ pub(crate) mod tests {
     //! block do, word for word, on plain memory.
 
     use super::*;
-    use crate::gpu::abi::{PPTM_OP_SHUTDOWN, PPTM_STATUS_OK, from_payload};
+    use crate::gpu::abi::{PPTM_OP_SHUTDOWN, PPTM_STATUS_OK, from_payload, pptm_host_control};
     use std::thread;
     use std::time::{Duration, Instant};
 
@@ -519,6 +519,127 @@ pub(crate) mod tests {
         }
         let c = q.try_push(&desc(100, 5), false, "test").unwrap();
         assert_eq!(wait(&q, &c).value, 10.0);
+        let s = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
+        wait(&q, &s);
+        dev.join().unwrap();
+    }
+
+    /// The u64 word at byte `offset` of the ring memory, as the device sees it.
+    fn word_at(q: &Queue, offset: usize) -> &AtomicU64 {
+        assert_eq!(offset % 8, 0);
+        assert!(
+            offset + 8 <= bytes_for(q.slots),
+            "offset {offset} is outside the rings"
+        );
+        // SAFETY: inside the ring memory (checked above), 8-byte aligned, accessed atomically.
+        unsafe { &*q.memory.base().add(offset).cast::<AtomicU64>() }
+    }
+
+    #[test]
+    fn the_rings_and_control_words_sit_where_abi_h_puts_them() {
+        use crate::gpu::abi::pptm_sq_slot;
+        use std::mem::{offset_of, size_of};
+        for slots in [1u32, 4, 64, 1024] {
+            assert_eq!(cq_offset(slots), slots as usize * size_of::<pptm_sq_slot>());
+            assert_eq!(
+                control_offset(slots),
+                cq_offset(slots) + slots as usize * size_of::<pptm_cq_entry>()
+            );
+            assert_eq!(
+                bytes_for(slots),
+                control_offset(slots) + size_of::<pptm_host_control>()
+            );
+        }
+        let q = Queue::new(HeapRings::new(8), 8);
+        assert_eq!((q.slots(), q.log2()), (8, 3));
+        let ctl = control_offset(8);
+        let started = word_at(&q, ctl + offset_of!(pptm_host_control, started));
+        let cancel = word_at(&q, ctl + offset_of!(pptm_host_control, cancel));
+        let heartbeat = word_at(&q, ctl + offset_of!(pptm_host_control, heartbeat));
+        let abort = word_at(&q, ctl + offset_of!(pptm_host_control, abort));
+        // The device sets `started` and `heartbeat`; the host reads them from those words.
+        assert!(!q.started());
+        started.store(1, Ordering::Release);
+        assert!(q.started());
+        heartbeat.store(0xdead_beef_1234, Ordering::Release);
+        assert_eq!(q.heartbeat(), 0xdead_beef_1234);
+        // The host writes `cancel` and `abort`, each its own word and nothing else.
+        assert_eq!(cancel.load(Ordering::Acquire), 0);
+        q.cancel_start();
+        assert_eq!(cancel.load(Ordering::Acquire), 1);
+        assert_eq!(abort.load(Ordering::Acquire), 0);
+        q.request_abort();
+        assert_eq!(abort.load(Ordering::Acquire), 1);
+        assert_eq!(heartbeat.load(Ordering::Acquire), 0xdead_beef_1234);
+        assert_eq!(started.load(Ordering::Acquire), 1);
+    }
+
+    #[test]
+    fn a_completion_delivers_its_status_value_and_device_time() {
+        let q = Queue::new(HeapRings::new(4), 4);
+        for seq in 0..9u64 {
+            let c = q.try_push(&desc(100, seq), false, "test").unwrap();
+            assert_eq!(c.seq, seq);
+            assert_eq!(q.submitted(), seq + 1);
+            // Nothing written yet: no completion.
+            assert!(!q.poll(&c));
+            let slot = (seq % 4) as usize;
+            let tag = u64::from(sq_tag(seq, q.log2()));
+            let value = -1.5 * seq as f64;
+            let bits = value.to_bits();
+            let words = [7 + seq, 100, bits & 0xffff_ffff, bits >> 32, 1000 + seq];
+            let e = q.cq_words(slot);
+            // Every word but the last: still not complete (a torn entry is never read).
+            for (w, v) in e.iter().zip(&words).take(4) {
+                w.store(v << 32 | tag, Ordering::Release);
+            }
+            assert!(
+                !q.poll(&c),
+                "item {seq}: read before its last word was written"
+            );
+            e[4].store(words[4] << 32 | tag, Ordering::Release);
+            assert!(q.poll(&c));
+            let got = c.result().unwrap().clone().unwrap();
+            assert_eq!(got.status, 7 + seq as u32);
+            assert_eq!(got.value, value);
+            assert_eq!(got.device_ns, Some(1000 + seq));
+        }
+    }
+
+    #[test]
+    fn the_oldest_pending_item_is_the_one_the_device_runs() {
+        let pause = Arc::new(AtomicBool::new(true));
+        let q = Arc::new(Queue::new(HeapRings::new(4), 4));
+        let dev = fake_device(q.clone(), pause.clone());
+        assert_eq!(q.oldest_pending(), None);
+        let labels = ["first", "second", "third"];
+        let cells: Vec<_> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| q.try_push(&desc(100, i as u64), false, l).unwrap())
+            .collect();
+        assert_eq!(q.oldest_pending(), Some((0, "first")));
+        assert!(!q.is_closed());
+        pause.store(false, Ordering::Release);
+        for c in &cells {
+            wait(&q, c);
+        }
+        assert_eq!(q.oldest_pending(), None);
+        // Completed items are not failed again; pending ones are, and counted.
+        pause.store(true, Ordering::Release);
+        let late = q.try_push(&desc(100, 9), false, "late").unwrap();
+        assert_eq!(q.oldest_pending(), Some((3, "late")));
+        q.close();
+        assert!(q.is_closed());
+        let stopped = Failure::Stopped("test".into());
+        assert_eq!(q.fail_pending(stopped.clone()), 1);
+        assert_eq!(late.result(), Some(&Err(stopped)));
+        for (i, c) in cells.iter().enumerate() {
+            assert_eq!(c.result().unwrap().as_ref().unwrap().value, 2.0 * i as f64);
+        }
+        pause.store(false, Ordering::Release);
         let s = q
             .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
             .unwrap();
