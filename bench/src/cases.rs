@@ -13,10 +13,10 @@ use pptm::chains::{
 use pptm::{Chain, Runtime};
 
 /// ψ(x) for x > 0 in f64, written here rather than taken from the op catalog (which the CPU
-/// backend runs): recurrence up to x >= 12, then the asymptotic series, below 1e-13 there.
+/// backend runs): recurrence up to x >= 20, then the asymptotic series, below 2e-13 there.
 fn digamma(x: f64) -> f64 {
     let (mut x, mut acc) = (x, 0.0);
-    while x < 12.0 {
+    while x < 20.0 {
         acc -= 1.0 / x;
         x += 1.0;
     }

@@ -376,12 +376,12 @@ pub fn rel_err(got: f64, want: f64) -> f64 {
 // runs the catalog's own f64 code): a test that compared with those would compare pptm with
 // itself.
 
-/// ψ(x) for x > 0: recurrence up to x >= 12, then the asymptotic series (terms to x^-6, below
-/// 1e-13 there). Not `pptm_spec::ops::digamma`, which the CPU backend runs.
+/// ψ(x) for x > 0: recurrence up to x >= 20, then the asymptotic series (terms to x^-6, below
+/// 2e-13 there). Not `pptm_spec::ops::digamma`, which the CPU backend runs.
 pub fn digamma(x: f64) -> f64 {
     assert!(x > 0.0, "digamma reference: x = {x} is not positive");
     let (mut x, mut acc) = (x, 0.0);
-    while x < 12.0 {
+    while x < 20.0 {
         acc -= 1.0 / x;
         x += 1.0;
     }
