@@ -131,5 +131,23 @@ mod tests {
         assert!(!valid_domain_name("Inference"));
         assert!(!valid_domain_name("a/b"));
         assert!(!valid_domain_name("1x"));
+        assert!(valid_domain_name(&"a".repeat(64)));
+        assert!(!valid_domain_name(&"a".repeat(65)));
+        assert!(!valid_domain_name("a-b"));
+    }
+
+    #[test]
+    fn tolerances_compare_by_their_bits() {
+        assert_eq!(Tolerance(0.1), Tolerance(0.1));
+        assert_ne!(Tolerance(0.1), Tolerance(0.2));
+        // By bits, not by value: NaN equals itself (specs stay Eq), 0 and -0 differ.
+        assert_eq!(Tolerance(f64::NAN), Tolerance(f64::NAN));
+        assert_ne!(Tolerance(0.0), Tolerance(-0.0));
+    }
+
+    #[test]
+    fn precisions_display_as_their_names() {
+        let shown: Vec<String> = Precision::ALL.iter().map(|p| p.to_string()).collect();
+        assert_eq!(shown, ["fp64", "fp32", "bf16", "fp16", "fp8"]);
     }
 }

@@ -62,3 +62,41 @@ impl fmt::Display for DType {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sizes_and_matrix_storage() {
+        let all = [
+            (DType::F32, "f32", 4),
+            (DType::F64, "f64", 8),
+            (DType::I32, "i32", 4),
+            (DType::U32, "u32", 4),
+            (DType::Bf16, "bf16", 2),
+            (DType::F16, "f16", 2),
+            (DType::F8E4M3, "f8e4m3", 1),
+        ];
+        for (t, name, size) in all {
+            assert_eq!(t.name(), name);
+            assert_eq!(t.to_string(), name);
+            assert_eq!(t.size(), size, "{name}");
+        }
+        let storage: Vec<DType> = Precision::ALL
+            .into_iter()
+            .map(DType::matrix_storage)
+            .collect();
+        // fp64, fp32, bf16, fp16, fp8.
+        assert_eq!(
+            storage,
+            [
+                DType::F32,
+                DType::F32,
+                DType::Bf16,
+                DType::F16,
+                DType::F8E4M3
+            ]
+        );
+    }
+}

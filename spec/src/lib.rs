@@ -124,3 +124,40 @@ pub fn guard_samples(m: usize, n: usize) -> Vec<(usize, usize)> {
 
 /// Opcodes below this are built into every manifold (`PPTM_OP_FIRST_VARIANT` in abi.h).
 pub const FIRST_VARIANT_OPCODE: u32 = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_samples_spread_over_the_output_each_row_and_column_once() {
+        assert!(guard_samples(0, 5).is_empty());
+        assert!(guard_samples(5, 0).is_empty());
+        // 32 x 32: rows 1, 3, .., 31 in order; columns the odd numbers too, in the order
+        // 2 (5 s mod 16) + 1: 1, 11, 21, 31, 9, ...
+        let s = guard_samples(32, 32);
+        assert_eq!(s.len(), GUARD_SAMPLES);
+        let rows: Vec<usize> = s.iter().map(|p| p.0).collect();
+        assert_eq!(rows, (0..16).map(|i| 2 * i + 1).collect::<Vec<_>>());
+        let cols: Vec<usize> = s.iter().map(|p| p.1).collect();
+        assert_eq!(&cols[..5], &[1, 11, 21, 31, 9]);
+        let mut sorted = cols.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, rows, "every odd column once");
+        // Scaled: 64 x 320 doubles the rows and multiplies the columns by ten; one row or one
+        // column puts every sample there.
+        let big = guard_samples(64, 320);
+        for (a, b) in s.iter().zip(&big) {
+            assert_eq!((2 * a.0, 10 * a.1), *b);
+        }
+        assert!(guard_samples(1, 7).iter().all(|&(r, c)| r == 0 && c < 7));
+        assert!(
+            guard_samples(1000, 1)
+                .iter()
+                .all(|&(r, c)| r < 1000 && c == 0)
+        );
+        // Uneven sizes round down: sample 15 of 1000 x 7 is row 31 * 1000 / 32, column
+        // (2 * (75 mod 16) + 1) * 7 / 32.
+        assert_eq!(guard_samples(1000, 7)[15], (968, 5));
+    }
+}
