@@ -1605,6 +1605,23 @@ mod tests {
         ir.args.iter().map(|a| (a.name.as_str(), a.kind)).collect()
     }
 
+    /// A letter bound twice in one stage (a square matrix, `Matrix("n", "n")`, would do it) must
+    /// name the same dimension both times; no catalog op has one yet, so this calls the table
+    /// directly.
+    #[test]
+    fn a_letter_bound_twice_in_a_stage_must_name_one_dimension() {
+        let mut t = Tables::default();
+        let (d, e) = (t.fresh("n", true), t.fresh("m", false));
+        let mut letters = Vec::new();
+        assert!(t.bind(&mut letters, "n", d));
+        // Binding renames a weak (inferred) dimension after the op's letter.
+        assert_eq!(t.dims[d].name, "n");
+        assert!(!t.dims[d].weak);
+        assert!(t.bind(&mut letters, "n", d), "the same dimension again");
+        assert!(!t.bind(&mut letters, "n", e), "another dimension");
+        assert_eq!(letters, vec![("n", d)]);
+    }
+
     #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
         let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();

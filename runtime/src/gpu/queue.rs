@@ -418,11 +418,14 @@ pub(crate) mod tests {
         d
     }
 
+    /// Waits for `c` as a ticket does. The emulated device completes an item in microseconds;
+    /// one that is not done in 10 s never will be (a protocol bug), and the test fails rather
+    /// than hangs.
     fn wait(q: &Queue, c: &Cell) -> Completion {
         let t = Instant::now();
         while !q.poll(c) {
             assert!(
-                t.elapsed() < Duration::from_secs(20),
+                t.elapsed() < Duration::from_secs(10),
                 "item {} never completed",
                 c.seq
             );
@@ -645,6 +648,63 @@ pub(crate) mod tests {
             .unwrap();
         wait(&q, &s);
         dev.join().unwrap();
+    }
+
+    #[test]
+    fn a_full_queue_names_the_item_whose_slot_the_next_push_needs() {
+        let pause = Arc::new(AtomicBool::new(true));
+        let q = Arc::new(Queue::new(HeapRings::new(4), 4));
+        let dev = fake_device(q.clone(), pause.clone());
+        assert!(
+            q.blocking_item().is_none(),
+            "an empty queue has no item in the way"
+        );
+        let first: Vec<_> = (0..3)
+            .map(|i| q.try_push(&desc(100, i), false, "test").unwrap())
+            .collect();
+        // Slot 3 is still free: nothing blocks the fourth push.
+        assert!(q.blocking_item().is_none());
+        let fourth = q.try_push(&desc(100, 3), false, "test").unwrap();
+        // Full: the fifth item needs item 0's slot, then the sixth item 1's, and so on.
+        assert_eq!(q.blocking_item().unwrap().seq, 0);
+        assert_eq!(
+            q.try_push(&desc(100, 4), false, "test").unwrap_err(),
+            PushError::Full
+        );
+        pause.store(false, Ordering::Release);
+        wait(&q, &first[0]);
+        let fifth = q.try_push(&desc(100, 4), false, "test").unwrap();
+        assert_eq!(fifth.seq, 4);
+        assert_eq!(q.blocking_item().unwrap().seq, 1);
+        for c in first.iter().chain([&fourth, &fifth]) {
+            assert_eq!(wait(&q, c).value, 2.0 * c.seq as f64);
+        }
+        let s = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
+        wait(&q, &s);
+        dev.join().unwrap();
+    }
+
+    /// Ring memory that counts the calls asking it never to be freed.
+    struct CountingRings(Box<HeapRings>, Arc<AtomicU64>);
+
+    impl RingMemory for CountingRings {
+        fn base(&self) -> *mut u8 {
+            self.0.base()
+        }
+        fn leak(&self) {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn leaking_the_queue_leaks_its_ring_memory() {
+        let leaks = Arc::new(AtomicU64::new(0));
+        let q = Queue::new(Box::new(CountingRings(HeapRings::new(4), leaks.clone())), 4);
+        assert_eq!(leaks.load(Ordering::Relaxed), 0);
+        q.leak_memory();
+        assert_eq!(leaks.load(Ordering::Relaxed), 1);
     }
 
     #[test]
