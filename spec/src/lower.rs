@@ -804,12 +804,9 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     }
     let digest = Sha256::digest(canonical.as_bytes());
     let spec_hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    let raw = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    let opcode = if raw < FIRST_VARIANT_OPCODE {
-        raw + FIRST_VARIANT_OPCODE
-    } else {
-        raw
-    };
+    let opcode = variant_opcode(u32::from_be_bytes([
+        digest[0], digest[1], digest[2], digest[3],
+    ]));
 
     Ok(ChainIr {
         name: spec.name.clone(),
@@ -913,6 +910,16 @@ fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecEr
         }
     }
     Ok(op)
+}
+
+/// A variant's opcode from the first four bytes of its spec hash: moved past the built-in
+/// opcodes (no-op, shutdown, the debug items) where it would collide with one.
+fn variant_opcode(raw: u32) -> u32 {
+    if raw < FIRST_VARIANT_OPCODE {
+        raw + FIRST_VARIANT_OPCODE
+    } else {
+        raw
+    }
 }
 
 fn shape_text(s: &Shape) -> String {
@@ -1620,6 +1627,122 @@ mod tests {
         assert!(t.bind(&mut letters, "n", d), "the same dimension again");
         assert!(!t.bind(&mut letters, "n", e), "another dimension");
         assert_eq!(letters, vec![("n", d)]);
+    }
+
+    /// An argument name read as a matrix by one stage and as a vector by another is refused,
+    /// even where their leading dimensions agree: `y` is n x dy for SubspaceDistances and would be
+    /// n for Axpby.
+    #[test]
+    fn an_argument_read_with_another_rank_is_refused() {
+        let err = ops(&["SubspaceDistances", "RadiusCount", "KsgDigamma", "Axpby"]).unwrap_err();
+        assert!(
+            err.to_string().contains("`y`") && err.to_string().contains("another shape"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn variant_opcodes_never_take_a_built_in_opcode() {
+        assert_eq!(variant_opcode(0), FIRST_VARIANT_OPCODE);
+        assert_eq!(
+            variant_opcode(FIRST_VARIANT_OPCODE - 1),
+            2 * FIRST_VARIANT_OPCODE - 1
+        );
+        assert_eq!(variant_opcode(FIRST_VARIANT_OPCODE), FIRST_VARIANT_OPCODE);
+        assert_eq!(variant_opcode(u32::MAX), u32::MAX);
+    }
+
+    /// A flow mismatch names what the earlier stage produces: a vector, a matrix, a stack of
+    /// matrices, a scalar.
+    #[test]
+    fn flow_mismatches_name_the_shape_they_got() {
+        for (ops_, gives) in [
+            (
+                &["Gemv", "ChebyshevDistance", "KthSmallest"][..],
+                "produces a vector",
+            ),
+            (&["Matmul", "Gemv"][..], "produces a matrix"),
+            (
+                &["BatchedMatmul", "Gemv"][..],
+                "produces a stack of matrices",
+            ),
+            (
+                &["KlDivergence", "SumReduction", "Gemv"][..],
+                "produces a scalar",
+            ),
+        ] {
+            let e = ops(ops_).unwrap_err();
+            assert!(matches!(e, SpecError::FlowMismatch { .. }), "{ops_:?}: {e}");
+            assert!(e.to_string().ends_with(gives), "{ops_:?}: {e}");
+        }
+    }
+
+    /// The descriptor holds DESC_ARGS argument words: a chain that needs exactly that many
+    /// lowers, one more is refused. (A matmul's three sizes count, inferred or not; AddDigamma's
+    /// `k` meets the matmul's dimension `k`, which becomes `k_len`.)
+    #[test]
+    fn a_chain_may_fill_the_descriptor_but_not_overflow_it() {
+        let full = [
+            "Matmul",          // a, w, out and the sizes m, k, n
+            "AddBias",         // b
+            "Axpby",           // y, alpha, beta
+            "BeliefUpdate",    // mu, lr
+            "PrecisionWeight", // prec
+            "KlDivergence",    // p
+            "AddDigamma",      // k (u32)
+        ];
+        let ir = ops(&full).unwrap();
+        assert_eq!(ir.args.len(), DESC_ARGS);
+        assert!(
+            ir.args
+                .iter()
+                .any(|a| a.name == "k" && a.kind == ArgKind::U32)
+        );
+        assert!(
+            ir.args
+                .iter()
+                .any(|a| a.name == "k_len" && a.kind == ArgKind::Len)
+        );
+        let mut over = full.to_vec();
+        over.push("PredictionError"); // pred
+        let e = ops(&over).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SpecError::TooManyArgs {
+                    count: 16,
+                    max: DESC_ARGS
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    /// `tolerance = x`: a number strictly between 0 and 1, on a Matmul computing in bf16 or fp16
+    /// on tensor cores, and nowhere else.
+    #[test]
+    fn tolerances_are_checked() {
+        let guarded = |op: &str, tensor: bool, precision: Precision, t: f64| {
+            let mut s = stage(1, op);
+            s.tensor_eligible = Some(tensor);
+            s.precision = Some(precision);
+            s.tolerance = Some(crate::Tolerance(t));
+            lower(&chain(vec![s]))
+        };
+        for p in [Precision::Bf16, Precision::Fp16] {
+            assert!(guarded("Matmul", true, p, 0.5).is_ok());
+            assert!(guarded("Matmul", true, p, 1e-9).is_ok());
+            for t in [0.0, 1.0, -0.1, 2.0, f64::NAN, f64::INFINITY] {
+                let e = guarded("Matmul", true, p, t).unwrap_err();
+                assert!(e.to_string().contains("between 0 and 1"), "{t}: {e}");
+            }
+        }
+        let e = guarded("Gemv", true, Precision::Bf16, 0.5).unwrap_err();
+        assert!(e.to_string().contains("single Matmul"), "{e}");
+        let e = guarded("Matmul", true, Precision::Fp8, 0.5).unwrap_err();
+        assert!(e.to_string().contains("16-bit tensor-core stage"), "{e}");
+        let e = guarded("Matmul", false, Precision::Fp32, 0.5).unwrap_err();
+        assert!(e.to_string().contains("16-bit tensor-core stage"), "{e}");
     }
 
     #[test]
