@@ -1745,6 +1745,21 @@ mod tests {
         assert!(e.to_string().contains("16-bit tensor-core stage"), "{e}");
     }
 
+    /// Each anchor op runs its own pattern.
+    #[test]
+    fn anchors_pick_their_pattern() {
+        for (chain, pattern) in [
+            (&["KlDivergence", "SumReduction"][..], Pattern::Map),
+            (&["Gemv", "Relu"][..], Pattern::Gemv),
+            (&["PredictionError", "GemvT"][..], Pattern::GemvT),
+            (&["Matmul", "AddBias"][..], Pattern::Matmul),
+            (&["BatchedMatmul"][..], Pattern::Matmul),
+            (&["ChebyshevDistance", "KthSmallest"][..], Pattern::Pairwise),
+        ] {
+            assert_eq!(ops(chain).unwrap().plan.pattern, pattern, "{chain:?}");
+        }
+    }
+
     #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
         let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();
