@@ -1761,6 +1761,164 @@ mod tests {
     }
 
     #[test]
+    fn slots_guard_and_reduction_are_found() {
+        let kl = ops(&["KlDivergence", "SumReduction"]).unwrap();
+        let inputs: Vec<(usize, &str)> = kl
+            .input_slots()
+            .map(|(s, a)| (s, a.name.as_str()))
+            .collect();
+        assert_eq!(inputs, [(0, "q"), (1, "p")]);
+        assert_eq!(kl.output_slot(), None);
+        assert_eq!(kl.reduction().map(|st| st.op.name), Some("SumReduction"));
+        assert_eq!(kl.guard(), None);
+        let terms = ops(&["KlDivergence"]).unwrap();
+        assert_eq!(terms.output_slot(), Some(2));
+        assert!(terms.reduction().is_none());
+        // A guarded matmul: the stage, its tolerance and the guard level's slot (after the sizes).
+        let mut s = stage(1, "Matmul");
+        s.tensor_eligible = Some(true);
+        s.precision = Some(Precision::Bf16);
+        s.tolerance = Some(crate::Tolerance(0.25));
+        let guarded = lower(&chain(vec![stage(2, "Relu"), s])).unwrap();
+        let slot = guarded
+            .args
+            .iter()
+            .position(|a| a.kind == ArgKind::Guard)
+            .unwrap();
+        assert_eq!(slot, guarded.args.len() - 1);
+        assert_eq!(guarded.guard(), Some((0, 0.25, slot)));
+        let inputs: Vec<&str> = guarded
+            .input_slots()
+            .map(|(_, a)| a.name.as_str())
+            .collect();
+        assert_eq!(inputs, ["a", "w"]);
+    }
+
+    /// A size passed where a buffer gives it, or missing where none does, is named in the error;
+    /// a buffer's length rule names the buffer its size comes from.
+    #[test]
+    fn bind_errors_say_what_was_expected() {
+        let ir = ops(&["Gemv"]).unwrap(); // x[n], a[m x n] -> out[m]
+        let slot = |name: &str| ir.args.iter().position(|a| a.name == name).unwrap();
+        let base = || -> Vec<ArgValue> {
+            ir.args
+                .iter()
+                .map(|a| match (a.kind, a.name.as_str()) {
+                    (ArgKind::Input, "x") => ArgValue::Buffer(3),
+                    (ArgKind::Input, _) => ArgValue::Buffer(6),
+                    (ArgKind::Output, _) => ArgValue::Buffer(2),
+                    _ => ArgValue::Inferred,
+                })
+                .collect()
+        };
+        assert_eq!(ir.bind(&base()).unwrap().len(), ir.dims.len());
+        let mut a = base();
+        a[slot("n")] = ArgValue::Dim(3);
+        let e = ir.bind(&a).unwrap_err().to_string();
+        assert!(e.contains("nothing (the size comes from a buffer)"), "{e}");
+        // `a` has m x n = 2 x 3 elements, n from `x`'s length.
+        let mut a = base();
+        a[slot("a")] = ArgValue::Buffer(7);
+        let e = ir.bind(&a).unwrap_err().to_string();
+        assert!(e.contains("argument `a` has 7 elements"), "{e}");
+        // m comes from `out`'s length: a longer `out` makes `a` the wrong length.
+        let mut a = base();
+        a[slot("out")] = ArgValue::Buffer(5);
+        let e = ir.bind(&a).unwrap_err().to_string();
+        assert!(
+            e.contains("argument `a` has 6 elements, but m x n = 5 x 3 makes 15"),
+            "{e}"
+        );
+        // Two vectors of one length: the second's rule names the first.
+        let kl = ops(&["KlDivergence", "SumReduction"]).unwrap();
+        let vals = [ArgValue::Buffer(4), ArgValue::Buffer(5), ArgValue::Inferred];
+        let e = kl.bind(&vals).unwrap_err().to_string();
+        assert!(
+            e.contains("argument `p` has 5 elements, but `q` (with 4 elements) makes 4"),
+            "{e}"
+        );
+        // A chain whose size no buffer gives wants it passed.
+        let mm = ops(&["Matmul"]).unwrap();
+        let vals: Vec<ArgValue> = mm
+            .args
+            .iter()
+            .map(|a| match a.kind {
+                ArgKind::Input | ArgKind::Output => ArgValue::Buffer(4),
+                _ => ArgValue::Inferred,
+            })
+            .collect();
+        let e = mm.bind(&vals).unwrap_err().to_string();
+        assert!(e.contains("expected a size"), "{e}");
+    }
+
+    /// The blocks each stage asks for when the chain runs unfused, at every boundary of the
+    /// rules the device shares (crate::work).
+    #[test]
+    fn unfused_stages_ask_for_blocks_by_the_shared_rules() {
+        use crate::work::*;
+        let blocks = |ir: &ChainIr, s: usize, dims: &[(&str, usize)]| {
+            let mut sizes = vec![0; ir.dims.len()];
+            for &(l, v) in dims {
+                sizes[ir.stages[s].dim(l).unwrap()] = v;
+            }
+            ir.stage_blocks(s, &sizes)
+        };
+        let gemv = ops(&["Gemv"]).unwrap();
+        let short = GEMV_SHORT_BELOW - 1;
+        let b = |m| blocks(&gemv, 0, &[("m", m), ("n", 8)]);
+        assert_eq!(b(short) as usize, short.div_ceil(GEMV_SHORT_ROWS_PER_BLOCK));
+        assert_eq!(
+            b(GEMV_SHORT_BELOW) as usize,
+            GEMV_SHORT_BELOW.div_ceil(GEMV_ROWS_PER_BLOCK)
+        );
+        let mut spec = chain(vec![stage(1, "Gemv")]);
+        spec.stages[0].tensor_eligible = Some(true);
+        spec.stages[0].precision = Some(Precision::Bf16);
+        let tensor = lower(&spec).unwrap();
+        assert_eq!(
+            blocks(&tensor, 0, &[("m", 1000), ("n", 8)]) as usize,
+            1000usize.div_ceil(GEMV_MMA_ROWS)
+        );
+        let gemv_t = ops(&["GemvT"]).unwrap();
+        let narrow = GEMV_T_NARROW_BELOW - 1;
+        let b = |n| blocks(&gemv_t, 0, &[("m", 8), ("n", n)]);
+        assert_eq!(
+            b(narrow) as usize,
+            narrow.div_ceil(GEMV_T_NARROW_COLS_PER_BLOCK)
+        );
+        assert_eq!(
+            b(GEMV_T_NARROW_BELOW) as usize,
+            GEMV_T_NARROW_BELOW.div_ceil(GEMV_T_COLS_PER_BLOCK)
+        );
+        // f32 matmul: direct tiles while few, else MATMUL_TILE tiles, or small ones when those
+        // would be fewer than MATMUL_SMALL_BELOW.
+        let mm = ops(&["Matmul"]).unwrap();
+        let b = |m: usize, n: usize| blocks(&mm, 0, &[("m", m), ("k", 4), ("n", n)]) as usize;
+        let direct =
+            |m: usize, n: usize| m.div_ceil(MATMUL_DIRECT_ROWS) * n.div_ceil(MATMUL_DIRECT_COLS);
+        let tiles = |m: usize, n: usize, e: usize| m.div_ceil(e) * n.div_ceil(e);
+        let (m, n) = (MATMUL_DIRECT_ROWS * 16, MATMUL_DIRECT_COLS * 16); // exactly the most direct tiles
+        assert_eq!(direct(m, n), MATMUL_DIRECT_MAX_TILES);
+        assert_eq!(b(m, n), MATMUL_DIRECT_MAX_TILES);
+        let (m, n) = (m + 1, n); // one more row of direct tiles: MATMUL_TILE tiles, few: small ones
+        assert!(tiles(m, n, MATMUL_TILE) < MATMUL_SMALL_BELOW);
+        assert_eq!(b(m, n), tiles(m, n, MATMUL_SMALL_TILE));
+        let (m, n) = (MATMUL_TILE * 8, MATMUL_TILE * 8); // exactly MATMUL_SMALL_BELOW big tiles
+        assert_eq!(tiles(m, n, MATMUL_TILE), MATMUL_SMALL_BELOW);
+        assert_eq!(b(m, n), MATMUL_SMALL_BELOW);
+        // Elementwise passes: MAP_ELEMS_PER_BLOCK each; pairwise rows: points per block.
+        let map = ops(&["Relu"]).unwrap();
+        let mut sizes = vec![0; map.dims.len()];
+        sizes[map.args[0].shape[0]] = MAP_ELEMS_PER_BLOCK + 1;
+        assert_eq!(map.stage_blocks(0, &sizes), 2);
+        let pairs = ops(&["ChebyshevDistance", "KthSmallest"]).unwrap();
+        assert_eq!(
+            blocks(&pairs, 1, &[("n", 33)]) as usize,
+            33usize.div_ceil(PAIRWISE_POINTS_PER_BLOCK)
+        );
+    }
+
+    #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
         let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();
         assert_eq!(ir.output, ChainOutput::Scalar);
