@@ -1918,6 +1918,56 @@ mod tests {
         );
     }
 
+    /// Inputs already widened to f64 (what the CPU backend passes) evaluate as f32 ones do; a
+    /// checked elementwise stage is judged as the f32 it stores, a checked reduction as its f64
+    /// result.
+    #[test]
+    fn the_evaluator_takes_f64_inputs_and_judges_checked_values_as_stored() {
+        let ir = ops(&["KlDivergence"]).unwrap();
+        let (q, p) = ([0.5f32, 0.25], [0.25f32, 0.5]);
+        let (qw, pw): (Vec<f64>, Vec<f64>) = (
+            q.iter().map(|&v| f64::from(v)).collect(),
+            p.iter().map(|&v| f64::from(v)).collect(),
+        );
+        let narrow = ir.eval_f64(
+            &[EvalArg::Input(&q), EvalArg::Input(&p), EvalArg::None],
+            &[2],
+        );
+        let wide = ir.eval_f64(
+            &[
+                EvalArg::InputF64(&qw),
+                EvalArg::InputF64(&pw),
+                EvalArg::None,
+            ],
+            &[2],
+        );
+        assert_eq!(narrow, wide);
+        // Elementwise: a term that is finite in f64 but not as the f32 it is stored as fails.
+        let mut spec = chain(vec![stage(1, "Square")]);
+        spec.stages[0].finite = Some(true);
+        let sq = lower(&spec).unwrap();
+        let big = [1e20f32, 1.0];
+        assert_eq!(
+            sq.eval_checked(&[EvalArg::Input(&big), EvalArg::None], &[2])
+                .1,
+            Some(0)
+        );
+        let fine = [1e10f32, 1.0];
+        assert_eq!(
+            sq.eval_checked(&[EvalArg::Input(&fine), EvalArg::None], &[2])
+                .1,
+            None
+        );
+        // A reduction: its f64 result is what is checked (1e40 is finite there).
+        let mut spec = chain(vec![stage(1, "Square"), stage(2, "SumReduction")]);
+        spec.stages[1].finite = Some(true);
+        let sum = lower(&spec).unwrap();
+        let args = [EvalArg::InputF64(&[1e20, 0.5]), EvalArg::None];
+        assert_eq!(sum.eval_checked(&args, &[2]).1, None);
+        let args = [EvalArg::InputF64(&[1e200, 0.5]), EvalArg::None];
+        assert_eq!(sum.eval_checked(&args, &[2]).1, Some(1));
+    }
+
     #[test]
     fn kl_complexity_lowers_to_a_fused_reduction() {
         let ir = ops(&["KlDivergence", "SumReduction"]).unwrap();

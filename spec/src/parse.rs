@@ -296,6 +296,37 @@ mod tests {
     }
 
     #[test]
+    fn stage_attributes_reach_the_chain() {
+        let ir = parse(
+            r#"#[fusion(domain = "t")]
+               struct G {
+                   #[stage(1, tensor_eligible = true, precision = "bf16", tolerance = 1e-2)] p: Matmul,
+                   #[stage(2, finite = true)] g: Gelu,
+               }"#,
+        )
+        .unwrap();
+        assert_eq!(ir.stages[0].tolerance, Some(1e-2));
+        assert!(ir.stages[0].tensor);
+        assert!(!ir.stages[0].finite && ir.stages[1].finite);
+        // An integer tolerance is a number too.
+        let e = parse(
+            r#"#[fusion(domain = "t")]
+               struct G { #[stage(1, tensor_eligible = true, precision = "bf16", tolerance = 1)] p: Matmul }"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
+    }
+
+    /// An attribute's error points at that attribute's value, not at another of the stage's.
+    #[test]
+    fn an_attribute_error_points_at_its_value() {
+        let src = r#"#[fusion(domain = "t")] struct G { #[stage(1, tensor_eligible = true, precision = "bf16", tolerance = 2.5)] p: Matmul }"#;
+        let e = parse(src).unwrap_err();
+        assert!(e.to_string().contains("tolerance"), "{e}");
+        assert_eq!(e.span().start().column, src.find("2.5").unwrap(), "{e}");
+    }
+
+    #[test]
     fn parses_the_design_example() {
         let ir = parse(
             r#"#[derive(FusionBuilder)]

@@ -312,6 +312,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn edit_distances_count_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("abc", ""), 3);
+        assert_eq!(edit_distance("abc", "abd"), 1);
+        assert_eq!(edit_distance("abc", "abxc"), 1);
+        assert_eq!(edit_distance("abxc", "abc"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn types_and_cpu_code_describe_themselves() {
+        assert_eq!(Ty::Matrix("m", "n").describe(), "a matrix");
+        assert_eq!(Ty::Vector("n").describe(), "a vector");
+        assert_eq!(format!("{:?}", KL_DIVERGENCE.cpu), "Elementwise(..)");
+        assert_eq!(format!("{:?}", GEMV.cpu), "Tensor(..)");
+        assert_eq!(format!("{:?}", KTH_SMALLEST.cpu), "Row(..)");
+        assert_eq!(format!("{:?}", CHEBYSHEV_DISTANCE.cpu), "Pair(..)");
+        assert_eq!(
+            format!("{:?}", MAX_REDUCTION.cpu),
+            "Reduction { identity: -inf, .. }"
+        );
+    }
+
+    #[test]
     fn names_are_unique_and_well_formed() {
         for (i, a) in CATALOG.iter().enumerate() {
             assert!(
