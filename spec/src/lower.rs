@@ -1875,9 +1875,11 @@ mod tests {
         spec.stages[0].tensor_eligible = Some(true);
         spec.stages[0].precision = Some(Precision::Bf16);
         let tensor = lower(&spec).unwrap();
+        // Tall enough that CUDA cores would take GEMV_ROWS_PER_BLOCK rows a block.
+        let tall = GEMV_SHORT_BELOW + 1000;
         assert_eq!(
-            blocks(&tensor, 0, &[("m", 1000), ("n", 8)]) as usize,
-            1000usize.div_ceil(GEMV_MMA_ROWS)
+            blocks(&tensor, 0, &[("m", tall), ("n", 8)]) as usize,
+            tall.div_ceil(GEMV_MMA_ROWS)
         );
         let gemv_t = ops(&["GemvT"]).unwrap();
         let narrow = GEMV_T_NARROW_BELOW - 1;
@@ -1911,6 +1913,12 @@ mod tests {
         let mut sizes = vec![0; map.dims.len()];
         sizes[map.args[0].shape[0]] = MAP_ELEMS_PER_BLOCK + 1;
         assert_eq!(map.stage_blocks(0, &sizes), 2);
+        // A later stage's flow is the stage before's output (a reduction's own shape is a scalar).
+        let sum = ops(&["Square", "SumReduction"]).unwrap();
+        let mut sizes = vec![0; sum.dims.len()];
+        sizes[sum.args[0].shape[0]] = MAP_ELEMS_PER_BLOCK + 1;
+        assert_eq!(sum.flow_elements(1, &sizes), MAP_ELEMS_PER_BLOCK + 1);
+        assert_eq!(sum.stage_blocks(1, &sizes), 2);
         let pairs = ops(&["ChebyshevDistance", "KthSmallest"]).unwrap();
         assert_eq!(
             blocks(&pairs, 1, &[("n", 33)]) as usize,

@@ -215,6 +215,13 @@ mod tests {
         // ψ(n + 1) = H_n - γ.
         let h: f64 = (1..=1000).map(|k| 1.0 / k as f64).sum();
         assert!((digamma(1001.0) - (h - euler)).abs() < 1e-12);
+        // Negative arguments by reflection: ψ(-1/4) = ψ(5/4) + π, with ψ(5/4) = 4 - γ - π/2 - 3 ln 2.
+        let pi = std::f64::consts::PI;
+        let psi_5_4 = 4.0 - euler - pi / 2.0 - 3.0 * 2f64.ln();
+        assert!((digamma(1.25) - psi_5_4).abs() < 1e-13);
+        assert!((digamma(-0.25) - (psi_5_4 + pi)).abs() < 1e-12);
+        assert!(digamma(f64::NAN).is_nan());
+        assert!(digamma(f64::NEG_INFINITY).is_nan());
         assert!(digamma(0.0).is_nan());
         assert!(digamma(-2.0).is_nan());
         assert!(
