@@ -19,8 +19,8 @@
  *     its pptm_desc, tagged.
  *   Completion ring (CQ), mapped pinned host memory, `queue_slots` pptm_cq_entry. The device
  *     writes, the host only reads. Item `seq` completes into entry seq & (queue_slots - 1): words
- *     0..4 carry status, opcode, the low and high halves of the f64 result, and the item's device
- *     time, tagged.
+ *     0..5 carry status, opcode, the low and high halves of the f64 result, the item's device
+ *     time and its product paths, tagged.
  *   Flow control: the host reuses slot s & (N-1) for item s only after it has read the completion
  *     of item s - N. The device completes items in order and reads an item before it completes it,
  *     so neither side can overrun the other.
@@ -47,7 +47,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 10u
+#define PPTM_ABI_VERSION 11u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -76,8 +76,19 @@ typedef unsigned long long uint64_t;
 #define PPTM_OP_FIRST_VARIANT 16u
 
 /* Tagged u64 words per completion entry that carry data (status, opcode, value lo, value hi,
- * device time). */
-#define PPTM_CQ_WORDS 5u
+ * device time, product paths). */
+#define PPTM_CQ_WORDS 6u
+
+/* Product paths: which implementations of a matrix product an item ran (completion word 5 and
+ * pptm_launch_out.paths, a bit set; 0 for an item with no product stage). The choice is made from
+ * the item's shapes and pointers alone, so every block of an item makes the same one and the
+ * last block to finish reports its own. Tests and benchmarks read it to know which precision a
+ * result carries (fp8 wgmma adds in reduced precision) and that a shape reached the path meant
+ * for it. */
+#define PPTM_PATH_CUDA_CORES 1u /* f32 tiles on CUDA cores (pattern/linear.cuh) */
+#define PPTM_PATH_MMA_SYNC 2u   /* mma.sync tensor cores (pattern/mma.cuh) */
+#define PPTM_PATH_WGMMA 4u      /* Hopper's wgmma with TMA, 16-bit operands (pattern/wgmma.cuh) */
+#define PPTM_PATH_WGMMA_FP8 8u  /* Hopper's wgmma, e4m3 operands (pattern/wgmma.cuh) */
 
 /* Completion status words. */
 #define PPTM_STATUS_OK 0u
@@ -108,11 +119,11 @@ typedef struct pptm_sq_slot {
 /* One completion entry (64 bytes, one cache line): tagged words
  *   [0] status (PPTM_STATUS_*)  [1] opcode (echo)  [2] result bits 0..31  [3] result bits 32..63
  *   [4] device time in ns (saturated at 2^32 - 1): %globaltimer from compute block 0 taking the
- *       item to the last block finishing it
+ *       item to the last block finishing it  [5] product paths (PPTM_PATH_*)
  * where the result is the f64 scalar of a reducing chain, else 0. */
 typedef struct pptm_cq_entry {
     uint64_t words[PPTM_CQ_WORDS];
-    uint64_t reserved[3];
+    uint64_t reserved[2];
 } pptm_cq_entry;
 
 /* Host <-> device control words, in mapped host memory after the CQ (one 64-byte line each).
@@ -173,7 +184,7 @@ typedef struct pptm_manifold_params {
  * synchronising the stream. */
 typedef struct pptm_launch_out {
     uint32_t status; /* PPTM_STATUS_* */
-    uint32_t pad;
+    uint32_t paths;  /* PPTM_PATH_*: the product paths the item's stages ran */
     double value; /* the scalar of a reducing chain, else 0 */
     /* Progress for the launched variants' watchdog: a block's %globaltimer when it reached a tile
      * (pptm_tick), written at most once a millisecond per block. The host clears it before

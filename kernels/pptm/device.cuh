@@ -448,6 +448,16 @@ __device__ __forceinline__ void pptm_check_finite_thread0(double v) {
     if (threadIdx.x == 0 && !isfinite(v)) pptm_nonfinite = 1u;
 }
 
+// The product paths (PPTM_PATH_*) this block's share of the current item ran. Thread 0 sets and
+// clears it; the choice of path is the same in every block of an item (abi.h), so the last block
+// to finish reports its own.
+__shared__ uint32_t pptm_paths;
+
+// Records that this block's product dispatch chose `path`.
+__device__ __forceinline__ void pptm_took_path(uint32_t path) {
+    if (threadIdx.x == 0) pptm_paths |= path;
+}
+
 // ---- matmul epilogues -----------------------------------------------------------------------------
 
 // Column j's values of a matmul epilogue (what it reads by column, a bias; pattern/linear.cuh's

@@ -312,6 +312,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         pptm_beat_word = &S->beat[me];
         pptm_beat_last = PPTM_BEAT_DEVICE;
         pptm_nonfinite = 0u;
+        pptm_paths = 0u;
     }
     for (uint64_t seq = 0;; ++seq) {
         pptm_compute_wait(P, sh, seq, nblocks, me);
@@ -371,7 +372,10 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         // non-finite value.
         uint64_t* arrivals = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         uint64_t start = 0;  // thread 0 of the last arriver: block 0's start
+        uint32_t paths = 0;  // thread 0: this block's product paths (the item's, abi.h)
         if (threadIdx.x == 0) {
+            paths = pptm_paths;
+            pptm_paths = 0u;
             if (op >= PPTM_OP_FIRST_VARIANT) {
                 if (blocks == 1)
                     sh.own = partial;
@@ -421,6 +425,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 2, pptm_tagged((uint32_t)bits, tag));
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
                 pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, (uint64_t)0xFFFFFFFFu), tag));
+                pptm_st_relaxed_sys(e + 5, pptm_tagged(paths, tag));
                 PPTM_TRACE(seq, 8, pptm_globaltimer());
                 // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
                 if (blocks > 1) *arrivals = 0;
@@ -492,6 +497,7 @@ __device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm
         pptm_beat_word = &out->progress;  // the launched variants' watchdog (launched.rs)
         pptm_beat_last = 0;
         pptm_nonfinite = 0u;
+        pptm_paths = 0u;
     }
     __syncthreads();
 }
@@ -541,6 +547,7 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PPTM_MIN_BLOCKS
         if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT) value = pptm_finish_variant(sh.desc, P.partials, gridDim.x, sh.red);
         if (threadIdx.x == 0) {
             P.out->status = pptm_launch_status(sh, status);
+            P.out->paths = pptm_paths;
             P.out->value = value;
         }
     }
@@ -559,6 +566,8 @@ extern "C" __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PPTM_MIN_BLOCKS
         // A stage reports only trouble: OK is the launcher's initial word, and an earlier stage's
         // non-finite status must survive the stages after it.
         if (threadIdx.x == 0 && pptm_launch_status(sh, status) != PPTM_STATUS_OK) P.out->status = pptm_launch_status(sh, status);
+        // The stages run one after another on one stream: this one adds its paths to theirs.
+        if (threadIdx.x == 0 && pptm_paths != 0u) P.out->paths |= pptm_paths;
     }
 }
 

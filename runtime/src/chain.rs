@@ -178,6 +178,8 @@ pub struct Completion {
     /// first block taking the item to its last block finishing it (%globaltimer), the launched
     /// variants between CUDA events around their launches. `None` on the CPU backend.
     pub device_ns: Option<u64>,
+    /// The product paths the item ran, as the device reports them; `None` on the CPU backend.
+    pub paths: Option<crate::ticket::ProductPaths>,
 }
 
 /// Converts a completion into a chain's result type.

@@ -72,5 +72,6 @@ pub(crate) fn run(
         },
         value,
         device_ns: None,
+        paths: None,
     })
 }

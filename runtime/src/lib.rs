@@ -32,5 +32,5 @@ pub use gpu::baseline;
 pub use guard::GuardStats;
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;
-pub use runtime::{BackendKind, Config, Runtime, Variant};
-pub use ticket::{Ticket, Timed};
+pub use runtime::{BackendKind, Config, GpuInfo, Runtime, Variant};
+pub use ticket::{ProductPaths, Ticket, Timed};

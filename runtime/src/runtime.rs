@@ -199,6 +199,19 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// The GPU a runtime runs on ([`Runtime::gpu_info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// The CUDA device ordinal.
+    pub ordinal: usize,
+    /// The driver's name for it ("NVIDIA H200").
+    pub name: String,
+    /// (major, minor): (9, 0) on Hopper, where wgmma paths exist.
+    pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+}
+
 impl Runtime {
     /// A runtime on the GPU if one is usable, else on the CPU; [`Runtime::describe`] says which
     /// and why. `PPTM_BACKEND=cpu` or `=gpu` forces a backend (`gpu` fails without a GPU).
@@ -312,6 +325,16 @@ impl Runtime {
                 s
             }
         }
+    }
+
+    /// The GPU this runtime runs on; `None` on the CPU backend.
+    pub fn gpu_info(&self) -> Option<GpuInfo> {
+        self.gpu_device().map(|d| GpuInfo {
+            ordinal: d.ordinal,
+            name: d.name.clone(),
+            compute_capability: (d.cc.0 as u32, d.cc.1 as u32),
+            sm_count: d.sm_count,
+        })
     }
 
     pub(crate) fn gpu_device(&self) -> Option<&Arc<Device>> {
@@ -553,6 +576,7 @@ impl Runtime {
                     status: 0,
                     value: 0.0,
                     device_ns: None,
+                    paths: None,
                 },
             )),
             Some(m) => {

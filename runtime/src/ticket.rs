@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use crate::chain::{ChainOutput, Completion};
 use crate::error::{Error, Result};
-use crate::gpu::{Cell, Failure, Manifold};
+use crate::gpu::{Cell, Failure, Manifold, abi};
 use crate::guard::GuardNote;
 
-/// A chain's result with the time its item took on the device.
+/// A chain's result with the time its item took on the device and how it computed its products.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timed<R> {
     pub value: R,
@@ -17,6 +17,79 @@ pub struct Timed<R> {
     /// (`%globaltimer`, whose resolution depends on the GPU), or between CUDA events around the
     /// launches of the launched variants; `None` on the CPU backend.
     pub device: Option<Duration>,
+    /// Which implementations of a matrix product the item ran, as the device reports them;
+    /// `None` on the CPU backend.
+    pub paths: Option<ProductPaths>,
+}
+
+/// Which implementations of a matrix product an item ran on the GPU (empty for an item with no
+/// product stage). The kernel chooses from the shapes and pointers of each item, so this is how
+/// a caller learns, for one item, whether Hopper's tensor-core paths took it, and so which
+/// precision its sums carry: e4m3 wgmma adds in reduced precision (docs/precision.md).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ProductPaths(u32);
+
+impl ProductPaths {
+    /// From the device's bit set (`PPTM_PATH_*` in kernels/pptm/abi.h); unknown bits are kept.
+    pub(crate) fn from_bits(bits: u32) -> Self {
+        ProductPaths(bits)
+    }
+
+    /// f32 tiles on CUDA cores.
+    pub fn cuda_cores(self) -> bool {
+        self.0 & abi::PPTM_PATH_CUDA_CORES != 0
+    }
+
+    /// `mma.sync` tensor cores (16-bit or e4m3 operands, f32 sums).
+    pub fn mma_sync(self) -> bool {
+        self.0 & abi::PPTM_PATH_MMA_SYNC != 0
+    }
+
+    /// Hopper's wgmma with TMA, 16-bit operands (f32 sums).
+    pub fn wgmma(self) -> bool {
+        self.0 & abi::PPTM_PATH_WGMMA != 0
+    }
+
+    /// Hopper's wgmma with e4m3 operands, whose sums within a slice of 128 keep about 13
+    /// mantissa bits.
+    pub fn wgmma_fp8(self) -> bool {
+        self.0 & abi::PPTM_PATH_WGMMA_FP8 != 0
+    }
+
+    /// No product ran.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::fmt::Debug for ProductPaths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProductPaths({self})")
+    }
+}
+
+impl std::fmt::Display for ProductPaths {
+    /// "none", or the paths joined by " + " ("mma.sync", "wgmma + wgmma fp8").
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.cuda_cores(), "cuda cores"),
+            (self.mma_sync(), "mma.sync"),
+            (self.wgmma(), "wgmma"),
+            (self.wgmma_fp8(), "wgmma fp8"),
+        ];
+        let mut any = false;
+        for (_, name) in names.iter().filter(|(on, _)| *on) {
+            if any {
+                f.write_str(" + ")?;
+            }
+            f.write_str(name)?;
+            any = true;
+        }
+        if !any {
+            f.write_str("none")?;
+        }
+        Ok(())
+    }
 }
 
 /// Borrows the submitted buffers for `'a` (mutably: outputs may be among them) and yields an `R`.
@@ -104,6 +177,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         Ok(Timed {
             value: R::from_completion(&c),
             device: c.device_ns.map(Duration::from_nanos),
+            paths: c.paths,
         })
     }
 

@@ -3,7 +3,7 @@
 //! products, f32 and 16/8-bit: domain `batched`).
 #![allow(dead_code)]
 
-use pptm::{Buffer, Element, Error, Runtime, Ticket};
+use pptm::{Buffer, Element, Error, ProductPaths, Runtime, Ticket};
 
 use super::{gelu, uniform};
 
@@ -135,11 +135,20 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         (1280, 136, 1240),
         (3072, 16, 4224),
     ];
+    let mut ran = PathsSeen::new(rt, T::NAME);
     for (m, k, n) in shapes {
-        check_products(rt, T::NAME, T::from_f32, 1, m, k, n, |rt, a, w, b, out| {
-            T::submit(rt, a, w, b, out, m, k)
-        });
+        ran.add(check_products(
+            rt,
+            T::NAME,
+            T::from_f32,
+            1,
+            m,
+            k,
+            n,
+            |rt, a, w, b, out| T::submit(rt, a, w, b, out, m, k),
+        ));
     }
+    ran.check();
 }
 
 /// gelu(A[s] W[s] + b) for a batch of products, on the same terms as [`tensor_core_matmul`].
@@ -168,8 +177,9 @@ pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
         // tiles in both dimensions.
         (3, 200, 256, 272),
     ];
+    let mut ran = PathsSeen::new(rt, T::NAME);
     for (batch, m, k, n) in shapes {
-        check_products(
+        ran.add(check_products(
             rt,
             T::NAME,
             T::from_f32,
@@ -178,24 +188,67 @@ pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
             k,
             n,
             |rt, a, w, b, out| T::submit_batched(rt, a, w, b, out, batch, m, k),
-        );
+        ));
     }
+    ran.check();
 }
 
-/// Whether an fp8 product of this shape may run on Hopper's e4m3 wgmma (the conditions of
-/// pptm_wgmma_fp8_fits and pptm_wgmma_fp8_batched_fits in kernels/pptm/pattern/wgmma.cuh; the
-/// buffers are always 16-byte aligned here).
-fn fp8_wgmma_shape(batch: usize, m: usize, k: usize, n: usize) -> bool {
-    let rows_ok = k.is_multiple_of(16) && n.is_multiple_of(16);
-    let enough = batch * m * n * k >= pptm_spec::work::WGMMA_FROM;
-    let batch_ok = batch == 1 || (m >= 128 && n >= 128 && k.is_multiple_of(128));
-    rows_ok && enough && batch_ok
+/// The product paths a list of shapes reached on the GPU, so a test knows the paths it means to
+/// cover ran: every 16- and 8-bit shape list has shapes for Hopper's wgmma, and those must reach
+/// it on sm_90 (and nowhere else).
+struct PathsSeen {
+    name: &'static str,
+    /// The GPU's compute capability; `None` on the CPU backend, where nothing is checked.
+    cc: Option<(u32, u32)>,
+    seen: Vec<ProductPaths>,
+}
+
+impl PathsSeen {
+    fn new(rt: &Runtime, name: &'static str) -> Self {
+        PathsSeen {
+            name,
+            cc: rt.gpu_info().map(|g| g.compute_capability),
+            seen: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, paths: Option<ProductPaths>) {
+        self.seen.extend(paths);
+    }
+
+    fn check(&self) {
+        let Some(cc) = self.cc else { return };
+        let name = self.name;
+        let hopper = cc == (9, 0);
+        let any = |f: fn(ProductPaths) -> bool| self.seen.iter().any(|&p| f(p));
+        if name == "f32" {
+            assert!(!any(|p| !p.cuda_cores()), "{name}: a product left the CUDA cores: {:?}", self.seen);
+            return;
+        }
+        let want: fn(ProductPaths) -> bool = if name == "fp8" {
+            ProductPaths::wgmma_fp8
+        } else {
+            ProductPaths::wgmma
+        };
+        assert_eq!(
+            any(want),
+            hopper,
+            "{name} on sm_{}{}: Hopper's wgmma path {} (paths reported: {:?})",
+            cc.0,
+            cc.1,
+            if hopper { "never ran" } else { "ran off Hopper" },
+            self.seen
+        );
+        assert!(any(ProductPaths::mma_sync), "{name}: no shape ran on mma.sync: {:?}", self.seen);
+        assert!(!any(ProductPaths::cuda_cores), "{name}: a product ran on CUDA cores: {:?}", self.seen);
+    }
 }
 
 /// Submits `gelu(A[s] W[s] + b)` for `batch` stacked products of fresh random operands through
 /// `submit`, into an output poisoned with NaN, and compares every element with an f64 reference
-/// of the same operand values: within 1e-4 of the terms' magnitude (1e-3 for fp8 shapes that
-/// Hopper's fp8 tensor cores may take: they add in reduced precision).
+/// of the same operand values: within 1e-4 of the terms' magnitude (1e-3 where the device reports
+/// that Hopper's fp8 tensor cores took the product: they add in reduced precision). Returns the
+/// product paths the device reported, each item's being exactly one path.
 #[allow(
     clippy::too_many_arguments,
     reason = "one product shape and how to build and submit it"
@@ -215,7 +268,7 @@ fn check_products<T: Element>(
         &'a Buffer<f32>,
         &'a mut Buffer<f32>,
     ) -> Result<Ticket<'a, ()>, Error>,
-) {
+) -> Option<ProductPaths> {
     let a: Vec<T> = uniform(batch * m * k, -1.0, 1.0)
         .into_iter()
         .map(from_f32)
@@ -248,13 +301,27 @@ fn check_products<T: Element>(
         rt.upload(&b).unwrap(),
     );
     let mut out = rt.upload(&vec![f32::NAN; batch * m * n]).unwrap();
-    submit(rt, &ab, &wb, &bb, &mut out).unwrap().wait().unwrap();
+    let paths = submit(rt, &ab, &wb, &bb, &mut out)
+        .unwrap()
+        .wait_timed()
+        .unwrap()
+        .paths;
+    if let Some(p) = paths {
+        let one = [p.cuda_cores(), p.mma_sync(), p.wgmma(), p.wgmma_fp8()]
+            .iter()
+            .filter(|&&on| on)
+            .count();
+        assert_eq!(
+            one, 1,
+            "{name} batch={batch} m={m} k={k} n={n}: the device reported paths {p}, not one"
+        );
+    }
     let got = out.to_vec().unwrap();
     // fp8 on Hopper's e4m3 wgmma (shapes that path may take): the tensor cores add a slice's
     // (128 of k) four k32 steps with about 13 mantissa bits, truncating (each slice's sum then
     // goes into f32), so up to about 4 * 2^-13 = 5e-4 of the terms' magnitude; seen up to 1.2e-4
     // (k = 256, two slices, H100). Every other path, fp8's mma.sync included, adds in f32: 1e-4.
-    let bar = if name == "fp8" && fp8_wgmma_shape(batch, m, k, n) {
+    let bar = if paths.is_some_and(ProductPaths::wgmma_fp8) {
         1e-3
     } else {
         1e-4
@@ -268,11 +335,13 @@ fn check_products<T: Element>(
         let err = (f64::from(g) - want).abs();
         assert!(
             err < bar * magnitude,
-            "{name} batch={batch} m={m} k={k} n={n} product {s} at ({i}, {j}): got {g}, f64 reference {want}, error {err:e}, terms' magnitude {magnitude:e}",
+            "{name} batch={batch} m={m} k={k} n={n} product {s} at ({i}, {j}) on {paths:?}: got {g}, f64 reference {want}, error {err:e}, terms' magnitude {magnitude:e}",
         );
         worst = worst.max(err / magnitude);
     }
     eprintln!(
-        "{name} batch={batch} m={m} k={k} n={n}: worst error {worst:.1e} of the terms' magnitude"
+        "{name} batch={batch} m={m} k={k} n={n} on {}: worst error {worst:.1e} of the terms' magnitude",
+        paths.map_or("the CPU".to_string(), |p| p.to_string())
     );
+    paths
 }

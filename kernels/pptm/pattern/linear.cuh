@@ -889,6 +889,7 @@ __device__ __forceinline__ void pptm_matmul_direct(const float* A, const float* 
 template <class Epi>
 __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
                                             const Epi& epi, float* out, const pptm_block_ctx& b) {
+    pptm_took_path(PPTM_PATH_CUDA_CORES);
     if (pptm_matmul_direct_tiles(m, n) <= (uint64_t)PPTM_MATMUL_DIRECT_MAX_TILES)
         pptm_matmul_direct(A, W, m, k, n, epi, out, b);
     else if (pptm_matmul_small(m, n))
@@ -949,6 +950,7 @@ __device__ __forceinline__ uint64_t pptm_matmul_tiles(uint64_t m, uint64_t n) {
 template <class Epi>
 __device__ __forceinline__ void pptm_matmul_batched(uint64_t batch, const float* A, const float* W, uint64_t m, uint64_t k,
                                                     uint64_t n, const Epi& epi, float* out, const pptm_block_ctx& b) {
+    pptm_took_path(PPTM_PATH_CUDA_CORES);  // a block that owns no tile reports it too
     pptm_for_each_product(batch, pptm_matmul_tiles(m, n), b, [&](uint64_t s, const pptm_block_ctx& c) {
         pptm_matmul(A + s * m * k, W + s * k * n, m, k, n, pptm_epi_rows_from<Epi>{epi, s * m},
                     out == nullptr ? nullptr : out + s * m * n, c);

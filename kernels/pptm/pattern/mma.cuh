@@ -443,6 +443,7 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
     // Hopper: TMA + wgmma (pattern/wgmma.cuh) where it applies.
     if constexpr (sizeof(S) == 2) {
         if (pptm_wgmma_fits(A, W, m, k, n)) {
+            pptm_took_path(PPTM_PATH_WGMMA);
             pptm_matmul_wgmma<T>(reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
             return;
         }
@@ -450,11 +451,13 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
     // E4M3 operands: fp8 wgmma, W transposed slice by slice in shared memory.
     if constexpr (sizeof(S) == 1) {
         if (pptm_wgmma_fp8_fits(A, W, m, k, n)) {
+            pptm_took_path(PPTM_PATH_WGMMA_FP8);
             pptm_matmul_wgmma_fp8(A, W, m, k, n, epi, out, b);
             return;
         }
     }
 #endif
+    pptm_took_path(PPTM_PATH_MMA_SYNC);
     if (pptm_mma_large(m, n))
         pptm_matmul_mma_tiled<T, 128, 64, 32, 3>(A, W, m, k, n, epi, out, b);
     else
@@ -472,6 +475,7 @@ __device__ __forceinline__ void pptm_matmul_mma_batched(uint64_t batch, const S*
     // Hopper, 16-bit operands in memory, products of 128 x 128 outputs or more: TMA + wgmma.
     if constexpr (sizeof(S) == 2) {
         if (pptm_wgmma_batched_fits(A, W, batch, m, k, n)) {
+            pptm_took_path(PPTM_PATH_WGMMA);
             pptm_matmul_wgmma_batched<T>(batch, reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
             return;
         }
@@ -479,11 +483,13 @@ __device__ __forceinline__ void pptm_matmul_mma_batched(uint64_t batch, const S*
     // E4M3 operands, products of 128 x 128 outputs or more, k whole slices of 128: fp8 wgmma.
     if constexpr (sizeof(S) == 1) {
         if (pptm_wgmma_fp8_batched_fits(A, W, batch, m, k, n)) {
+            pptm_took_path(PPTM_PATH_WGMMA_FP8);
             pptm_matmul_wgmma_fp8<true>(A, W, m, k, n, epi, out, b, (uint32_t)batch);
             return;
         }
     }
 #endif
+    pptm_took_path(PPTM_PATH_MMA_SYNC);
     const uint64_t large = (m / 128 + (m % 128 != 0)) * (n / 64 + (n % 64 != 0));
     // Products no taller than a small tile keep small tiles: a large one would be half empty.
     if (m > 64 && batch * large >= (uint64_t)PPTM_MMA_LARGE_FROM)

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 10;
+pub const PPTM_ABI_VERSION: u32 = 11;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -14,7 +14,11 @@ pub const PPTM_OP_DEBUG_HANG: u32 = 8;
 pub const PPTM_OP_DEBUG_SLOW: u32 = 9;
 pub const PPTM_OP_DEBUG_FAULT: u32 = 10;
 pub const PPTM_OP_FIRST_VARIANT: u32 = 16;
-pub const PPTM_CQ_WORDS: u32 = 5;
+pub const PPTM_CQ_WORDS: u32 = 6;
+pub const PPTM_PATH_CUDA_CORES: u32 = 1;
+pub const PPTM_PATH_MMA_SYNC: u32 = 2;
+pub const PPTM_PATH_WGMMA: u32 = 4;
+pub const PPTM_PATH_WGMMA_FP8: u32 = 8;
 pub const PPTM_STATUS_OK: u32 = 0;
 pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 pub const PPTM_STATUS_BAD_ARGUMENT: u32 = 2;
@@ -50,8 +54,8 @@ const _: () = {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_cq_entry {
-    pub words: [u64; 5usize],
-    pub reserved: [u64; 3usize],
+    pub words: [u64; 6usize],
+    pub reserved: [u64; 2usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -60,7 +64,7 @@ const _: () = {
     ["Offset of field: pptm_cq_entry::words"]
         [::core::mem::offset_of!(pptm_cq_entry, words) - 0usize];
     ["Offset of field: pptm_cq_entry::reserved"]
-        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 40usize];
+        [::core::mem::offset_of!(pptm_cq_entry, reserved) - 48usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -201,7 +205,7 @@ impl Default for pptm_manifold_params {
 #[derive(Debug, Default, Copy, Clone)]
 pub struct pptm_launch_out {
     pub status: u32,
-    pub pad: u32,
+    pub paths: u32,
     pub value: f64,
     pub progress: u64,
     pub abort: u64,
@@ -212,8 +216,8 @@ const _: () = {
     ["Alignment of pptm_launch_out"][::core::mem::align_of::<pptm_launch_out>() - 8usize];
     ["Offset of field: pptm_launch_out::status"]
         [::core::mem::offset_of!(pptm_launch_out, status) - 0usize];
-    ["Offset of field: pptm_launch_out::pad"]
-        [::core::mem::offset_of!(pptm_launch_out, pad) - 4usize];
+    ["Offset of field: pptm_launch_out::paths"]
+        [::core::mem::offset_of!(pptm_launch_out, paths) - 4usize];
     ["Offset of field: pptm_launch_out::value"]
         [::core::mem::offset_of!(pptm_launch_out, value) - 8usize];
     ["Offset of field: pptm_launch_out::progress"]

@@ -34,6 +34,7 @@ use super::abi::{
 };
 use super::driver::{Device, MappedHost, Module, Stream};
 use crate::chain::{Completion, DomainCode};
+use crate::ticket::ProductPaths;
 use crate::error::{Error, Result};
 use crate::runtime::Variant;
 
@@ -593,6 +594,7 @@ impl Inner {
             status: out.status,
             value: out.value,
             device_ns: Some((f64::from(ms) * 1e6) as u64),
+            paths: Some(ProductPaths::from_bits(out.paths)),
         })
     }
 }

@@ -26,6 +26,7 @@ use super::abi::{
     pptm_sq_slot, sq_tag,
 };
 use crate::chain::Completion;
+use crate::ticket::ProductPaths;
 
 /// Memory that holds both rings and the control words: `slots` SQ slots, then `slots` CQ entries,
 /// then one `pptm_host_control`.
@@ -287,6 +288,7 @@ impl Queue {
             status: payload[0],
             value: f64::from_bits(u64::from(payload[2]) | (u64::from(payload[3]) << 32)),
             device_ns: Some(u64::from(payload[4])),
+            paths: Some(ProductPaths::from_bits(payload[5])),
         })
     }
 
@@ -385,17 +387,19 @@ pub(crate) mod tests {
                 let d = from_payload(&payload);
                 let e = queue.cq_words(slot);
                 let bits = (d.args[0] as f64 * 2.0).to_bits();
-                // The last word is the device time (ns): the fake device reports the item number.
+                // Word 4 is the device time (ns): the fake device reports the item number; word 5
+                // the product paths, the opcode's low bits.
                 let words = [
                     PPTM_STATUS_OK,
                     d.opcode,
                     bits as u32,
                     (bits >> 32) as u32,
                     seq as u32,
+                    d.opcode & 0xf,
                 ];
-                const _: () = assert!(PPTM_CQ_WORDS == 5, "the fake device writes every word");
+                const _: () = assert!(PPTM_CQ_WORDS == 6, "the fake device writes every word");
                 // Written in an arbitrary order: each word stands on its own.
-                for i in [3usize, 1, 4, 0, 2] {
+                for i in [3usize, 1, 5, 4, 0, 2] {
                     e[i].store(
                         u64::from(words[i]) << 32 | u64::from(tag),
                         Ordering::Relaxed,
@@ -580,7 +584,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_completion_delivers_its_status_value_and_device_time() {
+    fn a_completion_delivers_its_status_value_device_time_and_paths() {
         let q = Queue::new(HeapRings::new(4), 4);
         for seq in 0..9u64 {
             let c = q.try_push(&desc(100, seq), false, "test").unwrap();
@@ -592,22 +596,30 @@ pub(crate) mod tests {
             let tag = u64::from(sq_tag(seq, q.log2()));
             let value = -1.5 * seq as f64;
             let bits = value.to_bits();
-            let words = [7 + seq, 100, bits & 0xffff_ffff, bits >> 32, 1000 + seq];
+            let words = [
+                7 + seq,
+                100,
+                bits & 0xffff_ffff,
+                bits >> 32,
+                1000 + seq,
+                seq % 16,
+            ];
             let e = q.cq_words(slot);
             // Every word but the last: still not complete (a torn entry is never read).
-            for (w, v) in e.iter().zip(&words).take(4) {
+            for (w, v) in e.iter().zip(&words).take(5) {
                 w.store(v << 32 | tag, Ordering::Release);
             }
             assert!(
                 !q.poll(&c),
                 "item {seq}: read before its last word was written"
             );
-            e[4].store(words[4] << 32 | tag, Ordering::Release);
+            e[5].store(words[5] << 32 | tag, Ordering::Release);
             assert!(q.poll(&c));
             let got = c.result().unwrap().clone().unwrap();
             assert_eq!(got.status, 7 + seq as u32);
             assert_eq!(got.value, value);
             assert_eq!(got.device_ns, Some(1000 + seq));
+            assert_eq!(got.paths, Some(ProductPaths::from_bits((seq % 16) as u32)));
         }
     }
 

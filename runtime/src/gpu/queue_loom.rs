@@ -30,11 +30,12 @@ use loom::sync::Condvar;
 use loom::thread;
 
 use super::abi::{
-    PPTM_CQ_WORDS, PPTM_OP_SHUTDOWN, PPTM_SQ_SLOT_WORDS, PPTM_STATUS_OK, from_payload,
+    PPTM_CQ_WORDS, PPTM_OP_SHUTDOWN, PPTM_PATH_MMA_SYNC, PPTM_SQ_SLOT_WORDS, PPTM_STATUS_OK, from_payload,
     pptm_cq_entry, pptm_desc, sq_tag,
 };
 use super::queue::{Cell, Failure, PushError, Queue, RingMemory, bytes_for, cq_offset};
 use crate::chain::Completion;
+use crate::ticket::ProductPaths;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
 
@@ -207,6 +208,7 @@ impl Harness {
                     bits as u32,
                     (bits >> 32) as u32,
                     seq as u32,
+                    PPTM_PATH_MMA_SYNC,
                 ];
                 let e = h.rings.cq(slots, slot);
                 for i in CQ_ORDERS[seq as usize % CQ_ORDERS.len()] {
@@ -227,8 +229,12 @@ impl Harness {
 }
 
 /// The orders in which the device writes the words of successive completion entries.
-const CQ_ORDERS: [[usize; 5]; 3] = [[3, 1, 4, 0, 2], [4, 3, 2, 1, 0], [0, 1, 2, 3, 4]];
-const _: () = assert!(PPTM_CQ_WORDS == 5, "the emulated device writes every word");
+const CQ_ORDERS: [[usize; 6]; 3] = [
+    [3, 1, 5, 4, 0, 2],
+    [5, 4, 3, 2, 1, 0],
+    [0, 1, 2, 3, 4, 5],
+];
+const _: () = assert!(PPTM_CQ_WORDS == 6, "the emulated device writes every word");
 
 /// The descriptor words the emulated device decodes (opcode and args[0]), if its slot holds item
 /// `seq`. The host stores a slot's words in order (release), so the last is read first: once it
@@ -272,6 +278,7 @@ fn expected(seq: u64, arg: u64) -> Completion {
         status: PPTM_STATUS_OK,
         value: 2.0 * arg as f64,
         device_ns: Some(seq),
+        paths: Some(ProductPaths::from_bits(PPTM_PATH_MMA_SYNC)),
     }
 }
 
