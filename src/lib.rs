@@ -48,7 +48,7 @@ pub use pptm_spec::ChainIr;
 #[doc(hidden)]
 pub mod __private {
     pub use bytemuck;
-    pub use pptm_runtime::checked_ir;
+    pub use pptm_runtime::{LINKED_DOMAINS, checked_ir, linkme};
     pub use pptm_spec::{ChainSpec, DESC_ARGS, Precision, SpecError, StageSpec, Tolerance, lower};
 
     /// Implemented by the derive macro so the stage fields count as used.

@@ -199,6 +199,14 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             }
         };
 
+        // Lists the chain's domain among those linked into the binary (Runtime starts any of them
+        // on demand).
+        const _: () = {
+            #[::pptm::__private::linkme::distributed_slice(::pptm::__private::LINKED_DOMAINS)]
+            #[linkme(crate = ::pptm::__private::linkme)]
+            static DOMAIN: &'static ::pptm::DomainCode = <#ident as ::pptm::Chain>::DOMAIN;
+        };
+
         impl ::pptm::Chain for #ident {
             type Args = #args_ident;
             type Output = #output_ty;

@@ -16,6 +16,25 @@ pub struct DomainCode {
     pub ptx_compute_90a: &'static str,
 }
 
+/// Every domain of every chain linked into the binary, pptm's and the application's crates' alike:
+/// `#[derive(FusionBuilder)]` adds each chain's domain here at link time, so the runtime can load
+/// every module before the first manifold starts and start any domain on demand. A domain appears
+/// once per chain; [`linked_domains`] lists each once.
+#[linkme::distributed_slice]
+pub static LINKED_DOMAINS: [&'static DomainCode];
+
+/// The domains linked into the binary ([`LINKED_DOMAINS`]), each once, by key.
+pub fn linked_domains() -> Vec<&'static DomainCode> {
+    let mut out: Vec<&'static DomainCode> = Vec::new();
+    for &d in LINKED_DOMAINS.iter() {
+        if !out.iter().any(|o| o.key == d.key) {
+            out.push(d);
+        }
+    }
+    out.sort_by_key(|d| d.key);
+    out
+}
+
 /// A fusion chain: implemented by `#[derive(FusionBuilder)]`, never by hand.
 pub trait Chain: 'static {
     /// The descriptor's argument words (`#[repr(C)]`, `Pod`).

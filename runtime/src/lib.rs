@@ -25,7 +25,12 @@ mod sync;
 mod ticket;
 
 pub use buffer::Buffer;
-pub use chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, checked_ir};
+pub use chain::{
+    Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, LINKED_DOMAINS, checked_ir,
+    linked_domains,
+};
+#[doc(hidden)]
+pub use linkme;
 pub use element::{DType, Element, F8E4M3, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
