@@ -61,9 +61,9 @@ pub struct BeliefUpdateStep {
 /// Domain `narrow` holds the GEMVs that read a bf16, fp16 or fp8 matrix on CUDA cores. They are
 /// kept out of `inference` and `linear_algebra` because a manifold is one kernel under 64
 /// registers a thread: inlined beside the f32 chains, their patterns raised KlComplexity's spills
-/// from 8 to 56 bytes and the linear_algebra manifold's from 780 to 1928 (ptxas, sm_90a). An
-/// application using them with chains of another domain starts both with
-/// `Runtime::prepare_domains`.
+/// from 8 to 56 bytes and the linear_algebra manifold's from 780 to 1928 (ptxas, sm_90a). Used
+/// beside chains of another domain, each domain gets its own manifold and share of the SMs (on
+/// demand, or up front with `Runtime::prepare_domains`).
 #[derive(FusionBuilder)]
 #[fusion(domain = "narrow")]
 pub struct BeliefUpdateStepBf16 {

@@ -25,11 +25,22 @@ enum Storage<T> {
 pub(crate) struct DeviceAlloc {
     device: Arc<Device>,
     ptr: u64,
+    owner: Ownership,
+}
+
+/// Who frees a device buffer's memory.
+enum Ownership {
+    /// pptm allocated it and frees it when the buffer drops.
+    Pptm,
+    /// The application's handle to it (a cudarc slice), dropped with the buffer, which frees it.
+    Kept(#[allow(dead_code, reason = "held only to be dropped with the buffer")] Box<dyn Send + Sync>),
+    /// The application, after the buffer is gone (a raw pointer).
+    Application,
 }
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        if self.ptr != 0 {
+        if self.ptr != 0 && matches!(self.owner, Ownership::Pptm) {
             self.device.free(self.ptr);
         }
     }
@@ -39,7 +50,14 @@ impl<T: Element> std::fmt::Debug for Buffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let place = match &self.storage {
             Storage::Host(_) => "host".to_string(),
-            Storage::Device(d) => format!("device {:#x}", d.ptr),
+            Storage::Device(d) => format!(
+                "device {:#x}{}",
+                d.ptr,
+                match d.owner {
+                    Ownership::Pptm => "",
+                    _ => ", the application's memory",
+                }
+            ),
         };
         write!(f, "Buffer<{:?}>[{}] ({place})", T::DTYPE, self.len)
     }
@@ -91,6 +109,7 @@ impl<T: Element> Buffer<T> {
             storage: Storage::Device(DeviceAlloc {
                 device: device.clone(),
                 ptr,
+                owner: Ownership::Pptm,
             }),
         })
     }
@@ -168,6 +187,37 @@ impl<T: Element> Buffer<T> {
             Storage::Device(_) => {}
         }
         Ok(())
+    }
+
+    /// A buffer over device memory the application owns (checked by the caller): `keep`, if
+    /// any, is dropped with the buffer; otherwise nothing is freed.
+    pub(crate) fn wrap(
+        owner: u64,
+        device: &Arc<Device>,
+        ptr: u64,
+        len: usize,
+        keep: Option<Box<dyn Send + Sync>>,
+    ) -> Self {
+        Buffer {
+            len,
+            owner,
+            storage: Storage::Device(DeviceAlloc {
+                device: device.clone(),
+                ptr,
+                owner: keep.map_or(Ownership::Application, Ownership::Kept),
+            }),
+        }
+    }
+
+    /// The buffer's device address, for the application's own kernels and libraries; `None` for
+    /// a buffer of the CPU backend (0 for an empty one). The memory is in the runtime's context
+    /// ([`crate::Runtime::cuda_context`]). Reading it while a pptm item writes it, or writing it
+    /// while one reads it, is a data race: wait for the item's ticket first.
+    pub fn device_address(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::Device(d) => Some(d.ptr),
+            Storage::Host(_) => None,
+        }
     }
 
     pub(crate) fn owner(&self) -> u64 {

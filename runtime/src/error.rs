@@ -72,6 +72,11 @@ pub enum Error {
         arg: &'static str,
     },
 
+    /// Device memory handed to [`crate::Runtime::wrap_device_memory`] or
+    /// [`crate::Runtime::wrap_cuda_slice`] cannot be a buffer of this runtime.
+    #[error("cannot use this device memory as a pptm buffer: {reason}")]
+    ForeignMemory { reason: String },
+
     /// A chain was given the wrong arguments (the generated `submit` never does this).
     #[error("`{chain}`: {reason}")]
     BadArguments { chain: &'static str, reason: String },
@@ -83,6 +88,11 @@ pub enum Error {
     /// A wait ran out of time. A ticket that timed out can be waited on again.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+
+    /// A submission from inside [`Runtime::quiesce`]'s closure: the manifolds are parked until it
+    /// returns, so the item could never run. Submit after `quiesce` returns.
+    #[error("pptm work was submitted inside Runtime::quiesce, while the manifolds are parked; submit it after quiesce returns")]
+    Quiesced,
 
     /// The runtime (or its manifold) has shut down; the item did not run.
     #[error("the runtime has shut down; the item was not run")]

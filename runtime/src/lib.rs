@@ -31,6 +31,9 @@ pub use chain::{
 };
 #[doc(hidden)]
 pub use linkme;
+/// The CUDA driver bindings pptm is built on, for interop: [`Runtime::wrap_cuda_slice`],
+/// [`Runtime::cuda_context`], [`Buffer::device_address`].
+pub use cudarc;
 pub use element::{DType, Element, F8E4M3, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use pptm_spec::ArgKind;
@@ -19,9 +19,9 @@ use crate::ticket::Ticket;
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Where a submission goes.
-enum Route {
+enum Route<'r> {
     Cpu,
-    Manifold(Arc<Manifold>),
+    Manifold(Resident<'r>),
     Launch(Arc<Launcher>),
 }
 
@@ -176,9 +176,58 @@ enum Backend {
     Gpu {
         device: Arc<Device>,
         manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
+        /// Shared by a submission from finding its manifold to pushing the item; held alone to
+        /// start, drain or park manifolds, so that no item is pushed to a manifold being drained.
+        gate: RwLock<()>,
+        /// The thread inside [`Runtime::quiesce`]'s closure, whose submissions are refused.
+        quiescer: Mutex<Option<std::thread::ThreadId>>,
+        /// Re-partitions done to start a domain on demand.
+        repartitions: AtomicU64,
         /// `Variant::FusedLaunched` only.
         launchers: Mutex<HashMap<&'static str, Arc<Launcher>>>,
     },
+}
+
+/// A running manifold, borrowed to push an item: while it lives no re-partition or quiesce can
+/// drain the manifold.
+struct Resident<'a> {
+    _shared: RwLockReadGuard<'a, ()>,
+    manifold: Arc<Manifold>,
+}
+
+/// Drains every manifold in `m` (each asked before any is waited for: they drain at once, and
+/// under compute-sanitizer, which processes a kernel's end only once the device is idle, waiting
+/// for one while the others ran hung; Manifold::begin_shutdown) and returns their domains. Every
+/// item submitted to them completes first. Manifolds the watchdog aborted are dropped.
+fn drain(m: &mut HashMap<&'static str, Arc<Manifold>>) -> Result<Vec<&'static DomainCode>> {
+    let all: Vec<Arc<Manifold>> = m.drain().map(|(_, x)| x).collect();
+    let mut domains: Vec<&'static DomainCode> = all
+        .iter()
+        .filter(|x| !x.was_aborted())
+        .map(|x| x.code)
+        .collect();
+    domains.sort_by_key(|d| d.key);
+    let requests: Vec<_> = all.iter().map(|x| x.begin_shutdown()).collect();
+    let mut first_err = None;
+    for r in requests {
+        if let Err(e) = r.finish() {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(domains), Err)
+}
+
+/// Loads the module of every domain linked into the binary, and `code`'s, before a first manifold
+/// starts: a load waits for every kernel on the GPU, and a resident manifold's never ends. Only
+/// `code`'s failure is an error here; another domain's shows when it is used.
+fn load_linked_modules(device: &Arc<Device>, code: &'static DomainCode) -> Result<()> {
+    device.module(code)?;
+    for d in crate::chain::linked_domains() {
+        if let Err(e) = device.module(d) {
+            tracing::warn!(domain = d.name, "cannot load a linked domain's module: {e}");
+        }
+    }
+    Ok(())
 }
 
 /// The entry point: owns a backend and, on the GPU, one resident manifold per domain in use.
@@ -276,6 +325,9 @@ impl Runtime {
             backend: Backend::Gpu {
                 device,
                 manifolds: Mutex::new(HashMap::new()),
+                gate: RwLock::new(()),
+                quiescer: Mutex::new(None),
+                repartitions: AtomicU64::new(0),
                 launchers: Mutex::new(HashMap::new()),
             },
             guards: Arc::default(),
@@ -364,30 +416,207 @@ impl Runtime {
         }
     }
 
-    /// The manifold of `code`'s domain, launched on first use.
-    fn manifold(&self, code: &'static DomainCode) -> Result<Option<Arc<Manifold>>> {
+    /// The running manifold of `code`'s domain, started now if it is not running; `None` on the
+    /// CPU backend. The item must be pushed while the returned [`Resident`] lives: it keeps a
+    /// re-partition or [`Runtime::quiesce`] from draining the manifold in between.
+    ///
+    /// Starting a domain beside running manifolds re-partitions the GPU: they are drained (every
+    /// item submitted to them completes), then all of them and the new one are launched together
+    /// with new shares of the SMs, as [`Runtime::prepare_domains`] shares them. The first
+    /// manifold's start loads every domain linked into the binary ([`crate::linked_domains`])
+    /// first: a module load waits for every kernel on the GPU, a resident manifold's never ends.
+    fn manifold(&self, code: &'static DomainCode) -> Result<Option<Resident<'_>>> {
         let Backend::Gpu {
-            device, manifolds, ..
+            device,
+            manifolds,
+            gate,
+            quiescer,
+            repartitions,
+            ..
         } = &self.backend
         else {
             return Ok(None);
         };
-        let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(existing) = m.get(code.key) {
-            // One the watchdog aborted has returned: a new one takes its place. Any other stopped
-            // manifold keeps answering with the reason it stopped.
-            if !existing.was_aborted() {
-                return Ok(Some(existing.clone()));
-            }
-            tracing::info!(
-                domain = code.name,
-                "relaunching the manifold after an abort"
-            );
-            m.remove(code.key);
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+            return Err(Error::Quiesced);
         }
-        let launched = Manifold::launch(device, code, &self.config, None)?;
-        m.insert(code.key, launched.clone());
-        Ok(Some(launched))
+        loop {
+            {
+                let shared = gate.read().unwrap_or_else(|e| e.into_inner());
+                let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(existing) = m.get(code.key) {
+                    // One the watchdog aborted has returned: a new one takes its place. Any other
+                    // stopped manifold keeps answering with the reason it stopped.
+                    if !existing.was_aborted() {
+                        return Ok(Some(Resident {
+                            _shared: shared,
+                            manifold: existing.clone(),
+                        }));
+                    }
+                }
+            }
+            // Starting one: alone, with no submission between looking and launching.
+            let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
+            let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+            match m.get(code.key) {
+                Some(existing) if !existing.was_aborted() => continue, // another thread started it
+                Some(aborted) => {
+                    tracing::info!(domain = code.name, "relaunching the manifold after an abort");
+                    let share = aborted.share;
+                    m.remove(code.key);
+                    let launched = Manifold::launch(device, code, &self.config, share)?;
+                    m.insert(code.key, launched);
+                }
+                None if m.is_empty() => {
+                    load_linked_modules(device, code)?;
+                    let launched = Manifold::launch(device, code, &self.config, None)?;
+                    m.insert(code.key, launched);
+                }
+                None => {
+                    let started = std::time::Instant::now();
+                    let mut domains = drain(&mut m)?;
+                    domains.push(code);
+                    self.start_domains(device, &mut m, &domains)?;
+                    repartitions.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        domain = code.name,
+                        manifolds = domains.len(),
+                        took_us = started.elapsed().as_micros() as u64,
+                        "re-partitioned the GPU to start a domain on demand"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The CUDA context pptm runs in: the primary context of its GPU (the one cudarc's
+    /// `CudaContext::new`, the CUDA runtime API and most libraries use); `None` on the CPU
+    /// backend. Make it current on a thread before driver calls that touch pptm's buffers.
+    pub fn cuda_context(&self) -> Option<cudarc::driver::sys::CUcontext> {
+        self.gpu_device().map(|d| d.context())
+    }
+
+    /// A buffer over `len` elements of device memory the application owns, at `ptr`.
+    ///
+    /// Checked: `ptr` is device memory of this runtime's context ([`Runtime::cuda_context`]),
+    /// aligned to `T`, and the `len` elements lie inside one allocation; otherwise
+    /// [`Error::ForeignMemory`]. [`Error::Config`] on the CPU backend.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and hold `T` values, for as long as the buffer lives; pptm
+    /// never frees it. Nothing else may write it while a pptm item reads or writes it, or read it
+    /// while an item writes it (order the application's work against the item's ticket: wait for
+    /// it, or finish the application's stream work before submitting).
+    pub unsafe fn wrap_device_memory<T: Element>(&self, ptr: u64, len: usize) -> Result<Buffer<T>> {
+        let device = self.foreign_device()?;
+        self.check_foreign::<T>(device, ptr, len)?;
+        Ok(Buffer::wrap(self.id, device, ptr, len, None))
+    }
+
+    /// A buffer over a cudarc slice's memory, which it keeps (and frees, through cudarc, when it
+    /// drops). The slice's stream is synchronised first, so the application's writes to it are
+    /// done; after that, order its work against the buffer's tickets as with
+    /// [`Runtime::wrap_device_memory`]. The slice must be in this runtime's context
+    /// (`CudaContext::new(ordinal)` is: the primary context), else [`Error::ForeignMemory`].
+    pub fn wrap_cuda_slice<T>(&self, slice: cudarc::driver::CudaSlice<T>) -> Result<Buffer<T>>
+    where
+        T: Element + cudarc::driver::DeviceRepr,
+    {
+        use cudarc::driver::DevicePtr as _;
+        let device = self.foreign_device()?;
+        slice
+            .stream()
+            .synchronize()
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+        let len = slice.len();
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(slice.stream());
+            ptr
+        };
+        self.check_foreign::<T>(device, ptr, len)?;
+        Ok(Buffer::wrap(self.id, device, ptr, len, Some(Box::new(slice))))
+    }
+
+    fn foreign_device(&self) -> Result<&Arc<Device>> {
+        self.gpu_device().ok_or_else(|| {
+            Error::Config("device memory can be wrapped as a buffer only on the GPU backend".into())
+        })
+    }
+
+    fn check_foreign<T: Element>(&self, device: &Device, ptr: u64, len: usize) -> Result<()> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::TooLarge { what: "a buffer", len })?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let bad = |reason: String| Error::ForeignMemory { reason };
+        if ptr == 0 {
+            return Err(bad("a null pointer".into()));
+        }
+        if !ptr.is_multiple_of(std::mem::align_of::<T>() as u64) {
+            return Err(bad(format!(
+                "{ptr:#x} is not aligned to {} ({} bytes)",
+                std::any::type_name::<T>(),
+                std::mem::align_of::<T>()
+            )));
+        }
+        device.check_foreign(ptr, bytes).map_err(bad)
+    }
+
+    /// How many times a domain started on demand made the runtime re-partition the GPU (drain the
+    /// running manifolds and launch them again, with the new one, on new shares).
+    pub fn repartitions(&self) -> u64 {
+        match &self.backend {
+            Backend::Gpu { repartitions, .. } => repartitions.load(Ordering::Relaxed),
+            Backend::Cpu { .. } => 0,
+        }
+    }
+
+    /// Parks every manifold, runs `f`, and starts them again (the same domains, the same shares).
+    ///
+    /// What `f` is for: CUDA work of the application's own that cannot run beside a resident
+    /// manifold because the driver waits for every kernel on the GPU to end first: loading or
+    /// unloading a module (`cuModuleLoadData`, the first launch of a lazily loaded kernel),
+    /// `cuMemFree`, `cuMemHostAlloc`, `cuCtxSynchronize`, creating a cuBLAS handle
+    /// (docs/embedding.md lists what was measured). Items already submitted complete before `f`
+    /// runs; submissions from other threads wait until the manifolds are back; a submission from
+    /// `f` itself is [`Error::Quiesced`]. On the CPU backend and the launched variants, which
+    /// keep nothing resident, this only runs `f`.
+    pub fn quiesce<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+        let Backend::Gpu {
+            device,
+            manifolds,
+            gate,
+            quiescer,
+            ..
+        } = &self.backend
+        else {
+            return Ok(f());
+        };
+        let me = std::thread::current().id();
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(me) {
+            return Ok(f()); // nested: already parked
+        }
+        let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
+        let domains = drain(&mut manifolds.lock().unwrap_or_else(|e| e.into_inner()))?;
+        /// Forgets the quiescing thread however `f` ends (a panic included).
+        struct Quiescing<'a>(&'a Mutex<Option<std::thread::ThreadId>>);
+        impl Drop for Quiescing<'_> {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+        *quiescer.lock().unwrap_or_else(|e| e.into_inner()) = Some(me);
+        let out = {
+            let _quiescing = Quiescing(quiescer);
+            f()
+        };
+        if !domains.is_empty() {
+            let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+            self.start_domains(device, &mut m, &domains)?;
+        }
+        Ok(out)
     }
 
     /// The launcher of `code`'s domain (`Variant::FusedLaunched`), made on first use.
@@ -421,20 +650,25 @@ impl Runtime {
         matches!(self.backend, Backend::Gpu { .. }) && self.config.variant != Variant::Fused
     }
 
-    /// Starts the manifolds of several domains together, sharing the GPU: every domain's code is
-    /// loaded first (a load could not happen once a manifold is resident), then each manifold is
-    /// launched with its share of the SMs: `Config::domain_sms` where it names the domain, an equal
-    /// split of the rest otherwise. Fails with [`Error::Config`] when the shares cannot all be
-    /// resident at once, and with [`Error::Launch`] when one does not become resident. Submissions
-    /// are then routed to their domain's manifold. Domains already running are left as they are.
-    /// On the CPU backend this only checks the chains' domains exist.
+    /// Starts the manifolds of several domains together, sharing the GPU: each gets its share of
+    /// the SMs, `Config::domain_sms` where it names the domain, an equal split of the rest
+    /// otherwise. Domains already running are kept; if any domain here is new, the running ones are
+    /// drained and everything starts again on new shares (a re-partition). Fails with
+    /// [`Error::Config`] when the shares cannot all be resident at once, and with
+    /// [`Error::Launch`] when one does not become resident. Any domain also starts on demand, at
+    /// its first submission: this call is a warm-up, and the way to set shares up front. On the
+    /// CPU backend it does nothing.
     ///
     /// ```ignore
     /// rt.prepare_domains(&[KlComplexity::DOMAIN, DistanceKth::DOMAIN, GemvAxpbySum::DOMAIN])?;
     /// ```
     pub fn prepare_domains(&self, domains: &[&'static DomainCode]) -> Result<()> {
         let Backend::Gpu {
-            device, manifolds, ..
+            device,
+            manifolds,
+            gate,
+            quiescer,
+            ..
         } = &self.backend
         else {
             return Ok(());
@@ -445,11 +679,37 @@ impl Runtime {
             }
             return Ok(());
         }
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+            return Err(Error::Quiesced);
+        }
+        let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
         let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|_, x| !x.was_aborted());
+        if domains.iter().all(|d| m.contains_key(d.key)) {
+            return Ok(());
+        }
+        let mut all = drain(&mut m)?;
+        for &d in domains {
+            if !all.iter().any(|a| a.key == d.key) {
+                all.push(d);
+            }
+        }
+        load_linked_modules(device, all[0])?;
+        self.start_domains(device, &mut m, &all)
+    }
+
+    /// Launches the manifolds of `domains` together (none may be running: the caller drained
+    /// them), each with its share of the SMs.
+    fn start_domains(
+        &self,
+        device: &Arc<Device>,
+        m: &mut HashMap<&'static str, Arc<Manifold>>,
+        domains: &[&'static DomainCode],
+    ) -> Result<()> {
+        debug_assert!(m.is_empty(), "start_domains after a drain");
         let mut todo: Vec<&'static DomainCode> = Vec::new();
-        for d in domains {
-            if !m.contains_key(d.key) && !todo.iter().any(|t| t.key == d.key) {
+        for &d in domains {
+            if !todo.iter().any(|t| t.key == d.key) {
                 todo.push(d);
             }
         }
@@ -579,7 +839,8 @@ impl Runtime {
                     paths: None,
                 },
             )),
-            Some(m) => {
+            Some(r) => {
+                let m = r.manifold.clone();
                 // A no-op needs one block: it measures the dispatch path, not a grid-wide arrival.
                 let cell = m.submit(
                     &pptm_desc {
@@ -631,11 +892,12 @@ impl Runtime {
             let c = self.launcher(C::DOMAIN)?.run(&desc, name)?;
             return Ok(Ticket::ready(name, C::DOMAIN.name, c));
         }
-        let Some(m) = self.manifold(C::DOMAIN)? else {
+        let Some(resident) = self.manifold(C::DOMAIN)? else {
             return Err(Error::Config(
                 "fault injection needs the GPU backend".into(),
             ));
         };
+        let m = resident.manifold.clone();
         let ir = C::ir()?;
         let mut desc = pptm_desc {
             blocks: 1,
@@ -706,7 +968,7 @@ impl Runtime {
             Route::Launch(self.launcher(C::DOMAIN)?)
         } else {
             match self.manifold(C::DOMAIN)? {
-                Some(m) => Route::Manifold(m),
+                Some(r) => Route::Manifold(r),
                 None => Route::Cpu,
             }
         };
@@ -737,9 +999,9 @@ impl Runtime {
                 };
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 match route {
-                    Route::Manifold(m) => {
-                        let cell = m.submit(&desc, blocking, C::NAME)?;
-                        Ok(Ticket::pending(C::NAME, m, cell).with_guard(guard))
+                    Route::Manifold(r) => {
+                        let cell = r.manifold.submit(&desc, blocking, C::NAME)?;
+                        Ok(Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard))
                     }
                     Route::Launch(l) => {
                         let c = match self.config.variant {
@@ -875,26 +1137,14 @@ impl Runtime {
     /// does the same; this reports failures. A later submission launches its manifold again; one
     /// that races with the shutdown gets [`Error::ShutDown`].
     pub fn shutdown(&self) -> Result<()> {
-        let Backend::Gpu { manifolds, .. } = &self.backend else {
+        let Backend::Gpu {
+            manifolds, gate, ..
+        } = &self.backend
+        else {
             return Ok(());
         };
-        let all: Vec<_> = manifolds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, m)| m)
-            .collect();
-        // Every manifold is asked before any is waited for: they drain at once, and under
-        // compute-sanitizer, which processes a kernel's end only once the device is idle, waiting
-        // for one while the others ran hung (Manifold::begin_shutdown).
-        let requests: Vec<_> = all.iter().map(|m| m.begin_shutdown()).collect();
-        let mut first_err = None;
-        for r in requests {
-            if let Err(e) = r.finish() {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
+        drain(&mut manifolds.lock().unwrap_or_else(|e| e.into_inner())).map(|_| ())
     }
 }
 

@@ -396,8 +396,9 @@ impl Device {
                 domain: code.name,
                 reason: format!(
                     "its code cannot be loaded while a manifold is resident on this GPU ({} resident{cancelled}; \
-                     the load would wait for the running kernel, which never finishes); start every domain \
-                     together with Runtime::prepare_domains before the first submission",
+                     the load would wait for the running kernel, which never finishes). A runtime drains its own \
+                     manifolds before it loads code, so these belong to another Runtime on this GPU: use one \
+                     Runtime per GPU (every domain starts on demand), or drop the other first",
                     residency.manifolds
                 ),
             });
@@ -630,6 +631,53 @@ impl Device {
             let n = CHUNK.min(bytes - done);
             self.upload(ptr + done as u64, &pattern[..n])?;
             done += n;
+        }
+        Ok(())
+    }
+
+    /// The device's primary context, which pptm runs in.
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    /// Checks that `bytes` bytes at `ptr` are device memory of this device's context, inside one
+    /// allocation (the driver's pointer attributes), before pptm uses memory it did not allocate.
+    pub fn check_foreign(&self, ptr: sys::CUdeviceptr, bytes: usize) -> std::result::Result<(), String> {
+        use sys::CUpointer_attribute as A;
+        self.bind().map_err(|e| e.to_string())?;
+        let attr = |what: A, out: *mut std::ffi::c_void| {
+            // SAFETY: `out` points to a value of the type the attribute writes (a CUcontext, a
+            // u32 memory type, a CUdeviceptr or a usize); the driver checks `ptr` itself.
+            let r = unsafe { sys::cuPointerGetAttribute(out, what, ptr) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(format!("{ptr:#x} is not memory the CUDA driver knows ({r:?} for {what:?})"))
+            }
+        };
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        attr(A::CU_POINTER_ATTRIBUTE_CONTEXT, (&raw mut ctx).cast())?;
+        let mut kind = 0u32;
+        attr(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (&raw mut kind).cast())?;
+        let mut start: sys::CUdeviceptr = 0;
+        attr(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (&raw mut start).cast())?;
+        let mut size = 0usize;
+        attr(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, (&raw mut size).cast())?;
+        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(format!("{ptr:#x} is not device memory (memory type {kind})"));
+        }
+        if !ctx.is_null() && ctx != self.ctx {
+            return Err(format!(
+                "{ptr:#x} belongs to another CUDA context than pptm's (the primary context of device {}); \
+                 allocate it in the primary context (cudarc's CudaContext::new, the CUDA runtime API)",
+                self.ordinal
+            ));
+        }
+        let end = ptr.checked_add(bytes as u64).ok_or("the range overflows")?;
+        if end > start + size as u64 {
+            return Err(format!(
+                "{bytes} bytes at {ptr:#x} run past the end of its allocation ({size} bytes at {start:#x})"
+            ));
         }
         Ok(())
     }

@@ -73,7 +73,10 @@ const FAULT_GRACE: Duration = Duration::from_secs(2);
 
 /// A resident manifold kernel and its queue.
 pub(crate) struct Manifold {
+    pub code: &'static DomainCode,
     pub domain: &'static str,
+    /// The SMs it was given (`None`: every SM, or `Config::max_sms`).
+    pub share: Option<u32>,
     pub arch: &'static str,
     /// Blocks in the grid: the compute blocks and one fetcher block.
     pub grid: u32,
@@ -141,6 +144,7 @@ impl Manifold {
             )));
         }
         // Compute blocks, plus one fetcher block; all must be co-resident.
+        let share = sms;
         let sms = sms
             .or(cfg.max_sms)
             .map_or(device.sm_count, |m| m.clamp(1, device.sm_count));
@@ -248,6 +252,8 @@ impl Manifold {
             "manifold resident"
         );
         let manifold = Arc::new(Manifold {
+            code,
+            share,
             domain,
             arch,
             grid,

@@ -1,0 +1,445 @@
+//! pptm embedded in an application that has CUDA work of its own (docs/embedding.md):
+//! * every domain linked into the binary starts on demand, in any order, by re-partitioning the
+//!   GPU among the running manifolds;
+//! * the application's own driver calls beside a resident manifold with items in flight: those
+//!   that work there (allocation, streams, its own kernels, copies) run beside it, those that wait
+//!   for every kernel on the GPU (module loads, cuMemFree) run inside `Runtime::quiesce`;
+//! * interop: device memory the application owns (a raw pointer, a cudarc slice) as buffers, a
+//!   buffer's device address, pptm's context; bad memory is a typed error.
+//!
+//! Every pptm result is checked against an f64 reference with fresh random inputs.
+
+mod common;
+
+use std::time::Instant;
+
+use pptm::chains::{DistanceKth, GemvAxpbySum, KlComplexity, MatmulBiasGeluBf16};
+use pptm::cudarc::driver::sys;
+use pptm::{Buffer, Chain, Config, Error, Runtime, bf16};
+
+use common::{
+    assert_gemv_axpby_sum_close, assert_kl_sum_close, gelu, kth_reference, open_gpu, positive,
+    uniform,
+};
+
+fn distribution(n: usize) -> Vec<f32> {
+    let v = positive(n);
+    let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
+    v.into_iter().map(|x| (f64::from(x) / s) as f32).collect()
+}
+
+/// One item of each domain the on-demand test visits, checked against its reference.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Inference,
+    Tensor,
+    TransferEntropy,
+    LinearAlgebra,
+}
+
+impl Step {
+    fn domain(self) -> &'static str {
+        match self {
+            Step::Inference => KlComplexity::DOMAIN.name,
+            Step::Tensor => MatmulBiasGeluBf16::DOMAIN.name,
+            Step::TransferEntropy => DistanceKth::DOMAIN.name,
+            Step::LinearAlgebra => GemvAxpbySum::DOMAIN.name,
+        }
+    }
+
+    /// Submits one item of the step's domain with fresh inputs and checks it.
+    fn run_and_check(self, rt: &Runtime, round: usize) {
+        let what = format!("round {round}, domain {}", self.domain());
+        match self {
+            Step::Inference => {
+                let n = [1, 7, 1023, (1 << 20) + 3][round % 4];
+                let (q, p) = (distribution(n), distribution(n));
+                let got = KlComplexity::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap())
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_kl_sum_close(got, &q, &p, &what);
+            }
+            Step::Tensor => {
+                let (m, k, n) = [(1, 1, 1), (37, 64, 29), (130, 200, 72)][round % 3];
+                let a: Vec<bf16> = uniform(m * k, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+                let w: Vec<bf16> = uniform(k * n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+                let b = uniform(n, -1.0, 1.0);
+                let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
+                MatmulBiasGeluBf16::submit(
+                    rt,
+                    &rt.upload(&a).unwrap(),
+                    &rt.upload(&w).unwrap(),
+                    &rt.upload(&b).unwrap(),
+                    &mut out,
+                    m,
+                    k,
+                )
+                .unwrap()
+                .wait()
+                .unwrap();
+                let got = out.to_vec().unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut s, mut mag) = (f64::from(b[j]), f64::from(b[j]).abs());
+                        for p in 0..k {
+                            let t = a[i * k + p].to_f64() * w[p * n + j].to_f64();
+                            s += t;
+                            mag += t.abs();
+                        }
+                        let err = (f64::from(got[i * n + j]) - gelu(s)).abs();
+                        assert!(
+                            err < 1e-4 * mag.max(1e-3),
+                            "{what}: ({i}, {j}) of {m}x{k}x{n}: got {}, f64 reference {}",
+                            got[i * n + j],
+                            gelu(s)
+                        );
+                    }
+                }
+            }
+            Step::TransferEntropy => {
+                let (n, d, k) = [(7, 1, 1), (300, 3, 4), (1023, 2, 3)][round % 3];
+                let x = uniform(n * d, -1.0, 1.0);
+                let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+                DistanceKth::submit(rt, &rt.upload(&x).unwrap(), k, &mut out, d)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let want = &kth_reference(&x, n, d, &[k])[0];
+                for (i, (&g, &w)) in out.to_vec().unwrap().iter().zip(want).enumerate() {
+                    // Chebyshev distances of f32 coordinates: one f32 subtraction each.
+                    assert!(
+                        (w.is_nan() && g.is_nan()) || (f64::from(g) - w).abs() <= 2e-7 * w.abs().max(1.0),
+                        "{what}: point {i} of {n}: got {g}, f64 reference {w}"
+                    );
+                }
+            }
+            Step::LinearAlgebra => {
+                let (m, n) = [(1, 1), (7, 1023), (1023, 7)][round % 3];
+                let (x, a, y) = (uniform(n, -1.0, 1.0), uniform(m * n, -1.0, 1.0), uniform(m, -1.0, 1.0));
+                let got = GemvAxpbySum::submit(
+                    rt,
+                    &rt.upload(&x).unwrap(),
+                    &rt.upload(&a).unwrap(),
+                    &rt.upload(&y).unwrap(),
+                    0.75,
+                    -1.5,
+                )
+                .unwrap()
+                .wait()
+                .unwrap();
+                assert_gemv_axpby_sum_close(got, (&x, &a, &y), (0.75, -1.5), 1e-4, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_chains_domain_is_linked() {
+    let names: Vec<&str> = pptm::linked_domains().iter().map(|d| d.name).collect();
+    for want in ["inference", "tensor", "transfer_entropy", "linear_algebra", "narrow"] {
+        assert!(names.contains(&want), "domain {want} is not among the linked ones: {names:?}");
+    }
+    let mut keys: Vec<&str> = pptm::linked_domains().iter().map(|d| d.key).collect();
+    let listed = keys.len();
+    keys.dedup();
+    assert_eq!(keys.len(), listed, "a domain is listed twice: {keys:?}");
+}
+
+/// No-op item latency through `KlComplexity`'s manifold, host clocks around each synchronised
+/// item after a warm-up: (median, p99) in microseconds. A figure, not an assertion.
+fn noop_latency(rt: &Runtime) -> (f64, f64) {
+    for _ in 0..200 {
+        rt.submit_noop::<KlComplexity>().unwrap().wait().unwrap();
+    }
+    let mut us: Vec<f64> = (0..2000)
+        .map(|_| {
+            let t = Instant::now();
+            rt.submit_noop::<KlComplexity>().unwrap().wait().unwrap();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    us.sort_by(f64::total_cmp);
+    (us[us.len() / 2], us[us.len() * 99 / 100])
+}
+
+/// Domains in alternating order with no prepare_domains: each new one re-partitions the GPU, and
+/// every result is right. Prints what a re-partition costs.
+#[test]
+fn domains_start_on_demand_in_any_order() {
+    let Some(rt) = open_gpu("domains_start_on_demand_in_any_order", Config::default()) else {
+        return;
+    };
+    use Step::*;
+    let order = [
+        Inference,
+        Tensor,
+        TransferEntropy,
+        LinearAlgebra,
+        Inference,
+        Tensor,
+        TransferEntropy,
+        LinearAlgebra,
+        LinearAlgebra,
+        Inference,
+    ];
+    let mut first_of_domain = Vec::new();
+    Inference.run_and_check(&rt, 0);
+    let (alone_median, alone_p99) = noop_latency(&rt);
+    for (round, step) in order.into_iter().enumerate() {
+        let before = rt.repartitions();
+        let started = Instant::now();
+        step.run_and_check(&rt, round);
+        let took = started.elapsed();
+        if rt.repartitions() > before {
+            first_of_domain.push((step.domain(), took));
+        }
+    }
+    // inference starts alone; tensor, transfer_entropy and linear_algebra each re-partition once.
+    assert_eq!(rt.repartitions(), 3, "{}", rt.describe());
+    for d in ["inference", "tensor", "transfer_entropy", "linear_algebra"] {
+        assert!(rt.describe().contains(&format!("`{d}`")), "{d} not running: {}", rt.describe());
+    }
+    let (four_median, four_p99) = noop_latency(&rt);
+    eprintln!(
+        "no-op item latency: inference manifold alone {alone_median:.1} us median, {alone_p99:.1} us p99; \
+         beside three others {four_median:.1} us median, {four_p99:.1} us p99"
+    );
+    for (d, took) in first_of_domain {
+        eprintln!("re-partition to start `{d}` and run its first item: {:.2} ms", took.as_secs_f64() * 1e3);
+    }
+    // The cost on its own: quiesce drains and relaunches the same four manifolds.
+    let mut costs: Vec<f64> = (0..11)
+        .map(|_| {
+            let t = Instant::now();
+            rt.quiesce(|| ()).unwrap();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    costs.sort_by(f64::total_cmp);
+    eprintln!(
+        "drain and relaunch of 4 manifolds (Runtime::quiesce with an empty closure): median {:.2} ms, max {:.2} ms",
+        costs[costs.len() / 2],
+        costs[costs.len() - 1]
+    );
+    Inference.run_and_check(&rt, 99);
+}
+
+/// A one-thread kernel that stores 7 through its pointer.
+const PTX: &str = "
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry store_seven(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [p];
+    cvta.to.global.u64 %rd2, %rd1;
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd2], %r1;
+    ret;
+}
+\0";
+
+fn ok(call: &str, r: sys::CUresult) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{call}");
+}
+
+/// KL items in flight, to check after the application's work.
+struct InFlight {
+    q: Vec<f32>,
+    p: Vec<f32>,
+    qb: Buffer<f32>,
+    pb: Buffer<f32>,
+}
+
+impl InFlight {
+    fn new(rt: &Runtime, n: usize) -> Self {
+        let (q, p) = (distribution(n), distribution(n));
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        InFlight { q, p, qb, pb }
+    }
+}
+
+#[test]
+fn application_cuda_work_beside_a_manifold() {
+    let Some(rt) = open_gpu("application_cuda_work_beside_a_manifold", Config::default()) else {
+        return;
+    };
+    let ctx = rt.cuda_context().expect("a GPU runtime has a context");
+    // SAFETY: pptm's context is valid while `rt` lives.
+    ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) });
+    let items: Vec<InFlight> = [7usize, 1023, (1 << 20) + 3]
+        .iter()
+        .map(|&n| InFlight::new(&rt, n))
+        .collect();
+    // A module load waits for every kernel on the GPU: inside quiesce. Items submitted before
+    // it complete first and are still right.
+    let before: Vec<_> = items
+        .iter()
+        .map(|i| KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap())
+        .collect();
+    let (module, func) = rt
+        .quiesce(|| {
+            // Inside, pptm work is refused rather than left waiting.
+            let refused = KlComplexity::submit(&rt, &items[0].qb, &items[0].pb);
+            assert!(matches!(refused, Err(Error::Quiesced)), "{refused:?}");
+            let mut module = std::ptr::null_mut();
+            let mut func = std::ptr::null_mut();
+            // SAFETY: valid out-pointers, a NUL-terminated PTX image, the current context.
+            unsafe {
+                ok("cuModuleLoadData", sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()));
+                ok(
+                    "cuModuleGetFunction",
+                    sys::cuModuleGetFunction(&mut func, module, c"store_seven".as_ptr()),
+                );
+            }
+            (module, func)
+        })
+        .unwrap();
+    for (t, i) in before.into_iter().zip(&items) {
+        assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, "an item submitted before quiesce");
+    }
+
+    // Beside the resident manifold, with items in flight: allocate, make a stream, launch the
+    // application's kernel and copy, all while pptm works.
+    let in_flight: Vec<_> = items
+        .iter()
+        .map(|i| KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap())
+        .collect();
+    let mut mem: sys::CUdeviceptr = 0;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    let mut seven = 0u32;
+    // SAFETY: driver calls with valid out-pointers in pptm's context; `mem` holds 4 KiB, the
+    // kernel's one pointer parameter is `mem`.
+    unsafe {
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut mem, 4096));
+        ok("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1));
+        let mut arg = mem;
+        let mut params = [(&raw mut arg).cast::<std::ffi::c_void>()];
+        ok(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+        );
+        ok("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
+        ok("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2((&raw mut seven).cast(), mem, 4));
+        ok("cuStreamDestroy", sys::cuStreamDestroy_v2(stream));
+    }
+    assert_eq!(seven, 7, "the application's kernel did not run beside the manifold");
+    for (t, i) in in_flight.into_iter().zip(&items) {
+        assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, "an item in flight beside the application's work");
+    }
+
+    // The application's kernel writes into a pptm buffer through its device address.
+    let mut out = rt.upload(&[0u32; 3]).unwrap();
+    let at = out.device_address().expect("a device buffer has an address");
+    // SAFETY: `at` is 12 bytes of pptm's device memory; no pptm item uses `out` meanwhile.
+    unsafe {
+        let mut arg = at + 4;
+        let mut params = [(&raw mut arg).cast::<std::ffi::c_void>()];
+        ok(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
+        );
+        ok("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()));
+    }
+    assert_eq!(out.to_vec().unwrap(), vec![0, 7, 0]);
+    out.fill(1).unwrap();
+
+    // cuMemFree and a module unload wait for every kernel too: inside quiesce.
+    rt.quiesce(|| {
+        // SAFETY: both came from the calls above and are released once.
+        unsafe {
+            ok("cuMemFree", sys::cuMemFree_v2(mem));
+            ok("cuModuleUnload", sys::cuModuleUnload(module));
+        }
+    })
+    .unwrap();
+    for i in &items {
+        let got = KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap().wait().unwrap();
+        assert_kl_sum_close(got, &i.q, &i.p, "an item after the second quiesce");
+    }
+}
+
+#[test]
+fn the_applications_device_memory_as_buffers() {
+    let Some(rt) = open_gpu("the_applications_device_memory_as_buffers", Config::default()) else {
+        return;
+    };
+    let ctx = rt.cuda_context().unwrap();
+    // SAFETY: pptm's context is valid while `rt` lives.
+    ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) });
+    let n = 1023;
+    let (q, p) = (distribution(n), distribution(n));
+    // Start the manifold first: the application's memory comes while it is resident.
+    let warm = KlComplexity::submit(&rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_kl_sum_close(warm, &q, &p, "before wrapping");
+
+    // A raw allocation of the application's.
+    let mut mem: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; copies within the 8 KiB allocated.
+    unsafe {
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut mem, 2 * 4 * n));
+        ok("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(mem, q.as_ptr().cast(), 4 * n));
+        ok("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(mem + 4 * n as u64, p.as_ptr().cast(), 4 * n));
+    }
+    {
+        // SAFETY: both halves are n f32 of the allocation above, alive until cuMemFree below,
+        // and nothing else touches them meanwhile.
+        let (qb, pb) = unsafe {
+            (
+                rt.wrap_device_memory::<f32>(mem, n).unwrap(),
+                rt.wrap_device_memory::<f32>(mem + 4 * n as u64, n).unwrap(),
+            )
+        };
+        assert_eq!(qb.to_vec().unwrap(), q);
+        let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
+        assert_kl_sum_close(got, &q, &p, "on the application's raw memory");
+
+        // Bad memory is a typed error.
+        // SAFETY: each call is refused before the memory is used.
+        unsafe {
+            for (what, ptr, len) in [
+                ("misaligned", mem + 2, 4),
+                ("past the allocation's end", mem + 4, 2 * n),
+                ("null", 0, 1),
+                ("a host address", q.as_ptr() as u64, n),
+            ] {
+                let e = rt.wrap_device_memory::<f32>(ptr, len).unwrap_err();
+                assert!(matches!(e, Error::ForeignMemory { .. }), "{what}: {e:?}");
+            }
+        }
+    }
+    rt.quiesce(|| {
+        // SAFETY: allocated above; the buffers over it are gone.
+        ok("cuMemFree", unsafe { sys::cuMemFree_v2(mem) });
+    })
+    .unwrap();
+
+    // A cudarc slice (the primary context, as pptm's).
+    let cx = pptm::cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = cx.new_stream().unwrap();
+    let qs = stream.clone_htod(&q).unwrap();
+    let ps = stream.clone_htod(&p).unwrap();
+    let (qb, pb) = (rt.wrap_cuda_slice(qs).unwrap(), rt.wrap_cuda_slice(ps).unwrap());
+    let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
+    assert_kl_sum_close(got, &q, &p, "on cudarc slices");
+    drop((qb, pb));
+}
+
+#[test]
+fn wrapping_memory_needs_the_gpu_backend() {
+    let rt = Runtime::cpu();
+    assert!(rt.cuda_context().is_none());
+    assert!(rt.upload(&[1.0f32]).unwrap().device_address().is_none());
+    // SAFETY: refused before any use.
+    let e = unsafe { rt.wrap_device_memory::<f32>(0x1000, 4) }.unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    // On the CPU backend quiesce only runs the closure.
+    assert_eq!(rt.quiesce(|| 5).unwrap(), 5);
+    assert_eq!(rt.repartitions(), 0);
+}
