@@ -181,6 +181,25 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         "Descriptor arguments of [`{name}`] ({describe}): one u64 word each, in the order the device reads them."
     );
 
+    // Lists the chain's domain among those linked into the binary, whose code the runtime loads
+    // before its first manifold starts. Not for the chains of pptm's own library (pptm::chains):
+    // registering them would put every one of their domains' PTX (tens of MB) in every binary and
+    // compile all of it at start; their domains load when first used (a re-partition drains the
+    // manifolds first, so the load can happen).
+    let pptm_library = std::env::var("CARGO_PKG_NAME").as_deref() == Ok("pptm")
+        && std::env::var("CARGO_CRATE_NAME").as_deref() == Ok("pptm");
+    let register = if pptm_library {
+        quote! {}
+    } else {
+        quote! {
+            const _: () = {
+                #[::pptm::__private::linkme::distributed_slice(::pptm::__private::LINKED_DOMAINS)]
+                #[linkme(crate = ::pptm::__private::linkme)]
+                static DOMAIN: &'static ::pptm::DomainCode = <#ident as ::pptm::Chain>::DOMAIN;
+            };
+        }
+    };
+
     Ok(quote! {
         #[doc = #args_doc]
         #[repr(C)]
@@ -199,13 +218,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             }
         };
 
-        // Lists the chain's domain among those linked into the binary (Runtime starts any of them
-        // on demand).
-        const _: () = {
-            #[::pptm::__private::linkme::distributed_slice(::pptm::__private::LINKED_DOMAINS)]
-            #[linkme(crate = ::pptm::__private::linkme)]
-            static DOMAIN: &'static ::pptm::DomainCode = <#ident as ::pptm::Chain>::DOMAIN;
-        };
+        #register
 
         impl ::pptm::Chain for #ident {
             type Args = #args_ident;

@@ -173,6 +173,33 @@ __device__ __forceinline__ double pptm_finish_b5a4b866(const pptm_desc& d, const
     return v;
 }
 
+// chain LargestKlTerm: KlDivergence -> MaxReduction (Map pattern)
+// spec hash cfeb7655352a5b04e56c6507a2b484e1851c6d175884804f8d6dd67556734ef5, opcode 0xcfeb7655
+struct pptm_env_cfeb7655 {
+    const float* a0;  // q
+    const float* a1;  // p
+    uint64_t a2;  // n
+    __device__ explicit pptm_env_cfeb7655(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(d.args[2]) {}
+};
+struct pptm_body_cfeb7655 {
+    pptm_env_cfeb7655 e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_kl_divergence(x[0], x[1]);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_cfeb7655(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_cfeb7655 e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_cfeb7655{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_cfeb7655(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_cfeb7655 e(d);
+    double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+    return v;
+}
+
 // chain MeanKlTerm: KlDivergence -> MeanReduction (Map pattern)
 // spec hash 143a17bd6567db9969e54a67f86dbf10e7fad2e8376cb3eba870fa220c8a74bb, opcode 0x143a17bd
 struct pptm_env_143a17bd {
@@ -242,6 +269,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x7985c08cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KlComplexity
     case 0x00271f25u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // KlTerms
     case 0xb5a4b866u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestError
+    case 0xcfeb7655u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestKlTerm
     case 0x143a17bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // MeanKlTerm
     case 0x8a7205d2u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // Predict
     default: return true;
@@ -255,6 +283,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x7985c08cu: return pptm_run_7985c08c(d, b, partial);  // KlComplexity
     case 0x00271f25u: return pptm_run_00271f25(d, b, partial);  // KlTerms
     case 0xb5a4b866u: return pptm_run_b5a4b866(d, b, partial);  // LargestError
+    case 0xcfeb7655u: return pptm_run_cfeb7655(d, b, partial);  // LargestKlTerm
     case 0x143a17bdu: return pptm_run_143a17bd(d, b, partial);  // MeanKlTerm
     case 0x8a7205d2u: return pptm_run_8a7205d2(d, b, partial);  // Predict
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
@@ -266,6 +295,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     case 0x43ffe357u: return pptm_finish_43ffe357(d, partials, nblocks, smem);  // AccuracyPipeline
     case 0x7985c08cu: return pptm_finish_7985c08c(d, partials, nblocks, smem);  // KlComplexity
     case 0xb5a4b866u: return pptm_finish_b5a4b866(d, partials, nblocks, smem);  // LargestError
+    case 0xcfeb7655u: return pptm_finish_cfeb7655(d, partials, nblocks, smem);  // LargestKlTerm
     case 0x143a17bdu: return pptm_finish_143a17bd(d, partials, nblocks, smem);  // MeanKlTerm
     default: return 0.0;
     }
@@ -419,6 +449,27 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0xcfeb7655u: {  // LargestKlTerm
+        const pptm_env_cfeb7655 e(d);
+        switch (stage) {
+        case 0: {  // KlDivergence
+            const uint64_t count = e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MaxReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x143a17bdu: {  // MeanKlTerm
         const pptm_env_143a17bd e(d);
         switch (stage) {
@@ -471,6 +522,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     }
     case 0xb5a4b86601ull: {  // LargestError stage 1
         const pptm_env_b5a4b866 e(d);
+        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0xcfeb765501ull: {  // LargestKlTerm stage 1
+        const pptm_env_cfeb7655 e(d);
         const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;

@@ -16,9 +16,11 @@ pub struct DomainCode {
     pub ptx_compute_90a: &'static str,
 }
 
-/// Every domain of every chain linked into the binary, pptm's and the application's crates' alike:
-/// `#[derive(FusionBuilder)]` adds each chain's domain here at link time, so the runtime can load
-/// every module before the first manifold starts and start any domain on demand. A domain appears
+/// The domain of every chain linked into the binary from the application's crates (and pptm's
+/// tests and examples): `#[derive(FusionBuilder)]` adds each chain's domain here at link time, so
+/// the runtime loads their code before the first manifold starts. The chains of pptm's own library
+/// (`pptm::chains`) are left out, so that a binary carries only the PTX of the built-in domains it
+/// uses; theirs loads when first used. Any domain starts on demand either way. A domain appears
 /// once per chain; [`linked_domains`] lists each once.
 #[linkme::distributed_slice]
 pub static LINKED_DOMAINS: [&'static DomainCode];

@@ -600,6 +600,19 @@ impl Runtime {
         }
         let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
         let domains = drain(&mut manifolds.lock().unwrap_or_else(|e| e.into_inner()))?;
+        // Another runtime's manifold would keep `f`'s driver calls waiting for ever: refuse.
+        let others = device.resident_manifolds();
+        if others > 0 {
+            if !domains.is_empty() {
+                let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+                self.start_domains(device, &mut m, &domains)?;
+            }
+            return Err(Error::Config(format!(
+                "Runtime::quiesce parks this runtime's manifolds, but {others} manifold(s) of another \
+                 Runtime are resident on this GPU, and the driver calls quiesce is for would wait for them \
+                 for ever; use one Runtime per GPU, or drop the other first"
+            )));
+        }
         /// Forgets the quiescing thread however `f` ends (a panic included).
         struct Quiescing<'a>(&'a Mutex<Option<std::thread::ThreadId>>);
         impl Drop for Quiescing<'_> {

@@ -635,6 +635,11 @@ impl Device {
         Ok(())
     }
 
+    /// Manifolds resident on this GPU, of every runtime in the process.
+    pub fn resident_manifolds(&self) -> usize {
+        self.residency.lock().unwrap_or_else(|e| e.into_inner()).manifolds
+    }
+
     /// The device's primary context, which pptm runs in.
     pub fn context(&self) -> sys::CUcontext {
         self.ctx
