@@ -215,10 +215,12 @@ fn domains_start_on_demand_in_any_order() {
         Inference,
     ];
     let mut first_of_domain = Vec::new();
+    eprintln!("[on demand] first item");
     Inference.run_and_check(&rt, 0);
     let (alone_median, alone_p99) = noop_latency(&rt);
     for (round, step) in order.into_iter().enumerate() {
         let before = rt.repartitions();
+        eprintln!("[on demand] round {round}: {step:?}");
         let started = Instant::now();
         step.run_and_check(&rt, round);
         let took = started.elapsed();
@@ -274,6 +276,7 @@ const PTX: &str = "
 \0";
 
 fn ok(call: &str, r: sys::CUresult) {
+    eprintln!("  {call}: {r:?}");
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{call}");
 }
 
@@ -312,6 +315,7 @@ fn application_cuda_work_beside_a_manifold() {
         .iter()
         .map(|i| KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap())
         .collect();
+    eprintln!("[beside] quiesce to load a module");
     let (module, func) = rt
         .quiesce(|| {
             // Inside, pptm work is refused rather than left waiting.
@@ -340,6 +344,7 @@ fn application_cuda_work_beside_a_manifold() {
         .iter()
         .map(|i| KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap())
         .collect();
+    eprintln!("[beside] the application's calls beside the manifold");
     let mut mem: sys::CUdeviceptr = 0;
     let mut stream: sys::CUstream = std::ptr::null_mut();
     let mut seven = 0u32;
@@ -363,6 +368,7 @@ fn application_cuda_work_beside_a_manifold() {
         assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, "an item in flight beside the application's work");
     }
 
+    eprintln!("[beside] the application's kernel writes a pptm buffer");
     // The application's kernel writes into a pptm buffer through its device address.
     let mut out = rt.upload(&[0u32; 3]).unwrap();
     let at = out.device_address().expect("a device buffer has an address");
@@ -379,6 +385,7 @@ fn application_cuda_work_beside_a_manifold() {
     assert_eq!(out.to_vec().unwrap(), vec![0, 7, 0]);
     out.fill(1).unwrap();
 
+    eprintln!("[beside] quiesce to free and unload");
     // cuMemFree and a module unload wait for every kernel too: inside quiesce.
     rt.quiesce(|| {
         // SAFETY: both came from the calls above and are released once.
@@ -412,6 +419,7 @@ fn the_applications_device_memory_as_buffers() {
         .unwrap();
     assert_kl_sum_close(warm, &q, &p, "before wrapping");
 
+    eprintln!("[memory] raw allocation");
     // A raw allocation of the application's.
     let mut mem: sys::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; copies within the 8 KiB allocated.
@@ -433,6 +441,7 @@ fn the_applications_device_memory_as_buffers() {
         let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
         assert_kl_sum_close(got, &q, &p, "on the application's raw memory");
 
+        eprintln!("[memory] bad memory");
         // Bad memory is a typed error.
         // SAFETY: each call is refused before the memory is used.
         unsafe {
@@ -453,15 +462,22 @@ fn the_applications_device_memory_as_buffers() {
     })
     .unwrap();
 
-    // A cudarc slice (the primary context, as pptm's).
-    let cx = pptm::cudarc::driver::CudaContext::new(0).unwrap();
-    let stream = cx.new_stream().unwrap();
+    eprintln!("[memory] cudarc slices");
+    // A cudarc slice (the primary context, as pptm's). cudarc's first new_stream synchronises the
+    // context (cuCtxSynchronize), which waits for every kernel: inside quiesce.
+    let (cx, stream) = rt
+        .quiesce(|| {
+            let cx = pptm::cudarc::driver::CudaContext::new(0).unwrap();
+            let stream = cx.new_stream().unwrap();
+            (cx, stream)
+        })
+        .unwrap();
     let qs = stream.clone_htod(&q).unwrap();
     let ps = stream.clone_htod(&p).unwrap();
     let (qb, pb) = (rt.wrap_cuda_slice(qs).unwrap(), rt.wrap_cuda_slice(ps).unwrap());
     let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
     assert_kl_sum_close(got, &q, &p, "on cudarc slices");
-    drop((qb, pb));
+    drop((qb, pb, stream, cx));
 }
 
 #[test]
