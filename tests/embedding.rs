@@ -91,8 +91,14 @@ impl Step {
             }
             Step::Tensor => {
                 let (m, k, n) = [(1, 1, 1), (37, 64, 29), (130, 200, 72)][round % 3];
-                let a: Vec<bf16> = uniform(m * k, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
-                let w: Vec<bf16> = uniform(k * n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+                let a: Vec<bf16> = uniform(m * k, -1.0, 1.0)
+                    .into_iter()
+                    .map(bf16::from_f32)
+                    .collect();
+                let w: Vec<bf16> = uniform(k * n, -1.0, 1.0)
+                    .into_iter()
+                    .map(bf16::from_f32)
+                    .collect();
                 let b = uniform(n, -1.0, 1.0);
                 let mut out = rt.upload(&vec![f32::NAN; m * n]).unwrap();
                 MatmulBiasGeluBf16::submit(
@@ -138,14 +144,19 @@ impl Step {
                 for (i, (&g, &w)) in out.to_vec().unwrap().iter().zip(want).enumerate() {
                     // Chebyshev distances of f32 coordinates: one f32 subtraction each.
                     assert!(
-                        (w.is_nan() && g.is_nan()) || (f64::from(g) - w).abs() <= 2e-7 * w.abs().max(1.0),
+                        (w.is_nan() && g.is_nan())
+                            || (f64::from(g) - w).abs() <= 2e-7 * w.abs().max(1.0),
                         "{what}: point {i} of {n}: got {g}, f64 reference {w}"
                     );
                 }
             }
             Step::LinearAlgebra => {
                 let (m, n) = [(1, 1), (7, 1023), (1023, 7)][round % 3];
-                let (x, a, y) = (uniform(n, -1.0, 1.0), uniform(m * n, -1.0, 1.0), uniform(m, -1.0, 1.0));
+                let (x, a, y) = (
+                    uniform(n, -1.0, 1.0),
+                    uniform(m * n, -1.0, 1.0),
+                    uniform(m, -1.0, 1.0),
+                );
                 let got = GemvAxpbySum::submit(
                     rt,
                     &rt.upload(&x).unwrap(),
@@ -167,7 +178,9 @@ impl Step {
 fn this_crates_chains_are_linked() {
     let names: Vec<&str> = pptm::linked_domains().iter().map(|d| d.name).collect();
     assert!(
-        pptm::linked_domains().iter().any(|d| d.key == LargestKlTerm::DOMAIN.key),
+        pptm::linked_domains()
+            .iter()
+            .any(|d| d.key == LargestKlTerm::DOMAIN.key),
         "{names:?}"
     );
     let mut keys: Vec<&str> = pptm::linked_domains().iter().map(|d| d.key).collect();
@@ -231,7 +244,11 @@ fn domains_start_on_demand_in_any_order() {
     // inference starts alone; tensor, transfer_entropy and linear_algebra each re-partition once.
     assert_eq!(rt.repartitions(), 3, "{}", rt.describe());
     for d in ["inference", "tensor", "transfer_entropy", "linear_algebra"] {
-        assert!(rt.describe().contains(&format!("`{d}`")), "{d} not running: {}", rt.describe());
+        assert!(
+            rt.describe().contains(&format!("`{d}`")),
+            "{d} not running: {}",
+            rt.describe()
+        );
     }
     let (four_median, four_p99) = noop_latency(&rt);
     eprintln!(
@@ -239,7 +256,10 @@ fn domains_start_on_demand_in_any_order() {
          beside three others {four_median:.1} us median, {four_p99:.1} us p99"
     );
     for (d, took) in first_of_domain {
-        eprintln!("re-partition to start `{d}` and run its first item: {:.2} ms", took.as_secs_f64() * 1e3);
+        eprintln!(
+            "re-partition to start `{d}` and run its first item: {:.2} ms",
+            took.as_secs_f64() * 1e3
+        );
     }
     // The cost on its own: quiesce drains and relaunches the same four manifolds.
     let mut costs: Vec<f64> = (0..11)
@@ -325,7 +345,10 @@ fn application_cuda_work_beside_a_manifold() {
             let mut func = std::ptr::null_mut();
             // SAFETY: valid out-pointers, a NUL-terminated PTX image, the current context.
             unsafe {
-                ok("cuModuleLoadData", sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()));
+                ok(
+                    "cuModuleLoadData",
+                    sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()),
+                );
                 ok(
                     "cuModuleGetFunction",
                     sys::cuModuleGetFunction(&mut func, module, c"store_seven".as_ptr()),
@@ -335,7 +358,12 @@ fn application_cuda_work_beside_a_manifold() {
         })
         .unwrap();
     for (t, i) in before.into_iter().zip(&items) {
-        assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, "an item submitted before quiesce");
+        assert_kl_sum_close(
+            t.wait().unwrap(),
+            &i.q,
+            &i.p,
+            "an item submitted before quiesce",
+        );
     }
 
     // Beside the resident manifold, with items in flight: allocate, make a stream, launch the
@@ -357,30 +385,70 @@ fn application_cuda_work_beside_a_manifold() {
         let mut params = [(&raw mut arg).cast::<std::ffi::c_void>()];
         ok(
             "cuLaunchKernel",
-            sys::cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+            sys::cuLaunchKernel(
+                func,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
         );
         ok("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
-        ok("cuMemcpyDtoH", sys::cuMemcpyDtoH_v2((&raw mut seven).cast(), mem, 4));
+        ok(
+            "cuMemcpyDtoH",
+            sys::cuMemcpyDtoH_v2((&raw mut seven).cast(), mem, 4),
+        );
         ok("cuStreamDestroy", sys::cuStreamDestroy_v2(stream));
     }
-    assert_eq!(seven, 7, "the application's kernel did not run beside the manifold");
+    assert_eq!(
+        seven, 7,
+        "the application's kernel did not run beside the manifold"
+    );
     for (t, i) in in_flight.into_iter().zip(&items) {
-        assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, "an item in flight beside the application's work");
+        assert_kl_sum_close(
+            t.wait().unwrap(),
+            &i.q,
+            &i.p,
+            "an item in flight beside the application's work",
+        );
     }
 
     eprintln!("[beside] the application's kernel writes a pptm buffer");
     // The application's kernel writes into a pptm buffer through its device address.
     let mut out = rt.upload(&[0u32; 3]).unwrap();
-    let at = out.device_address().expect("a device buffer has an address");
+    let at = out
+        .device_address()
+        .expect("a device buffer has an address");
     // SAFETY: `at` is 12 bytes of pptm's device memory; no pptm item uses `out` meanwhile.
     unsafe {
         let mut arg = at + 4;
         let mut params = [(&raw mut arg).cast::<std::ffi::c_void>()];
         ok(
             "cuLaunchKernel",
-            sys::cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
+            sys::cuLaunchKernel(
+                func,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
         );
-        ok("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()));
+        ok(
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(std::ptr::null_mut()),
+        );
     }
     assert_eq!(out.to_vec().unwrap(), vec![0, 7, 0]);
     out.fill(1).unwrap();
@@ -396,7 +464,10 @@ fn application_cuda_work_beside_a_manifold() {
     })
     .unwrap();
     for i in &items {
-        let got = KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap().wait().unwrap();
+        let got = KlComplexity::submit(&rt, &i.qb, &i.pb)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_kl_sum_close(got, &i.q, &i.p, "an item after the second quiesce");
     }
 }
@@ -404,7 +475,10 @@ fn application_cuda_work_beside_a_manifold() {
 #[test]
 fn the_applications_device_memory_as_buffers() {
     let _one = one_at_a_time();
-    let Some(rt) = open_gpu("the_applications_device_memory_as_buffers", Config::default()) else {
+    let Some(rt) = open_gpu(
+        "the_applications_device_memory_as_buffers",
+        Config::default(),
+    ) else {
         return;
     };
     let ctx = rt.cuda_context().unwrap();
@@ -425,8 +499,14 @@ fn the_applications_device_memory_as_buffers() {
     // SAFETY: valid out-pointer; copies within the 8 KiB allocated.
     unsafe {
         ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut mem, 2 * 4 * n));
-        ok("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(mem, q.as_ptr().cast(), 4 * n));
-        ok("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(mem + 4 * n as u64, p.as_ptr().cast(), 4 * n));
+        ok(
+            "cuMemcpyHtoD",
+            sys::cuMemcpyHtoD_v2(mem, q.as_ptr().cast(), 4 * n),
+        );
+        ok(
+            "cuMemcpyHtoD",
+            sys::cuMemcpyHtoD_v2(mem + 4 * n as u64, p.as_ptr().cast(), 4 * n),
+        );
     }
     {
         // SAFETY: both halves are n f32 of the allocation above, alive until cuMemFree below,
@@ -474,7 +554,10 @@ fn the_applications_device_memory_as_buffers() {
         .unwrap();
     let qs = stream.clone_htod(&q).unwrap();
     let ps = stream.clone_htod(&p).unwrap();
-    let (qb, pb) = (rt.wrap_cuda_slice(qs).unwrap(), rt.wrap_cuda_slice(ps).unwrap());
+    let (qb, pb) = (
+        rt.wrap_cuda_slice(qs).unwrap(),
+        rt.wrap_cuda_slice(ps).unwrap(),
+    );
     let got = KlComplexity::submit(&rt, &qb, &pb).unwrap().wait().unwrap();
     assert_kl_sum_close(got, &q, &p, "on cudarc slices");
     drop((qb, pb, stream, cx));

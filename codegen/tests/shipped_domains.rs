@@ -12,16 +12,21 @@ use pptm_codegen::project::Project;
 fn every_shipped_domain_emits_its_committed_source() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let project = Project::at(&root);
-    let plan = project.plan().expect("the workspace's chains scan and lower");
+    let plan = project
+        .plan()
+        .expect("the workspace's chains scan and lower");
     assert!(
         plan.len() >= 10,
         "expected pptm's shipped domains, found {:?}",
         plan.iter().map(|d| &d.name).collect::<Vec<_>>()
     );
     for d in &plan {
-        let path = project.generated.join(&d.name).join(format!("{}.cu", d.name));
-        let committed = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let path = project
+            .generated
+            .join(&d.name)
+            .join(format!("{}.cu", d.name));
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         if committed != d.source {
             let (line, (want, got)) = committed
                 .lines()

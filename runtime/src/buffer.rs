@@ -33,7 +33,10 @@ enum Ownership {
     /// pptm allocated it and frees it when the buffer drops.
     Pptm,
     /// The application's handle to it (a cudarc slice), dropped with the buffer, which frees it.
-    Kept(#[allow(dead_code, reason = "held only to be dropped with the buffer")] Box<dyn Send + Sync>),
+    Kept(
+        #[allow(dead_code, reason = "held only to be dropped with the buffer")]
+        Box<dyn Send + Sync>,
+    ),
     /// The application, after the buffer is gone (a raw pointer).
     Application,
 }

@@ -91,7 +91,9 @@ pub enum Error {
 
     /// A submission from inside [`Runtime::quiesce`]'s closure: the manifolds are parked until it
     /// returns, so the item could never run. Submit after `quiesce` returns.
-    #[error("pptm work was submitted inside Runtime::quiesce, while the manifolds are parked; submit it after quiesce returns")]
+    #[error(
+        "pptm work was submitted inside Runtime::quiesce, while the manifolds are parked; submit it after quiesce returns"
+    )]
     Quiesced,
 
     /// The runtime (or its manifold) has shut down; the item did not run.

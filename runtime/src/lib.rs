@@ -29,8 +29,6 @@ pub use chain::{
     Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer, LINKED_DOMAINS, checked_ir,
     linked_domains,
 };
-#[doc(hidden)]
-pub use linkme;
 /// The CUDA driver bindings pptm is built on, for interop: [`Runtime::wrap_cuda_slice`],
 /// [`Runtime::cuda_context`], [`Buffer::device_address`].
 pub use cudarc;
@@ -38,6 +36,8 @@ pub use element::{DType, Element, F8E4M3, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use guard::GuardStats;
+#[doc(hidden)]
+pub use linkme;
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;
 pub use runtime::{BackendKind, Config, GpuInfo, Runtime, Variant};

@@ -437,7 +437,8 @@ impl Runtime {
         else {
             return Ok(None);
         };
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
+        {
             return Err(Error::Quiesced);
         }
         loop {
@@ -461,7 +462,10 @@ impl Runtime {
             match m.get(code.key) {
                 Some(existing) if !existing.was_aborted() => continue, // another thread started it
                 Some(aborted) => {
-                    tracing::info!(domain = code.name, "relaunching the manifold after an abort");
+                    tracing::info!(
+                        domain = code.name,
+                        "relaunching the manifold after an abort"
+                    );
                     let share = aborted.share;
                     m.remove(code.key);
                     let launched = Manifold::launch(device, code, &self.config, share)?;
@@ -534,7 +538,13 @@ impl Runtime {
             ptr
         };
         self.check_foreign::<T>(device, ptr, len)?;
-        Ok(Buffer::wrap(self.id, device, ptr, len, Some(Box::new(slice))))
+        Ok(Buffer::wrap(
+            self.id,
+            device,
+            ptr,
+            len,
+            Some(Box::new(slice)),
+        ))
     }
 
     fn foreign_device(&self) -> Result<&Arc<Device>> {
@@ -546,7 +556,10 @@ impl Runtime {
     fn check_foreign<T: Element>(&self, device: &Device, ptr: u64, len: usize) -> Result<()> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
-            .ok_or(Error::TooLarge { what: "a buffer", len })?;
+            .ok_or(Error::TooLarge {
+                what: "a buffer",
+                len,
+            })?;
         if bytes == 0 {
             return Ok(());
         }
@@ -692,7 +705,8 @@ impl Runtime {
             }
             return Ok(());
         }
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
+        {
             return Err(Error::Quiesced);
         }
         let _alone = gate.write().unwrap_or_else(|e| e.into_inner());

@@ -222,7 +222,11 @@ impl PathsSeen {
         let hopper = cc == (9, 0);
         let any = |f: fn(ProductPaths) -> bool| self.seen.iter().any(|&p| f(p));
         if name == "f32" {
-            assert!(!any(|p| !p.cuda_cores()), "{name}: a product left the CUDA cores: {:?}", self.seen);
+            assert!(
+                !any(|p| !p.cuda_cores()),
+                "{name}: a product left the CUDA cores: {:?}",
+                self.seen
+            );
             return;
         }
         let want: fn(ProductPaths) -> bool = if name == "fp8" {
@@ -236,11 +240,23 @@ impl PathsSeen {
             "{name} on sm_{}{}: Hopper's wgmma path {} (paths reported: {:?})",
             cc.0,
             cc.1,
-            if hopper { "never ran" } else { "ran off Hopper" },
+            if hopper {
+                "never ran"
+            } else {
+                "ran off Hopper"
+            },
             self.seen
         );
-        assert!(any(ProductPaths::mma_sync), "{name}: no shape ran on mma.sync: {:?}", self.seen);
-        assert!(!any(ProductPaths::cuda_cores), "{name}: a product ran on CUDA cores: {:?}", self.seen);
+        assert!(
+            any(ProductPaths::mma_sync),
+            "{name}: no shape ran on mma.sync: {:?}",
+            self.seen
+        );
+        assert!(
+            !any(ProductPaths::cuda_cores),
+            "{name}: a product ran on CUDA cores: {:?}",
+            self.seen
+        );
     }
 }
 

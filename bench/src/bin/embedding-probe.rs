@@ -97,7 +97,10 @@ fn setup() -> Setup {
         let mut stream = std::ptr::null_mut();
         check(
             "cuStreamCreate",
-            sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            ),
         );
         Setup {
             ctx,
@@ -281,11 +284,7 @@ fn one(call: &str) {
             let ok = rx.recv_timeout(Duration::from_secs(10)).is_ok();
             println!(
                 "AFTER  {call}: {} {:.1} ms after the runtime was dropped (the drop took {:.1} ms)",
-                if ok {
-                    "returned"
-                } else {
-                    "still blocked 10 s"
-                },
+                if ok { "returned" } else { "still blocked 10 s" },
                 parked.elapsed().as_secs_f64() * 1e3,
                 dropped.as_secs_f64() * 1e3
             );

@@ -637,7 +637,10 @@ impl Device {
 
     /// Manifolds resident on this GPU, of every runtime in the process.
     pub fn resident_manifolds(&self) -> usize {
-        self.residency.lock().unwrap_or_else(|e| e.into_inner()).manifolds
+        self.residency
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .manifolds
     }
 
     /// The device's primary context, which pptm runs in.
@@ -647,7 +650,11 @@ impl Device {
 
     /// Checks that `bytes` bytes at `ptr` are device memory of this device's context, inside one
     /// allocation (the driver's pointer attributes), before pptm uses memory it did not allocate.
-    pub fn check_foreign(&self, ptr: sys::CUdeviceptr, bytes: usize) -> std::result::Result<(), String> {
+    pub fn check_foreign(
+        &self,
+        ptr: sys::CUdeviceptr,
+        bytes: usize,
+    ) -> std::result::Result<(), String> {
         use sys::CUpointer_attribute as A;
         self.bind().map_err(|e| e.to_string())?;
         let attr = |what: A, out: *mut std::ffi::c_void| {
@@ -657,7 +664,9 @@ impl Device {
             if r == sys::CUresult::CUDA_SUCCESS {
                 Ok(())
             } else {
-                Err(format!("{ptr:#x} is not memory the CUDA driver knows ({r:?} for {what:?})"))
+                Err(format!(
+                    "{ptr:#x} is not memory the CUDA driver knows ({r:?} for {what:?})"
+                ))
             }
         };
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
@@ -665,11 +674,16 @@ impl Device {
         let mut kind = 0u32;
         attr(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (&raw mut kind).cast())?;
         let mut start: sys::CUdeviceptr = 0;
-        attr(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (&raw mut start).cast())?;
+        attr(
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            (&raw mut start).cast(),
+        )?;
         let mut size = 0usize;
         attr(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, (&raw mut size).cast())?;
         if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            return Err(format!("{ptr:#x} is not device memory (memory type {kind})"));
+            return Err(format!(
+                "{ptr:#x} is not device memory (memory type {kind})"
+            ));
         }
         if !ctx.is_null() && ctx != self.ctx {
             return Err(format!(

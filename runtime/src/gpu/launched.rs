@@ -34,9 +34,9 @@ use super::abi::{
 };
 use super::driver::{Device, MappedHost, Module, Stream};
 use crate::chain::{Completion, DomainCode};
-use crate::ticket::ProductPaths;
 use crate::error::{Error, Result};
 use crate::runtime::Variant;
+use crate::ticket::ProductPaths;
 
 /// How long a stalled item has, once asked to stop, before the launcher counts it as wedged (for
 /// good: a kernel that merely waited for the GPU that long would be counted too).

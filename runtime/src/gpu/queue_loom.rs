@@ -30,14 +30,14 @@ use loom::sync::Condvar;
 use loom::thread;
 
 use super::abi::{
-    PPTM_CQ_WORDS, PPTM_OP_SHUTDOWN, PPTM_PATH_MMA_SYNC, PPTM_SQ_SLOT_WORDS, PPTM_STATUS_OK, from_payload,
-    pptm_cq_entry, pptm_desc, sq_tag,
+    PPTM_CQ_WORDS, PPTM_OP_SHUTDOWN, PPTM_PATH_MMA_SYNC, PPTM_SQ_SLOT_WORDS, PPTM_STATUS_OK,
+    from_payload, pptm_cq_entry, pptm_desc, sq_tag,
 };
 use super::queue::{Cell, Failure, PushError, Queue, RingMemory, bytes_for, cq_offset};
 use crate::chain::Completion;
-use crate::ticket::ProductPaths;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
+use crate::ticket::ProductPaths;
 
 /// Ring memory made of loom atomics (8 bytes each, like the u64 words the queue casts it to),
 /// shared by the queue and the emulated device.
@@ -229,11 +229,7 @@ impl Harness {
 }
 
 /// The orders in which the device writes the words of successive completion entries.
-const CQ_ORDERS: [[usize; 6]; 3] = [
-    [3, 1, 5, 4, 0, 2],
-    [5, 4, 3, 2, 1, 0],
-    [0, 1, 2, 3, 4, 5],
-];
+const CQ_ORDERS: [[usize; 6]; 3] = [[3, 1, 5, 4, 0, 2], [5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5]];
 const _: () = assert!(PPTM_CQ_WORDS == 6, "the emulated device writes every word");
 
 /// The descriptor words the emulated device decodes (opcode and args[0]), if its slot holds item
