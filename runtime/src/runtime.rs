@@ -1161,15 +1161,24 @@ impl Runtime {
     }
 
     /// Shuts every manifold down, after every submitted item has completed. Dropping the runtime
-    /// does the same; this reports failures. A later submission launches its manifold again; one
-    /// that races with the shutdown gets [`Error::ShutDown`].
+    /// does the same; this reports failures. A later submission launches its manifold again.
+    /// Inside [`Runtime::quiesce`]'s closure the manifolds are already parked, and this does
+    /// nothing (they start again when `quiesce` returns).
     pub fn shutdown(&self) -> Result<()> {
         let Backend::Gpu {
-            manifolds, gate, ..
+            manifolds,
+            gate,
+            quiescer,
+            ..
         } = &self.backend
         else {
             return Ok(());
         };
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+            // Inside quiesce's closure: the manifolds are drained already, and this thread holds
+            // the gate.
+            return Ok(());
+        }
         let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
         drain(&mut manifolds.lock().unwrap_or_else(|e| e.into_inner())).map(|_| ())
     }
