@@ -1174,7 +1174,8 @@ impl Runtime {
         else {
             return Ok(());
         };
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id()) {
+        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
+        {
             // Inside quiesce's closure: the manifolds are drained already, and this thread holds
             // the gate.
             return Ok(());
