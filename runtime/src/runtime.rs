@@ -217,6 +217,12 @@ fn drain(m: &mut HashMap<&'static str, Arc<Manifold>>) -> Result<Vec<&'static Do
     first_err.map_or(Ok(domains), Err)
 }
 
+/// Whether this thread is running [`Runtime::quiesce`]'s closure (it holds the gate alone, so it
+/// must neither submit nor take the gate again).
+fn inside_quiesce(quiescer: &Mutex<Option<std::thread::ThreadId>>) -> bool {
+    *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
+}
+
 /// Loads the module of every domain linked into the binary, and `code`'s, before a first manifold
 /// starts: a load waits for every kernel on the GPU, and a resident manifold's never ends. Only
 /// `code`'s failure is an error here; another domain's shows when it is used.
@@ -437,8 +443,7 @@ impl Runtime {
         else {
             return Ok(None);
         };
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
-        {
+        if inside_quiesce(quiescer) {
             return Err(Error::Quiesced);
         }
         loop {
@@ -608,7 +613,7 @@ impl Runtime {
             return Ok(f());
         };
         let me = std::thread::current().id();
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(me) {
+        if inside_quiesce(quiescer) {
             return Ok(f()); // nested: already parked
         }
         let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
@@ -705,8 +710,7 @@ impl Runtime {
             }
             return Ok(());
         }
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
-        {
+        if inside_quiesce(quiescer) {
             return Err(Error::Quiesced);
         }
         let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
@@ -1174,8 +1178,7 @@ impl Runtime {
         else {
             return Ok(());
         };
-        if *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
-        {
+        if inside_quiesce(quiescer) {
             // Inside quiesce's closure: the manifolds are drained already, and this thread holds
             // the gate.
             return Ok(());
