@@ -286,3 +286,37 @@ impl<R: ChainOutput> Drop for Ticket<'_, R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_paths_name_each_bit_the_device_sets() {
+        let none = ProductPaths::from_bits(0);
+        assert!(none.is_empty());
+        assert_eq!(none.to_string(), "none");
+        let each = [
+            (abi::PPTM_PATH_CUDA_CORES, "cuda cores"),
+            (abi::PPTM_PATH_MMA_SYNC, "mma.sync"),
+            (abi::PPTM_PATH_WGMMA, "wgmma"),
+            (abi::PPTM_PATH_WGMMA_FP8, "wgmma fp8"),
+        ];
+        for (bit, name) in each {
+            let p = ProductPaths::from_bits(bit);
+            assert!(!p.is_empty());
+            assert_eq!(p.to_string(), name);
+            let set = [p.cuda_cores(), p.mma_sync(), p.wgmma(), p.wgmma_fp8()];
+            assert_eq!(set.iter().filter(|&&b| b).count(), 1, "{name}: {set:?}");
+        }
+        let two = ProductPaths::from_bits(abi::PPTM_PATH_MMA_SYNC | abi::PPTM_PATH_WGMMA_FP8);
+        assert_eq!(two.to_string(), "mma.sync + wgmma fp8");
+        assert_eq!(format!("{two:?}"), "ProductPaths(mma.sync + wgmma fp8)");
+        // The four bits are distinct.
+        let all = each.iter().fold(0u32, |acc, (b, _)| {
+            assert_eq!(acc & b, 0);
+            acc | b
+        });
+        assert_eq!(all.count_ones(), 4);
+    }
+}
