@@ -443,12 +443,21 @@ impl Runtime {
         else {
             return Ok(None);
         };
-        if inside_quiesce(quiescer) {
-            return Err(Error::Quiesced);
-        }
         loop {
             {
-                let shared = gate.read().unwrap_or_else(|e| e.into_inner());
+                // Uncontended on the submission path; only when the gate is held alone (a
+                // re-partition, shutdown or quiesce) does it ask whether this very thread holds
+                // it inside quiesce's closure, where waiting would never end.
+                let shared = match gate.try_read() {
+                    Ok(g) => g,
+                    Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        if inside_quiesce(quiescer) {
+                            return Err(Error::Quiesced);
+                        }
+                        gate.read().unwrap_or_else(|e| e.into_inner())
+                    }
+                };
                 let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(existing) = m.get(code.key) {
                     // One the watchdog aborted has returned: a new one takes its place. Any other
