@@ -13,7 +13,7 @@ mod common;
 
 use std::time::Instant;
 
-use pptm::chains::{DistanceKth, GemvAxpbySum, KlComplexity, MatmulBiasGeluBf16};
+use pptm::chains::{DistanceKth, GemvAxpbySum, KlComplexity, KlTerms, MatmulBiasGeluBf16};
 use pptm::cudarc::driver::sys;
 use pptm::ops::{KlDivergence, MaxReduction};
 use pptm::{Buffer, Chain, Config, Error, FusionBuilder, Runtime, bf16};
@@ -574,4 +574,334 @@ fn wrapping_memory_needs_the_gpu_backend() {
     // On the CPU backend quiesce only runs the closure.
     assert_eq!(rt.quiesce(|| 5).unwrap(), 5);
     assert_eq!(rt.repartitions(), 0);
+}
+
+/// Copies `n` u32 words from `src` to `dst` once every thread has spun for `delay_ns` of the GPU's
+/// clock: application work that finishes well after the host enqueued it, so an item that did not
+/// wait for it on the GPU would read the poisoned destination.
+const DELAYED_COPY_PTX: &str = "
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry delayed_copy(.param .u64 src, .param .u64 dst, .param .u32 n, .param .u64 delay)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<9>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u32 %r1, [n];
+    ld.param.u64 %rd3, [delay];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u64 %rd4, %globaltimer;
+SPIN:
+    mov.u64 %rd5, %globaltimer;
+    sub.u64 %rd6, %rd5, %rd4;
+    setp.lt.u64 %p1, %rd6, %rd3;
+    @%p1 bra SPIN;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.u32 %r5, %r2, %r3, %r4;
+    mov.u32 %r6, %nctaid.x;
+    mul.lo.u32 %r7, %r6, %r3;
+COPY:
+    setp.ge.u32 %p2, %r5, %r1;
+    @%p2 bra DONE;
+    mul.wide.u32 %rd7, %r5, 4;
+    add.u64 %rd8, %rd1, %rd7;
+    ld.global.u32 %r8, [%rd8];
+    add.u64 %rd9, %rd2, %rd7;
+    st.global.u32 [%rd9], %r8;
+    add.u32 %r5, %r5, %r7;
+    bra COPY;
+DONE:
+    ret;
+}
+\0";
+
+/// Launches `delayed_copy` on `stream`: `n` words from `src` to `dst` after `delay_ns`.
+///
+/// # Safety
+/// `func` is `delayed_copy`; `src` and `dst` hold `n` u32 each and stay allocated until the
+/// stream is past the kernel; `stream` is a stream of the current context (or null).
+unsafe fn delayed_copy(
+    func: sys::CUfunction,
+    stream: sys::CUstream,
+    src: u64,
+    dst: u64,
+    n: usize,
+    delay_ns: u64,
+) {
+    let (mut s, mut d, mut len, mut delay) = (src, dst, n as u32, delay_ns);
+    let mut params = [
+        (&raw mut s).cast::<std::ffi::c_void>(),
+        (&raw mut d).cast(),
+        (&raw mut len).cast(),
+        (&raw mut delay).cast(),
+    ];
+    let blocks = n.div_ceil(256).clamp(1, 264) as u32;
+    // SAFETY: the caller's promise; four parameters as the kernel declares them.
+    ok("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            func,
+            blocks,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    });
+}
+
+/// The device address of a pptm buffer, for the application's kernels.
+fn address<T: pptm::Element>(b: &Buffer<T>) -> u64 {
+    b.device_address().expect("a device buffer has an address")
+}
+
+/// The f64 reference of KlTerms.
+fn kl_terms_close(got: &[f32], q: &[f32], p: &[f32], what: &str) {
+    assert_eq!(got.len(), q.len(), "{what}");
+    let n = q.len();
+    for (i, (&g, (&qi, &pi))) in got.iter().zip(q.iter().zip(p)).enumerate() {
+        let want = common::kl_term(qi, pi);
+        assert!(
+            // As kl_chain.rs: a term where q ≈ p cancels, so the bar is scaled by q too.
+            (f64::from(g) - want).abs()
+                <= common::REL_TOL * want.abs().max(f64::from(qi)).max(1e-30),
+            "{what}: term {i} of {n}: got {g}, f64 reference {want}"
+        );
+    }
+}
+
+#[test]
+fn items_and_application_streams_ordered_on_the_gpu() {
+    let _one = one_at_a_time();
+    let Some(rt) = open_gpu(
+        "items_and_application_streams_ordered_on_the_gpu",
+        Config::default(),
+    ) else {
+        return;
+    };
+    // Before any manifold is resident: cudarc's first stream synchronises the context, and a
+    // module load waits for every kernel.
+    let cx = pptm::cudarc::driver::CudaContext::new(0).unwrap();
+    let (app, held) = (cx.new_stream().unwrap(), cx.new_stream().unwrap());
+    let ctx = rt.cuda_context().unwrap();
+    // SAFETY: pptm's context is valid while `rt` lives.
+    ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) });
+    let mut module = std::ptr::null_mut();
+    let mut func = std::ptr::null_mut();
+    // SAFETY: valid out-pointers, a NUL-terminated PTX image, pptm's context current.
+    unsafe {
+        ok(
+            "cuModuleLoadData",
+            sys::cuModuleLoadData(&mut module, DELAYED_COPY_PTX.as_ptr().cast()),
+        );
+        ok(
+            "cuModuleGetFunction",
+            sys::cuModuleGetFunction(&mut func, module, c"delayed_copy".as_ptr()),
+        );
+    }
+    const DELAY_NS: u64 = 20_000_000;
+
+    eprintln!("[streams] items wait on the GPU for the application's stream");
+    for (round, n) in [1usize, 7, 1023, (1 << 20) + 3].into_iter().enumerate() {
+        let (q, p) = (distribution(n), distribution(n));
+        let (qsrc, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let qdst = rt.upload(&vec![f32::NAN; n]).unwrap();
+        // The application fills q 20 ms from now; pptm's items read it.
+        // SAFETY: n f32 each, alive until after the stream is synchronised below.
+        unsafe {
+            delayed_copy(
+                func,
+                app.cu_stream(),
+                address(&qsrc),
+                address(&qdst),
+                n,
+                DELAY_NS,
+            )
+        };
+        rt.wait_for_stream(&app).unwrap();
+        let kl = KlComplexity::submit(&rt, &qdst, &pb).unwrap();
+        let largest = LargestKlTerm::submit(&rt, &qdst, &pb).unwrap();
+        let what = format!("round {round}, n = {n}, after the application's stream");
+        assert_kl_sum_close(kl.wait().unwrap(), &q, &p, &what);
+        let want = q
+            .iter()
+            .zip(&p)
+            .map(|(&q, &p)| common::kl_term(q, p))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let got = f64::from(largest.wait().unwrap());
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs().max(1e-30) + 1e-12,
+            "{what}: largest KL term {got}, f64 reference {want}"
+        );
+        if round == 2 {
+            // Another domain's manifold, started after the stream point, follows it too.
+            let (m, cols) = (7, 1023);
+            let (x, a, y) = (
+                uniform(cols, -1.0, 1.0),
+                uniform(m * cols, -1.0, 1.0),
+                uniform(m, -1.0, 1.0),
+            );
+            let xsrc = rt.upload(&x).unwrap();
+            let xdst = rt.upload(&vec![f32::NAN; cols]).unwrap();
+            // SAFETY: as above.
+            unsafe {
+                delayed_copy(
+                    func,
+                    app.cu_stream(),
+                    address(&xsrc),
+                    address(&xdst),
+                    cols,
+                    DELAY_NS,
+                )
+            };
+            rt.wait_for_stream(&app).unwrap();
+            let got = GemvAxpbySum::submit(
+                &rt,
+                &xdst,
+                &rt.upload(&a).unwrap(),
+                &rt.upload(&y).unwrap(),
+                0.75,
+                -1.5,
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+            assert_gemv_axpby_sum_close(got, (&x, &a, &y), (0.75, -1.5), 1e-4, &what);
+        }
+        app.synchronize().unwrap();
+    }
+
+    eprintln!("[streams] the legacy default stream");
+    {
+        let n = 1023;
+        let (q, p) = (distribution(n), distribution(n));
+        let (qsrc, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let qdst = rt.upload(&vec![f32::NAN; n]).unwrap();
+        // SAFETY: as above; the null stream is the legacy stream of pptm's (current) context.
+        unsafe {
+            delayed_copy(
+                func,
+                std::ptr::null_mut(),
+                address(&qsrc),
+                address(&qdst),
+                n,
+                DELAY_NS,
+            );
+            rt.wait_for_raw_stream(std::ptr::null_mut()).unwrap();
+        }
+        let got = KlComplexity::submit(&rt, &qdst, &pb)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_kl_sum_close(got, &q, &p, "after the legacy stream");
+    }
+
+    // The application's stream waits on the GPU for an item. pptm's queue is held first by a point
+    // on another stream, reached 30 ms from now, so the item completes well after the host has
+    // enqueued the application's copy of its output: a copy that did not wait would copy poison.
+    let item_then_copy = |round: &str| {
+        let n = (1 << 20) + 3;
+        let (q, p) = (distribution(n), distribution(n));
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let copied = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let (from, to) = (address(&out), address(&copied));
+        // SAFETY: a zero-length copy after 30 ms touches no memory.
+        unsafe { delayed_copy(func, held.cu_stream(), 0, 0, 0, 30_000_000) };
+        rt.wait_for_stream(&held).unwrap();
+        let t = KlTerms::submit(&rt, &qb, &pb, &mut out).unwrap();
+        t.signal_stream(&app).unwrap();
+        // SAFETY: n f32 each; both buffers outlive the synchronisation below.
+        unsafe { delayed_copy(func, app.cu_stream(), from, to, n, 0) };
+        app.synchronize().unwrap();
+        t.wait().unwrap();
+        kl_terms_close(
+            &copied.to_vec().unwrap(),
+            &q,
+            &p,
+            &format!("{round}: the application's copy of an item's output"),
+        );
+        held.synchronize().unwrap();
+    };
+    eprintln!("[streams] the application's stream waits on the GPU for an item");
+    item_then_copy("first");
+
+    eprintln!("[streams] a failed item releases the stream that waits for it");
+    {
+        let hang = rt.inject::<KlComplexity>(pptm::Injection::Hang).unwrap();
+        let n = 1023;
+        let (q, p) = (distribution(n), distribution(n));
+        let (qb, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let t = KlTerms::submit(&rt, &qb, &pb, &mut out).unwrap();
+        t.signal_stream(&app).unwrap();
+        // Returns once the watchdog has failed the item (the test binary's watch limit turns a
+        // stream left waiting into a failure).
+        app.synchronize().unwrap();
+        let e = t.wait().unwrap_err();
+        assert!(matches!(e, Error::Hang { .. }), "{e:?}");
+        assert!(matches!(hang.wait(), Err(Error::Hang { .. })));
+    }
+    eprintln!("[streams] after the manifold's relaunch");
+    // The new manifold's signals continue from where the aborted one's line was raised to.
+    item_then_copy("after a relaunch");
+
+    eprintln!("[streams] a ticket already resolved and the CPU backend");
+    let cpu = Runtime::cpu();
+    let e = cpu.wait_for_stream(&app).unwrap_err();
+    assert!(matches!(e, Error::ForeignStream { .. }), "{e:?}");
+    let (q, p) = (distribution(7), distribution(7));
+    let (qc, pc) = (cpu.upload(&q).unwrap(), cpu.upload(&p).unwrap());
+    let t = KlComplexity::submit(&cpu, &qc, &pc).unwrap();
+    t.signal_stream(&app).unwrap();
+    assert_kl_sum_close(t.wait().unwrap(), &q, &p, "the CPU backend");
+
+    eprintln!("[streams] GPU ping-pong against host round trips");
+    {
+        let reps = 2000;
+        let noop = || rt.submit_noop::<KlComplexity>().unwrap();
+        noop().wait().unwrap();
+        // Host round trips: the application's kernel, synchronise, the item, wait.
+        let started = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: a zero-length copy touches no memory.
+            unsafe { delayed_copy(func, app.cu_stream(), 0, 0, 0, 0) };
+            app.synchronize().unwrap();
+            noop().wait().unwrap();
+        }
+        let host = started.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        // On the GPU: the host only enqueues; each item waits for the stream's kernel, and the
+        // stream's next kernel waits for the item.
+        let started = Instant::now();
+        let mut last = None;
+        for _ in 0..reps {
+            // SAFETY: as above.
+            unsafe { delayed_copy(func, app.cu_stream(), 0, 0, 0, 0) };
+            rt.wait_for_stream(&app).unwrap();
+            let t = noop();
+            t.signal_stream(&app).unwrap();
+            last = Some(t);
+        }
+        app.synchronize().unwrap();
+        last.unwrap().wait().unwrap();
+        let gpu = started.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        eprintln!(
+            "application kernel -> pptm item -> application kernel, {reps} times: {host:.2} us a step with host round trips, \
+             {gpu:.2} us a step ordered on the GPU ({:.2}x)",
+            host / gpu
+        );
+    }
+    drop(rt);
+    // SAFETY: loaded above; no manifold is resident any more (the runtime is gone).
+    ok("cuModuleUnload", unsafe { sys::cuModuleUnload(module) });
 }

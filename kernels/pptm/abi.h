@@ -47,7 +47,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 11u
+#define PPTM_ABI_VERSION 12u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -65,6 +65,12 @@ typedef unsigned long long uint64_t;
  * opcodes derived from their chain's spec hash, always >= PPTM_OP_FIRST_VARIANT. */
 #define PPTM_OP_NOOP 0u
 #define PPTM_OP_SHUTDOWN 1u
+/* Waits until the u64 at args[0] (8-byte aligned, device-visible: mapped host or device memory)
+ * holds a value >= args[1], then completes; the items after it in the queue start only then.
+ * Reports progress to the watchdog while it waits, for at most args[2] ns; after that a wait that
+ * still has not ended counts as a hang. The host submits these to order items after work on an
+ * application's CUDA stream (the stream writes the word: cuStreamWriteValue64). */
+#define PPTM_OP_WAIT_VALUE 2u
 /* Fault injection (the host submits these only with the `fault-injection` feature), to prove the
  * watchdog and fault handling: HANG spins on the participating blocks until the host aborts the
  * manifold; SLOW runs for args[0] ns, reporting progress every 100 us (a long legitimate item);
@@ -176,6 +182,11 @@ typedef struct pptm_manifold_params {
     uint32_t max_backoff_ns;   /* longest sleep between two polls when idle */
     uint32_t fetch_pollers;    /* fetcher warps polling the SQ at staggered times (1..PPTM_MAX_POLLERS) */
     uint32_t reserved;
+    /* The domain's signal word in mapped host memory (runtime/src/gpu/signals.rs): after item seq
+     * completes, the device stores signal_base + seq + 1 there (after the completion entry, under
+     * the same fence), so an application's stream can wait for an item (cuStreamWaitValue64). */
+    uint64_t* signal;
+    uint64_t signal_base;
 } pptm_manifold_params;
 
 /* Fused-launched mode (Variant::FusedLaunched): the same fused variant run by one ordinary kernel

@@ -304,6 +304,36 @@ __device__ __noinline__ uint32_t pptm_run_debug_launched(uint64_t* abort, const 
     return pptm_run_debug_with(abort, true, d, b);
 }
 
+// PPTM_OP_WAIT_VALUE (abi.h): thread 0 polls the word until it reaches the target, reporting
+// progress until the patience runs out (then the watchdog may call it a hang) and leaving on an
+// abort. The acquire that sees the target orders what the writer published before it (an
+// application stream's kernels, by cuStreamWriteValue64's barrier) before this item's completion,
+// which every later item acquires. A word that is not 8-byte aligned is a bad argument.
+__device__ __noinline__ uint32_t pptm_run_wait(const pptm_manifold_params& P, const pptm_desc& d, const pptm_block_ctx& b) {
+    __shared__ uint32_t status;
+    if (threadIdx.x == 0) {
+        status = PPTM_STATUS_OK;
+        const uint64_t* word = reinterpret_cast<const uint64_t*>(d.args[0]);
+        if (word == nullptr || (d.args[0] & 7u) != 0) {
+            status = PPTM_STATUS_BAD_ARGUMENT;
+        } else {
+            const uint64_t start = pptm_globaltimer();
+            uint32_t nap = 32;
+            while (pptm_ld_acquire_sys(word) < d.args[1]) {
+                if (pptm_ld_relaxed_gpu(&P.state->abort) != 0) {
+                    status = PPTM_STATUS_ABORTED;
+                    break;
+                }
+                if (pptm_globaltimer() - start < d.args[2]) pptm_tick(b);
+                pptm_sleep(nap);
+                nap = min(nap * 2, 2048u);
+            }
+        }
+    }
+    __syncthreads();
+    return status;
+}
+
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
@@ -348,6 +378,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             status = args_ok ? pptm_run_variant(sh.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
         } else if (op >= PPTM_OP_DEBUG_HANG && op <= PPTM_OP_DEBUG_FAULT)
             status = pptm_run_debug(P, sh.desc, ctx);
+        else if (op == PPTM_OP_WAIT_VALUE)
+            status = pptm_run_wait(P, sh.desc, ctx);
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
@@ -426,6 +458,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
                 pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, (uint64_t)0xFFFFFFFFu), tag));
                 pptm_st_relaxed_sys(e + 5, pptm_tagged(paths, tag));
+                // Streams waiting for this item (Ticket::signal_stream): ordered after the item's
+                // outputs by the fence above, as the entry is.
+                pptm_st_relaxed_sys(P.signal, P.signal_base + seq + 1);
                 PPTM_TRACE(seq, 8, pptm_globaltimer());
                 // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
                 if (blocks > 1) *arrivals = 0;

@@ -77,6 +77,12 @@ pub enum Error {
     #[error("cannot use this device memory as a pptm buffer: {reason}")]
     ForeignMemory { reason: String },
 
+    /// A CUDA stream handed to [`crate::Runtime::wait_for_stream`] or
+    /// [`crate::Ticket::signal_stream`] cannot be ordered with this runtime's items: it belongs to
+    /// another context, or the backend has no GPU.
+    #[error("cannot order pptm's items with this CUDA stream: {reason}")]
+    ForeignStream { reason: String },
+
     /// A chain was given the wrong arguments (the generated `submit` never does this).
     #[error("`{chain}`: {reason}")]
     BadArguments { chain: &'static str, reason: String },

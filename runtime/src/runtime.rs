@@ -12,6 +12,8 @@ use crate::chain::{Arg, Chain, Completion, DomainCode};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::gpu::abi::{PPTM_OP_NOOP, pptm_desc};
+use crate::gpu::manifold::Gates;
+use crate::gpu::signals::Signals;
 use crate::gpu::{Device, Launcher, Manifold};
 use crate::guard::{GuardBook, GuardNote, GuardStats};
 use crate::ticket::Ticket;
@@ -96,6 +98,10 @@ pub struct Config {
     pub domain_sms: Vec<(String, u32)>,
     /// How the GPU backend runs chains (the CPU backend ignores it).
     pub variant: Variant,
+    /// How long an item may wait on the GPU for an application stream
+    /// ([`Runtime::wait_for_stream`]) before the watchdog may take the wait for a hang. Default
+    /// 10 s.
+    pub stream_patience: Duration,
 }
 
 impl Default for Config {
@@ -115,6 +121,7 @@ impl Default for Config {
             fetch_pollers: 2,
             domain_sms: Vec::new(),
             variant: Variant::Fused,
+            stream_patience: Duration::from_secs(10),
         }
     }
 }
@@ -185,6 +192,10 @@ enum Backend {
         repartitions: AtomicU64,
         /// `Variant::FusedLaunched` only.
         launchers: Mutex<HashMap<&'static str, Arc<Launcher>>>,
+        /// Words that order items and application streams on the GPU (gpu/signals.rs).
+        signals: Arc<Signals>,
+        /// Application stream points every later item follows ([`Runtime::wait_for_stream`]).
+        gates: Gates,
     },
 }
 
@@ -325,6 +336,7 @@ impl Runtime {
     pub fn gpu_with(config: Config) -> Result<Self> {
         config.validate()?;
         let device = Device::open(config.device)?;
+        let signals = Signals::new(&device, config.shutdown_timeout)?;
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
@@ -335,6 +347,8 @@ impl Runtime {
                 quiescer: Mutex::new(None),
                 repartitions: AtomicU64::new(0),
                 launchers: Mutex::new(HashMap::new()),
+                signals,
+                gates: Gates::default(),
             },
             guards: Arc::default(),
         };
@@ -438,6 +452,7 @@ impl Runtime {
             gate,
             quiescer,
             repartitions,
+            signals,
             ..
         } = &self.backend
         else {
@@ -482,12 +497,12 @@ impl Runtime {
                     );
                     let share = aborted.share;
                     m.remove(code.key);
-                    let launched = Manifold::launch(device, code, &self.config, share)?;
+                    let launched = Manifold::launch(device, code, &self.config, share, signals)?;
                     m.insert(code.key, launched);
                 }
                 None if m.is_empty() => {
                     load_linked_modules(device, code)?;
-                    let launched = Manifold::launch(device, code, &self.config, None)?;
+                    let launched = Manifold::launch(device, code, &self.config, None, signals)?;
                     m.insert(code.key, launched);
                 }
                 None => {
@@ -512,6 +527,72 @@ impl Runtime {
     /// backend. Make it current on a thread before driver calls that touch pptm's buffers.
     pub fn cuda_context(&self) -> Option<cudarc::driver::sys::CUcontext> {
         self.gpu_device().map(|d| d.context())
+    }
+
+    /// Orders every item submitted after this call returns, to any domain, after the work
+    /// enqueued on `stream` so far, on the GPU and without blocking the host: pptm enqueues a
+    /// write of a signal word on `stream` (`cuStreamWriteValue64`, which makes that work's memory
+    /// writes visible first), and the next item of each manifold waits on the GPU until the word
+    /// is written. The application may keep using the stream.
+    ///
+    /// If the stream does not get there within [`Config::stream_patience`], the watchdog may fail
+    /// the waiting items with [`Error::Hang`]. With the launched variants the host waits for the
+    /// stream instead. [`Error::ForeignStream`] for a stream of another context, or on the CPU
+    /// backend.
+    pub fn wait_for_stream(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        self.check_cudarc_stream(stream)?;
+        // SAFETY: a live cudarc stream (borrowed for the call) of pptm's context.
+        unsafe { self.wait_for_raw_stream(stream.cu_stream()) }
+    }
+
+    /// [`Runtime::wait_for_stream`] for a raw stream handle (another library's stream).
+    ///
+    /// # Safety
+    /// `stream` is null (the legacy default stream) or a stream of this runtime's context
+    /// ([`Runtime::cuda_context`]) that has not been destroyed.
+    pub unsafe fn wait_for_raw_stream(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        let Backend::Gpu {
+            device,
+            signals,
+            gates,
+            ..
+        } = &self.backend
+        else {
+            return Err(Error::ForeignStream {
+                reason: "the runtime runs on the CPU backend".into(),
+            });
+        };
+        // SAFETY: the caller's promise.
+        unsafe { device.check_stream(stream) }?;
+        if self.launched() {
+            // Every launched item runs to completion inside its submit: waiting here orders them.
+            // SAFETY: a valid stream of our context (checked above).
+            let r = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) };
+            return crate::gpu::driver::check("cuStreamSynchronize", r);
+        }
+        // SAFETY: as above.
+        let (word, value) = unsafe { signals.stream_reaches(stream) }?;
+        let mut points = gates.points.lock().unwrap_or_else(|e| e.into_inner());
+        let v = points.entry(word).or_insert(0);
+        *v = (*v).max(value);
+        gates.version.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// [`Error::ForeignStream`] unless `stream` is of this runtime's context.
+    pub(crate) fn check_cudarc_stream(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        match self.gpu_device() {
+            Some(d) if stream.context().cu_ctx() == d.context() => Ok(()),
+            Some(d) => Err(Error::ForeignStream {
+                reason: format!(
+                    "the stream's context is not pptm's (the primary context of GPU {}: CudaContext::new({}))",
+                    d.ordinal, d.ordinal
+                ),
+            }),
+            None => Err(Error::ForeignStream {
+                reason: "the runtime runs on the CPU backend".into(),
+            }),
+        }
     }
 
     /// A buffer over `len` elements of device memory the application owns, at `ptr`.
@@ -812,8 +893,11 @@ impl Runtime {
                 self.config.blocks_per_sm.min(per_sm),
             )));
         }
+        let Backend::Gpu { signals, .. } = &self.backend else {
+            unreachable!("start_domains on the GPU backend only")
+        };
         for (d, share) in todo.into_iter().zip(shares) {
-            let launched = Manifold::launch(device, d, &self.config, Some(share))?;
+            let launched = Manifold::launch(device, d, &self.config, Some(share), signals)?;
             m.insert(d.key, launched);
         }
         Ok(())
@@ -882,7 +966,8 @@ impl Runtime {
             Some(r) => {
                 let m = r.manifold.clone();
                 // A no-op needs one block: it measures the dispatch path, not a grid-wide arrival.
-                let cell = m.submit(
+                let cell = self.push(
+                    &m,
                     &pptm_desc {
                         opcode: PPTM_OP_NOOP,
                         blocks: 1,
@@ -1040,7 +1125,7 @@ impl Runtime {
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 match route {
                     Route::Manifold(r) => {
-                        let cell = r.manifold.submit(&desc, blocking, C::NAME)?;
+                        let cell = self.push(&r.manifold, &desc, blocking, C::NAME)?;
                         Ok(Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard))
                     }
                     Route::Launch(l) => {
@@ -1057,6 +1142,21 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Pushes one item to a running manifold (borrowed through a [`Resident`]), after the waits
+    /// for application streams it must follow ([`Runtime::wait_for_stream`]).
+    fn push(
+        &self,
+        m: &Manifold,
+        desc: &pptm_desc,
+        blocking: bool,
+        chain: &'static str,
+    ) -> Result<Arc<crate::gpu::Cell>> {
+        if let Backend::Gpu { gates, .. } = &self.backend {
+            m.follow_gates(gates, blocking, self.config.stream_patience)?;
+        }
+        m.submit(desc, blocking, chain)
     }
 
     /// Checks the arguments against the chain. Returns them by descriptor slot (`None` for a

@@ -203,6 +203,47 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         }
     }
 
+    /// Makes the work enqueued on `stream` after this call wait, on the GPU, until this item has
+    /// completed; the host does not wait. The application's kernels may then read what the item
+    /// wrote ([`crate::Buffer::device_address`]); keep the buffers alive until the stream is past
+    /// them. If the item fails (a hang, a fault) the stream is released all the same and the
+    /// ticket reports the failure. A ticket that is already resolved (the CPU backend, the
+    /// launched variants, a waited item) has nothing to wait for. [`Error::ForeignStream`] for a
+    /// stream of another context.
+    pub fn signal_stream(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        match &self.state {
+            State::Pending { manifold, cell } => {
+                if stream.context().cu_ctx() != manifold.context() {
+                    return Err(Error::ForeignStream {
+                        reason:
+                            "the stream's context is not pptm's (the primary context of its GPU)"
+                                .into(),
+                    });
+                }
+                // SAFETY: a live cudarc stream of pptm's context (checked above).
+                unsafe { manifold.signal_stream(stream.cu_stream(), cell.seq) }
+            }
+            State::Ready(_) | State::Taken => Ok(()),
+        }
+    }
+
+    /// [`Ticket::signal_stream`] for a raw stream handle (another library's stream).
+    ///
+    /// # Safety
+    /// `stream` is null (the legacy default stream) or a stream of pptm's context
+    /// ([`crate::Runtime::cuda_context`]) that has not been destroyed.
+    pub unsafe fn signal_raw_stream(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        match &self.state {
+            State::Pending { manifold, cell } => {
+                // SAFETY: the caller's promise.
+                unsafe { manifold.check_stream(stream)? };
+                // SAFETY: as above, and checked to be of pptm's context.
+                unsafe { manifold.signal_stream(stream, cell.seq) }
+            }
+            State::Ready(_) | State::Taken => Ok(()),
+        }
+    }
+
     fn take(&mut self, deadline: Option<Instant>) -> Result<Completion> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),

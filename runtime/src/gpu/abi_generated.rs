@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 11;
+pub const PPTM_ABI_VERSION: u32 = 12;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -10,6 +10,7 @@ pub const PPTM_MAX_BLOCKS: u32 = 1024;
 pub const PPTM_MAX_POLLERS: u32 = 8;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
+pub const PPTM_OP_WAIT_VALUE: u32 = 2;
 pub const PPTM_OP_DEBUG_HANG: u32 = 8;
 pub const PPTM_OP_DEBUG_SLOW: u32 = 9;
 pub const PPTM_OP_DEBUG_FAULT: u32 = 10;
@@ -166,10 +167,12 @@ pub struct pptm_manifold_params {
     pub max_backoff_ns: u32,
     pub fetch_pollers: u32,
     pub reserved: u32,
+    pub signal: *mut u64,
+    pub signal_base: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 56usize];
+    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 72usize];
     ["Alignment of pptm_manifold_params"][::core::mem::align_of::<pptm_manifold_params>() - 8usize];
     ["Offset of field: pptm_manifold_params::sq"]
         [::core::mem::offset_of!(pptm_manifold_params, sq) - 0usize];
@@ -191,6 +194,10 @@ const _: () = {
         [::core::mem::offset_of!(pptm_manifold_params, fetch_pollers) - 48usize];
     ["Offset of field: pptm_manifold_params::reserved"]
         [::core::mem::offset_of!(pptm_manifold_params, reserved) - 52usize];
+    ["Offset of field: pptm_manifold_params::signal"]
+        [::core::mem::offset_of!(pptm_manifold_params, signal) - 56usize];
+    ["Offset of field: pptm_manifold_params::signal_base"]
+        [::core::mem::offset_of!(pptm_manifold_params, signal_base) - 64usize];
 };
 impl Default for pptm_manifold_params {
     fn default() -> Self {

@@ -648,6 +648,32 @@ impl Device {
         self.ctx
     }
 
+    /// Checks that `stream` belongs to this device's primary context (the null stream is the
+    /// legacy stream of whichever context is current: this one, once bound).
+    ///
+    /// # Safety
+    /// `stream` is null or a stream handle that has not been destroyed.
+    pub unsafe fn check_stream(&self, stream: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller's promise; ctx is written by the call.
+        let r = unsafe { sys::cuStreamGetCtx(stream, &mut ctx) };
+        if let Err(e) = check("cuStreamGetCtx", r) {
+            return Err(Error::ForeignStream {
+                reason: e.to_string(),
+            });
+        }
+        if ctx != self.ctx {
+            return Err(Error::ForeignStream {
+                reason: format!(
+                    "the stream belongs to another CUDA context than pptm's (the primary context of GPU {})",
+                    self.ordinal
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks that `bytes` bytes at `ptr` are device memory of this device's context, inside one
     /// allocation (the driver's pointer attributes), before pptm uses memory it did not allocate.
     pub fn check_foreign(

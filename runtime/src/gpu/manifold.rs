@@ -1,5 +1,6 @@
 //! One resident manifold: module, device state, rings, the cooperative launch, and shutdown.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -8,11 +9,13 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys};
 
 use super::abi::{
-    PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, pptm_desc, pptm_device_state, pptm_manifold_params,
+    PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, PPTM_OP_WAIT_VALUE, pptm_desc, pptm_device_state,
+    pptm_manifold_params,
 };
 use super::driver::{Device, MappedHost, Stream};
 use super::exit;
 use super::queue::{self, Cell, Culprit, Failure, PushError, Queue, RingMemory};
+use super::signals::{DomainLine, Signals};
 use crate::chain::DomainCode;
 use crate::error::{Error, Result};
 use crate::runtime::Config;
@@ -93,6 +96,12 @@ pub(crate) struct Manifold {
     /// The watchdog asked the kernel to abort: its exit is expected, and the watchdog (not a
     /// waiter that notices the exit first) fails the pending items, with the hang.
     aborting: AtomicBool,
+    /// Where it signals completions to application streams (signals.rs), and the runtime's lines.
+    signal: DomainLine,
+    signals: Arc<Signals>,
+    /// Stream lines (device address) and the value of each that this manifold's items already
+    /// wait for (`Runtime::wait_for_stream`), with the runtime's gate count it is up to date with.
+    gates_seen: Mutex<(u64, HashMap<u64, u64>)>,
     /// The watchdog thread, joined once the manifold stops (`stop_watchdog`), so that the owner's
     /// reference is the last: a watchdog that held the last one would free the manifold's driver
     /// objects on its own thread, perhaps while the process exits (exit.rs).
@@ -124,6 +133,7 @@ impl Manifold {
         code: &'static DomainCode,
         cfg: &Config,
         sms: Option<u32>,
+        signals: &Arc<Signals>,
     ) -> Result<Arc<Manifold>> {
         let domain = code.name;
         let launch_err = |reason: String| Error::Launch { domain, reason };
@@ -172,6 +182,7 @@ impl Manifold {
             leak: AtomicBool::new(false),
         };
         let stream = Stream::new(device)?;
+        let signal = signals.domain_line(domain)?;
 
         let mut params = pptm_manifold_params {
             sq: sq_dev as *mut _,
@@ -184,6 +195,8 @@ impl Manifold {
             max_backoff_ns: cfg.max_backoff.as_nanos().min(u128::from(u32::MAX)) as u32,
             fetch_pollers: cfg.fetch_pollers,
             reserved: 0,
+            signal: signal.device_ptr as *mut _,
+            signal_base: signal.base,
         };
         let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
         device.bind()?;
@@ -267,6 +280,9 @@ impl Manifold {
             counted: AtomicBool::new(true),
             aborting: AtomicBool::new(false),
             watchdog: Mutex::new(None),
+            signal,
+            signals: signals.clone(),
+            gates_seen: Mutex::new((0, HashMap::new())),
             device: device.clone(),
         });
         if let Some(deadline) = cfg.watchdog {
@@ -503,6 +519,14 @@ impl Manifold {
         };
         self.queue.close();
         self.queue.fail_pending(failure);
+        self.finish_signal();
+    }
+
+    /// The manifold takes no more items: its signal line goes past every item it was given, so
+    /// that no application stream waits for one that failed (its ticket reports the failure).
+    fn finish_signal(&self) {
+        self.signals
+            .finish_domain_line(self.signal, self.queue.submitted());
     }
 
     /// Stops the manifold: every item submitted before completes, then the kernel returns.
@@ -592,6 +616,7 @@ impl Manifold {
             self.stopped_running();
             // Anything still without a result was never run (cannot happen in order, but be sure).
             self.queue.fail_pending(Failure::ShutDown);
+            self.finish_signal();
             tracing::info!(
                 domain = self.domain,
                 items = self.queue.submitted(),
@@ -662,7 +687,80 @@ impl Drop for Manifold {
     }
 }
 
+/// The application stream points every item submitted from now on must follow
+/// (`Runtime::wait_for_stream`): each stream line's device address and the value it will reach.
+#[derive(Default)]
+pub(crate) struct Gates {
+    /// Bumped on every new point, so a manifold that is up to date can tell with one load.
+    pub version: std::sync::atomic::AtomicU64,
+    pub points: Mutex<HashMap<u64, u64>>,
+}
+
 impl Manifold {
+    /// Before an item is pushed: queues a `PPTM_OP_WAIT_VALUE` item for every stream point of
+    /// `gates` this manifold's items do not already follow, so the item starts after them.
+    /// `patience`: how long each wait reports progress to the watchdog.
+    pub fn follow_gates(&self, gates: &Gates, blocking: bool, patience: Duration) -> Result<()> {
+        let version = gates.version.load(Ordering::Acquire);
+        let mut seen = self.gates_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.0 == version {
+            return Ok(());
+        }
+        let points: Vec<(u64, u64)> = gates
+            .points
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(&a, &v)| (a, v))
+            .collect();
+        for (addr, value) in points {
+            if seen.1.get(&addr).is_some_and(|&v| v >= value) {
+                continue;
+            }
+            let mut desc = pptm_desc {
+                opcode: PPTM_OP_WAIT_VALUE,
+                blocks: 1,
+                ..Default::default()
+            };
+            desc.args[0] = addr;
+            desc.args[1] = value;
+            desc.args[2] = patience.as_nanos().min(u128::from(u64::MAX)) as u64;
+            // Its result needs no waiting for: a failure shows in the items after it (the
+            // watchdog fails them all), and the ring keeps its cell until it completes.
+            drop(self.submit(&desc, blocking, "wait for an application stream")?);
+            seen.1.insert(addr, value);
+        }
+        seen.0 = version;
+        Ok(())
+    }
+
+    /// Makes `stream` wait on the GPU until item `seq` of this manifold has completed (or the
+    /// manifold has stopped without running it).
+    ///
+    /// # Safety
+    /// `stream` is a valid stream of the device's primary context.
+    pub unsafe fn signal_stream(&self, stream: sys::CUstream, seq: u64) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe {
+            self.signals
+                .stream_waits_for(stream, self.signal, self.signal.base + seq + 1)
+        }
+    }
+
+    /// The context the manifold runs in (its device's primary context).
+    pub fn context(&self) -> sys::CUcontext {
+        self.device.context()
+    }
+
+    /// [`Device::check_stream`] for this manifold's device.
+    ///
+    /// # Safety
+    /// As `Device::check_stream`.
+    pub unsafe fn check_stream(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.device.check_stream(stream) }
+    }
+
     /// Non-blocking: whether `cell` has its result.
     pub fn poll(&self, cell: &Cell) -> bool {
         self.queue.poll(cell)

@@ -11,6 +11,7 @@ pub(crate) mod manifold;
 pub(crate) mod queue;
 #[cfg(all(test, loom))]
 mod queue_loom;
+pub(crate) mod signals;
 
 pub(crate) use driver::Device;
 pub(crate) use launched::Launcher;
