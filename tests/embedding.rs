@@ -660,6 +660,17 @@ unsafe fn delayed_copy(
     });
 }
 
+/// Synchronises a stream when dropped: declared after the buffers an application kernel uses, it
+/// keeps a failing test from freeing them under the kernel (which would poison the process's
+/// context for the tests after it).
+struct SyncOnDrop<'a>(&'a pptm::cudarc::driver::CudaStream);
+
+impl Drop for SyncOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.synchronize();
+    }
+}
+
 /// The device address of a pptm buffer, for the application's kernels.
 fn address<T: pptm::Element>(b: &Buffer<T>) -> u64 {
     b.device_address().expect("a device buffer has an address")
@@ -716,6 +727,7 @@ fn items_and_application_streams_ordered_on_the_gpu() {
         let (q, p) = (distribution(n), distribution(n));
         let (qsrc, pb) = (rt.upload(&q).unwrap(), rt.upload(&p).unwrap());
         let qdst = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let _synced = SyncOnDrop(&app);
         // The application fills q 20 ms from now; pptm's items read it.
         // SAFETY: n f32 each, alive until after the stream is synchronised below.
         unsafe {
@@ -753,6 +765,7 @@ fn items_and_application_streams_ordered_on_the_gpu() {
             );
             let xsrc = rt.upload(&x).unwrap();
             let xdst = rt.upload(&vec![f32::NAN; cols]).unwrap();
+            let _synced = SyncOnDrop(&app);
             // SAFETY: as above.
             unsafe {
                 delayed_copy(
@@ -816,6 +829,7 @@ fn items_and_application_streams_ordered_on_the_gpu() {
         let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
         let copied = rt.upload(&vec![f32::NAN; n]).unwrap();
         let (from, to) = (address(&out), address(&copied));
+        let _synced = (SyncOnDrop(&app), SyncOnDrop(&held));
         // SAFETY: a zero-length copy after 30 ms touches no memory.
         unsafe { delayed_copy(func, held.cu_stream(), 0, 0, 0, 30_000_000) };
         rt.wait_for_stream(&held).unwrap();
@@ -870,36 +884,83 @@ fn items_and_application_streams_ordered_on_the_gpu() {
     {
         let reps = 2000;
         let noop = || rt.submit_noop::<KlComplexity>().unwrap();
+        // SAFETY: a zero-length copy touches no memory.
+        let kernel = || unsafe { delayed_copy(func, app.cu_stream(), 0, 0, 0, 0) };
         noop().wait().unwrap();
-        // Host round trips: the application's kernel, synchronise, the item, wait.
-        let started = Instant::now();
-        for _ in 0..reps {
-            // SAFETY: a zero-length copy touches no memory.
-            unsafe { delayed_copy(func, app.cu_stream(), 0, 0, 0, 0) };
+        // Microseconds a step of `step`, run `reps` times, then everything waited for; and how
+        // long the host's calls took a step.
+        let per_step = |step: &dyn Fn() -> Option<pptm::Ticket<'static, ()>>| {
+            let started = Instant::now();
+            let mut last = None;
+            for _ in 0..reps {
+                if let Some(t) = step() {
+                    last = Some(t);
+                }
+            }
+            let enqueued = started.elapsed().as_secs_f64() * 1e6 / reps as f64;
             app.synchronize().unwrap();
-            noop().wait().unwrap();
+            if let Some(t) = last {
+                t.wait().unwrap();
+            }
+            (
+                started.elapsed().as_secs_f64() * 1e6 / reps as f64,
+                enqueued,
+            )
+        };
+        let figures = [
+            (
+                "application kernels alone, waited at the end",
+                per_step(&|| {
+                    kernel();
+                    None
+                }),
+            ),
+            (
+                "no-op items alone, waited at the end",
+                per_step(&|| Some(noop())),
+            ),
+            (
+                "kernel -> item -> kernel with host round trips",
+                per_step(&|| {
+                    kernel();
+                    app.synchronize().unwrap();
+                    noop().wait().unwrap();
+                    None
+                }),
+            ),
+            (
+                "kernel -> item ordered on the GPU (wait_for_stream)",
+                per_step(&|| {
+                    kernel();
+                    rt.wait_for_stream(&app).unwrap();
+                    Some(noop())
+                }),
+            ),
+            (
+                "item -> kernel ordered on the GPU (signal_stream)",
+                per_step(&|| {
+                    let t = noop();
+                    t.signal_stream(&app).unwrap();
+                    kernel();
+                    Some(t)
+                }),
+            ),
+            (
+                "kernel -> item -> kernel ordered on the GPU (both)",
+                per_step(&|| {
+                    kernel();
+                    rt.wait_for_stream(&app).unwrap();
+                    let t = noop();
+                    t.signal_stream(&app).unwrap();
+                    Some(t)
+                }),
+            ),
+        ];
+        for (what, (step, host)) in figures {
+            eprintln!(
+                "ping-pong, {reps} steps: {what}: {step:.2} us a step (the host's calls {host:.2} us a step)"
+            );
         }
-        let host = started.elapsed().as_secs_f64() * 1e6 / reps as f64;
-        // On the GPU: the host only enqueues; each item waits for the stream's kernel, and the
-        // stream's next kernel waits for the item.
-        let started = Instant::now();
-        let mut last = None;
-        for _ in 0..reps {
-            // SAFETY: as above.
-            unsafe { delayed_copy(func, app.cu_stream(), 0, 0, 0, 0) };
-            rt.wait_for_stream(&app).unwrap();
-            let t = noop();
-            t.signal_stream(&app).unwrap();
-            last = Some(t);
-        }
-        app.synchronize().unwrap();
-        last.unwrap().wait().unwrap();
-        let gpu = started.elapsed().as_secs_f64() * 1e6 / reps as f64;
-        eprintln!(
-            "application kernel -> pptm item -> application kernel, {reps} times: {host:.2} us a step with host round trips, \
-             {gpu:.2} us a step ordered on the GPU ({:.2}x)",
-            host / gpu
-        );
     }
     drop(rt);
     // SAFETY: loaded above; no manifold is resident any more (the runtime is gone).

@@ -182,7 +182,7 @@ typedef struct pptm_manifold_params {
     uint32_t max_backoff_ns;   /* longest sleep between two polls when idle */
     uint32_t fetch_pollers;    /* fetcher warps polling the SQ at staggered times (1..PPTM_MAX_POLLERS) */
     uint32_t reserved;
-    /* The domain's signal word in mapped host memory (runtime/src/gpu/signals.rs): after item seq
+    /* The domain's signal word in device memory (runtime/src/gpu/signals.rs): after item seq
      * completes, the device stores signal_base + seq + 1 there (after the completion entry, under
      * the same fence), so an application's stream can wait for an item (cuStreamWaitValue64). */
     uint64_t* signal;

@@ -317,16 +317,17 @@ __device__ __noinline__ uint32_t pptm_run_wait(const pptm_manifold_params& P, co
         if (word == nullptr || (d.args[0] & 7u) != 0) {
             status = PPTM_STATUS_BAD_ARGUMENT;
         } else {
+            // Polled back to back for the first 50 us, when a stream point is usually reached;
+            // then with pauses, as an idle fetcher polls.
             const uint64_t start = pptm_globaltimer();
-            uint32_t nap = 32;
             while (pptm_ld_acquire_sys(word) < d.args[1]) {
                 if (pptm_ld_relaxed_gpu(&P.state->abort) != 0) {
                     status = PPTM_STATUS_ABORTED;
                     break;
                 }
-                if (pptm_globaltimer() - start < d.args[2]) pptm_tick(b);
-                pptm_sleep(nap);
-                nap = min(nap * 2, 2048u);
+                const uint64_t waited = pptm_globaltimer() - start;
+                if (waited < d.args[2]) pptm_tick(b);
+                if (waited > 50000u) pptm_sleep(1000u);
             }
         }
     }

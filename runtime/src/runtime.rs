@@ -542,7 +542,7 @@ impl Runtime {
     pub fn wait_for_stream(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
         self.check_cudarc_stream(stream)?;
         // SAFETY: a live cudarc stream (borrowed for the call) of pptm's context.
-        unsafe { self.wait_for_raw_stream(stream.cu_stream()) }
+        unsafe { self.wait_for_checked_stream(stream.cu_stream()) }
     }
 
     /// [`Runtime::wait_for_stream`] for a raw stream handle (another library's stream).
@@ -551,19 +551,25 @@ impl Runtime {
     /// `stream` is null (the legacy default stream) or a stream of this runtime's context
     /// ([`Runtime::cuda_context`]) that has not been destroyed.
     pub unsafe fn wait_for_raw_stream(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
-        let Backend::Gpu {
-            device,
-            signals,
-            gates,
-            ..
-        } = &self.backend
-        else {
+        let Some(device) = self.gpu_device() else {
             return Err(Error::ForeignStream {
                 reason: "the runtime runs on the CPU backend".into(),
             });
         };
         // SAFETY: the caller's promise.
         unsafe { device.check_stream(stream) }?;
+        // SAFETY: checked to be of pptm's context; alive by the caller's promise.
+        unsafe { self.wait_for_checked_stream(stream) }
+    }
+
+    /// `wait_for_stream` once the stream is known to be of pptm's context.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of pptm's context.
+    unsafe fn wait_for_checked_stream(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        let Backend::Gpu { signals, gates, .. } = &self.backend else {
+            unreachable!("checked: the GPU backend")
+        };
         if self.launched() {
             // Every launched item runs to completion inside its submit: waiting here orders them.
             // SAFETY: a valid stream of our context (checked above).

@@ -113,6 +113,8 @@ struct Residency {
     host_frees: Vec<usize>,
     /// Executable CUDA graphs (handles) dropped while a manifold was resident (graphs.rs).
     graph_frees: Vec<usize>,
+    /// Plain (`cuMemAlloc`) device allocations dropped while a manifold was resident.
+    plain_frees: Vec<sys::CUdeviceptr>,
 }
 
 struct DeviceArena {
@@ -513,6 +515,14 @@ impl Device {
                 let _ = unsafe { result::graph::exec_destroy(exec as sys::CUgraphExec) };
             }
         }
+        if residency.manifolds == 0 && !residency.plain_frees.is_empty() {
+            let _ = self.bind();
+            for ptr in std::mem::take(&mut residency.plain_frees) {
+                // SAFETY: from `alloc_plain`, dropped, freed once; no manifold runs, and none can
+                // start while the lock is held.
+                let _ = unsafe { result::free_sync(ptr) };
+            }
+        }
         if residency.manifolds == 0 && !residency.host_frees.is_empty() {
             let frees = std::mem::take(&mut residency.host_frees);
             tracing::debug!(count = frees.len(), "freeing deferred pinned host memory");
@@ -613,6 +623,39 @@ impl Device {
             unsafe { result::malloc_async(t.stream, bytes) }
                 .map_err(|e| Error::driver("cuMemAllocAsync", e))
         })
+    }
+
+    /// Allocates `bytes` of zeroed device memory with plain `cuMemAlloc` (which runs beside
+    /// resident manifolds), for memory that stream memory operations (`cuStreamWriteValue64`,
+    /// `cuStreamWaitValue64`) use: on an H200 they refused stream-ordered (pool) memory with
+    /// CUDA_ERROR_INVALID_VALUE. Free it with `free_plain`.
+    pub fn alloc_plain(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        // SAFETY: allocates `bytes`; freed by free_plain.
+        let ptr =
+            unsafe { result::malloc_sync(bytes) }.map_err(|e| Error::driver("cuMemAlloc", e))?;
+        if let Err(e) = self.fill(ptr, bytes, 0) {
+            self.free_plain(ptr);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Frees memory from `alloc_plain` now, or when the last resident manifold stops (`cuMemFree`
+    /// waits for every running kernel). Never on a wedged device.
+    pub fn free_plain(&self, ptr: sys::CUdeviceptr) {
+        if self.wedged.load(Ordering::Acquire) {
+            return;
+        }
+        let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if residency.manifolds > 0 {
+            residency.plain_frees.push(ptr);
+            return;
+        }
+        let _ = self.bind();
+        // SAFETY: from alloc_plain, no longer used (the caller's promise), freed once; no manifold
+        // runs, and none can start while the lock is held.
+        let _ = unsafe { result::free_sync(ptr) };
     }
 
     /// Sets every 32-bit word of the `bytes` bytes at `ptr` to `fill`, with host-to-device copies
@@ -844,6 +887,10 @@ impl Drop for Device {
                 // SAFETY: deferred frees of dropped MappedHosts; every kernel that used them is
                 // gone (a device is dropped only once no manifold holds it).
                 let _ = unsafe { result::free_host(host as *mut c_void) };
+            }
+            for ptr in residency.plain_frees.drain(..) {
+                // SAFETY: deferred frees from `free_plain`; no kernel uses them any more.
+                let _ = unsafe { result::free_sync(ptr) };
             }
         }
         if let Some(a) = &self.arena

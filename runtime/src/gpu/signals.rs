@@ -1,5 +1,9 @@
-//! Words in mapped host memory that order pptm's items and an application's CUDA streams on the
-//! GPU, without a host round trip (docs/embedding.md, "Ordering with the application's streams").
+//! Words in device memory that order pptm's items and an application's CUDA streams on the GPU,
+//! without a host round trip (docs/embedding.md, "Ordering with the application's streams").
+//! Device memory rather than mapped host memory: on an H200 a stream and a resident kernel handed
+//! control back and forth through device words in 3.0 us, through host words in 5.7 us, and each
+//! stream memory operation on host memory cost the host twice as long to enqueue
+//! (bench/probes/stream_memops.cu).
 //!
 //! * **Domain lines.** Each domain's manifold stores `base + seq + 1` into its line after item
 //!   `seq` completes (abi.h, `pptm_manifold_params::signal`). An application stream waits for an
@@ -21,16 +25,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
-use super::driver::{Device, MappedHost, check};
+use super::driver::{Device, check};
 use crate::error::{Error, Result};
 
-/// Bytes per line: one cache line each, so the device's stores to one line and the host's or a
-/// stream's accesses to another never share one.
+/// Bytes per line: one 64-byte line each, so the device's stores to one line and a stream's
+/// accesses to another never share one.
 const LINE_BYTES: usize = 64;
 /// Lines for domains (each domain that starts a manifold in this runtime takes one for good).
 const DOMAIN_LINES: usize = 64;
@@ -40,7 +44,6 @@ const STREAM_LINES: usize = 192;
 /// An application stream's line and the last value handed out on it.
 struct StreamLine {
     line: usize,
-    last: u64,
     used: u64,
 }
 
@@ -50,6 +53,9 @@ struct Book {
     next_base: Vec<u64>,
     streams: HashMap<usize, StreamLine>,
     free_stream_lines: Vec<usize>,
+    /// Per line: the last value handed out on it (a stream line keeps counting up when another
+    /// stream takes it over).
+    last: Vec<u64>,
     /// Per application stream that has an operation on the lines not known to be passed: an
     /// event recorded after its latest one (a stream runs in order, so one event covers them all).
     pending: HashMap<usize, sys::CUevent>,
@@ -59,7 +65,10 @@ struct Book {
 /// The signal lines of one runtime (see the module docs).
 pub(crate) struct Signals {
     device: Arc<Device>,
-    mem: MappedHost,
+    /// (DOMAIN_LINES + STREAM_LINES) lines of device memory, zeroed.
+    mem: sys::CUdeviceptr,
+    /// Set when an application stream may still use the memory: it is never freed.
+    leak: AtomicBool,
     book: Mutex<Book>,
     shutdown_timeout: Duration,
 }
@@ -79,18 +88,20 @@ pub(crate) struct DomainLine {
 }
 
 impl Signals {
-    /// Allocates the lines. Call before any manifold of the device is resident (pinned host
-    /// allocation is among the calls that may wait for running kernels: docs/embedding.md).
+    /// Allocates the lines: plain device memory (stream memory operations refuse pool memory),
+    /// zeroed with copies; both work beside resident manifolds.
     pub fn new(device: &Arc<Device>, shutdown_timeout: Duration) -> Result<Arc<Self>> {
-        let mem = MappedHost::new(device, (DOMAIN_LINES + STREAM_LINES) * LINE_BYTES)?;
+        let mem = device.alloc_plain((DOMAIN_LINES + STREAM_LINES) * LINE_BYTES)?;
         Ok(Arc::new(Signals {
             device: device.clone(),
             mem,
+            leak: AtomicBool::new(false),
             book: Mutex::new(Book {
                 domains: HashMap::new(),
                 next_base: vec![0; DOMAIN_LINES],
                 streams: HashMap::new(),
                 free_stream_lines: (DOMAIN_LINES..DOMAIN_LINES + STREAM_LINES).rev().collect(),
+                last: vec![0; DOMAIN_LINES + STREAM_LINES],
                 pending: HashMap::new(),
                 uses: 0,
             }),
@@ -102,22 +113,8 @@ impl Signals {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn word(&self, line: usize) -> &AtomicU64 {
-        // SAFETY: the allocation holds (DOMAIN_LINES + STREAM_LINES) lines of LINE_BYTES, 64-byte
-        // aligned (page-aligned pinned memory), lives as long as `self`, and is only ever accessed
-        // through 8-byte atomics (host) and single-copy-atomic 8-byte accesses (device, streams).
-        unsafe {
-            &*self
-                .mem
-                .host_ptr()
-                .cast::<u8>()
-                .add(line * LINE_BYTES)
-                .cast::<AtomicU64>()
-        }
-    }
-
     fn device_ptr(&self, line: usize) -> u64 {
-        self.mem.dev + (line * LINE_BYTES) as u64
+        self.mem + (line * LINE_BYTES) as u64
     }
 
     /// The line of `domain` (taken on first use) and the value its next manifold starts from.
@@ -148,9 +145,18 @@ impl Signals {
     /// complete, and the next manifold of the domain starts there.
     pub fn finish_domain_line(&self, line: DomainLine, items: u64) {
         let end = line.base + items;
-        self.word(line.index).fetch_max(end, Ordering::Release);
         let mut book = self.book();
-        book.next_base[line.index] = book.next_base[line.index].max(end);
+        if book.next_base[line.index] >= end {
+            return;
+        }
+        book.next_base[line.index] = end;
+        // Every value the manifold stored is below `end` (and a stopped manifold stores no more),
+        // so this only raises the word. A copy, which runs beside resident manifolds.
+        if let Err(e) = self.device.upload(line.device_ptr, &end.to_ne_bytes()) {
+            tracing::warn!(
+                "could not release the application streams waiting for a stopped manifold: {e}"
+            );
+        }
     }
 
     /// Makes `stream` wait on the GPU until the domain line holds `value` or more.
@@ -164,11 +170,10 @@ impl Signals {
         value: u64,
     ) -> Result<()> {
         let mut book = self.book();
-        self.reap(&mut book);
         self.device.bind()?;
         let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        // SAFETY: the caller vouches for the stream; the address is a word of our mapped
-        // allocation, which stays allocated until the event recorded below has completed.
+        // SAFETY: the caller vouches for the stream; the address is a word of our
+        // device allocation, which stays allocated until the event recorded below has completed.
         check("cuStreamWaitValue64", unsafe {
             sys::cuStreamWaitValue64_v2(stream, line.device_ptr, value, flags)
         })?;
@@ -184,7 +189,6 @@ impl Signals {
     /// `stream` is a valid stream of this device's primary context.
     pub unsafe fn stream_reaches(&self, stream: sys::CUstream) -> Result<(u64, u64)> {
         let mut book = self.book();
-        self.reap(&mut book);
         book.uses += 1;
         let used = book.uses;
         let key = stream as usize;
@@ -193,6 +197,7 @@ impl Signals {
                 Some(line) => line,
                 None => {
                     // The least recently used stream line whose stream is past it.
+                    self.reap(&mut book);
                     let victim = book
                         .streams
                         .iter()
@@ -207,22 +212,22 @@ impl Signals {
                 }
             };
             // A reused line keeps its value; the new stream's values continue above it.
-            let last = self.word(line).load(Ordering::Acquire);
-            book.streams.insert(key, StreamLine { line, last, used });
+            book.streams.insert(key, StreamLine { line, used });
         }
         let s = book.streams.get_mut(&key).expect("inserted");
-        s.last += 1;
         s.used = used;
-        let (line, value) = (s.line, s.last);
+        let line = s.line;
+        book.last[line] += 1;
+        let value = book.last[line];
         self.device.bind()?;
         let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        // SAFETY: the caller vouches for the stream; the address is a word of our mapped
+        // SAFETY: the caller vouches for the stream; the address is a word of our
         // allocation, kept until the event recorded below has completed.
         let written = check("cuStreamWriteValue64", unsafe {
             sys::cuStreamWriteValue64_v2(stream, self.device_ptr(line), value, flags)
         });
         if let Err(e) = written {
-            book.streams.get_mut(&key).expect("inserted").last -= 1;
+            book.last[line] -= 1;
             return Err(e);
         }
         // SAFETY: as above.
@@ -239,14 +244,18 @@ impl Signals {
         let key = stream as usize;
         let (event, fresh) = match book.pending.get(&key) {
             Some(&e) => (e, false),
-            None => (self.device.take_event()?, true),
+            None => {
+                // A new stream: first give back the events of streams that are past theirs.
+                self.reap(book);
+                (self.device.take_event()?, true)
+            }
         };
         // SAFETY: the event is ours (recording it again moves it to the stream's new end); the
         // stream is the caller's promise.
         let recorded = unsafe { sys::cuEventRecord(event, stream) };
         if let Err(e) = check("cuEventRecord", recorded) {
             // The operation is enqueued but unguarded: keep the memory for good.
-            self.mem.leak();
+            self.leak.store(true, Ordering::Relaxed);
             if fresh {
                 self.device.give_back_event(event);
             }
@@ -282,6 +291,7 @@ impl Drop for Signals {
                 next_base: Vec::new(),
                 streams: HashMap::new(),
                 free_stream_lines: Vec::new(),
+                last: Vec::new(),
                 pending: HashMap::new(),
                 uses: 0,
             },
@@ -289,6 +299,9 @@ impl Drop for Signals {
         loop {
             self.reap(&mut book);
             if book.pending.is_empty() {
+                if !self.leak.load(Ordering::Relaxed) {
+                    self.device.free_plain(self.mem);
+                }
                 return;
             }
             if Instant::now() >= deadline {
@@ -301,7 +314,6 @@ impl Drop for Signals {
             "application streams have not passed pptm's signal words within the shutdown timeout; \
              the words' memory is leaked rather than freed under them"
         );
-        self.mem.leak();
         for (_, event) in book.pending {
             // SAFETY: our event; destroying one with a record pending returns at once and
             // releases it when the record completes.
