@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pptm::chains::{DistanceKth, GemvAxpbySum, KlComplexity, KlTerms, MatmulBiasGeluBf16};
 use pptm::cudarc::driver::sys;
@@ -211,7 +211,12 @@ fn noop_latency(rt: &Runtime) -> (f64, f64) {
 #[test]
 fn domains_start_on_demand_in_any_order() {
     let _one = one_at_a_time();
-    let Some(rt) = open_gpu("domains_start_on_demand_in_any_order", Config::default()) else {
+    // Resident throughout (no parking when idle): the test counts re-partitions.
+    let resident = Config {
+        park_when_idle: None,
+        ..Config::default()
+    };
+    let Some(rt) = open_gpu("domains_start_on_demand_in_any_order", resident) else {
         return;
     };
     use Step::*;
@@ -965,4 +970,163 @@ fn items_and_application_streams_ordered_on_the_gpu() {
     drop(rt);
     // SAFETY: loaded above; no manifold is resident any more (the runtime is gone).
     ok("cuModuleUnload", unsafe { sys::cuModuleUnload(module) });
+}
+
+/// Runs `call` on a thread of its own, with pptm's context current there, and returns what it
+/// returns, or panics if it has not returned within a minute (a driver call waiting for a kernel
+/// that never ends).
+fn returns_in_time<R: Send + 'static>(
+    rt: &Runtime,
+    what: &str,
+    call: impl FnOnce() -> R + Send + 'static,
+) -> (R, Duration) {
+    let ctx = rt.cuda_context().unwrap() as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        // SAFETY: pptm's context, alive while the runtime lives (the test holds it).
+        ok("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(ctx as sys::CUcontext)
+        });
+        let _ = tx.send(call());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(r) => (r, started.elapsed()),
+        Err(_) => panic!("{what} beside an idle runtime did not return within 60 s"),
+    }
+}
+
+/// Asserts the runtime parked since its count was `before` (the parker counts a park once the
+/// drain is done, just after the kernels' exit lets the application's call return).
+fn parked_since(rt: &Runtime, before: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rt.parks() <= before {
+        assert!(
+            Instant::now() < deadline,
+            "{what} returned, but the runtime did not park"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_idle_runtime_parks_so_the_applications_blocking_calls_return() {
+    let _one = one_at_a_time();
+    let idle = Duration::from_millis(50);
+    let Some(rt) = open_gpu(
+        "an_idle_runtime_parks_so_the_applications_blocking_calls_return",
+        Config {
+            park_when_idle: Some(idle),
+            ..Config::default()
+        },
+    ) else {
+        return;
+    };
+    let ctx = rt.cuda_context().unwrap();
+    // SAFETY: pptm's context is valid while `rt` lives.
+    ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) });
+    let items: Vec<InFlight> = [7usize, 1023, (1 << 20) + 3]
+        .iter()
+        .map(|&n| InFlight::new(&rt, n))
+        .collect();
+    let check_all = |what: &str| {
+        let tickets: Vec<_> = items
+            .iter()
+            .map(|i| KlComplexity::submit(&rt, &i.qb, &i.pb).unwrap())
+            .collect();
+        for (t, i) in tickets.into_iter().zip(&items) {
+            assert_kl_sum_close(t.wait().unwrap(), &i.q, &i.p, what);
+        }
+    };
+    check_all("resident");
+    assert!(rt.describe().contains("`inference`"), "{}", rt.describe());
+    let parks = rt.parks();
+
+    // With no quiesce: the module load waits for the manifold, which parks once the runtime has
+    // been idle for 50 ms; then it returns.
+    eprintln!("[park] the application's module load beside an idle manifold");
+    let ((module, func), load_waited) = returns_in_time(&rt, "cuModuleLoadData", || {
+        let mut module = std::ptr::null_mut();
+        let mut func = std::ptr::null_mut();
+        // SAFETY: valid out-pointers, a NUL-terminated PTX image, pptm's context current.
+        unsafe {
+            ok(
+                "cuModuleLoadData",
+                sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()),
+            );
+            ok(
+                "cuModuleGetFunction",
+                sys::cuModuleGetFunction(&mut func, module, c"store_seven".as_ptr()),
+            );
+        }
+        (module as usize, func as usize)
+    });
+    parked_since(&rt, parks, "the module load");
+    let relaunch = Instant::now();
+    check_all("after parking for a module load");
+    let relaunched = relaunch.elapsed();
+    assert!(rt.describe().contains("`inference`"), "{}", rt.describe());
+
+    // The application's kernel and allocation beside the manifold (no parking needed), then
+    // cuMemFree, which waits for every kernel: it returns once the runtime parks again.
+    let mut mem: sys::CUdeviceptr = 0;
+    let mut seven = 0u32;
+    // SAFETY: a 4-byte allocation, the kernel's one pointer parameter, the legacy stream of the
+    // current (pptm's) context.
+    unsafe {
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut mem, 4));
+        let mut arg = mem;
+        let mut params = [(&raw mut arg).cast::<std::ffi::c_void>()];
+        ok(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(
+                func as sys::CUfunction,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        );
+        ok(
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(std::ptr::null_mut()),
+        );
+        ok(
+            "cuMemcpyDtoH",
+            sys::cuMemcpyDtoH_v2((&raw mut seven).cast(), mem, 4),
+        );
+    }
+    assert_eq!(seven, 7);
+    eprintln!("[park] cuMemFree and cuModuleUnload beside an idle manifold");
+    let parks = rt.parks();
+    let ((), free_waited) = returns_in_time(&rt, "cuMemFree", move || {
+        // SAFETY: allocated above, freed once.
+        ok("cuMemFree", unsafe { sys::cuMemFree_v2(mem) });
+    });
+    parked_since(&rt, parks, "cuMemFree");
+    let relaunch = Instant::now();
+    check_all("after parking for cuMemFree");
+    let relaunched_again = relaunch.elapsed();
+    let ((), _) = returns_in_time(&rt, "cuModuleUnload", move || {
+        // SAFETY: loaded above, unloaded once.
+        ok("cuModuleUnload", unsafe {
+            sys::cuModuleUnload(module as sys::CUmodule)
+        });
+    });
+    check_all("after the module's unload");
+    eprintln!(
+        "parking after {idle:?} idle: the module load returned after {:.1} ms, cuMemFree after {:.1} ms; \
+         the first items after parking (3 KL items, relaunch included) took {:.2} ms after the module load, \
+         {:.2} ms after cuMemFree",
+        load_waited.as_secs_f64() * 1e3,
+        free_waited.as_secs_f64() * 1e3,
+        relaunched.as_secs_f64() * 1e3,
+        relaunched_again.as_secs_f64() * 1e3
+    );
 }

@@ -220,4 +220,12 @@ fn bad_configuration_is_rejected() {
         ..Default::default()
     };
     assert!(matches!(Runtime::with_config(cfg), Err(Error::Config(_))));
+    let cfg = pptm::Config {
+        park_when_idle: Some(std::time::Duration::from_micros(10)),
+        ..Default::default()
+    };
+    match Runtime::with_config(cfg) {
+        Err(Error::Config(why)) => assert!(why.contains("park_when_idle"), "{why}"),
+        other => panic!("a 10 us idle time to park after was accepted: {other:?}"),
+    }
 }

@@ -98,6 +98,13 @@ pub struct Config {
     pub domain_sms: Vec<(String, u32)>,
     /// How the GPU backend runs chains (the CPU backend ignores it).
     pub variant: Variant,
+    /// After this long with no item in flight and none submitted, the runtime *parks*: its
+    /// manifolds drain and exit, so that the application's driver calls that wait for every
+    /// kernel on the GPU (a module load, `cuMemFree`, a library's handle; docs/embedding.md) go on
+    /// instead of waiting for ever. The next item launches them again (about a millisecond).
+    /// `None`: resident until shutdown (such calls must then go inside [`Runtime::quiesce`]).
+    /// Default 100 ms, or `PPTM_PARK_MS` (`0`: never). Persistent-manifold variant only.
+    pub park_when_idle: Option<Duration>,
     /// How long an item may wait on the GPU for an application stream
     /// ([`Runtime::wait_for_stream`]) before the watchdog may take the wait for a hang. Default
     /// 10 s.
@@ -122,6 +129,10 @@ impl Default for Config {
             domain_sms: Vec::new(),
             variant: Variant::Fused,
             stream_patience: Duration::from_secs(10),
+            park_when_idle: ms_from_env("PPTM_PARK_MS")
+                .map_or(Some(Duration::from_millis(100)), |ms| {
+                    (ms > 0).then(|| Duration::from_millis(ms))
+                }),
         }
     }
 }
@@ -158,6 +169,14 @@ impl Config {
         if self.max_sms == Some(0) {
             return Err(Error::Config("max_sms must be at least 1".into()));
         }
+        if self
+            .park_when_idle
+            .is_some_and(|d| d < Duration::from_millis(1))
+        {
+            return Err(Error::Config(
+                "park_when_idle must be at least 1 ms (or None to stay resident)".into(),
+            ));
+        }
         if self.watchdog.is_some_and(|d| d < Duration::from_millis(1)) {
             return Err(Error::Config(
                 "watchdog must be at least 1 ms (or None to turn it off)".into(),
@@ -182,10 +201,10 @@ enum Backend {
     },
     Gpu {
         device: Arc<Device>,
-        manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
-        /// Shared by a submission from finding its manifold to pushing the item; held alone to
-        /// start, drain or park manifolds, so that no item is pushed to a manifold being drained.
-        gate: RwLock<()>,
+        /// The running manifolds, shared with the thread that parks them when idle.
+        fleet: Arc<Fleet>,
+        /// That thread (`Config::park_when_idle`), joined when the runtime drops.
+        parker: Option<std::thread::JoinHandle<()>>,
         /// The thread inside [`Runtime::quiesce`]'s closure, whose submissions are refused.
         quiescer: Mutex<Option<std::thread::ThreadId>>,
         /// Re-partitions done to start a domain on demand.
@@ -197,6 +216,108 @@ enum Backend {
         /// Application stream points every later item follows ([`Runtime::wait_for_stream`]).
         gates: Gates,
     },
+}
+
+/// A runtime's running manifolds, and what parks them when the runtime is idle.
+struct Fleet {
+    /// Shared by a submission from finding its manifold to pushing the item; held alone to
+    /// start, drain or park manifolds, so that no item is pushed to a manifold being drained.
+    gate: RwLock<()>,
+    manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
+    /// Domains drained because the runtime was idle (`Config::park_when_idle`): the next item
+    /// launches them again, together, on the same shares.
+    parked: Mutex<Vec<&'static DomainCode>>,
+    /// When an item was last pushed, in ns since `epoch`.
+    last_push: AtomicU64,
+    epoch: std::time::Instant,
+    parks: AtomicU64,
+    /// Tells the parker thread to end.
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Fleet {
+    fn new() -> Self {
+        Fleet {
+            gate: RwLock::new(()),
+            manifolds: Mutex::new(HashMap::new()),
+            parked: Mutex::new(Vec::new()),
+            last_push: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            parks: AtomicU64::new(0),
+            stop: Default::default(),
+        }
+    }
+
+    fn pushed(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.last_push.store(now, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        Duration::from_nanos(now.saturating_sub(self.last_push.load(Ordering::Relaxed)))
+    }
+
+    /// Takes the parked domains (to launch them again), and `code` when it is not among them.
+    fn take_parked(&self, code: Option<&'static DomainCode>) -> Vec<&'static DomainCode> {
+        let mut all = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(code) = code
+            && !all.is_empty()
+            && !all.iter().any(|d| d.key == code.key)
+        {
+            all.push(code);
+        }
+        all
+    }
+}
+
+/// The parker thread: every quarter of `idle` (between 1 and 50 ms) it looks whether the runtime
+/// has had no item in flight and none pushed for `idle`; then it drains every manifold (they
+/// exit), so that the application's driver calls that wait for every kernel on the GPU (a module
+/// load, `cuMemFree`, a library's handle) can go on. The next item launches them again.
+fn park_when_idle(fleet: std::sync::Weak<Fleet>, idle: Duration) {
+    let look = (idle / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
+    loop {
+        std::thread::park_timeout(look);
+        let Some(f) = fleet.upgrade() else { return };
+        if f.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if f.idle_for() < idle {
+            continue;
+        }
+        // Not while a submission holds the gate (it is about to push), nor inside quiesce.
+        let _alone = match f.gate.try_write() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => continue,
+        };
+        let mut m = f.manifolds.lock().unwrap_or_else(|e| e.into_inner());
+        if m.is_empty() || f.idle_for() < idle {
+            continue;
+        }
+        if !m.values().all(|x| x.is_idle()) {
+            // Items in flight count as activity: idle time starts when they are done.
+            f.pushed();
+            continue;
+        }
+        let started = std::time::Instant::now();
+        match drain(&mut m) {
+            Ok(domains) => {
+                tracing::debug!(
+                    manifolds = domains.len(),
+                    took_us = started.elapsed().as_micros() as u64,
+                    "parked the idle runtime's manifolds"
+                );
+                f.parked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(domains);
+                f.parks.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!("parking the idle runtime's manifolds: {e}"),
+        }
+    }
 }
 
 /// A running manifold, borrowed to push an item: while it lives no re-partition or quiesce can
@@ -337,13 +458,28 @@ impl Runtime {
         config.validate()?;
         let device = Device::open(config.device)?;
         let signals = Signals::new(&device, config.shutdown_timeout)?;
+        let fleet = Arc::new(Fleet::new());
+        let parker = match (config.park_when_idle, config.variant) {
+            (Some(idle), Variant::Fused) => {
+                let weak = Arc::downgrade(&fleet);
+                Some(
+                    std::thread::Builder::new()
+                        .name("pptm-parker".into())
+                        .spawn(move || park_when_idle(weak, idle))
+                        .map_err(|e| {
+                            Error::Config(format!("cannot start the parker thread: {e}"))
+                        })?,
+                )
+            }
+            _ => None,
+        };
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
             backend: Backend::Gpu {
                 device,
-                manifolds: Mutex::new(HashMap::new()),
-                gate: RwLock::new(()),
+                fleet,
+                parker,
                 quiescer: Mutex::new(None),
                 repartitions: AtomicU64::new(0),
                 launchers: Mutex::new(HashMap::new()),
@@ -371,9 +507,7 @@ impl Runtime {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Cpu { why } => format!("CPU backend (f64 reference code; {why})"),
-            Backend::Gpu {
-                device, manifolds, ..
-            } => {
+            Backend::Gpu { device, fleet, .. } => {
                 let mut s = format!(
                     "GPU backend: device {} {} (sm_{}{}, {} SMs)",
                     device.ordinal, device.name, device.cc.0, device.cc.1, device.sm_count
@@ -388,7 +522,7 @@ impl Runtime {
                         "; unfused: one kernel launch per stage, replayed as a CUDA graph",
                     ),
                 }
-                let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
+                let m = fleet.manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 let mut names: Vec<_> = m.values().map(|m| format!("{m:?}")).collect();
                 names.sort();
                 if !names.is_empty() {
@@ -448,8 +582,7 @@ impl Runtime {
     fn manifold(&self, code: &'static DomainCode) -> Result<Option<Resident<'_>>> {
         let Backend::Gpu {
             device,
-            manifolds,
-            gate,
+            fleet,
             quiescer,
             repartitions,
             signals,
@@ -458,6 +591,9 @@ impl Runtime {
         else {
             return Ok(None);
         };
+        let Fleet {
+            gate, manifolds, ..
+        } = &**fleet;
         loop {
             {
                 // Uncontended on the submission path; only when the gate is held alone (a
@@ -501,9 +637,21 @@ impl Runtime {
                     m.insert(code.key, launched);
                 }
                 None if m.is_empty() => {
-                    load_linked_modules(device, code)?;
-                    let launched = Manifold::launch(device, code, &self.config, None, signals)?;
-                    m.insert(code.key, launched);
+                    let parked = fleet.take_parked(Some(code));
+                    if parked.is_empty() {
+                        load_linked_modules(device, code)?;
+                        let launched = Manifold::launch(device, code, &self.config, None, signals)?;
+                        m.insert(code.key, launched);
+                    } else {
+                        // Parked while idle: all of them come back, on the same shares.
+                        let started = std::time::Instant::now();
+                        self.start_domains(device, &mut m, &parked)?;
+                        tracing::debug!(
+                            manifolds = parked.len(),
+                            took_us = started.elapsed().as_micros() as u64,
+                            "relaunched the parked manifolds"
+                        );
+                    }
                 }
                 None => {
                     let started = std::time::Instant::now();
@@ -678,6 +826,14 @@ impl Runtime {
         device.check_foreign(ptr, bytes).map_err(bad)
     }
 
+    /// How many times the runtime parked its manifolds while idle ([`Config::park_when_idle`]).
+    pub fn parks(&self) -> u64 {
+        match &self.backend {
+            Backend::Gpu { fleet, .. } => fleet.parks.load(Ordering::Relaxed),
+            Backend::Cpu { .. } => 0,
+        }
+    }
+
     /// How many times a domain started on demand made the runtime re-partition the GPU (drain the
     /// running manifolds and launch them again, with the new one, on new shares).
     pub fn repartitions(&self) -> u64 {
@@ -700,14 +856,16 @@ impl Runtime {
     pub fn quiesce<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
         let Backend::Gpu {
             device,
-            manifolds,
-            gate,
+            fleet,
             quiescer,
             ..
         } = &self.backend
         else {
             return Ok(f());
         };
+        let Fleet {
+            gate, manifolds, ..
+        } = &**fleet;
         let me = std::thread::current().id();
         if inside_quiesce(quiescer) {
             return Ok(f()); // nested: already parked
@@ -792,14 +950,16 @@ impl Runtime {
     pub fn prepare_domains(&self, domains: &[&'static DomainCode]) -> Result<()> {
         let Backend::Gpu {
             device,
-            manifolds,
-            gate,
+            fleet,
             quiescer,
             ..
         } = &self.backend
         else {
             return Ok(());
         };
+        let Fleet {
+            gate, manifolds, ..
+        } = &**fleet;
         if self.config.variant != Variant::Fused {
             for d in domains {
                 self.launcher(d)?;
@@ -816,6 +976,7 @@ impl Runtime {
             return Ok(());
         }
         let mut all = drain(&mut m)?;
+        all.extend(fleet.take_parked(None));
         for &d in domains {
             if !all.iter().any(|a| a.key == d.key) {
                 all.push(d);
@@ -920,10 +1081,11 @@ impl Runtime {
 
     /// Grid size (blocks) of the manifold hosting `C`, if it is running.
     pub fn manifold_blocks<C: Chain>(&self) -> Option<u32> {
-        let Backend::Gpu { manifolds, .. } = &self.backend else {
+        let Backend::Gpu { fleet, .. } = &self.backend else {
             return None;
         };
-        manifolds
+        fleet
+            .manifolds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(C::DOMAIN.key)
@@ -1159,7 +1321,8 @@ impl Runtime {
         blocking: bool,
         chain: &'static str,
     ) -> Result<Arc<crate::gpu::Cell>> {
-        if let Backend::Gpu { gates, .. } = &self.backend {
+        if let Backend::Gpu { gates, fleet, .. } = &self.backend {
+            fleet.pushed();
             m.follow_gates(gates, blocking, self.config.stream_patience)?;
         }
         m.submit(desc, blocking, chain)
@@ -1285,10 +1448,7 @@ impl Runtime {
     /// nothing (they start again when `quiesce` returns).
     pub fn shutdown(&self) -> Result<()> {
         let Backend::Gpu {
-            manifolds,
-            gate,
-            quiescer,
-            ..
+            fleet, quiescer, ..
         } = &self.backend
         else {
             return Ok(());
@@ -1298,8 +1458,10 @@ impl Runtime {
             // the gate.
             return Ok(());
         }
-        let _alone = gate.write().unwrap_or_else(|e| e.into_inner());
-        drain(&mut manifolds.lock().unwrap_or_else(|e| e.into_inner())).map(|_| ())
+        let _alone = fleet.gate.write().unwrap_or_else(|e| e.into_inner());
+        // Parked manifolds stay stopped: a later item launches its own domain only.
+        fleet.take_parked(None);
+        drain(&mut fleet.manifolds.lock().unwrap_or_else(|e| e.into_inner())).map(|_| ())
     }
 }
 
@@ -1307,6 +1469,13 @@ use bytemuck::Zeroable as _;
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if let Backend::Gpu { fleet, parker, .. } = &mut self.backend
+            && let Some(parker) = parker.take()
+        {
+            fleet.stop.store(true, Ordering::Release);
+            parker.thread().unpark();
+            let _ = parker.join();
+        }
         if let Err(e) = self.shutdown() {
             tracing::error!("pptm: shutdown: {e}");
         }

@@ -717,6 +717,11 @@ impl Manifold {
             if seen.1.get(&addr).is_some_and(|&v| v >= value) {
                 continue;
             }
+            if self.signals.point_passed(addr, value) {
+                // The stream is past it already (a manifold launched after the point).
+                seen.1.insert(addr, value);
+                continue;
+            }
             let mut desc = pptm_desc {
                 opcode: PPTM_OP_WAIT_VALUE,
                 blocks: 1,
@@ -745,6 +750,13 @@ impl Manifold {
             self.signals
                 .stream_waits_for(stream, self.signal, self.signal.base + seq + 1)
         }
+    }
+
+    /// Running, with every item it was given completed (the parker's test).
+    pub fn is_idle(&self) -> bool {
+        self.life() == Life::Running
+            && !self.queue.is_closed()
+            && self.queue.oldest_pending().is_none()
     }
 
     /// The context the manifold runs in (its device's primary context).

@@ -235,6 +235,39 @@ impl Signals {
         Ok((self.device_ptr(line), value))
     }
 
+    /// Whether the stream point `(word, value)` (from `stream_reaches`) is known to be passed: the
+    /// stream that wrote it has passed its latest operation on the words. A manifold launched
+    /// after the point need not queue a wait for it.
+    pub fn point_passed(&self, word: u64, value: u64) -> bool {
+        let mut book = self.book();
+        let line = ((word - self.mem) / LINE_BYTES as u64) as usize;
+        if book.last.get(line).is_none_or(|&last| last < value) {
+            return false;
+        }
+        let Some(key) = book
+            .streams
+            .iter()
+            .find(|(_, s)| s.line == line)
+            .map(|(&k, _)| k)
+        else {
+            // A line is handed to another stream only once its last one has passed it.
+            return true;
+        };
+        let Some(&event) = book.pending.get(&key) else {
+            return true;
+        };
+        if self.device.bind().is_err() {
+            return false;
+        }
+        // SAFETY: a recorded event of ours.
+        let done = unsafe { sys::cuEventQuery(event) } == sys::CUresult::CUDA_SUCCESS;
+        if done {
+            book.pending.remove(&key);
+            self.device.give_back_event(event);
+        }
+        done
+    }
+
     /// Records an event on `stream` after an operation on the lines, kept until it completes: the
     /// stream's event, recorded again, or one from the device's spares.
     ///
