@@ -226,7 +226,7 @@ struct Fleet {
     manifolds: Mutex<HashMap<&'static str, Arc<Manifold>>>,
     /// Domains drained because the runtime was idle (`Config::park_when_idle`): the next item
     /// launches them again, together, on the same shares.
-    parked: Mutex<Vec<&'static DomainCode>>,
+    parked: Mutex<Vec<Share>>,
     /// When an item was last pushed, in ns since `epoch`.
     last_push: AtomicU64,
     epoch: std::time::Instant,
@@ -258,16 +258,9 @@ impl Fleet {
         Duration::from_nanos(now.saturating_sub(self.last_push.load(Ordering::Relaxed)))
     }
 
-    /// Takes the parked domains (to launch them again), and `code` when it is not among them.
-    fn take_parked(&self, code: Option<&'static DomainCode>) -> Vec<&'static DomainCode> {
-        let mut all = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|e| e.into_inner()));
-        if let Some(code) = code
-            && !all.is_empty()
-            && !all.iter().any(|d| d.key == code.key)
-        {
-            all.push(code);
-        }
-        all
+    /// Takes the parked domains, with their shares, to launch them again.
+    fn take_parked(&self) -> Vec<Share> {
+        std::mem::take(&mut *self.parked.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -331,14 +324,14 @@ struct Resident<'a> {
 /// under compute-sanitizer, which processes a kernel's end only once the device is idle, waiting
 /// for one while the others ran hung; Manifold::begin_shutdown) and returns their domains. Every
 /// item submitted to them completes first. Manifolds the watchdog aborted are dropped.
-fn drain(m: &mut HashMap<&'static str, Arc<Manifold>>) -> Result<Vec<&'static DomainCode>> {
+fn drain(m: &mut HashMap<&'static str, Arc<Manifold>>) -> Result<Vec<Share>> {
     let all: Vec<Arc<Manifold>> = m.drain().map(|(_, x)| x).collect();
-    let mut domains: Vec<&'static DomainCode> = all
+    let mut domains: Vec<Share> = all
         .iter()
         .filter(|x| !x.was_aborted())
-        .map(|x| x.code)
+        .map(|x| (x.code, x.share))
         .collect();
-    domains.sort_by_key(|d| d.key);
+    domains.sort_by_key(|(d, _)| d.key);
     let requests: Vec<_> = all.iter().map(|x| x.begin_shutdown()).collect();
     let mut first_err = None;
     for r in requests {
@@ -347,6 +340,14 @@ fn drain(m: &mut HashMap<&'static str, Arc<Manifold>>) -> Result<Vec<&'static Do
         }
     }
     first_err.map_or(Ok(domains), Err)
+}
+
+/// A drained manifold's domain and the SMs it had (`None`: the whole GPU, or `Config::max_sms`).
+type Share = (&'static DomainCode, Option<u32>);
+
+/// The domains of a list of drained manifolds.
+fn codes(shares: &[Share]) -> Vec<&'static DomainCode> {
+    shares.iter().map(|&(d, _)| d).collect()
 }
 
 /// Whether this thread is running [`Runtime::quiesce`]'s closure (it holds the gate alone, so it
@@ -637,15 +638,16 @@ impl Runtime {
                     m.insert(code.key, launched);
                 }
                 None if m.is_empty() => {
-                    let parked = fleet.take_parked(Some(code));
+                    let parked = fleet.take_parked();
                     if parked.is_empty() {
                         load_linked_modules(device, code)?;
                         let launched = Manifold::launch(device, code, &self.config, None, signals)?;
                         m.insert(code.key, launched);
                     } else {
-                        // Parked while idle: all of them come back, on the same shares.
+                        // Parked while idle: all of them come back, on the same shares (and a
+                        // domain not among them re-partitions as usual, on the next pass).
                         let started = std::time::Instant::now();
-                        self.start_domains(device, &mut m, &parked)?;
+                        self.relaunch(device, &mut m, &parked)?;
                         tracing::debug!(
                             manifolds = parked.len(),
                             took_us = started.elapsed().as_micros() as u64,
@@ -655,7 +657,7 @@ impl Runtime {
                 }
                 None => {
                     let started = std::time::Instant::now();
-                    let mut domains = drain(&mut m)?;
+                    let mut domains = codes(&drain(&mut m)?);
                     domains.push(code);
                     self.start_domains(device, &mut m, &domains)?;
                     repartitions.fetch_add(1, Ordering::Relaxed);
@@ -877,7 +879,7 @@ impl Runtime {
         if others > 0 {
             if !domains.is_empty() {
                 let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
-                self.start_domains(device, &mut m, &domains)?;
+                self.relaunch(device, &mut m, &domains)?;
             }
             return Err(Error::Config(format!(
                 "Runtime::quiesce parks this runtime's manifolds, but {others} manifold(s) of another \
@@ -899,7 +901,7 @@ impl Runtime {
         };
         if !domains.is_empty() {
             let mut m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
-            self.start_domains(device, &mut m, &domains)?;
+            self.relaunch(device, &mut m, &domains)?;
         }
         Ok(out)
     }
@@ -975,8 +977,8 @@ impl Runtime {
         if domains.iter().all(|d| m.contains_key(d.key)) {
             return Ok(());
         }
-        let mut all = drain(&mut m)?;
-        all.extend(fleet.take_parked(None));
+        let mut all = codes(&drain(&mut m)?);
+        all.extend(codes(&fleet.take_parked()));
         for &d in domains {
             if !all.iter().any(|a| a.key == d.key) {
                 all.push(d);
@@ -984,6 +986,24 @@ impl Runtime {
         }
         load_linked_modules(device, all[0])?;
         self.start_domains(device, &mut m, &all)
+    }
+
+    /// Launches drained manifolds again, each on the share of the SMs it had (after `quiesce`, or
+    /// parking while idle): the same grids as before, so they fit as they did.
+    fn relaunch(
+        &self,
+        device: &Arc<Device>,
+        m: &mut HashMap<&'static str, Arc<Manifold>>,
+        shares: &[Share],
+    ) -> Result<()> {
+        let Backend::Gpu { signals, .. } = &self.backend else {
+            unreachable!("relaunch on the GPU backend only")
+        };
+        for &(d, share) in shares {
+            let launched = Manifold::launch(device, d, &self.config, share, signals)?;
+            m.insert(d.key, launched);
+        }
+        Ok(())
     }
 
     /// Launches the manifolds of `domains` together (none may be running: the caller drained
@@ -1460,7 +1480,7 @@ impl Runtime {
         }
         let _alone = fleet.gate.write().unwrap_or_else(|e| e.into_inner());
         // Parked manifolds stay stopped: a later item launches its own domain only.
-        fleet.take_parked(None);
+        fleet.take_parked();
         drain(&mut fleet.manifolds.lock().unwrap_or_else(|e| e.into_inner())).map(|_| ())
     }
 }
