@@ -1120,6 +1120,28 @@ fn an_idle_runtime_parks_so_the_applications_blocking_calls_return() {
         });
     });
     check_all("after the module's unload");
+
+    // Two domains that fit differently on an SM (tensor: one block, for its shared memory;
+    // inference: two) park and come back together, in an order the block scheduler can place.
+    eprintln!("[park] two domains park and come back");
+    rt.prepare_domains(&[KlComplexity::DOMAIN, MatmulBiasGeluBf16::DOMAIN])
+        .unwrap();
+    for round in 0..3 {
+        Step::Tensor.run_and_check(&rt, round);
+        Step::Inference.run_and_check(&rt, round);
+        let parks = rt.parks();
+        std::thread::sleep(idle * 3);
+        parked_since(&rt, parks, "an idle wait");
+    }
+    Step::Tensor.run_and_check(&rt, 3);
+    Step::Inference.run_and_check(&rt, 3);
+    for d in ["inference", "tensor"] {
+        assert!(
+            rt.describe().contains(&format!("`{d}`")),
+            "{d} did not come back: {}",
+            rt.describe()
+        );
+    }
     eprintln!(
         "parking after {idle:?} idle: the module load returned after {:.1} ms, cuMemFree after {:.1} ms; \
          the first items after parking (3 KL items, relaunch included) took {:.2} ms after the module load, \

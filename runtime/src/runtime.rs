@@ -999,7 +999,19 @@ impl Runtime {
         let Backend::Gpu { signals, .. } = &self.backend else {
             unreachable!("relaunch on the GPU backend only")
         };
+        // As start_domains does: the domains that fit fewest blocks on an SM first, so that the
+        // block scheduler can still pack the others two to an SM beside them (the other order
+        // left a tensor manifold no room on an H200).
+        let mut order = Vec::with_capacity(shares.len());
         for &(d, share) in shares {
+            order.push((
+                device.module(d)?.blocks_per_sm_max(device)?.max(1),
+                d,
+                share,
+            ));
+        }
+        order.sort_by_key(|&(fit, d, _)| (fit, d.key));
+        for (_, d, share) in order {
             let launched = Manifold::launch(device, d, &self.config, share, signals)?;
             m.insert(d.key, launched);
         }
