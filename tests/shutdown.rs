@@ -95,8 +95,11 @@ fn runtimes_beyond_the_gpus_capacity_fail_to_launch_instead_of_hanging() {
     if !gpu_present() {
         return;
     }
+    // Resident for good: a runtime that parks when idle gives the GPU back, and the next one
+    // would fit (docs/embedding.md).
     let cfg = pptm::Config {
         launch_timeout: Duration::from_millis(500),
+        park_when_idle: None,
         ..Default::default()
     };
     let mut live = Vec::new();
