@@ -1,4 +1,5 @@
-//! GemvAxpbySum, MatmulBias{Relu,Sigmoid,Tanh,Gelu} (f32, CUDA cores), Gemv{Bf16,Fp8} and
+//! GemvAxpbySum, GemvTwoAxpbySum (stages with arguments of their own), MatmulBias{Relu,Sigmoid,
+//! Tanh,Gelu} (f32, CUDA cores), Gemv{Bf16,Fp8} and
 //! GemvAxpbySum{Bf16,Fp8} (a bf16 or fp8 A on tensor cores) and MatmulBiasGeluGuarded (the accuracy
 //! guard) of domain `linear_algebra` on every backend, against f64 references written here. The
 //! bf16/fp16 matmul chains (domain `tensor`) are in tests/tensor_core.rs, fp8 in
@@ -12,7 +13,74 @@ use pptm::chains::{
     GemvAxpbySum, GemvAxpbySumBf16, GemvAxpbySumFp8, GemvBf16, GemvFp8, MatmulBiasGelu,
     MatmulBiasGeluGuarded, MatmulBiasRelu, MatmulBiasSigmoid, MatmulBiasTanh,
 };
-use pptm::{Buffer, Error, F8E4M3, Runtime, Ticket, bf16};
+use pptm::ops::{Axpby, Gemv, Square, SumReduction};
+use pptm::{Buffer, Error, F8E4M3, FusionBuilder, Runtime, Ticket, bf16};
+
+/// `z = α₂ (α A x + β y) + β₂ y₂`, reduced to `Σ z²`: two Axpby stages, the second with arguments
+/// of its own (`args(...)`), so one chain takes two vectors and four scalars.
+#[derive(FusionBuilder)]
+#[fusion(domain = "linear_algebra")]
+pub struct GemvTwoAxpbySum {
+    #[stage(1)]
+    product: Gemv,
+    #[stage(2)]
+    first: Axpby,
+    #[stage(3, args(y = "y2", alpha = "alpha2", beta = "beta2"))]
+    second: Axpby,
+    #[stage(4)]
+    square: Square,
+    #[stage(5, reduction = true)]
+    total: SumReduction,
+}
+
+fn stages_with_arguments_of_their_own(rt: &Runtime) {
+    for (m, n) in [(1, 1), (7, 1023), (1023, 7), (4099, 33)] {
+        let (x, a, y, y2) = (
+            uniform(n, -1.0, 1.0),
+            uniform(m * n, -1.0, 1.0),
+            uniform(m, -1.0, 1.0),
+            uniform(m, -1.0, 1.0),
+        );
+        let (alpha, beta, alpha2, beta2) = (0.75f32, -1.25f32, 1.5f32, 0.5f32);
+        let (xb, ab, yb, y2b) = (
+            rt.upload(&x).unwrap(),
+            rt.upload(&a).unwrap(),
+            rt.upload(&y).unwrap(),
+            rt.upload(&y2).unwrap(),
+        );
+        let got = GemvTwoAxpbySum::submit(rt, &xb, &ab, &yb, alpha, beta, &y2b, alpha2, beta2)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let (mut want, mut magnitude) = (0.0f64, 0.0f64);
+        for i in 0..m {
+            let row = &a[i * n..(i + 1) * n];
+            let ax: f64 = row
+                .iter()
+                .zip(&x)
+                .map(|(&a, &x)| f64::from(a) * f64::from(x))
+                .sum();
+            let scale: f64 = row
+                .iter()
+                .zip(&x)
+                .map(|(&a, &x)| (f64::from(a) * f64::from(x)).abs())
+                .sum();
+            let first = f64::from(alpha) * ax + f64::from(beta) * f64::from(y[i]);
+            let z = f64::from(alpha2) * first + f64::from(beta2) * f64::from(y2[i]);
+            want += z * z;
+            let first_mag =
+                f64::from(alpha).abs() * scale + (f64::from(beta) * f64::from(y[i])).abs();
+            magnitude += z.abs()
+                * (f64::from(alpha2).abs() * first_mag
+                    + (f64::from(beta2) * f64::from(y2[i])).abs());
+        }
+        let err = (f64::from(got) - want).abs();
+        assert!(
+            err <= 1e-4 * magnitude,
+            "m={m} n={n}: got {got}, f64 reference {want}, error {err:e}, allowed 1e-4 of {magnitude:e}"
+        );
+    }
+}
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
     // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).
@@ -302,4 +370,5 @@ on_every_backend!(
     matmul_bias_act_matches_f64_reference,
     accuracy_guard_falls_back_on_fp16_overflow_only,
     bad_shapes_are_typed_errors,
+    stages_with_arguments_of_their_own,
 );

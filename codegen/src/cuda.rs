@@ -1166,6 +1166,7 @@ mod tests {
                 precision: None,
                 tolerance: None,
                 finite: None,
+                args: Vec::new(),
             })
             .collect();
         ChainSpec {

@@ -288,6 +288,9 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
             }
             None => quote! { ::core::option::Option::None },
         };
+        let renames = s.args.iter().map(|(p, n)| {
+            quote! { (::std::string::String::from(#p), ::std::string::String::from(#n)) }
+        });
         quote! {
             ::pptm::__private::StageSpec {
                 field: ::std::string::String::from(#field),
@@ -298,6 +301,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 precision: #precision,
                 tolerance: #tolerance,
                 finite: #finite,
+                args: ::std::vec![#(#renames),*],
             }
         }
     });

@@ -116,6 +116,8 @@ pub struct StageIr {
     /// `finite = true`: every value the stage produces must be finite, else the item completes
     /// with `PPTM_STATUS_NON_FINITE` (checked where the value is computed, on every backend).
     pub finite: bool,
+    /// `args(...)`: (op parameter, chain argument) pairs, sorted by parameter.
+    pub renames: Vec<(String, String)>,
 }
 
 impl StageIr {
@@ -275,7 +277,13 @@ pub enum SpecError {
     ArgConflict {
         stage: usize,
         op: &'static str,
-        arg: &'static str,
+        arg: String,
+        reason: String,
+    },
+    #[error("`{op}`: `args(...)` {reason}")]
+    BadRename {
+        stage: usize,
+        op: &'static str,
         reason: String,
     },
     #[error("`{op}` cannot be fused here: {reason}")]
@@ -310,6 +318,7 @@ impl SpecError {
             }
             SpecError::ToleranceUnsupported { stage, .. } => Blame::StageAttr(stage, "tolerance"),
             SpecError::FiniteUnsupported { stage, .. } => Blame::StageAttr(stage, "finite"),
+            SpecError::BadRename { stage, .. } => Blame::StageAttr(stage, "args"),
             SpecError::PrecisionUnsupported { stage, .. }
             | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
@@ -324,7 +333,7 @@ struct DimDraft {
 }
 
 struct ArgDraft {
-    name: &'static str,
+    name: String,
     kind: ArgKind,
     shape: Vec<usize>,
     dtype: DType,
@@ -415,11 +424,45 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     for (pos, &i) in order.iter().enumerate() {
         let st = &spec.stages[i];
         let op = check_stage(i, st)?;
-        let conflict = |arg: &'static str, reason: String| SpecError::ArgConflict {
+        let conflict = |arg: &str, reason: String| SpecError::ArgConflict {
             stage: i,
             op: op.name,
-            arg,
+            arg: arg.to_string(),
             reason,
+        };
+        // The chain argument each op parameter binds to: its own name, or the stage's rename.
+        for (param, _) in &st.args {
+            let Some(k) = op.inputs.iter().position(|p| p.name == *param) else {
+                return Err(SpecError::BadRename {
+                    stage: i,
+                    op: op.name,
+                    reason: format!(
+                        "renames `{param}`, which `{}` does not take (its parameters: {})",
+                        op.name,
+                        op.inputs
+                            .iter()
+                            .map(|p| p.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            };
+            if k == 0 && pos > 0 {
+                return Err(SpecError::BadRename {
+                    stage: i,
+                    op: op.name,
+                    reason: format!(
+                        "renames `{param}`, but that is the stage's flow: it comes from stage {}, not from an argument",
+                        pos
+                    ),
+                });
+            }
+        }
+        let arg_name = |param: &'static str| -> String {
+            st.args
+                .iter()
+                .find(|(p, _)| p == param)
+                .map_or_else(|| param.to_string(), |(_, n)| n.clone())
         };
         let mut letters: Vec<(&'static str, usize)> = Vec::new();
         let mut inputs = vec![Source::Stage(usize::MAX); op.inputs.len()];
@@ -470,7 +513,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                 });
             }
             t.args.push(ArgDraft {
-                name: flow.name,
+                name: arg_name(flow.name),
                 kind: ArgKind::Input,
                 shape: dims.clone(),
                 dtype: storage(flow.ty),
@@ -524,7 +567,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         // The other inputs. Names an earlier stage already declared go first, so their shapes
         // bind this op's letters before fresh dimensions are made for the rest.
         let mut rest: Vec<usize> = (1..op.inputs.len()).collect();
-        rest.sort_by_key(|&k| t.arg(op.inputs[k].name).is_none());
+        rest.sort_by_key(|&k| t.arg(&arg_name(op.inputs[k].name)).is_none());
         for k in rest {
             let p = op.inputs[k];
             if p.name == "out" {
@@ -533,7 +576,8 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                     op: op.name,
                 });
             }
-            let existing = t.arg(p.name);
+            let name = arg_name(p.name);
+            let existing = t.arg(&name);
             if p.ty.is_by_value() {
                 let kind = if p.ty == Ty::F32 {
                     ArgKind::F32
@@ -544,13 +588,13 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                     Some(s) if t.args[s].kind == kind => s,
                     Some(_) => {
                         return Err(conflict(
-                            p.name,
+                            &name,
                             "is used with another type by an earlier stage".into(),
                         ));
                     }
                     None => {
                         t.args.push(ArgDraft {
-                            name: p.name,
+                            name: name.clone(),
                             kind,
                             shape: vec![],
                             dtype: DType::F32,
@@ -590,7 +634,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                     Some([.., last]) => vec![Ok(*last)],
                     _ => {
                         return Err(conflict(
-                            p.name,
+                            &name,
                             "needs a tensor flow to broadcast along".into(),
                         ));
                     }
@@ -608,13 +652,15 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                     let have = t.args[s].shape.clone();
                     if t.args[s].kind != ArgKind::Input || have.len() != wanted.len() {
                         return Err(conflict(
-                            p.name,
-                            "is used with another shape by an earlier stage".into(),
+                            &name,
+                            "is used with another shape by an earlier stage (name one of them \
+                             differently with #[stage(n, args(...))])"
+                                .into(),
                         ));
                     }
                     if t.args[s].dtype != storage(p.ty) {
                         return Err(conflict(
-                            p.name,
+                            &name,
                             format!(
                                 "is stored as {} here, but an earlier stage reads it as {}",
                                 storage(p.ty),
@@ -629,9 +675,10 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                         };
                         if !ok {
                             return Err(conflict(
-                                p.name,
+                                &name,
                                 format!(
-                                    "is used with another shape by an earlier stage ({})",
+                                    "is used with another shape by an earlier stage ({}); name one of them \
+                                     differently with #[stage(n, args(...))]",
                                     have.iter()
                                         .map(|&d| t.dims[d].name.clone())
                                         .collect::<Vec<_>>()
@@ -652,7 +699,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
                         })
                         .collect();
                     t.args.push(ArgDraft {
-                        name: p.name,
+                        name,
                         kind: ArgKind::Input,
                         shape: shape.clone(),
                         dtype: storage(p.ty),
@@ -700,6 +747,11 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
             shape,
             tolerance: st.tolerance.map(|t| t.0),
             finite: st.finite.unwrap_or(false),
+            renames: {
+                let mut r = st.args.clone();
+                r.sort();
+                r
+            },
         });
     }
 
@@ -799,6 +851,16 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         }
         if s.finite {
             canonical.push_str(" finite");
+        }
+        if !s.renames.is_empty() {
+            canonical.push_str(" args=");
+            canonical.push_str(
+                &s.renames
+                    .iter()
+                    .map(|(p, n)| format!("{p}:{n}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
         }
         canonical.push('\n');
     }
@@ -1587,6 +1649,7 @@ mod tests {
             precision: None,
             tolerance: None,
             finite: None,
+            args: Vec::new(),
         }
     }
 

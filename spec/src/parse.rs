@@ -150,6 +150,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             precision: args.precision,
             tolerance: args.tolerance,
             finite: args.finite,
+            args: args.renames,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -199,6 +200,7 @@ struct StageArgs {
     precision: Option<Precision>,
     tolerance: Option<Tolerance>,
     finite: Option<bool>,
+    renames: Vec<(String, String)>,
     spans: Vec<(&'static str, Span)>,
 }
 
@@ -216,6 +218,7 @@ impl Parse for StageArgs {
             precision: None,
             tolerance: None,
             finite: None,
+            renames: Vec::new(),
             spans: Vec::new(),
         };
         while !input.is_empty() {
@@ -224,6 +227,14 @@ impl Parse for StageArgs {
                 break;
             }
             let key: Ident = input.parse()?;
+            if key == "args" {
+                if args.spans.iter().any(|(n, _)| *n == "args") {
+                    return Err(syn::Error::new(key.span(), "`args` is given twice"));
+                }
+                args.renames = parse_renames(input)?;
+                args.spans.push(("args", key.span()));
+                continue;
+            }
             input.parse::<Token![=]>()?;
             let name: &'static str = match key.to_string().as_str() {
                 "reduction" => "reduction",
@@ -235,7 +246,7 @@ impl Parse for StageArgs {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance` or `finite`"
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite` or `args(...)`"
                         ),
                     ));
                 }
@@ -284,6 +295,52 @@ impl Parse for StageArgs {
         }
         Ok(args)
     }
+}
+
+/// `args(param = "name", ...)`: what each named op parameter is called in the chain. A name is a
+/// Rust identifier (it becomes a parameter of `submit`), not `out` (the output) and given once.
+fn parse_renames(input: ParseStream) -> syn::Result<Vec<(String, String)>> {
+    let content;
+    syn::parenthesized!(content in input);
+    let mut renames: Vec<(String, String)> = Vec::new();
+    while !content.is_empty() {
+        let param: Ident = content.parse()?;
+        content.parse::<Token![=]>()?;
+        let name: LitStr = content.parse()?;
+        let value = name.value();
+        if syn::parse_str::<Ident>(&value).is_err() || value.starts_with("r#") {
+            return Err(syn::Error::new(
+                name.span(),
+                format!(
+                    "`{value}` is not a Rust identifier; an argument's name becomes a parameter of `submit`"
+                ),
+            ));
+        }
+        if value == "out" || value == "guard_level" {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`{value}` is reserved (the chain's output or the accuracy guard's level)"),
+            ));
+        }
+        if renames.iter().any(|(p, _)| *p == param.to_string()) {
+            return Err(syn::Error::new(
+                param.span(),
+                format!("`{param}` is renamed twice"),
+            ));
+        }
+        renames.push((param.to_string(), value));
+        if content.is_empty() {
+            break;
+        }
+        content.parse::<Token![,]>()?;
+    }
+    if renames.is_empty() {
+        return Err(syn::Error::new(
+            input.span(),
+            "`args(...)` names at least one parameter, e.g. args(a = \"w2\")",
+        ));
+    }
+    Ok(renames)
 }
 
 #[cfg(test)]
@@ -412,5 +469,93 @@ mod tests {
         assert!(derives_fusion_builder(&item.attrs));
         let item: DeriveInput = syn::parse_str("#[derive(Debug)] struct A {}").unwrap();
         assert!(!derives_fusion_builder(&item.attrs));
+    }
+
+    #[test]
+    fn stage_args_rename_parameters() {
+        // Two Axpby stages, each with its own vector and scalars.
+        let ir = parse(
+            r#"#[fusion(domain = "t")] struct C {
+                   #[stage(1)] p: Gemv,
+                   #[stage(2)] first: Axpby,
+                   #[stage(3, args(y = "y2", alpha = "alpha2", beta = "beta2"))] second: Axpby,
+                   #[stage(4)] sq: Square,
+                   #[stage(5, reduction = true)] t: SumReduction,
+               }"#,
+        )
+        .unwrap();
+        let names: Vec<&str> = ir.args.iter().map(|a| a.name.as_str()).collect();
+        for want in ["x", "a", "y", "alpha", "beta", "y2", "alpha2", "beta2"] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+        let shape = |n: &str| ir.args.iter().find(|a| a.name == n).unwrap().shape.clone();
+        assert_eq!(shape("y2"), shape("y"));
+        assert_eq!(ir.stages[2].renames.len(), 3);
+        // The names are part of the chain's identity.
+        let plain = parse(
+            r#"#[fusion(domain = "t")] struct C {
+                   #[stage(1)] p: Gemv,
+                   #[stage(2)] first: Axpby,
+                   #[stage(3)] second: Axpby,
+                   #[stage(4)] sq: Square,
+                   #[stage(5, reduction = true)] t: SumReduction,
+               }"#,
+        )
+        .unwrap();
+        assert_ne!(ir.spec_hash, plain.spec_hash);
+        assert!(!plain.canonical.contains("args="), "{}", plain.canonical);
+        assert!(
+            ir.canonical.contains("args=alpha:alpha2,beta:beta2,y:y2"),
+            "{}",
+            ir.canonical
+        );
+        // Renamed, a second matrix is its own argument: the MLP is then refused for what it
+        // is (two GEMVs need a grid-wide barrier), not for the name.
+        let mlp = |third: &str| {
+            parse(&format!(
+                r#"#[fusion(domain = "t")] struct M {{ #[stage(1)] l1: Gemv, #[stage(2)] act: Relu, {third} l2: Gemv }}"#
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        let same = mlp("#[stage(3)]");
+        assert!(
+            same.contains("argument `a` is used with another shape") && same.contains("args(...)"),
+            "{same}"
+        );
+        let renamed = mlp(r#"#[stage(3, args(a = "w2"))]"#);
+        assert!(renamed.contains("grid-wide barrier"), "{renamed}");
+    }
+
+    #[test]
+    fn bad_stage_args_are_refused_where_written() {
+        for (attr, needle) in [
+            (
+                r#"args(q = "z")"#,
+                "`Gemv` does not take (its parameters: x, a)",
+            ),
+            (r#"args(a = "2a")"#, "not a Rust identifier"),
+            (r#"args(a = "out")"#, "reserved"),
+            (r#"args(a = "b", a = "c")"#, "renamed twice"),
+            (r#"args()"#, "names at least one parameter"),
+            (r#"args(a = "b"), args(a = "c")"#, "`args` is given twice"),
+            (r#"args(a = b)"#, "expected string literal"),
+        ] {
+            let src =
+                format!(r#"#[fusion(domain = "t")] struct C {{ #[stage(1, {attr})] p: Gemv }}"#);
+            let e = parse(&src).unwrap_err().to_string();
+            assert!(e.contains(needle), "{attr}: {e}");
+        }
+        // A later stage's flow comes from the stage before it: it has no argument to rename.
+        let e = parse(
+            r#"#[fusion(domain = "t")] struct C { #[stage(1)] p: Gemv, #[stage(2, args(x = "h"))] s: Square }"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("that is the stage's flow"), "{e}");
+        // The first stage's flow is an argument like any other.
+        let ir =
+            parse(r#"#[fusion(domain = "t")] struct C { #[stage(1, args(x = "v"))] p: Gemv }"#)
+                .unwrap();
+        assert_eq!(ir.args[0].name, "v");
     }
 }
