@@ -12,6 +12,8 @@
 mod chain;
 mod dtype;
 mod lower;
+#[cfg(feature = "parse")]
+pub mod op_fn;
 pub mod ops;
 #[cfg(feature = "parse")]
 pub mod parse;

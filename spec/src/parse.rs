@@ -322,7 +322,7 @@ fn parse_renames(input: ParseStream) -> syn::Result<Vec<(String, String)>> {
                 format!("`{value}` is reserved (the chain's output or the accuracy guard's level)"),
             ));
         }
-        if renames.iter().any(|(p, _)| *p == param.to_string()) {
+        if renames.iter().any(|(p, _)| param == p.as_str()) {
             return Err(syn::Error::new(
                 param.span(),
                 format!("`{param}` is renamed twice"),
@@ -552,6 +552,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("that is the stage's flow"), "{e}");
+        // A by-value parameter renamed onto a buffer's name: one argument, two types.
+        let e = parse(
+            r#"#[fusion(domain = "t")] struct C { #[stage(1)] p: Gemv, #[stage(2, args(alpha = "a"))] s: Axpby }"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("argument `a` is used with another type by an earlier stage"),
+            "{e}"
+        );
         // The first stage's flow is an argument like any other.
         let ir =
             parse(r#"#[fusion(domain = "t")] struct C { #[stage(1, args(x = "v"))] p: Gemv }"#)

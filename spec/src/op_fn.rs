@@ -1,0 +1,1189 @@
+//! The Rust subset an elementwise op of the user's own is written in (issue 32, `#[pptm::op]`):
+//! [`parse_op_fn`] checks a function against it, with every error at the offending tokens, and
+//! translates it to a CUDA C device function. The same Rust function, unchanged, is the op's CPU
+//! reference, so the subset is chosen to mean the same thing on both sides:
+//!
+//! * parameters are plain names of type `f32`, `f64` or `u32`; the result is `f32` or `f64`;
+//! * the body is `let` bindings (immutable, each with a value) and a final expression;
+//! * expressions: names, literals, `+ - * / %`, comparisons, `&& || !`, unary `-`, parentheses,
+//!   `if`/`else` (both branches), `as` between `f32`, `f64` and `u32`, the constants of
+//!   `f32::consts`/`f64::consts` (also through `std::` or `core::`), and the math methods in
+//!   [`METHODS`] (`x.exp()`, or `f32::exp(x)`);
+//! * a float literal bound by `let` needs a suffix or a type (`let c = 0.5_f32;`): Rust infers its
+//!   type from later uses, which this translator does not follow.
+//!
+//! Where Rust and CUDA differ, the translation follows Rust: `as u32` from a float saturates (NaN
+//! gives 0), `powi` is repeated squaring, `max`/`min` ignore a NaN operand (fmax/fmin do too).
+//! NVRTC may contract `a * b + c` into one fused multiply-add, as it does for the built-in ops; a
+//! user op is held to the same tolerance as they are.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{BinOp, Expr, FnArg, ItemFn, Lit, Pat, ReturnType, Stmt, Type, UnOp};
+
+/// A scalar type of the subset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    F32,
+    F64,
+    U32,
+    Bool,
+}
+
+impl Scalar {
+    fn cuda(self) -> &'static str {
+        match self {
+            Scalar::F32 => "float",
+            Scalar::F64 => "double",
+            Scalar::U32 => "unsigned int",
+            Scalar::Bool => "bool",
+        }
+    }
+
+    fn rust(self) -> &'static str {
+        match self {
+            Scalar::F32 => "f32",
+            Scalar::F64 => "f64",
+            Scalar::U32 => "u32",
+            Scalar::Bool => "bool",
+        }
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self, Scalar::F32 | Scalar::F64)
+    }
+}
+
+/// A function of the subset, checked and translated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpFn {
+    /// The function's name.
+    pub name: String,
+    /// Its parameters, in order.
+    pub params: Vec<(String, Scalar)>,
+    /// Its result.
+    pub ret: Scalar,
+    /// The device function's name: `pptm_user_<name>`.
+    pub device: String,
+    /// The device function (with any helper it needs before it), ready to paste into a
+    /// translation unit.
+    pub cuda: String,
+}
+
+/// The math methods of the subset: Rust name, number of arguments besides the receiver, and the
+/// CUDA function for f32 and for f64 (`None`: written out below).
+pub const METHODS: &[(&str, usize, &str, &str)] = &[
+    ("abs", 0, "fabsf", "fabs"),
+    ("sqrt", 0, "sqrtf", "sqrt"),
+    ("cbrt", 0, "cbrtf", "cbrt"),
+    ("exp", 0, "expf", "exp"),
+    ("exp2", 0, "exp2f", "exp2"),
+    ("exp_m1", 0, "expm1f", "expm1"),
+    ("ln", 0, "logf", "log"),
+    ("log2", 0, "log2f", "log2"),
+    ("log10", 0, "log10f", "log10"),
+    ("ln_1p", 0, "log1pf", "log1p"),
+    ("sin", 0, "sinf", "sin"),
+    ("cos", 0, "cosf", "cos"),
+    ("tan", 0, "tanf", "tan"),
+    ("asin", 0, "asinf", "asin"),
+    ("acos", 0, "acosf", "acos"),
+    ("atan", 0, "atanf", "atan"),
+    ("sinh", 0, "sinhf", "sinh"),
+    ("cosh", 0, "coshf", "cosh"),
+    ("tanh", 0, "tanhf", "tanh"),
+    ("floor", 0, "floorf", "floor"),
+    ("ceil", 0, "ceilf", "ceil"),
+    ("round", 0, "roundf", "round"),
+    ("trunc", 0, "truncf", "trunc"),
+    ("recip", 0, "", ""),
+    ("max", 1, "fmaxf", "fmax"),
+    ("min", 1, "fminf", "fmin"),
+    ("powf", 1, "powf", "pow"),
+    ("powi", 1, "pptm_user_powi", "pptm_user_powi"),
+    ("atan2", 1, "atan2f", "atan2"),
+    ("hypot", 1, "hypotf", "hypot"),
+    ("copysign", 1, "copysignf", "copysign"),
+    ("mul_add", 2, "fmaf", "fma"),
+    ("clamp", 2, "", ""),
+];
+
+/// Device helpers a translation may call, emitted once per translation unit before the ops that
+/// use them (`#ifndef` guarded).
+const HELPERS: &str = "#ifndef PPTM_USER_HELPERS
+#define PPTM_USER_HELPERS
+// Rust's powi: repeated squaring (a negative power inverts the result).
+template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
+    unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
+    T r = (T)1, b = x;
+    while (e != 0u) {
+        if (e & 1u) r *= b;
+        b *= b;
+        e >>= 1;
+    }
+    return n < 0 ? (T)1 / r : r;
+}
+// Rust's `as u32` from a float: saturating, NaN to 0.
+template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
+    return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
+}
+#endif
+";
+
+fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
+    Err(syn::Error::new(span, msg))
+}
+
+/// What the subset allows, for errors.
+const ALLOWED: &str = "an op's body may use `let` bindings, arithmetic, comparisons, `&&`/`||`/`!`, \
+    `if`/`else`, `as` casts between f32/f64/u32, f32/f64 constants and math methods (see \
+    pptm-spec's op_fn module)";
+
+/// Checks `f` against the subset and translates it (see the module docs).
+pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
+    let sig = &f.sig;
+    if let Some(c) = &sig.constness {
+        return err(c.span(), "an op is a plain `fn`, not `const fn`");
+    }
+    if let Some(a) = &sig.asyncness {
+        return err(a.span(), "an op is a plain `fn`, not `async fn`");
+    }
+    if let Some(u) = &sig.unsafety {
+        return err(u.span(), "an op is a plain `fn`, not `unsafe fn`");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        return err(
+            sig.generics.span(),
+            "an op cannot be generic: write it for f32 or f64",
+        );
+    }
+    if let Some(v) = &sig.variadic {
+        return err(v.span(), "an op takes named scalar parameters");
+    }
+    let name = sig.ident.to_string();
+    let mut params = Vec::new();
+    for input in &sig.inputs {
+        let FnArg::Typed(pt) = input else {
+            return err(input.span(), "an op is a free function, not a method");
+        };
+        let Pat::Ident(pi) = &*pt.pat else {
+            return err(pt.pat.span(), "a parameter is a plain name, e.g. `x: f32`");
+        };
+        if pi.by_ref.is_some() || pi.mutability.is_some() || pi.subpat.is_some() {
+            return err(pi.span(), "a parameter is a plain name, e.g. `x: f32`");
+        }
+        let ty = scalar_type(&pt.ty, false)?;
+        let pname = pi.ident.to_string();
+        if params.iter().any(|(p, _): &(String, Scalar)| *p == pname) {
+            return err(pi.ident.span(), format!("`{pname}` is a parameter twice"));
+        }
+        params.push((pname, ty));
+    }
+    if params.is_empty() {
+        return err(
+            sig.paren_token.span.join(),
+            "an op takes at least its input, e.g. `fn swish(x: f32) -> f32`",
+        );
+    }
+    if !params[0].1.is_float() {
+        return err(
+            sig.inputs[0].span(),
+            "an op's first parameter is the value it maps: f32 or f64",
+        );
+    }
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) => scalar_type(ty, false)?,
+        ReturnType::Default => {
+            return err(
+                sig.ident.span(),
+                "an op returns its value: `-> f32` or `-> f64`",
+            );
+        }
+    };
+    if !ret.is_float() {
+        return err(sig.output.span(), "an op returns f32 or f64");
+    }
+
+    let mut t = Translator {
+        scopes: vec![params.clone()],
+        body: String::new(),
+        temps: 0,
+    };
+    let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
+    let device = format!("pptm_user_{name}");
+    let args = params
+        .iter()
+        .map(|(p, ty)| format!("{} {p}", ty.cuda()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cuda = format!(
+        "{HELPERS}// #[pptm::op] fn {name}\n__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
+        ret.cuda(),
+        t.body,
+        value.code
+    );
+    Ok(OpFn {
+        name,
+        params,
+        ret,
+        device,
+        cuda,
+    })
+}
+
+/// `f32`, `f64` or `u32` (and `bool` where `allow_bool`), possibly written `core::primitive::f32`.
+fn scalar_type(ty: &Type, allow_bool: bool) -> syn::Result<Scalar> {
+    if let Type::Path(p) = ty
+        && p.qself.is_none()
+        && let Some(last) = p.path.segments.last()
+        && last.arguments.is_empty()
+    {
+        match last.ident.to_string().as_str() {
+            "f32" => return Ok(Scalar::F32),
+            "f64" => return Ok(Scalar::F64),
+            "u32" => return Ok(Scalar::U32),
+            "bool" if allow_bool => return Ok(Scalar::Bool),
+            _ => {}
+        }
+    }
+    err(ty.span(), "an op's values are f32, f64 or u32")
+}
+
+/// A translated expression: its CUDA text and type. `None` type: an unsuffixed float literal,
+/// which takes the type of what it meets.
+#[derive(Debug, Clone)]
+struct Value {
+    code: String,
+    ty: Option<Scalar>,
+}
+
+struct Translator {
+    /// Names in scope, innermost last.
+    scopes: Vec<Vec<(String, Scalar)>>,
+    /// Statements emitted so far (for the current block).
+    body: String,
+    temps: usize,
+}
+
+impl Translator {
+    fn lookup(&self, name: &str) -> Option<Scalar> {
+        self.scopes
+            .iter()
+            .rev()
+            .flat_map(|s| s.iter().rev())
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| *t)
+    }
+
+    /// Translates a block's statements into `self.body` (indented `depth`) and returns its final
+    /// expression, of type `want` when given.
+    fn block(
+        &mut self,
+        stmts: &[Stmt],
+        span: Span,
+        want: Option<Scalar>,
+        depth: usize,
+    ) -> syn::Result<Value> {
+        let indent = "    ".repeat(depth);
+        self.scopes.push(Vec::new());
+        let mut tail = None;
+        for (i, stmt) in stmts.iter().enumerate() {
+            let last = i + 1 == stmts.len();
+            match stmt {
+                Stmt::Local(local) => {
+                    let (pat, annotated) = match &local.pat {
+                        Pat::Type(pt) => (&*pt.pat, Some(scalar_type(&pt.ty, true)?)),
+                        other => (other, None),
+                    };
+                    let Pat::Ident(pi) = pat else {
+                        return err(
+                            pat.span(),
+                            "a `let` binds one name, e.g. `let t = x * 0.5_f32;`",
+                        );
+                    };
+                    if let Some(m) = &pi.mutability {
+                        return err(
+                            m.span(),
+                            "an op's bindings are immutable: bind a new name instead of `let mut`",
+                        );
+                    }
+                    if pi.by_ref.is_some() || pi.subpat.is_some() {
+                        return err(pi.span(), "a `let` binds one name");
+                    }
+                    let Some(init) = &local.init else {
+                        return err(local.span(), "a `let` needs its value");
+                    };
+                    if let Some((else_token, _)) = &init.diverge {
+                        return err(else_token.span(), "`let ... else` is not in the op subset");
+                    }
+                    let v = self.expr(&init.expr, annotated)?;
+                    let ty = match (annotated, v.ty) {
+                        (Some(a), _) => a,
+                        (None, Some(t)) => t,
+                        (None, None) => {
+                            return err(
+                                init.expr.span(),
+                                "give this literal a type: `0.5_f32`, or `let c: f32 = 0.5;` (the translator does not infer it from later uses)",
+                            );
+                        }
+                    };
+                    let name = pi.ident.to_string();
+                    self.body.push_str(&format!(
+                        "{indent}const {} {name} = {};\n",
+                        ty.cuda(),
+                        v.code
+                    ));
+                    self.scopes.last_mut().expect("pushed").push((name, ty));
+                }
+                Stmt::Expr(e, None) if last => tail = Some(e),
+                Stmt::Expr(Expr::Return(r), _) => {
+                    return err(
+                        r.span(),
+                        "an op ends with its value as the last expression, not `return`",
+                    );
+                }
+                Stmt::Expr(e, _) => {
+                    return err(
+                        e.span(),
+                        format!("a statement that is not a `let` has no effect here; {ALLOWED}"),
+                    );
+                }
+                Stmt::Item(item) => {
+                    return err(item.span(), "an op cannot declare items inside its body");
+                }
+                Stmt::Macro(m) => {
+                    return err(
+                        m.span(),
+                        "macros are not in the op subset (the body is translated to CUDA)",
+                    );
+                }
+            }
+        }
+        let Some(tail) = tail else {
+            return err(
+                span,
+                "the body must end with the op's value (an expression without `;`)",
+            );
+        };
+        let v = self.expr(tail, want)?;
+        self.scopes.pop();
+        Ok(v)
+    }
+
+    fn expr(&mut self, e: &Expr, want: Option<Scalar>) -> syn::Result<Value> {
+        let v = self.expr_inner(e, want)?;
+        match (want, v.ty) {
+            (Some(w), Some(t)) if w != t => err(
+                e.span(),
+                format!(
+                    "expected {}, found {} (convert with `as {}`)",
+                    w.rust(),
+                    t.rust(),
+                    w.rust()
+                ),
+            ),
+            (Some(w), None) => Ok(literal_as(&v.code, w, e.span())?),
+            _ => Ok(v),
+        }
+    }
+
+    fn expr_inner(&mut self, e: &Expr, want: Option<Scalar>) -> syn::Result<Value> {
+        match e {
+            Expr::Lit(l) => literal(&l.lit),
+            // Every operator's translation is parenthesised already.
+            Expr::Paren(p) => self.expr(&p.expr, want),
+            Expr::Group(g) => self.expr(&g.expr, want),
+            Expr::Path(p) => self.path(p),
+            Expr::Unary(u) => {
+                let v = self.expr(&u.expr, want)?;
+                match (&u.op, v.ty) {
+                    (UnOp::Neg(_), Some(Scalar::F32 | Scalar::F64) | None) => Ok(Value {
+                        code: format!("(-{})", v.code),
+                        ty: v.ty,
+                    }),
+                    (UnOp::Not(_), Some(Scalar::Bool)) => Ok(Value {
+                        code: format!("(!{})", v.code),
+                        ty: v.ty,
+                    }),
+                    (UnOp::Neg(_), _) => {
+                        err(u.span(), "`-` applies to f32 or f64 (a u32 has no sign)")
+                    }
+                    (UnOp::Not(_), _) => err(u.span(), "`!` applies to a bool here"),
+                    _ => err(
+                        u.span(),
+                        "`*` is not in the op subset (there are no references)",
+                    ),
+                }
+            }
+            Expr::Binary(b) => self.binary(b, want),
+            Expr::Cast(c) => {
+                let to = scalar_type(&c.ty, false)?;
+                let v = self.expr(&c.expr, None)?;
+                let from = match v.ty {
+                    Some(t) => t,
+                    None => {
+                        // An unsuffixed literal cast: Rust takes it as f64.
+                        return literal_as(&v.code, Scalar::F64, c.expr.span())
+                            .and_then(|v| cast(v, to, c.span()));
+                    }
+                };
+                if from == Scalar::Bool {
+                    return err(
+                        c.expr.span(),
+                        "a bool cannot be cast in the op subset: use `if`",
+                    );
+                }
+                cast(
+                    Value {
+                        code: v.code,
+                        ty: Some(from),
+                    },
+                    to,
+                    c.span(),
+                )
+            }
+            Expr::If(i) => self.if_expr(i, want),
+            Expr::Block(b) if b.label.is_none() => {
+                let cond_free = self.temps;
+                self.temps += 1;
+                let ty = want.ok_or_else(|| {
+                    syn::Error::new(
+                        b.span(),
+                        "a block's type must be clear from where it is used",
+                    )
+                })?;
+                let saved = std::mem::take(&mut self.body);
+                let v = self.block(&b.block.stmts, b.span(), Some(ty), 2)?;
+                let inner = std::mem::replace(&mut self.body, saved);
+                let _ = cond_free;
+                Ok(Value {
+                    code: format!(
+                        "[&]() -> {} {{\n{inner}        return {};\n    }}()",
+                        ty.cuda(),
+                        v.code
+                    ),
+                    ty: Some(ty),
+                })
+            }
+            Expr::MethodCall(m) => {
+                if m.turbofish.is_some() {
+                    return err(m.span(), "method calls take no type arguments here");
+                }
+                let recv = self.expr(&m.receiver, want)?;
+                let args: Vec<&Expr> = m.args.iter().collect();
+                self.method(
+                    &m.method.to_string(),
+                    m.method.span(),
+                    recv,
+                    &args,
+                    m.span(),
+                )
+            }
+            Expr::Call(c) => {
+                let mut func = &*c.func;
+                while let Expr::Paren(p) = func {
+                    func = &p.expr;
+                }
+                if matches!(func, Expr::Closure(_)) {
+                    return err(func.span(), "closures are not in the op subset");
+                }
+                // `f32::exp(x)`: a method called by its path.
+                if let Expr::Path(p) = &*c.func
+                    && p.qself.is_none()
+                    && p.path.segments.len() >= 2
+                {
+                    let segs: Vec<String> = p
+                        .path
+                        .segments
+                        .iter()
+                        .map(|s| s.ident.to_string())
+                        .collect();
+                    let ty = match segs[segs.len() - 2].as_str() {
+                        "f32" => Some(Scalar::F32),
+                        "f64" => Some(Scalar::F64),
+                        _ => None,
+                    };
+                    if let Some(ty) = ty
+                        && !c.args.is_empty()
+                    {
+                        let recv = self.expr(&c.args[0], Some(ty))?;
+                        let rest: Vec<&Expr> = c.args.iter().skip(1).collect();
+                        return self.method(&segs[segs.len() - 1], p.span(), recv, &rest, c.span());
+                    }
+                }
+                err(
+                    c.span(),
+                    format!(
+                        "only the f32/f64 math functions can be called here (`x.exp()` or `f32::exp(x)`); {ALLOWED}"
+                    ),
+                )
+            }
+            Expr::Return(r) => err(
+                r.span(),
+                "an op ends with its value as the last expression, not `return`",
+            ),
+            Expr::Loop(_) | Expr::While(_) | Expr::ForLoop(_) => err(
+                e.span(),
+                format!(
+                    "loops are not in the op subset (an elementwise op is straight-line code); {ALLOWED}"
+                ),
+            ),
+            Expr::Closure(_) => err(e.span(), "closures are not in the op subset"),
+            Expr::Reference(_) => err(
+                e.span(),
+                "references are not in the op subset: values are scalars",
+            ),
+            Expr::Macro(_) => err(
+                e.span(),
+                "macros are not in the op subset (the body is translated to CUDA)",
+            ),
+            Expr::Match(_) => err(e.span(), "`match` is not in the op subset: use `if`/`else`"),
+            Expr::Assign(_) => err(
+                e.span(),
+                "assignment is not in the op subset: bind a new name with `let`",
+            ),
+            Expr::Index(_) | Expr::Field(_) | Expr::Array(_) | Expr::Tuple(_) | Expr::Struct(_) => {
+                err(
+                    e.span(),
+                    "an op sees one element of each input: no arrays, tuples, fields or structs",
+                )
+            }
+            _ => err(e.span(), format!("not in the op subset; {ALLOWED}")),
+        }
+    }
+
+    fn path(&self, p: &syn::ExprPath) -> syn::Result<Value> {
+        if p.qself.is_some() {
+            return err(p.span(), "qualified paths are not in the op subset");
+        }
+        let segs: Vec<String> = p
+            .path
+            .segments
+            .iter()
+            .map(|s| s.ident.to_string())
+            .collect();
+        if segs.len() == 1 {
+            return match self.lookup(&segs[0]) {
+                Some(ty) => Ok(Value {
+                    code: segs[0].clone(),
+                    ty: Some(ty),
+                }),
+                None => err(
+                    p.span(),
+                    format!(
+                        "`{}` is neither a parameter nor a `let` binding of this op",
+                        segs[0]
+                    ),
+                ),
+            };
+        }
+        // f32::consts::PI, std::f64::consts::E, core::f32::consts::LN_2, f32::MAX, ...
+        let tail: Vec<&str> = segs
+            .iter()
+            .map(String::as_str)
+            .skip_while(|s| *s == "std" || *s == "core")
+            .collect();
+        let (ty, rest) = match tail.split_first() {
+            Some((&"f32", rest)) => (Scalar::F32, rest),
+            Some((&"f64", rest)) => (Scalar::F64, rest),
+            _ => {
+                return err(
+                    p.span(),
+                    "only parameters, `let` bindings and f32/f64 constants can be named here",
+                );
+            }
+        };
+        let name = match rest {
+            [c] | ["consts", c] => *c,
+            _ => return err(p.span(), "not an f32/f64 constant"),
+        };
+        let value: f64 = match name {
+            "PI" => std::f64::consts::PI,
+            "TAU" => std::f64::consts::TAU,
+            "E" => std::f64::consts::E,
+            "SQRT_2" => std::f64::consts::SQRT_2,
+            "FRAC_1_SQRT_2" => std::f64::consts::FRAC_1_SQRT_2,
+            "LN_2" => std::f64::consts::LN_2,
+            "LN_10" => std::f64::consts::LN_10,
+            "LOG2_E" => std::f64::consts::LOG2_E,
+            "LOG10_E" => std::f64::consts::LOG10_E,
+            "FRAC_PI_2" => std::f64::consts::FRAC_PI_2,
+            "FRAC_2_SQRT_PI" => std::f64::consts::FRAC_2_SQRT_PI,
+            "MAX" | "MIN" | "EPSILON" | "MIN_POSITIVE" | "INFINITY" | "NEG_INFINITY" => {
+                return Ok(limit(ty, name));
+            }
+            other => {
+                return err(
+                    p.span(),
+                    format!("`{other}` is not a constant the op subset knows"),
+                );
+            }
+        };
+        Ok(match ty {
+            Scalar::F32 => Value {
+                code: float_text(f64::from(value as f32), Scalar::F32),
+                ty: Some(Scalar::F32),
+            },
+            _ => Value {
+                code: float_text(value, Scalar::F64),
+                ty: Some(Scalar::F64),
+            },
+        })
+    }
+
+    fn binary(&mut self, b: &syn::ExprBinary, want: Option<Scalar>) -> syn::Result<Value> {
+        let (sym, kind) = match b.op {
+            BinOp::Add(_) => ("+", Kind::Arith),
+            BinOp::Sub(_) => ("-", Kind::Arith),
+            BinOp::Mul(_) => ("*", Kind::Arith),
+            BinOp::Div(_) => ("/", Kind::Arith),
+            BinOp::Rem(_) => ("%", Kind::Arith),
+            BinOp::Lt(_) => ("<", Kind::Compare),
+            BinOp::Le(_) => ("<=", Kind::Compare),
+            BinOp::Gt(_) => (">", Kind::Compare),
+            BinOp::Ge(_) => (">=", Kind::Compare),
+            BinOp::Eq(_) => ("==", Kind::Compare),
+            BinOp::Ne(_) => ("!=", Kind::Compare),
+            BinOp::And(_) => ("&&", Kind::Logic),
+            BinOp::Or(_) => ("||", Kind::Logic),
+            _ => {
+                return err(
+                    b.op.span(),
+                    format!(
+                        "`{}` is not in the op subset; {ALLOWED}",
+                        quote::ToTokens::to_token_stream(&b.op)
+                    ),
+                );
+            }
+        };
+        match kind {
+            Kind::Logic => {
+                let l = self.expr(&b.left, Some(Scalar::Bool))?;
+                let r = self.expr(&b.right, Some(Scalar::Bool))?;
+                Ok(Value {
+                    code: format!("({} {sym} {})", l.code, r.code),
+                    ty: Some(Scalar::Bool),
+                })
+            }
+            Kind::Arith | Kind::Compare => {
+                let hint = if kind == Kind::Arith { want } else { None };
+                // Type the operands: a typed side gives an untyped literal its type.
+                let mut l = self.expr(&b.left, hint)?;
+                let mut r = self.expr(&b.right, l.ty.or(hint))?;
+                if let (None, Some(rt)) = (l.ty, r.ty) {
+                    l = literal_as(&l.code, rt, b.left.span())?;
+                }
+                if l.ty.is_none() && r.ty.is_none() {
+                    let ty = hint.unwrap_or(Scalar::F64);
+                    l = literal_as(&l.code, ty, b.left.span())?;
+                    r = literal_as(&r.code, ty, b.right.span())?;
+                }
+                let ty = l.ty.expect("typed");
+                if r.ty != Some(ty) {
+                    return err(
+                        b.span(),
+                        format!(
+                            "`{sym}` between {} and {}: convert one side with `as`",
+                            ty.rust(),
+                            r.ty.map_or("a literal", Scalar::rust)
+                        ),
+                    );
+                }
+                if ty == Scalar::Bool {
+                    return err(b.span(), format!("`{sym}` does not apply to bools"));
+                }
+                let code = match (sym, ty) {
+                    ("%", Scalar::F32) => format!("fmodf({}, {})", l.code, r.code),
+                    ("%", Scalar::F64) => format!("fmod({}, {})", l.code, r.code),
+                    _ => format!("({} {sym} {})", l.code, r.code),
+                };
+                Ok(Value {
+                    code,
+                    ty: Some(if kind == Kind::Compare {
+                        Scalar::Bool
+                    } else {
+                        ty
+                    }),
+                })
+            }
+        }
+    }
+
+    fn if_expr(&mut self, i: &syn::ExprIf, want: Option<Scalar>) -> syn::Result<Value> {
+        let cond = self.expr(&i.cond, Some(Scalar::Bool))?;
+        let Some((_, else_branch)) = &i.else_branch else {
+            return err(
+                i.span(),
+                "an `if` in an op gives a value: it needs an `else`",
+            );
+        };
+        // Each branch in a lambda when it has statements; a plain expression otherwise.
+        let then = self.branch(&i.then_branch.stmts, i.then_branch.span(), want)?;
+        let ty = want.or(then.ty);
+        let other = match &**else_branch {
+            Expr::Block(b) => self.branch(&b.block.stmts, b.span(), ty)?,
+            Expr::If(nested) => self.if_expr(nested, ty)?,
+            other => return err(other.span(), "`else` takes a block"),
+        };
+        let ty = ty.or(other.ty);
+        let (then, other) = match ty {
+            Some(t) => (
+                if then.ty.is_none() {
+                    literal_as(&then.code, t, i.then_branch.span())?
+                } else {
+                    then
+                },
+                if other.ty.is_none() {
+                    literal_as(&other.code, t, else_branch.span())?
+                } else {
+                    other
+                },
+            ),
+            None => {
+                return err(
+                    i.span(),
+                    "give the branches' literals a type, e.g. `1.0_f32`",
+                );
+            }
+        };
+        if then.ty != other.ty {
+            return err(i.span(), "both branches of an `if` have the same type");
+        }
+        Ok(Value {
+            code: format!("({} ? {} : {})", cond.code, then.code, other.code),
+            ty: then.ty,
+        })
+    }
+
+    fn branch(&mut self, stmts: &[Stmt], span: Span, want: Option<Scalar>) -> syn::Result<Value> {
+        if let [Stmt::Expr(e, None)] = stmts {
+            return self.expr(e, want);
+        }
+        let ty = want.ok_or_else(|| {
+            syn::Error::new(
+                span,
+                "a branch with `let`s needs a type clear from where the `if` is used",
+            )
+        })?;
+        let saved = std::mem::take(&mut self.body);
+        let v = self.block(stmts, span, Some(ty), 2)?;
+        let inner = std::mem::replace(&mut self.body, saved);
+        Ok(Value {
+            code: format!(
+                "[&]() -> {} {{\n{inner}        return {};\n    }}()",
+                ty.cuda(),
+                v.code
+            ),
+            ty: Some(ty),
+        })
+    }
+
+    fn method(
+        &mut self,
+        name: &str,
+        name_span: Span,
+        recv: Value,
+        args: &[&Expr],
+        span: Span,
+    ) -> syn::Result<Value> {
+        let Some(&(_, arity, f32_fn, f64_fn)) = METHODS.iter().find(|m| m.0 == name) else {
+            return err(
+                name_span,
+                format!(
+                    "`{name}` is not one of the op subset's math methods ({})",
+                    METHODS.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        };
+        let ty = match recv.ty {
+            Some(t @ (Scalar::F32 | Scalar::F64)) => t,
+            Some(other) => {
+                return err(
+                    span,
+                    format!("`{name}` is a method of f32 and f64, not {}", other.rust()),
+                );
+            }
+            None => {
+                return err(
+                    span,
+                    "give the literal a type to call a method on it, e.g. `2.0_f32.sqrt()`",
+                );
+            }
+        };
+        if args.len() != arity {
+            return err(
+                span,
+                format!("`{name}` takes {arity} argument(s) besides the value"),
+            );
+        }
+        let mut codes = vec![recv.code];
+        for (k, a) in args.iter().enumerate() {
+            let want = if name == "powi" { None } else { Some(ty) };
+            if name == "powi" {
+                let v = self.expr(a, None)?;
+                if v.ty.is_some() || v.code.contains('.') {
+                    return err(
+                        a.span(),
+                        "`powi` takes an integer literal power here, e.g. `x.powi(3)`",
+                    );
+                }
+                codes.push(v.code);
+                let _ = k;
+                continue;
+            }
+            codes.push(self.expr(a, want)?.code);
+        }
+        let code = match name {
+            "recip" => format!("({} / {})", float_text(1.0, ty), codes[0]),
+            // Rust's clamp(min, max): max(min(x, max), min) for in-order bounds.
+            "clamp" => {
+                let (mx, mn) = if ty == Scalar::F32 {
+                    ("fmaxf", "fminf")
+                } else {
+                    ("fmax", "fmin")
+                };
+                format!("{mx}({mn}({}, {}), {})", codes[0], codes[2], codes[1])
+            }
+            _ => {
+                let f = if ty == Scalar::F32 { f32_fn } else { f64_fn };
+                format!("{f}({})", codes.join(", "))
+            }
+        };
+        Ok(Value { code, ty: Some(ty) })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Arith,
+    Compare,
+    Logic,
+}
+
+fn literal(l: &Lit) -> syn::Result<Value> {
+    match l {
+        Lit::Float(f) => {
+            let v: f64 = f.base10_parse()?;
+            match f.suffix() {
+                "f32" => Ok(Value {
+                    code: float_text(f64::from(v as f32), Scalar::F32),
+                    ty: Some(Scalar::F32),
+                }),
+                "f64" => Ok(Value {
+                    code: float_text(v, Scalar::F64),
+                    ty: Some(Scalar::F64),
+                }),
+                "" => Ok(Value {
+                    code: format!("{v:?}"),
+                    ty: None,
+                }),
+                other => err(
+                    f.span(),
+                    format!("a float literal is f32 or f64, not `{other}`"),
+                ),
+            }
+        }
+        Lit::Int(i) => match i.suffix() {
+            "u32" => Ok(Value {
+                code: format!("{}u", i.base10_parse::<u32>()?),
+                ty: Some(Scalar::U32),
+            }),
+            "f32" => Ok(Value {
+                code: float_text(i.base10_parse::<f64>()? as f32 as f64, Scalar::F32),
+                ty: Some(Scalar::F32),
+            }),
+            "f64" => Ok(Value {
+                code: float_text(i.base10_parse::<f64>()?, Scalar::F64),
+                ty: Some(Scalar::F64),
+            }),
+            // An unsuffixed integer: a literal that takes its type from what it meets (a float
+            // operand needs Rust's `2.0`, which the CPU reference would not compile otherwise;
+            // the u32 side is checked by rustc itself).
+            "" => Ok(Value {
+                code: i.base10_digits().to_string(),
+                ty: None,
+            }),
+            other => err(
+                i.span(),
+                format!("an integer literal here is u32, not `{other}`"),
+            ),
+        },
+        Lit::Bool(b) => Ok(Value {
+            code: b.value.to_string(),
+            ty: Some(Scalar::Bool),
+        }),
+        other => err(
+            other.span(),
+            "only number and bool literals are in the op subset",
+        ),
+    }
+}
+
+/// An untyped literal given type `ty`.
+fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
+    let v: f64 = code
+        .parse()
+        .map_err(|_| syn::Error::new(span, "expected a literal"))?;
+    match ty {
+        Scalar::F32 => Ok(Value {
+            code: float_text(f64::from(v as f32), Scalar::F32),
+            ty: Some(ty),
+        }),
+        Scalar::F64 => Ok(Value {
+            code: float_text(v, Scalar::F64),
+            ty: Some(ty),
+        }),
+        Scalar::U32
+            if v >= 0.0 && v <= f64::from(u32::MAX) && v.fract() == 0.0 && !code.contains('.') =>
+        {
+            Ok(Value {
+                code: format!("{}u", v as u64),
+                ty: Some(ty),
+            })
+        }
+        Scalar::U32 => err(span, "not a u32 literal"),
+        Scalar::Bool => err(span, "expected a bool"),
+    }
+}
+
+/// A float as CUDA source that reads back to exactly `v` in `ty`.
+fn float_text(v: f64, ty: Scalar) -> String {
+    if v.is_infinite() {
+        let inf = if ty == Scalar::F32 {
+            "__int_as_float(0x7f800000)"
+        } else {
+            "__longlong_as_double(0x7ff0000000000000ll)"
+        };
+        return if v > 0.0 {
+            inf.to_string()
+        } else {
+            format!("(-{inf})")
+        };
+    }
+    match ty {
+        Scalar::F32 => {
+            let s = format!("{:?}", v as f32);
+            let s = if s.contains(['.', 'e', 'E']) {
+                s
+            } else {
+                format!("{s}.0")
+            };
+            format!("{s}f")
+        }
+        _ => {
+            let s = format!("{v:?}");
+            if s.contains(['.', 'e', 'E']) {
+                s
+            } else {
+                format!("{s}.0")
+            }
+        }
+    }
+}
+
+fn limit(ty: Scalar, name: &str) -> Value {
+    let v = match (ty, name) {
+        (Scalar::F32, "MAX") => f64::from(f32::MAX),
+        (Scalar::F32, "MIN") => f64::from(f32::MIN),
+        (Scalar::F32, "EPSILON") => f64::from(f32::EPSILON),
+        (Scalar::F32, "MIN_POSITIVE") => f64::from(f32::MIN_POSITIVE),
+        (_, "MAX") => f64::MAX,
+        (_, "MIN") => f64::MIN,
+        (_, "EPSILON") => f64::EPSILON,
+        (_, "MIN_POSITIVE") => f64::MIN_POSITIVE,
+        (_, "INFINITY") => f64::INFINITY,
+        _ => f64::NEG_INFINITY,
+    };
+    Value {
+        code: float_text(v, ty),
+        ty: Some(ty),
+    }
+}
+
+fn cast(v: Value, to: Scalar, span: Span) -> syn::Result<Value> {
+    let from = v.ty.expect("typed");
+    let code = match (from, to) {
+        (a, b) if a == b => v.code,
+        (Scalar::F32 | Scalar::F64, Scalar::U32) => format!("pptm_user_to_u32({})", v.code),
+        (_, Scalar::Bool) => return err(span, "cannot cast to bool"),
+        (_, to) => format!("(({}){})", to.cuda(), v.code),
+    };
+    Ok(Value { code, ty: Some(to) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translate(src: &str) -> syn::Result<OpFn> {
+        parse_op_fn(&syn::parse_str::<ItemFn>(src)?)
+    }
+
+    #[test]
+    fn swish_huber_and_friends_translate() {
+        let swish =
+            translate("fn swish(x: f32, beta: f32) -> f32 { x / (1.0 + (-beta * x).exp()) }")
+                .unwrap();
+        assert_eq!(swish.device, "pptm_user_swish");
+        assert_eq!(
+            swish.params,
+            vec![("x".into(), Scalar::F32), ("beta".into(), Scalar::F32)]
+        );
+        assert!(
+            swish
+                .cuda
+                .contains("__device__ __forceinline__ float pptm_user_swish(float x, float beta)"),
+            "{}",
+            swish.cuda
+        );
+        assert!(
+            swish
+                .cuda
+                .contains("return (x / (1.0f + expf(((-beta) * x))));"),
+            "{}",
+            swish.cuda
+        );
+
+        let huber = translate(
+            "fn huber(r: f64, delta: f32) -> f64 {
+                 let a = r.abs();
+                 let d = delta as f64;
+                 if a <= d { 0.5 * r * r } else { d * (a - 0.5 * d) }
+             }",
+        )
+        .unwrap();
+        let c = &huber.cuda;
+        assert!(c.contains("const double a = fabs(r);"), "{c}");
+        assert!(c.contains("const double d = ((double)delta);"), "{c}");
+        assert!(
+            c.contains("return ((a <= d) ? ((0.5 * r) * r) : (d * (a - (0.5 * d))));"),
+            "{c}"
+        );
+
+        let consts = translate(
+            "fn g(x: f32) -> f32 { let k = (2.0_f32 / std::f32::consts::PI).sqrt(); 0.5 * x * (1.0 + (k * (x + 0.044715 * x.powi(3))).tanh()) }",
+        )
+        .unwrap();
+        assert!(
+            consts.cuda.contains("pptm_user_powi(x, 3)"),
+            "{}",
+            consts.cuda
+        );
+        assert!(consts.cuda.contains("3.1415927f"), "{}", consts.cuda);
+
+        let branches = translate(
+            "fn relu6(x: f32) -> f32 { if x < 0.0 { 0.0 } else if x > 6.0 { let s = 6.0_f32; s } else { x } }",
+        )
+        .unwrap();
+        assert!(
+            branches.cuda.contains("[&]() -> float {"),
+            "{}",
+            branches.cuda
+        );
+        let casts = translate("fn q(x: f32, levels: u32) -> f32 { let k = (x * levels as f32) as u32; k as f32 / levels as f32 }").unwrap();
+        assert!(casts.cuda.contains("pptm_user_to_u32("), "{}", casts.cuda);
+        assert!(
+            casts.cuda.contains("const unsigned int k ="),
+            "{}",
+            casts.cuda
+        );
+        let methods = translate("fn m(x: f64, y: f64) -> f64 { f64::max(x.mul_add(y, 1.0), x.clamp(-1.0, 1.0).recip()) }").unwrap();
+        assert!(
+            methods
+                .cuda
+                .contains("fmax(fma(x, y, 1.0), (1.0 / fmax(fmin(x, 1.0), (-1.0))))"),
+            "{}",
+            methods.cuda
+        );
+    }
+
+    #[test]
+    fn what_the_subset_refuses_is_an_error_that_says_so() {
+        for (src, needle) in [
+            ("fn f<T>(x: f32) -> f32 { x }", "cannot be generic"),
+            ("unsafe fn f(x: f32) -> f32 { x }", "not `unsafe fn`"),
+            ("fn f(x: &f32) -> f32 { *x }", "f32, f64 or u32"),
+            ("fn f(x: i32) -> f32 { 1.0 }", "f32, f64 or u32"),
+            (
+                "fn f(n: u32) -> f32 { 1.0 }",
+                "first parameter is the value",
+            ),
+            ("fn f() -> f32 { 1.0 }", "at least its input"),
+            ("fn f(x: f32) { }", "returns its value"),
+            ("fn f(x: f32) -> u32 { 1 }", "returns f32 or f64"),
+            ("fn f((a, b): (f32, f32)) -> f32 { a }", "plain name"),
+            ("fn f(x: f32) -> f32 { let mut y = x; y }", "immutable"),
+            (
+                "fn f(x: f32) -> f32 { let c = 0.5; x * c }",
+                "give this literal a type",
+            ),
+            ("fn f(x: f32) -> f32 { return x; }", "not `return`"),
+            (
+                "fn f(x: f32) -> f32 { let mut s = 0.0_f32; for i in 0..3 { } s }",
+                "immutable",
+            ),
+            (
+                "fn f(x: f32) -> f32 { for i in 0..3 { } x }",
+                "has no effect",
+            ),
+            (
+                "fn f(x: f32) -> f32 { loop { } }",
+                "loops are not in the op subset",
+            ),
+            (
+                "fn f(x: f32) -> f32 { println!(\"{x}\"); x }",
+                "macros are not",
+            ),
+            (
+                "fn f(x: f32) -> f32 { x.sin_cos().0 }",
+                "no arrays, tuples, fields",
+            ),
+            (
+                "fn f(x: f32) -> f32 { x.signum() }",
+                "not one of the op subset's math methods",
+            ),
+            (
+                "fn f(x: f32) -> f32 { y }",
+                "neither a parameter nor a `let` binding",
+            ),
+            (
+                "fn f(x: f32, y: f64) -> f32 { x + y }",
+                "convert with `as f32`",
+            ),
+            (
+                "fn f(x: f32, y: f64) -> f32 { if x < y { x } else { x } }",
+                "convert with `as f32`",
+            ),
+            ("fn f(x: f32) -> f64 { x }", "expected f64, found f32"),
+            (
+                "fn f(x: f32) -> f32 { if x > 0.0 { x } }",
+                "needs an `else`",
+            ),
+            (
+                "fn f(x: f32) -> f32 { match x { _ => x } }",
+                "use `if`/`else`",
+            ),
+            ("fn f(x: f32) -> f32 { (|y: f32| y)(x) }", "closures"),
+            ("fn f(x: f32) -> f32 { x << 1 }", "not in the op subset"),
+            (
+                "fn f(x: f32) -> f32 { x.powi(x as i32) }",
+                "f32, f64 or u32",
+            ),
+            ("fn f(x: f32) -> f32 { x.powf() }", "takes 1 argument"),
+            ("fn f(x: f32, x: f32) -> f32 { x }", "a parameter twice"),
+            ("fn f(x: f32) -> f32 { f32::NAN_BOX }", "not a constant"),
+            (
+                "fn f(x: f32) -> f32 { sqrt(x) }",
+                "only the f32/f64 math functions",
+            ),
+        ] {
+            match translate(src) {
+                Ok(op) => panic!("{src}: accepted, translated to\n{}", op.cuda),
+                Err(e) => assert!(
+                    e.to_string().contains(needle),
+                    "{src}: `{e}` does not say `{needle}`"
+                ),
+            }
+        }
+    }
+}
