@@ -88,9 +88,22 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     let headers: BTreeSet<&str> = chains
         .iter()
         .flat_map(|c| c.stages.iter().map(|s| s.op.header))
+        .filter(|h| !h.is_empty())
         .collect();
     for h in headers {
         let _ = writeln!(out, "#include \"{h}\"");
+    }
+    // Ops of the user's own carry their device code (pptm-spec's op_fn translates it), once each.
+    let mut own: Vec<(&str, &str)> = chains
+        .iter()
+        .flat_map(|c| c.stages.iter().map(|s| (s.op.device, s.op.cuda)))
+        .filter(|(_, cuda)| !cuda.is_empty())
+        .collect();
+    own.sort();
+    own.dedup();
+    for (_, cuda) in own {
+        out.push('\n');
+        out.push_str(cuda);
     }
     for chain in chains {
         debug_assert_eq!(chain.domain, domain);

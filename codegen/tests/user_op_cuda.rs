@@ -60,3 +60,150 @@ fn translated_ops_compile_with_nvrtc() {
         .unwrap_or_else(|e| panic!("NVRTC refused the translated ops: {e}\n{unit}"));
     assert!(ptx.contains(".entry use_ops"), "{ptx}");
 }
+
+/// A user op as the runtime will get it (the CPU reference is beside the point here).
+fn user_op(src: &str, tensors: &[&str]) -> &'static pptm_spec::OpDef {
+    let f: syn::ItemFn = syn::parse_str(src).unwrap();
+    let op = parse_op_fn(&f).unwrap();
+    let tensors: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
+    op.leak_def(&tensors, |_| f64::NAN).unwrap()
+}
+
+fn chain(
+    name: &str,
+    stages: &[(&str, bool, Option<pptm_spec::Precision>)],
+) -> pptm_spec::ChainSpec {
+    pptm_spec::ChainSpec {
+        name: name.into(),
+        domain: "user".into(),
+        stages: stages
+            .iter()
+            .enumerate()
+            .map(|(i, &(op, reduction, precision))| pptm_spec::StageSpec {
+                field: format!("s{i}"),
+                number: i as u32 + 1,
+                op: op.into(),
+                reduction: reduction.then_some(true),
+                tensor_eligible: None,
+                precision,
+                tolerance: None,
+                finite: None,
+                args: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn chains_of_user_ops_fuse_and_compile_with_nvrtc() {
+    use pptm_spec::{ArgKind, Pattern, Precision, lower_with};
+    let swish = user_op(
+        "fn swish(x: f32, beta: f32) -> f32 { x / (1.0 + (-beta * x).exp()) }",
+        &[],
+    );
+    let huber = user_op(
+        "fn huber(r: f64, delta: f32) -> f64 { let a = r.abs(); let d = delta as f64; if a <= d { 0.5 * r * r } else { d * (a - 0.5 * d) } }",
+        &[],
+    );
+    let sq_err = user_op(
+        "fn sq_err(pred: f32, obs: f32) -> f32 { let d = pred - obs; d * d }",
+        &["obs"],
+    );
+    let extra = [swish, huber, sq_err];
+    assert_eq!(swish.name, "Swish");
+    assert_eq!(sq_err.name, "SqErr");
+
+    let total = lower_with(
+        &chain(
+            "SwishSum",
+            &[("Swish", false, None), ("SumReduction", true, None)],
+        ),
+        &extra,
+    )
+    .unwrap();
+    assert_eq!(total.plan.pattern, Pattern::Map);
+    assert!(
+        total
+            .args
+            .iter()
+            .any(|a| a.name == "beta" && a.kind == ArgKind::F32)
+    );
+    assert!(total.canonical.contains(" cuda="), "{}", total.canonical);
+    // A GEMV's epilogue, exactly like a built-in elementwise op.
+    let layer = lower_with(
+        &chain(
+            "GemvSwish",
+            &[("Gemv", false, None), ("Swish", false, None)],
+        ),
+        &extra,
+    )
+    .unwrap();
+    assert_eq!(layer.plan.pattern, Pattern::Gemv);
+    assert_eq!(layer.plan.epilogue, 1..2);
+    let loss = lower_with(
+        &chain(
+            "HuberSum",
+            &[
+                ("Huber", false, Some(Precision::Fp64)),
+                ("SumReduction", true, Some(Precision::Fp64)),
+            ],
+        ),
+        &extra,
+    )
+    .unwrap();
+    let mse = lower_with(
+        &chain(
+            "SqErrSum",
+            &[("SqErr", false, None), ("SumReduction", true, None)],
+        ),
+        &extra,
+    )
+    .unwrap();
+    assert!(
+        mse.args
+            .iter()
+            .any(|a| a.name == "obs" && a.kind == ArgKind::Input)
+    );
+    // An f32 op has no fp64 form; a name of a built-in is refused.
+    let e = lower_with(
+        &chain("SwishF64", &[("Swish", false, Some(Precision::Fp64))]),
+        &extra,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("fp64"), "{e}");
+    let relu = user_op("fn relu(x: f32) -> f32 { x.max(0.0) }", &[]);
+    let e = lower_with(&chain("R", &[("Relu", false, None)]), &[relu]).unwrap_err();
+    assert!(
+        e.to_string().contains("has the name of a built-in op"),
+        "{e}"
+    );
+
+    let chains = [total, layer, loss, mse];
+    let source = pptm_codegen::cuda::domain_source("user", &chains);
+    assert_eq!(
+        source
+            .matches("__device__ __forceinline__ float pptm_user_swish(")
+            .count(),
+        1,
+        "{source}"
+    );
+    let nvrtc = match Nvrtc::find() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED (no NVRTC: {e}): the NVRTC half of chains_of_user_ops_fuse_and_compile_with_nvrtc"
+            );
+            return;
+        }
+    };
+    for arch in pptm_codegen::ARCHS {
+        nvrtc
+            .compile(
+                "generated/user/user.cu",
+                &source,
+                pptm_codegen::kernels::HEADERS,
+                &pptm_codegen::project::nvrtc_options(arch),
+            )
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+    }
+}

@@ -22,7 +22,7 @@ pub use chain::{ChainSpec, Precision, StageSpec, Tolerance};
 pub use dtype::DType;
 pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
-    MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower,
+    MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower, lower_with,
 };
 pub use ops::{CpuImpl, FusionClass, OpDef, OpInputs, Param, Ty};
 

@@ -227,6 +227,8 @@ pub enum SpecError {
         name: String,
         hint: String,
     },
+    #[error("`{name}`: an op of your own has the name of a built-in op; give it another name")]
+    OpShadowed { stage: usize, name: String },
     #[error("`{op}` {is} a reduction, but the stage says `reduction = {said}`")]
     ReductionMismatch {
         stage: usize,
@@ -308,6 +310,7 @@ impl SpecError {
                 Blame::StageNumber(stage)
             }
             SpecError::UnknownOp { stage, .. }
+            | SpecError::OpShadowed { stage, .. }
             | SpecError::FlowMismatch { stage, .. }
             | SpecError::ArgConflict { stage, .. }
             | SpecError::Unfusable { stage, .. }
@@ -392,6 +395,13 @@ impl Tables {
 
 /// Validates a chain and lowers it to IR.
 pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
+    lower_with(spec, &[])
+}
+
+/// [`lower`] for a chain whose stages may also name ops of the user's own (`#[pptm::op]`), given
+/// as `extra`: they are found by name after the built-in catalog, and one with a built-in's name
+/// is refused where a stage uses it.
+pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr, SpecError> {
     if !valid_domain_name(&spec.domain) {
         return Err(SpecError::BadDomain(spec.domain.clone()));
     }
@@ -423,7 +433,7 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     let mut stages: Vec<StageIr> = Vec::new();
     for (pos, &i) in order.iter().enumerate() {
         let st = &spec.stages[i];
-        let op = check_stage(i, st)?;
+        let op = check_stage(i, st, extra)?;
         let conflict = |arg: &str, reason: String| SpecError::ArgConflict {
             stage: i,
             op: op.name,
@@ -852,6 +862,12 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
         if s.finite {
             canonical.push_str(" finite");
         }
+        if !s.op.cuda.is_empty() {
+            // An op of the user's own is its code: a changed body is a changed chain.
+            let d = Sha256::digest(s.op.cuda.as_bytes());
+            let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            canonical.push_str(&format!(" cuda={hex}"));
+        }
         if !s.renames.is_empty() {
             canonical.push_str(" args=");
             canonical.push_str(
@@ -885,18 +901,35 @@ pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
 }
 
 /// Per-stage checks that need only the declaration: the op exists and honours the attributes.
-fn check_stage(i: usize, st: &crate::StageSpec) -> Result<&'static OpDef, SpecError> {
-    let op = ops::find(&st.op).ok_or_else(|| SpecError::UnknownOp {
-        stage: i,
-        name: st.op.clone(),
-        hint: match ops::closest(&st.op) {
-            Some(n) => format!("; did you mean `{n}`?"),
-            None => {
-                let names: Vec<_> = ops::CATALOG.iter().map(|o| o.name).collect();
-                format!("; known ops: {}", names.join(", "))
-            }
-        },
-    })?;
+fn check_stage(
+    i: usize,
+    st: &crate::StageSpec,
+    extra: &[&'static OpDef],
+) -> Result<&'static OpDef, SpecError> {
+    let own = extra.iter().copied().find(|o| o.name == st.op);
+    if own.is_some() && ops::find(&st.op).is_some() {
+        return Err(SpecError::OpShadowed {
+            stage: i,
+            name: st.op.clone(),
+        });
+    }
+    let op = ops::find(&st.op)
+        .or(own)
+        .ok_or_else(|| SpecError::UnknownOp {
+            stage: i,
+            name: st.op.clone(),
+            hint: match ops::closest(&st.op) {
+                Some(n) => format!("; did you mean `{n}`?"),
+                None => {
+                    let names: Vec<_> = ops::CATALOG
+                        .iter()
+                        .map(|o| o.name)
+                        .chain(extra.iter().map(|o| o.name))
+                        .collect();
+                    format!("; known ops: {}", names.join(", "))
+                }
+            },
+        })?;
     let is_reduction = op.class == FusionClass::Reduction;
     if let Some(said) = st.reduction
         && said != is_reduction

@@ -21,6 +21,8 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr, FnArg, ItemFn, Lit, Pat, ReturnType, Stmt, Type, UnOp};
 
+use crate::{CpuImpl, FusionClass, OpDef, Param, Precision, Ty};
+
 /// A scalar type of the subset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scalar {
@@ -68,6 +70,102 @@ pub struct OpFn {
     /// The device function (with any helper it needs before it), ready to paste into a
     /// translation unit.
     pub cuda: String,
+}
+
+impl OpFn {
+    /// The op's name in chains: the function's name in CamelCase (`log_sum` → `LogSum`), the name
+    /// of the marker type a stage's field is declared with.
+    pub fn op_name(&self) -> String {
+        self.name
+            .split('_')
+            .filter(|w| !w.is_empty())
+            .map(|w| {
+                let mut c = w.chars();
+                c.next()
+                    .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The op's parameters as the catalog describes them. The first is the flow (the value the op
+    /// maps); the others named in `tensors` are inputs of their own, one element per element of
+    /// the flow; the rest are passed by value (f32 or u32: what a descriptor carries).
+    pub fn catalog_params(&self, tensors: &[String]) -> Result<Vec<Param>, String> {
+        for t in tensors {
+            if !self.params.iter().skip(1).any(|(p, _)| p == t) {
+                return Err(format!(
+                    "`{t}` is not a parameter of `{}` after its first (the flow)",
+                    self.name
+                ));
+            }
+        }
+        let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
+        let mut out = vec![Param {
+            name: leak(&self.params[0].0),
+            ty: Ty::Like,
+        }];
+        for (p, ty) in &self.params[1..] {
+            let catalog_ty = if tensors.contains(p) {
+                if *ty == Scalar::U32 {
+                    return Err(format!("`{p}` is a u32: an input of its own is f32 or f64"));
+                }
+                Ty::Like
+            } else {
+                match ty {
+                    Scalar::F32 => Ty::F32,
+                    Scalar::U32 => Ty::U32,
+                    _ => {
+                        return Err(format!(
+                            "`{p}` is an f64 passed by value, which a descriptor cannot carry: make it \
+                             f32, or an input of its own (`tensors({p})`)"
+                        ));
+                    }
+                }
+            };
+            out.push(Param {
+                name: leak(p),
+                ty: catalog_ty,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The op as an [`OpDef`], leaked (build.rs and the derive macro make a few, once).
+    /// `cpu` is its CPU reference over the catalog's f64 values (the runtime passes a wrapper of
+    /// the user's function; build.rs, which does not link it, a stub).
+    pub fn leak_def(
+        &self,
+        tensors: &[String],
+        cpu: fn(&[f64]) -> f64,
+    ) -> Result<&'static OpDef, String> {
+        let inputs: &'static [Param] = Box::leak(self.catalog_params(tensors)?.into_boxed_slice());
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        Ok(Box::leak(Box::new(OpDef {
+            name: leak(self.op_name()),
+            class: FusionClass::Elementwise,
+            inputs,
+            output: Ty::Like,
+            flow_channels: Some(1),
+            out_channels: Some(1),
+            // An f64 function serves an fp32 stage too (its result rounded); an f32 one only fp32.
+            precisions: if self.ret == Scalar::F64 {
+                &[Precision::Fp32, Precision::Fp64]
+            } else {
+                &[Precision::Fp32]
+            },
+            tensor_precisions: &[],
+            header: "",
+            cuda: leak(self.cuda.clone()),
+            device: leak(self.device.clone()),
+            cpu: CpuImpl::Elementwise(cpu),
+            check: None,
+            doc: leak(format!(
+                "`{}`, an op of the user's own (#[pptm::op]).",
+                self.name
+            )),
+        })))
+    }
 }
 
 /// The math methods of the subset: Rust name, number of arguments besides the receiver, and the

@@ -24,6 +24,7 @@ const fn output_fusable(
         precisions: &[Precision::Fp32],
         tensor_precisions: &[],
         header: HEADER,
+        cuda: "",
         device,
         cpu: CpuImpl::Tensor(f),
         check: None,

@@ -200,8 +200,12 @@ pub struct OpDef {
     /// none, and `tensor_eligible = true` is refused. A precision listed only here is a compile
     /// error without `tensor_eligible = true`, naming the fix.
     pub tensor_precisions: &'static [Precision],
-    /// The header under `kernels/` that defines the device side.
+    /// The header under `kernels/` that defines the device side (empty for an op of the user's
+    /// own, whose device code is `cuda`).
     pub header: &'static str,
+    /// The device side written inline: an op of the user's own (`#[pptm::op]`, translated by
+    /// `op_fn`), pasted into each translation unit that uses it. Empty for the built-in ops.
+    pub cuda: &'static str,
     /// Device symbol: an `__device__` function for elementwise and broadcast ops, a reducer type
     /// for reductions, a pattern building block for the others.
     pub device: &'static str,
@@ -234,6 +238,7 @@ impl OpDef {
             precisions: &[Precision::Fp32, Precision::Fp64],
             tensor_precisions: &[],
             header,
+            cuda: "",
             device,
             cpu: CpuImpl::Elementwise(f),
             check: None,

@@ -53,6 +53,7 @@ pub const CHEBYSHEV_DISTANCE: OpDef = OpDef {
     precisions: &[Precision::Fp32],
     tensor_precisions: &[],
     header: HEADER,
+    cuda: "",
     device: "pptm_op_chebyshev",
     cpu: CpuImpl::Pair(|t, i, j, out| out[0] = chebyshev(t.flow, t.dim("d"), i, j)),
     check: Some(|_, dims| features_fit(dims, &["d"])),
@@ -75,6 +76,7 @@ pub const SUBSPACE_DISTANCES: OpDef = OpDef {
     precisions: &[Precision::Fp32],
     tensor_precisions: &[],
     header: HEADER,
+    cuda: "",
     device: "pptm_op_subspace_distances",
     cpu: CpuImpl::Pair(|t, i, j, out| {
         let dx = chebyshev(t.flow, t.dim("dx"), i, j);
@@ -99,6 +101,7 @@ pub const KTH_SMALLEST: OpDef = OpDef {
     precisions: &[Precision::Fp32],
     tensor_precisions: &[],
     header: HEADER,
+    cuda: "",
     device: "pptm_op_kth_smallest",
     cpu: CpuImpl::Row(|t, _i, row, _ch, out| {
         let k = t.scalars[0] as usize;
@@ -132,6 +135,7 @@ pub const RADIUS_COUNT: OpDef = OpDef {
     precisions: &[Precision::Fp32],
     tensor_precisions: &[],
     header: HEADER,
+    cuda: "",
     device: "pptm_op_radius_count",
     cpu: CpuImpl::Row(|t, i, row, ch, out| {
         let eps = t.tensors[0][i];

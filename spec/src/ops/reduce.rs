@@ -28,6 +28,7 @@ const fn reduction(
         precisions: &[Precision::Fp32, Precision::Fp64],
         tensor_precisions: &[],
         header: "pptm/ops/reduce.cuh",
+        cuda: "",
         device,
         cpu: CpuImpl::Reduction {
             identity,
