@@ -102,6 +102,9 @@ pub(crate) struct Manifold {
     /// Stream lines (device address) and the value of each that this manifold's items already
     /// wait for (`Runtime::wait_for_stream`), with the runtime's gate count it is up to date with.
     gates_seen: Mutex<(u64, HashMap<u64, u64>)>,
+    /// The gate count in `gates_seen`, readable without its lock: the submission path's one look
+    /// when the application orders nothing after its streams.
+    gates_version: std::sync::atomic::AtomicU64,
     /// The watchdog thread, joined once the manifold stops (`stop_watchdog`), so that the owner's
     /// reference is the last: a watchdog that held the last one would free the manifold's driver
     /// objects on its own thread, perhaps while the process exits (exit.rs).
@@ -283,6 +286,7 @@ impl Manifold {
             signal,
             signals: signals.clone(),
             gates_seen: Mutex::new((0, HashMap::new())),
+            gates_version: Default::default(),
             device: device.clone(),
         });
         if let Some(deadline) = cfg.watchdog {
@@ -702,6 +706,9 @@ impl Manifold {
     /// `patience`: how long each wait reports progress to the watchdog.
     pub fn follow_gates(&self, gates: &Gates, blocking: bool, patience: Duration) -> Result<()> {
         let version = gates.version.load(Ordering::Acquire);
+        if self.gates_version.load(Ordering::Acquire) == version {
+            return Ok(());
+        }
         let mut seen = self.gates_seen.lock().unwrap_or_else(|e| e.into_inner());
         if seen.0 == version {
             return Ok(());
@@ -736,6 +743,7 @@ impl Manifold {
             seen.1.insert(addr, value);
         }
         seen.0 = version;
+        self.gates_version.store(version, Ordering::Release);
         Ok(())
     }
 
