@@ -40,16 +40,20 @@ pub mod chains;
 pub mod ops;
 pub mod timing;
 
-pub use pptm_macros::FusionBuilder;
+pub use pptm_macros::{FusionBuilder, op};
 pub use pptm_runtime::*;
 pub use pptm_spec::ChainIr;
+pub use pptm_spec::UserOp;
 
 /// What the derive macro's expansion uses. Not a stable API.
 #[doc(hidden)]
 pub mod __private {
     pub use bytemuck;
     pub use pptm_runtime::{LINKED_DOMAINS, checked_ir, linkme};
-    pub use pptm_spec::{ChainSpec, DESC_ARGS, Precision, SpecError, StageSpec, Tolerance, lower};
+    pub use pptm_spec::{
+        ChainSpec, CpuImpl, DESC_ARGS, FusionClass, OpDef, Param, Precision, SpecError, StageSpec,
+        Tolerance, Ty, lower, lower_with,
+    };
 
     /// Implemented by the derive macro so the stage fields count as used.
     pub trait StageFields {

@@ -313,3 +313,125 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
         }
     }
 }
+
+/// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for
+/// the subset of Rust its body may use). The function stays as it is, and is the op's CPU
+/// reference; the macro checks it against the subset (an error at the offending tokens), and
+/// adds the op's marker type (the function's name in CamelCase) implementing `pptm::UserOp` with
+/// the translated device code. `#[pptm::op(tensors(obs))]` makes the parameter `obs` an input of
+/// its own (one element per element of the flow); parameters after the first are otherwise passed
+/// by value (f32 or u32).
+#[proc_macro_attribute]
+pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let f = parse_macro_input!(item as syn::ItemFn);
+    match expand_op(attr.into(), &f) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => {
+            let mut out = e.to_compile_error();
+            // The function itself still compiles, so one error does not bring a cascade.
+            out.extend(quote! { #f });
+            out.into()
+        }
+    }
+}
+
+fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
+    use pptm_spec::op_fn::{Scalar, parse_op_attr, parse_op_fn};
+    let tensors = parse_op_attr(attr)?;
+    let op = parse_op_fn(f)?;
+    let names: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
+    let params = op.catalog_params(&names).map_err(|e| {
+        syn::Error::new(tensors.first().map_or(f.sig.ident.span(), |t| t.span()), e)
+    })?;
+    let vis = &f.vis;
+    let fn_ident = &f.sig.ident;
+    let marker = format_ident!("{}", op.op_name(), span = fn_ident.span());
+    let cpu_ident = format_ident!("__pptm_op_cpu_{}", op.name);
+    let op_name = op.op_name();
+    let (cuda, device) = (&op.cuda, &op.device);
+    let doc = format!(
+        "The op `{}` (`#[pptm::op] fn {}`): name it as a stage's type in a `#[derive(FusionBuilder)]` chain.",
+        op_name, op.name
+    );
+    let op_doc = format!("`{}`, an op of the user's own (#[pptm::op]).", op.name);
+    let param_tokens = params.iter().map(|p| {
+        let name = p.name;
+        let ty = match p.ty {
+            pptm_spec::Ty::F32 => quote! { ::pptm::__private::Ty::F32 },
+            pptm_spec::Ty::U32 => quote! { ::pptm::__private::Ty::U32 },
+            _ => quote! { ::pptm::__private::Ty::Like },
+        };
+        quote! { ::pptm::__private::Param { name: #name, ty: #ty } }
+    });
+    // The CPU backend hands an elementwise op [flow, its other inputs in order, its by-value
+    // arguments in order]: each of the function's parameters by its place there.
+    let tensor_count = params
+        .iter()
+        .skip(1)
+        .filter(|p| !p.ty.is_by_value())
+        .count();
+    let (mut next_tensor, mut next_scalar) = (1usize, 1 + tensor_count);
+    let call_args = op
+        .params
+        .iter()
+        .zip(&params)
+        .enumerate()
+        .map(|(k, ((_, ty), p))| {
+            let at = if k == 0 {
+                0
+            } else if p.ty.is_by_value() {
+                next_scalar += 1;
+                next_scalar - 1
+            } else {
+                next_tensor += 1;
+                next_tensor - 1
+            };
+            match ty {
+                Scalar::F32 => quote! { v[#at] as f32 },
+                Scalar::F64 => quote! { v[#at] },
+                _ => quote! { v[#at] as u32 },
+            }
+        });
+    let ret_cast = if op.ret == Scalar::F32 {
+        quote! { as f64 }
+    } else {
+        quote! {}
+    };
+    let precisions = if op.ret == Scalar::F64 {
+        quote! { &[::pptm::__private::Precision::Fp32, ::pptm::__private::Precision::Fp64] }
+    } else {
+        quote! { &[::pptm::__private::Precision::Fp32] }
+    };
+    Ok(quote! {
+        #f
+
+        #[doc = #doc]
+        #[derive(Debug, Clone, Copy, Default)]
+        #vis struct #marker;
+
+        #[doc(hidden)]
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        fn #cpu_ident(v: &[f64]) -> f64 {
+            #fn_ident(#(#call_args),*) #ret_cast
+        }
+
+        impl ::pptm::UserOp for #marker {
+            const DEF: &'static ::pptm::__private::OpDef = &::pptm::__private::OpDef {
+                name: #op_name,
+                class: ::pptm::__private::FusionClass::Elementwise,
+                inputs: &[#(#param_tokens),*],
+                output: ::pptm::__private::Ty::Like,
+                flow_channels: ::core::option::Option::Some(1),
+                out_channels: ::core::option::Option::Some(1),
+                precisions: #precisions,
+                tensor_precisions: &[],
+                header: "",
+                cuda: #cuda,
+                device: #device,
+                cpu: ::pptm::__private::CpuImpl::Elementwise(#cpu_ident),
+                check: ::core::option::Option::None,
+                doc: #op_doc,
+            };
+        }
+    })
+}

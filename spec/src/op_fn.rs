@@ -168,6 +168,31 @@ impl OpFn {
     }
 }
 
+/// The arguments of `#[pptm::op(...)]`: nothing, or `tensors(a, b)` naming the parameters after
+/// the first that are inputs of their own (one element per element of the flow) rather than
+/// values passed by value. Shared by the attribute macro and build.rs, so both read it alike.
+pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<Vec<syn::Ident>> {
+    let mut tensors: Vec<syn::Ident> = Vec::new();
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("tensors") {
+            if !tensors.is_empty() {
+                return Err(meta.error("`tensors` is given twice"));
+            }
+            meta.parse_nested_meta(|inner| {
+                let Some(id) = inner.path.get_ident() else {
+                    return Err(inner.error("name a parameter, e.g. tensors(obs)"));
+                };
+                tensors.push(id.clone());
+                Ok(())
+            })
+        } else {
+            Err(meta.error("unknown op attribute; expected `tensors(param, ...)`"))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(tensors)
+}
+
 /// The math methods of the subset: Rust name, number of arguments besides the receiver, and the
 /// CUDA function for f32 and for f64 (`None`: written out below).
 pub const METHODS: &[(&str, usize, &str, &str)] = &[

@@ -312,6 +312,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// An op of the user's own, declared with `#[pptm::op]` on a Rust function: the macro
+/// implements this for the op's marker type (the function's name in CamelCase), and the
+/// `FusionBuilder` derive finds the op through it.
+pub trait UserOp {
+    /// The op, as the catalog's built-ins are described.
+    const DEF: &'static OpDef;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,6 @@
+#[pptm::op]
+fn sign(x: f32) -> f32 {
+    x.signum()
+}
+
+fn main() {}
