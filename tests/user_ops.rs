@@ -1,10 +1,78 @@
 //! `#[pptm::op]`: an elementwise op written as a Rust function (issue 32, first part). The macro
 //! keeps the function (the op's CPU reference), checks it against the op subset and adds the op's
-//! marker type with its description and translated device code. Chains that name such an op are
-//! lowered with `lower_with`; the derive and build.rs do not find these ops yet.
+//! marker type with its description and translated device code. Chains in this crate name such
+//! ops like built-in ones: build.rs and the derive find them in the sources, and the chains run on
+//! every backend against f64 references written here.
 
+#[macro_use]
+mod common;
+
+use common::uniform;
 use pptm::__private::{ChainSpec, CpuImpl, StageSpec, Ty, lower_with};
-use pptm::{UserOp, op};
+use pptm::ops::SumReduction;
+use pptm::{FusionBuilder, Runtime, UserOp, op};
+
+/// Σ swish(x; β): an op of this crate's own, then a built-in reduction.
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct SwishSum {
+    #[stage(1)]
+    act: Swish,
+    #[stage(2, reduction = true)]
+    total: SumReduction,
+}
+
+/// Σ w (pred − obs)²: an op with an input of its own and a value passed by value.
+#[derive(FusionBuilder)]
+#[fusion(domain = "inference")]
+pub struct WeightedLoss {
+    #[stage(1)]
+    err: WeightedSqErr,
+    #[stage(2, reduction = true)]
+    total: SumReduction,
+}
+
+fn user_op_chains_match_f64_references(rt: &Runtime) {
+    for n in [1usize, 7, 1023, (1 << 20) + 3] {
+        let x = uniform(n, -4.0, 4.0);
+        let beta = 0.7f32;
+        let got = SwishSum::submit(rt, &rt.upload(&x).unwrap(), beta)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let (mut want, mut magnitude) = (0.0f64, 0.0f64);
+        for &v in &x {
+            let v = f64::from(v);
+            let t = v / (1.0 + (-f64::from(beta) * v).exp());
+            want += t;
+            magnitude += t.abs();
+        }
+        let err = (f64::from(got) - want).abs();
+        assert!(
+            err <= 1e-5 * magnitude + 1e-30,
+            "swish sum, n = {n}: got {got}, f64 reference {want}, error {err:e} of {magnitude:e}"
+        );
+
+        let (pred, obs) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let w = 0.5f32;
+        let got =
+            WeightedLoss::submit(rt, &rt.upload(&pred).unwrap(), w, &rt.upload(&obs).unwrap())
+                .unwrap()
+                .wait()
+                .unwrap();
+        let want: f64 = pred
+            .iter()
+            .zip(&obs)
+            .map(|(&p, &o)| f64::from(w) * (f64::from(p) - f64::from(o)).powi(2))
+            .sum();
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-5 * want.abs() + 1e-30,
+            "weighted loss, n = {n}: got {got}, f64 reference {want}"
+        );
+    }
+}
+
+on_every_backend!(user_op_chains_match_f64_references);
 
 #[op]
 fn swish(x: f32, beta: f32) -> f32 {

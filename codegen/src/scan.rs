@@ -1,5 +1,6 @@
 //! Finds the fusion chains declared in a crate's sources: every struct with
-//! `#[derive(FusionBuilder)]`, at any depth (modules, function bodies).
+//! `#[derive(FusionBuilder)]`, at any depth (modules, function bodies). Ops of the crate's own
+//! (`#[pptm::op]` functions, in any of its files) are found first, so chains can name them.
 //!
 //! Files that do not parse and chains that do not validate are skipped: rustc and the derive macro
 //! report those, with spans, when the crate itself compiles.
@@ -8,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pptm_spec::ChainIr;
-use pptm_spec::parse::{derives_fusion_builder, parse_chain};
+use pptm_spec::parse::{derives_fusion_builder, parse_chain, user_ops_in};
 use syn::visit::Visit;
 
 /// Chains found, one per distinct spec (identical declarations in several files count once).
@@ -41,18 +42,25 @@ pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanErro
         collect_rs(root, &root.join(dir), skip, &mut files)?;
     }
     files.sort();
-    let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
+    let mut parsed = Vec::with_capacity(files.len());
     for rel in &files {
         let path = root.join(rel);
         let text = std::fs::read_to_string(&path).map_err(|err| ScanError::Io {
             path: path.display().to_string(),
             err,
         })?;
-        let Ok(file) = syn::parse_file(&text) else {
-            continue;
+        if let Ok(file) = syn::parse_file(&text) {
+            parsed.push(file);
+        }
+    }
+    let ops: Vec<&'static pptm_spec::OpDef> = parsed.iter().flat_map(user_ops_in).collect();
+    let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
+    for file in &parsed {
+        let mut v = Visitor {
+            ops: &ops,
+            chains: Vec::new(),
         };
-        let mut v = Visitor::default();
-        v.visit_file(&file);
+        v.visit_file(file);
         for ir in v.chains {
             by_hash.entry(ir.spec_hash.clone()).or_insert(ir);
         }
@@ -107,16 +115,16 @@ fn collect_rs(
     Ok(())
 }
 
-#[derive(Default)]
-struct Visitor {
+struct Visitor<'o> {
+    ops: &'o [&'static pptm_spec::OpDef],
     chains: Vec<ChainIr>,
 }
 
-impl<'ast> Visit<'ast> for Visitor {
+impl<'ast> Visit<'ast> for Visitor<'_> {
     fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
         if derives_fusion_builder(&item.attrs) {
             let input = syn::DeriveInput::from(item.clone());
-            if let Ok(ir) = parse_chain(&input).and_then(|p| p.lower()) {
+            if let Ok(ir) = parse_chain(&input).and_then(|p| p.lower_with(self.ops)) {
                 self.chains.push(ir);
             }
         }

@@ -37,7 +37,24 @@ pub fn derive_fusion_builder(input: TokenStream) -> TokenStream {
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let parsed = parse_chain(input)?;
-    let ir = parsed.lower()?;
+    // Stages naming an op that is not built in: ops of this crate's own (`#[pptm::op]`), found in
+    // its sources as build.rs finds them, and at run time through their `UserOp` impls.
+    let own_types: Vec<&syn::Type> = match &input.data {
+        syn::Data::Struct(s) => s
+            .fields
+            .iter()
+            .zip(&parsed.spec.stages)
+            .filter(|(_, st)| pptm_spec::ops::find(&st.op).is_none())
+            .map(|(f, _)| &f.ty)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let extra = if own_types.is_empty() {
+        Vec::new()
+    } else {
+        crate_user_ops()
+    };
+    let ir = parsed.lower_with(&extra)?;
     let ident = &input.ident;
     // The PTX is embedded from this crate's generated/ folder: say how to get one if it is missing,
     // rather than letting include_str! fail with a bare path.
@@ -236,7 +253,10 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             fn ir() -> ::core::result::Result<&'static ::pptm::ChainIr, ::pptm::Error> {
                 static IR: ::std::sync::OnceLock<::core::result::Result<::pptm::ChainIr, ::pptm::__private::SpecError>> =
                     ::std::sync::OnceLock::new();
-                ::pptm::__private::checked_ir::<Self>(IR.get_or_init(|| ::pptm::__private::lower(&#spec)))
+                ::pptm::__private::checked_ir::<Self>(IR.get_or_init(|| ::pptm::__private::lower_with(
+                    &#spec,
+                    &[#(<#own_types as ::pptm::UserOp>::DEF),*],
+                )))
             }
         }
 
@@ -312,6 +332,43 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
             stages: ::std::vec![#(#stages),*],
         }
     }
+}
+
+/// The ops of the user's own (`#[pptm::op]`) in the crate being compiled: its src/, examples/,
+/// tests/ (not tests/ui/) and benches/, as build.rs scans them.
+fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
+    let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
+        return Vec::new();
+    };
+    let root = std::path::PathBuf::from(root);
+    let mut files = Vec::new();
+    let mut stack: Vec<std::path::PathBuf> = ["src", "examples", "tests", "benches"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        if dir.ends_with("tests/ui") {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|text| syn::parse_file(&text).ok())
+        .flat_map(|f| pptm_spec::parse::user_ops_in(&f))
+        .collect()
 }
 
 /// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for

@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, Ident, Lit, LitBool, LitInt, LitStr, Token, Type};
 
 use crate::lower::Blame;
-use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance, lower};
+use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance};
 
 /// A parsed chain with the spans of its parts.
 #[derive(Debug, Clone)]
@@ -29,7 +29,12 @@ struct StageSpans {
 impl ParsedChain {
     /// Validates and lowers the chain; an error points at the offending part of the declaration.
     pub fn lower(&self) -> syn::Result<ChainIr> {
-        lower(&self.spec).map_err(|e| {
+        self.lower_with(&[])
+    }
+
+    /// [`ParsedChain::lower`] with ops of the user's own (`#[pptm::op]`) available to its stages.
+    pub fn lower_with(&self, extra: &[&'static crate::OpDef]) -> syn::Result<ChainIr> {
+        crate::lower_with(&self.spec, extra).map_err(|e| {
             let span = match e.blame() {
                 Blame::Chain => self.ident.span(),
                 Blame::Domain => self.domain_span,
@@ -44,6 +49,41 @@ impl ParsedChain {
             syn::Error::new(span, e)
         })
     }
+}
+
+/// Whether an attribute is `#[pptm::op]` or `#[op]` (with or without arguments).
+pub fn is_op_attr(a: &syn::Attribute) -> bool {
+    a.path().segments.last().is_some_and(|s| s.ident == "op")
+}
+
+/// The ops of the user's own declared in a file: every function with `#[pptm::op]`, at any
+/// depth, translated, as [`crate::OpDef`]s (leaked) whose CPU reference is a stub (the caller,
+/// build.rs or the derive macro, does not link the function). Functions the attribute macro
+/// refuses are skipped: it reports them, with spans, when the crate compiles.
+pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
+    use syn::visit::Visit;
+    #[derive(Default)]
+    struct Ops(Vec<&'static crate::OpDef>);
+    impl<'ast> Visit<'ast> for Ops {
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            if let Some(attr) = f.attrs.iter().find(|a| is_op_attr(a)) {
+                let args = match &attr.meta {
+                    syn::Meta::List(l) => l.tokens.clone(),
+                    _ => proc_macro2::TokenStream::new(),
+                };
+                let def = crate::op_fn::parse_op_attr(args).ok().and_then(|tensors| {
+                    let tensors: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
+                    let op = crate::op_fn::parse_op_fn(f).ok()?;
+                    op.leak_def(&tensors, |_| f64::NAN).ok()
+                });
+                self.0.extend(def);
+            }
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+    let mut ops = Ops::default();
+    ops.visit_file(file);
+    ops.0
 }
 
 /// Whether a derive list names FusionBuilder (by its last path segment).
