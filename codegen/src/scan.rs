@@ -35,15 +35,21 @@ pub enum ScanError {
     },
 }
 
-/// Scans `dirs` (relative to `root`), skipping any path that starts with one of `skip`.
-pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanError> {
+/// Every .rs file under `dirs` of `root` (relative to it, sorted), skipping any path that starts
+/// with one of `skip`.
+pub fn rust_files(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<PathBuf>, ScanError> {
     let mut files = Vec::new();
     for dir in dirs {
         collect_rs(root, &root.join(dir), skip, &mut files)?;
     }
     files.sort();
+    Ok(files)
+}
+
+/// The files among `files` (relative to `root`) that parse; rustc reports the others.
+fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<syn::File>, ScanError> {
     let mut parsed = Vec::with_capacity(files.len());
-    for rel in &files {
+    for rel in files {
         let path = root.join(rel);
         let text = std::fs::read_to_string(&path).map_err(|err| ScanError::Io {
             path: path.display().to_string(),
@@ -53,6 +59,27 @@ pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanErro
             parsed.push(file);
         }
     }
+    Ok(parsed)
+}
+
+/// The ops of the crate's own (`#[pptm::op]` functions) in `dirs` of `root`: what build.rs lowers
+/// chains with, and what the derive macro reads when a chain names an op that is not built in.
+pub fn user_ops(
+    root: &Path,
+    dirs: &[&str],
+    skip: &[&str],
+) -> Result<Vec<&'static pptm_spec::OpDef>, ScanError> {
+    let files = rust_files(root, dirs, skip)?;
+    Ok(parse_files(root, &files)?
+        .iter()
+        .flat_map(user_ops_in)
+        .collect())
+}
+
+/// Scans `dirs` (relative to `root`), skipping any path that starts with one of `skip`.
+pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanError> {
+    let files = rust_files(root, dirs, skip)?;
+    let parsed = parse_files(root, &files)?;
     let ops: Vec<&'static pptm_spec::OpDef> = parsed.iter().flat_map(user_ops_in).collect();
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
     for file in &parsed {

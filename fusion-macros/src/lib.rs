@@ -334,41 +334,16 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
     }
 }
 
-/// The ops of the user's own (`#[pptm::op]`) in the crate being compiled: its src/, examples/,
-/// tests/ (not tests/ui/) and benches/, as build.rs scans them.
+/// The ops of the user's own (`#[pptm::op]`) in the crate being compiled, found where build.rs
+/// finds them (pptm-codegen's scan over the folders `Project::at` names).
 fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
     let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
         return Vec::new();
     };
-    let root = std::path::PathBuf::from(root);
-    let mut files = Vec::new();
-    let mut stack: Vec<std::path::PathBuf> = ["src", "examples", "tests", "benches"]
-        .iter()
-        .map(|d| root.join(d))
-        .collect();
-    while let Some(dir) = stack.pop() {
-        if dir.ends_with("tests/ui") {
-            continue;
-        }
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    files
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .filter_map(|text| syn::parse_file(&text).ok())
-        .flat_map(|f| pptm_spec::parse::user_ops_in(&f))
-        .collect()
+    let project = pptm_codegen::project::Project::at(root);
+    let dirs: Vec<&str> = project.source_dirs.iter().map(String::as_str).collect();
+    let skip: Vec<&str> = project.skip.iter().map(String::as_str).collect();
+    pptm_codegen::scan::user_ops(&project.root, &dirs, &skip).unwrap_or_default()
 }
 
 /// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for
