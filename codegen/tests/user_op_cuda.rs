@@ -171,6 +171,15 @@ fn chains_of_user_ops_fuse_and_compile_with_nvrtc() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("fp64"), "{e}");
+    // Two different ops of one name are refused (the same op found twice is one op).
+    let other_swish = user_op("fn swish(x: f32, beta: f32) -> f32 { x * beta }", &[]);
+    let e = lower_with(
+        &chain("S", &[("Swish", false, None)]),
+        &[swish, other_swish],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("two ops of your own"), "{e}");
+    lower_with(&chain("S", &[("Swish", false, None)]), &[swish, swish]).unwrap();
     let relu = user_op("fn relu(x: f32) -> f32 { x.max(0.0) }", &[]);
     let e = lower_with(&chain("R", &[("Relu", false, None)]), &[relu]).unwrap_err();
     assert!(

@@ -229,6 +229,10 @@ pub enum SpecError {
     },
     #[error("`{name}`: an op of your own has the name of a built-in op; give it another name")]
     OpShadowed { stage: usize, name: String },
+    #[error(
+        "`{name}`: two ops of your own have this name (two `#[pptm::op] fn`s of one name); rename one"
+    )]
+    OpTwice { stage: usize, name: String },
     #[error("`{op}` {is} a reduction, but the stage says `reduction = {said}`")]
     ReductionMismatch {
         stage: usize,
@@ -311,6 +315,7 @@ impl SpecError {
             }
             SpecError::UnknownOp { stage, .. }
             | SpecError::OpShadowed { stage, .. }
+            | SpecError::OpTwice { stage, .. }
             | SpecError::FlowMismatch { stage, .. }
             | SpecError::ArgConflict { stage, .. }
             | SpecError::Unfusable { stage, .. }
@@ -906,7 +911,14 @@ fn check_stage(
     st: &crate::StageSpec,
     extra: &[&'static OpDef],
 ) -> Result<&'static OpDef, SpecError> {
-    let own = extra.iter().copied().find(|o| o.name == st.op);
+    let mut named = extra.iter().copied().filter(|o| o.name == st.op);
+    let own = named.next();
+    if named.any(|o| o.cuda != own.map_or("", |f| f.cuda)) {
+        return Err(SpecError::OpTwice {
+            stage: i,
+            name: st.op.clone(),
+        });
+    }
     if own.is_some() && ops::find(&st.op).is_some() {
         return Err(SpecError::OpShadowed {
             stage: i,
