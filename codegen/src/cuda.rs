@@ -101,6 +101,9 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
         .collect();
     own.sort();
     own.dedup();
+    if !own.is_empty() {
+        out.push_str(pptm_spec::op_fn::HELPERS);
+    }
     for (_, cuda) in own {
         out.push('\n');
         out.push_str(cuda);

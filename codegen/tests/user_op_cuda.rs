@@ -1,5 +1,5 @@
 //! The CUDA C that pptm-spec's op subset translator emits (`#[pptm::op]`, issue 32) compiles with
-//! the pinned NVRTC, and a translation unit that holds several ops (each with the shared helpers)
+//! the pinned NVRTC, and a translation unit that holds several ops after the shared helpers
 //! compiles too. Skipped, saying so, where NVRTC is not installed (it is in CI: the pip wheels).
 
 use pptm_codegen::nvrtc::Nvrtc;
@@ -31,7 +31,7 @@ fn translated_ops_compile_with_nvrtc() {
             return;
         }
     };
-    let mut unit = String::new();
+    let mut unit = String::from(pptm_spec::op_fn::HELPERS);
     for src in OPS {
         let f: syn::ItemFn = syn::parse_str(src).unwrap();
         match parse_op_fn(&f) {

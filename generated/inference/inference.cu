@@ -23,8 +23,6 @@
 #include "pptm/ops/prediction.cuh"
 #include "pptm/ops/reduce.cuh"
 
-#ifndef PPTM_USER_HELPERS
-#define PPTM_USER_HELPERS
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -40,30 +38,12 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
-#endif
+
 // #[pptm::op] fn swish
 __device__ __forceinline__ float pptm_user_swish(float x, float beta) {
     return (x / (1.0f + expf(((-beta) * x))));
 }
 
-#ifndef PPTM_USER_HELPERS
-#define PPTM_USER_HELPERS
-// Rust's powi: repeated squaring (a negative power inverts the result).
-template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
-    unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
-    T r = (T)1, b = x;
-    while (e != 0u) {
-        if (e & 1u) r *= b;
-        b *= b;
-        e >>= 1;
-    }
-    return n < 0 ? (T)1 / r : r;
-}
-// Rust's `as u32` from a float: saturating, NaN to 0.
-template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
-    return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
-}
-#endif
 // #[pptm::op] fn weighted_sq_err
 __device__ __forceinline__ float pptm_user_weighted_sq_err(float pred, float w, float obs) {
     const float d = (pred - obs);
@@ -310,56 +290,56 @@ __device__ __forceinline__ uint32_t pptm_run_8a7205d2(const pptm_desc& d, const 
 }
 
 // chain SwishSum: Swish -> SumReduction (Map pattern)
-// spec hash a203a2ffe5948d007251fd3eab1f8b3b52d67ecb275f757b076e15525b0f3523, opcode 0xa203a2ff
-struct pptm_env_a203a2ff {
+// spec hash d81a41687489897861436716af327d90e5bb990dbe39afe4c31884e66c2d46e5, opcode 0xd81a4168
+struct pptm_env_d81a4168 {
     const float* a0;  // x
     float a1;  // beta
     uint64_t a2;  // n
-    __device__ explicit pptm_env_a203a2ff(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(d.args[2]) {}
+    __device__ explicit pptm_env_d81a4168(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(d.args[2]) {}
 };
-struct pptm_body_a203a2ff {
-    pptm_env_a203a2ff e;
+struct pptm_body_d81a4168 {
+    pptm_env_d81a4168 e;
     __device__ __forceinline__ float operator()(const float (&x)[1]) const {
         const float s0 = pptm_user_swish(x[0], e.a1);
         return s0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_a203a2ff(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_a203a2ff e(d);
+__device__ __noinline__ uint32_t pptm_run_d81a4168(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d81a4168 e(d);
     const float* const in[1] = {e.a0};
-    partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_body_a203a2ff{e}, b);
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_body_d81a4168{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_a203a2ff(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_a203a2ff e(d);
+__device__ __forceinline__ double pptm_finish_d81a4168(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_d81a4168 e(d);
     double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
     return v;
 }
 
 // chain WeightedLoss: WeightedSqErr -> SumReduction (Map pattern)
-// spec hash 9b74336d16e645ccc95c16509a364d48e59c8e911132e6801094713fa7a882a4, opcode 0x9b74336d
-struct pptm_env_9b74336d {
+// spec hash 21e73d203728e652a2076367f26caad9f75ffbefabcd19a0193ec961af4a3f3e, opcode 0x21e73d20
+struct pptm_env_21e73d20 {
     const float* a0;  // pred
     float a1;  // w
     const float* a2;  // obs
     uint64_t a3;  // n
-    __device__ explicit pptm_env_9b74336d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(d.args[3]) {}
+    __device__ explicit pptm_env_21e73d20(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(d.args[3]) {}
 };
-struct pptm_body_9b74336d {
-    pptm_env_9b74336d e;
+struct pptm_body_21e73d20 {
+    pptm_env_21e73d20 e;
     __device__ __forceinline__ float operator()(const float (&x)[2]) const {
         const float s0 = pptm_user_weighted_sq_err(x[0], e.a1, x[1]);
         return s0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_9b74336d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_9b74336d e(d);
+__device__ __noinline__ uint32_t pptm_run_21e73d20(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_21e73d20 e(d);
     const float* const in[2] = {e.a0, e.a2};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a3, pptm_body_9b74336d{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a3, pptm_body_21e73d20{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_9b74336d(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_9b74336d e(d);
+__device__ __forceinline__ double pptm_finish_21e73d20(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_21e73d20 e(d);
     double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
     return v;
 }
@@ -374,8 +354,8 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0xcfeb7655u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestKlTerm
     case 0x143a17bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // MeanKlTerm
     case 0x8a7205d2u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // Predict
-    case 0xa203a2ffu: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishSum
-    case 0x9b74336du: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // WeightedLoss
+    case 0xd81a4168u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishSum
+    case 0x21e73d20u: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // WeightedLoss
     default: return true;
     }
 }
@@ -390,8 +370,8 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0xcfeb7655u: return pptm_run_cfeb7655(d, b, partial);  // LargestKlTerm
     case 0x143a17bdu: return pptm_run_143a17bd(d, b, partial);  // MeanKlTerm
     case 0x8a7205d2u: return pptm_run_8a7205d2(d, b, partial);  // Predict
-    case 0xa203a2ffu: return pptm_run_a203a2ff(d, b, partial);  // SwishSum
-    case 0x9b74336du: return pptm_run_9b74336d(d, b, partial);  // WeightedLoss
+    case 0xd81a4168u: return pptm_run_d81a4168(d, b, partial);  // SwishSum
+    case 0x21e73d20u: return pptm_run_21e73d20(d, b, partial);  // WeightedLoss
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -403,8 +383,8 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     case 0xb5a4b866u: return pptm_finish_b5a4b866(d, partials, nblocks, smem);  // LargestError
     case 0xcfeb7655u: return pptm_finish_cfeb7655(d, partials, nblocks, smem);  // LargestKlTerm
     case 0x143a17bdu: return pptm_finish_143a17bd(d, partials, nblocks, smem);  // MeanKlTerm
-    case 0xa203a2ffu: return pptm_finish_a203a2ff(d, partials, nblocks, smem);  // SwishSum
-    case 0x9b74336du: return pptm_finish_9b74336d(d, partials, nblocks, smem);  // WeightedLoss
+    case 0xd81a4168u: return pptm_finish_d81a4168(d, partials, nblocks, smem);  // SwishSum
+    case 0x21e73d20u: return pptm_finish_21e73d20(d, partials, nblocks, smem);  // WeightedLoss
     default: return 0.0;
     }
 }
@@ -610,8 +590,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xa203a2ffu: {  // SwishSum
-        const pptm_env_a203a2ff e(d);
+    case 0xd81a4168u: {  // SwishSum
+        const pptm_env_d81a4168 e(d);
         switch (stage) {
         case 0: {  // Swish
             const uint64_t count = e.a2;
@@ -631,8 +611,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x9b74336du: {  // WeightedLoss
-        const pptm_env_9b74336d e(d);
+    case 0x21e73d20u: {  // WeightedLoss
+        const pptm_env_21e73d20 e(d);
         switch (stage) {
         case 0: {  // WeightedSqErr
             const uint64_t count = e.a3;
@@ -688,14 +668,14 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
-    case 0xa203a2ff01ull: {  // SwishSum stage 1
-        const pptm_env_a203a2ff e(d);
+    case 0xd81a416801ull: {  // SwishSum stage 1
+        const pptm_env_d81a4168 e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
-    case 0x9b74336d01ull: {  // WeightedLoss stage 1
-        const pptm_env_9b74336d e(d);
+    case 0x21e73d2001ull: {  // WeightedLoss stage 1
+        const pptm_env_21e73d20 e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;

@@ -67,8 +67,7 @@ pub struct OpFn {
     pub ret: Scalar,
     /// The device function's name: `pptm_user_<name>`.
     pub device: String,
-    /// The device function (with any helper it needs before it), ready to paste into a
-    /// translation unit.
+    /// The device function, ready to paste into a translation unit after [`HELPERS`].
     pub cuda: String,
 }
 
@@ -231,10 +230,9 @@ pub const METHODS: &[(&str, usize, &str, &str)] = &[
     ("clamp", 2, "", ""),
 ];
 
-/// Device helpers a translation may call, emitted once per translation unit before the ops that
-/// use them (`#ifndef` guarded).
-const HELPERS: &str = "#ifndef PPTM_USER_HELPERS
-#define PPTM_USER_HELPERS
+/// Device helpers a translation may call: codegen emits them once, before the ops of the user's
+/// own, in each translation unit that has any (`OpFn::cuda` holds the op alone).
+pub const HELPERS: &str = "
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -250,7 +248,6 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
-#endif
 ";
 
 fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
@@ -340,7 +337,7 @@ pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
         .collect::<Vec<_>>()
         .join(", ");
     let cuda = format!(
-        "{HELPERS}// #[pptm::op] fn {name}\n__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
+        "// #[pptm::op] fn {name}\n__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
         ret.cuda(),
         t.body,
         value.code
