@@ -15,7 +15,7 @@ use rand::Rng;
 
 /// Predictions from beliefs: pred = J mu.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "active_inference")]
 pub struct Predict {
     #[stage(1)]
     gemv: Gemv,

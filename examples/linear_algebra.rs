@@ -16,7 +16,7 @@ use rand::Rng;
 
 /// x_next = alpha (B x) + beta y: one Richardson iteration with alpha = 1, beta = ω.
 #[derive(FusionBuilder)]
-#[fusion(domain = "linear_algebra")]
+#[fusion(domain = "richardson")]
 pub struct RichardsonStep {
     #[stage(1)]
     product: Gemv,

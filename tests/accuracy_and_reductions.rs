@@ -11,7 +11,7 @@ use rand::Rng;
 
 /// Mean KL term: exercises a reduction whose `finish` divides by n.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "reductions")]
 pub struct MeanKlTerm {
     #[stage(1)]
     kl: KlDivergence,
@@ -21,7 +21,7 @@ pub struct MeanKlTerm {
 
 /// Largest prediction error: a reduction with a -inf identity and max as its combine.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "reductions")]
 pub struct LargestError {
     #[stage(1)]
     error: PredictionError,

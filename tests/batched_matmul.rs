@@ -13,7 +13,7 @@ use pptm::{Error, F8E4M3, FusionBuilder, Runtime, bf16, f16};
 
 /// [`BatchedMatmulBiasGeluBf16`] with fp16 operands.
 #[derive(FusionBuilder)]
-#[fusion(domain = "batched")]
+#[fusion(domain = "batched_variants")]
 pub struct BatchedMatmulBiasGeluF16 {
     #[stage(1, tensor_eligible = true, precision = "fp16")]
     product: BatchedMatmul,
@@ -27,7 +27,7 @@ pub struct BatchedMatmulBiasGeluF16 {
 /// products have 128 x 128 outputs or more and k is whole slices of 128, elsewhere widened to fp16
 /// as they are staged for mma.sync.
 #[derive(FusionBuilder)]
-#[fusion(domain = "batched")]
+#[fusion(domain = "batched_variants")]
 pub struct BatchedMatmulBiasGeluFp8 {
     #[stage(1, tensor_eligible = true, precision = "fp8")]
     product: BatchedMatmul,
@@ -39,7 +39,7 @@ pub struct BatchedMatmulBiasGeluFp8 {
 
 /// The batched product in f32 on CUDA cores.
 #[derive(FusionBuilder)]
-#[fusion(domain = "batched")]
+#[fusion(domain = "batched_variants")]
 pub struct BatchedMatmulBiasGeluF32 {
     #[stage(1)]
     product: BatchedMatmul,

@@ -22,7 +22,7 @@ use pptm::{Buffer, Chain, Config, Error, FusionBuilder, Runtime, bf16};
 /// application's chains are registered at link time and their code loaded before the first
 /// manifold starts.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "embedding_app")]
 pub struct LargestKlTerm {
     #[stage(1)]
     kl: KlDivergence,

@@ -19,7 +19,7 @@ use pptm::{Buffer, Error, F8E4M3, FusionBuilder, Runtime, Ticket, bf16};
 /// `z = α₂ (α A x + β y) + β₂ y₂`, reduced to `Σ z²`: two Axpby stages, the second with arguments
 /// of its own (`args(...)`), so one chain takes two vectors and four scalars.
 #[derive(FusionBuilder)]
-#[fusion(domain = "linear_algebra")]
+#[fusion(domain = "linear_algebra_tests")]
 pub struct GemvTwoAxpbySum {
     #[stage(1)]
     product: Gemv,

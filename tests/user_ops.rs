@@ -1,20 +1,22 @@
-//! `#[pptm::op]`: an elementwise op written as a Rust function (issue 32, first part). The macro
+//! `#[pptm::op]`: elementwise ops and reductions written as Rust functions (issue 32). The macro
 //! keeps the function (the op's CPU reference), checks it against the op subset and adds the op's
 //! marker type with its description and translated device code. Chains in this crate name such
 //! ops like built-in ones: build.rs and the derive find them in the sources, and the chains run on
-//! every backend against f64 references written here.
+//! every backend against f64 references written here. They fuse like built-ins: an op of one's own
+//! as a prologue of a reduction, a reduction of one's own after a prologue or as a GEMV's
+//! epilogue, and an f64 op in fp64 stages.
 
 #[macro_use]
 mod common;
 
 use common::uniform;
 use pptm::__private::{ChainSpec, CpuImpl, StageSpec, Ty, lower_with};
-use pptm::ops::SumReduction;
+use pptm::ops::{Gemv, Square, SumReduction};
 use pptm::{FusionBuilder, Runtime, UserOp, op};
 
 /// Σ swish(x; β): an op of this crate's own, then a built-in reduction.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "user_ops")]
 pub struct SwishSum {
     #[stage(1)]
     act: Swish,
@@ -24,12 +26,139 @@ pub struct SwishSum {
 
 /// Σ w (pred − obs)²: an op with an input of its own and a value passed by value.
 #[derive(FusionBuilder)]
-#[fusion(domain = "inference")]
+#[fusion(domain = "user_ops")]
 pub struct WeightedLoss {
     #[stage(1)]
     err: WeightedSqErr,
     #[stage(2, reduction = true)]
     total: SumReduction,
+}
+
+/// log Σ exp(x): a reduction of this crate's own (log-add-exp as the combine).
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct LogSumExpOf {
+    #[stage(1, reduction = true)]
+    lse: LogSumExp,
+}
+
+/// log Σ exp(swish(x; β)): an elementwise op of one's own as the prologue of a reduction of one's
+/// own.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct SwishLogSumExp {
+    #[stage(1)]
+    act: Swish,
+    #[stage(2, reduction = true)]
+    lse: LogSumExp,
+}
+
+/// log Σ exp(A x): the reduction as the epilogue of a built-in GEMV (logits to a log-partition).
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct LogPartition {
+    #[stage(1)]
+    logits: Gemv,
+    #[stage(2, reduction = true)]
+    lse: LogSumExp,
+}
+
+/// sqrt(mean(x²)): a built-in prologue, then a reduction of one's own with a `finish`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct Rms {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true)]
+    root_mean: RootMean,
+}
+
+/// Σ huber(r; δ) in f64: an f64 op of one's own in fp64 stages.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct HuberSum {
+    #[stage(1, precision = "fp64")]
+    loss: Huber,
+    #[stage(2, reduction = true, precision = "fp64")]
+    total: SumReduction,
+}
+
+/// log Σ exp over f64 values (a max shift first).
+fn lse_f64(v: impl Iterator<Item = f64> + Clone) -> f64 {
+    let m = v.clone().fold(f64::NEG_INFINITY, f64::max);
+    m + v.map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+fn user_reductions_match_f64_references(rt: &Runtime) {
+    for n in [1usize, 7, 1023, (1 << 20) + 3] {
+        let x = uniform(n, -30.0, 30.0);
+        let got = LogSumExpOf::submit(rt, &rt.upload(&x).unwrap())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want = lse_f64(x.iter().map(|&v| f64::from(v)));
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+            "log-sum-exp, n = {n}: got {got}, f64 reference {want}"
+        );
+
+        let beta = 1.3f32;
+        let got = SwishLogSumExp::submit(rt, &rt.upload(&x).unwrap(), beta)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want = lse_f64(x.iter().map(|&v| {
+            let v = f64::from(v);
+            v / (1.0 + (-f64::from(beta) * v).exp())
+        }));
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "log-sum-exp of swish, n = {n}: got {got}, f64 reference {want}"
+        );
+
+        let got = Rms::submit(rt, &rt.upload(&x).unwrap())
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want = (x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64).sqrt();
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-6 * want,
+            "rms, n = {n}: got {got}, f64 reference {want}"
+        );
+
+        let r = uniform(n, -3.0, 3.0);
+        let delta = 1.25f32;
+        let got = HuberSum::submit(rt, &rt.upload(&r).unwrap(), delta)
+            .unwrap()
+            .wait()
+            .unwrap();
+        // Computed in f64 throughout: only the result's rounding to f32 remains.
+        let want: f64 = r.iter().map(|&v| huber(f64::from(v), delta)).sum();
+        assert!(
+            (f64::from(got) - want).abs() <= 1.2e-7 * want + 1e-30,
+            "huber sum in f64, n = {n}: got {got}, f64 reference {want}"
+        );
+    }
+    for (m, n) in [(1usize, 1usize), (7, 33), (1023, 257), (4099, 1000)] {
+        let a = uniform(m * n, -1.0, 1.0);
+        let x = uniform(n, -1.0, 1.0);
+        let got = LogPartition::submit(rt, &rt.upload(&x).unwrap(), &rt.upload(&a).unwrap(), m)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let rows = (0..m).map(|i| {
+            (0..n)
+                .map(|j| f64::from(a[i * n + j]) * f64::from(x[j]))
+                .sum::<f64>()
+        });
+        let want = lse_f64(rows);
+        // Each logit carries the f32 GEMV's error, at most ~n·2⁻²⁴ of Σ|a||x| ≤ n; the
+        // log-sum-exp passes on at most the largest.
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-6 * n as f64 + 1e-6 * want.abs(),
+            "log-partition of a {m}x{n} GEMV: got {got}, f64 reference {want}"
+        );
+    }
 }
 
 fn user_op_chains_match_f64_references(rt: &Runtime) {
@@ -72,7 +201,10 @@ fn user_op_chains_match_f64_references(rt: &Runtime) {
     }
 }
 
-on_every_backend!(user_op_chains_match_f64_references);
+on_every_backend!(
+    user_op_chains_match_f64_references,
+    user_reductions_match_f64_references
+);
 
 #[op]
 fn swish(x: f32, beta: f32) -> f32 {
@@ -94,6 +226,23 @@ fn huber(r: f64, delta: f32) -> f64 {
     } else {
         d * (a - 0.5 * d)
     }
+}
+
+/// log(eᵃ + eᵇ), without overflow: an associative, commutative combine with identity -inf.
+#[op(reduction(identity = f64::NEG_INFINITY))]
+fn log_sum_exp(a: f64, b: f64) -> f64 {
+    let m = a.max(b);
+    if m == f64::NEG_INFINITY {
+        m
+    } else {
+        m + ((a - m).exp() + (b - m).exp()).ln()
+    }
+}
+
+/// A sum whose finish takes the root of the mean.
+#[op(reduction(identity = 0.0, finish = |total, n| (total / n).sqrt()))]
+fn root_mean(a: f64, b: f64) -> f64 {
+    a + b
 }
 
 fn cpu_of(def: &pptm::__private::OpDef) -> fn(&[f64]) -> f64 {
@@ -178,4 +327,35 @@ fn a_chain_naming_an_op_of_ones_own_lowers_with_its_definition() {
     // Without the definition it is an unknown op.
     let e = lower_with(&spec, &[]).unwrap_err();
     assert!(e.to_string().contains("unknown op `WeightedSqErr`"), "{e}");
+}
+
+#[test]
+fn a_reduction_of_ones_own_is_described_and_its_cpu_reference_is_the_function() {
+    let d = LogSumExp::DEF;
+    assert_eq!(d.name, "LogSumExp");
+    assert_eq!(d.output, Ty::Scalar);
+    assert!(
+        d.cuda.contains("struct pptm_user_log_sum_exp_reducer"),
+        "{}",
+        d.cuda
+    );
+    let CpuImpl::Reduction {
+        identity,
+        combine,
+        finish,
+    } = d.cpu
+    else {
+        panic!("LogSumExp is not a reduction: {:?}", d.cpu);
+    };
+    assert_eq!(identity, f64::NEG_INFINITY);
+    assert_eq!(combine(1.0, 2.0), log_sum_exp(1.0, 2.0));
+    assert_eq!(finish(3.5, 10), 3.5);
+    let CpuImpl::Reduction {
+        identity, finish, ..
+    } = RootMean::DEF.cpu
+    else {
+        panic!("RootMean is not a reduction");
+    };
+    assert_eq!(identity, 0.0);
+    assert_eq!(finish(36.0, 4), 3.0);
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::nvrtc::Nvrtc;
-use crate::project::Project;
+use crate::project::{DEV_FOLDER, LIBRARY_FOLDER, Project, plan_trees};
 
 /// Call from a crate's `build.rs` (its whole `main`):
 ///
@@ -11,21 +11,23 @@ use crate::project::Project;
 /// pptm_codegen::build_script();
 /// ```
 ///
-/// It scans src/, examples/ and tests/ for chains and compares generated/ with them. When fresh, it
-/// does nothing. When stale, it regenerates generated/ if NVRTC 13.0 is available (and says so in a
-/// warning: commit the result), and otherwise fails the build with the command that fixes it.
-/// `PPTM_CODEGEN=verify` never writes (CI uses it); `PPTM_NVRTC` points at libnvrtc.so.13.
+/// It scans the crate for chains and compares each of its two generated trees with them: the
+/// library's (src/ → generated/) and that of its tests, examples and benches (→ generated-dev/).
+/// When fresh, it does nothing. When stale, it regenerates the tree if NVRTC 13.0 is available
+/// (and says so in a warning: commit the result), and otherwise fails the build with the command
+/// that fixes it. `PPTM_CODEGEN=verify` never writes (CI uses it); `PPTM_NVRTC` points at
+/// libnvrtc.so.13.
 pub fn build_script() {
     let root =
         PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
-    let project = Project::at(&root);
     // Only folders that exist: a missing path makes cargo rerun the script (and rebuild the
     // crate) on every build.
-    for dir in project
-        .source_dirs
+    let library = Project::library(&root);
+    for dir in library
+        .op_dirs
         .iter()
         .map(String::as_str)
-        .chain(["generated"])
+        .chain([LIBRARY_FOLDER, DEV_FOLDER])
     {
         let path = root.join(dir);
         if path.exists() {
@@ -35,48 +37,52 @@ pub fn build_script() {
     println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
     println!("cargo:rerun-if-env-changed=PPTM_NVRTC");
 
-    let plan = match project.plan() {
-        Ok(p) => p,
+    let trees = match plan_trees(&root) {
+        Ok(t) => t,
         Err(e) => fail(&format!("pptm codegen: {e}")),
     };
-    let stale = project.verify(&plan);
-    if stale.is_empty() {
-        return;
-    }
-    let reasons = stale
-        .iter()
-        .map(|r| format!("  - {r}"))
-        .collect::<Vec<_>>()
-        .join("\n");
     let verify_only = std::env::var("PPTM_CODEGEN").is_ok_and(|v| v == "verify");
-    let nvrtc = if verify_only {
-        None
-    } else {
-        Nvrtc::find().ok()
-    };
-    match nvrtc {
-        Some(nvrtc) => match project.regenerate(&plan, &nvrtc) {
-            Ok(_) => {
-                for r in &stale {
-                    println!("cargo:warning=pptm: regenerated generated/ ({r}); commit the result");
+    let mut nvrtc = None;
+    for (project, plan) in &trees {
+        let stale = project.verify(plan);
+        if stale.is_empty() {
+            continue;
+        }
+        let folder = project.folder();
+        let reasons = stale
+            .iter()
+            .map(|r| format!("  - {r}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if nvrtc.is_none() && !verify_only {
+            nvrtc = Nvrtc::find().ok();
+        }
+        match &nvrtc {
+            Some(nvrtc) => match project.regenerate(plan, nvrtc) {
+                Ok(_) => {
+                    for r in &stale {
+                        println!(
+                            "cargo:warning=pptm: regenerated {folder}/ ({r}); commit the result"
+                        );
+                    }
                 }
-            }
-            Err(e) => fail(&format!(
-                "pptm codegen: generated/ is stale:\n{reasons}\nand regenerating it failed: {e}"
+                Err(e) => fail(&format!(
+                    "pptm codegen: {folder}/ is stale:\n{reasons}\nand regenerating it failed: {e}"
+                )),
+            },
+            None => fail(&format!(
+                "pptm: {folder}/ is stale:\n{reasons}\n\
+                 Run `{}` on a machine with NVRTC 13.0 and commit {folder}/.\n\
+                 NVRTC: {}{}",
+                crate::REGENERATE_COMMAND,
+                crate::NVRTC_INSTALL_HINT,
+                if verify_only {
+                    "\n(PPTM_CODEGEN=verify: this build does not regenerate)"
+                } else {
+                    ""
+                }
             )),
-        },
-        None => fail(&format!(
-            "pptm: generated/ is stale:\n{reasons}\n\
-             Run `{}` on a machine with NVRTC 13.0 and commit generated/.\n\
-             NVRTC: {}{}",
-            crate::REGENERATE_COMMAND,
-            crate::NVRTC_INSTALL_HINT,
-            if verify_only {
-                "\n(PPTM_CODEGEN=verify: this build does not regenerate)"
-            } else {
-                ""
-            }
-        )),
+        }
     }
 }
 

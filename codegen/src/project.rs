@@ -17,6 +17,16 @@ pub enum CodegenError {
     Scan(#[from] ScanError),
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    #[error(
+        "chain `{chain}` ({file}) joins domain `{domain}`, which the library's chains (src/) declare. \
+         Chains of tests, examples and benches take domains of their own, so that the library's \
+         PTX holds only the library's chains: name another domain in its #[fusion(domain = ...)]"
+    )]
+    SharedDomain {
+        chain: String,
+        file: String,
+        domain: String,
+    },
     #[error("{what} {path}: {err}")]
     Io {
         what: &'static str,
@@ -33,17 +43,30 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-/// Where a crate keeps its chains and its generated code.
+/// Where a crate keeps its chains and its generated code: one of its two trees, the library's
+/// ([`Project::library`]) or the one of its tests, examples and benches ([`Project::dev`]).
 #[derive(Debug, Clone)]
 pub struct Project {
     pub root: PathBuf,
     /// Folders scanned for chains, relative to `root`.
     pub source_dirs: Vec<String>,
+    /// Folders scanned for ops of the crate's own (`#[pptm::op]`): all of the crate's, since a
+    /// test's chain may use an op its library declares.
+    pub op_dirs: Vec<String>,
     /// Paths skipped while scanning (trybuild fixtures are not part of the crate).
     pub skip: Vec<String>,
-    /// The generated/ folder.
+    /// The folder the generated code goes to.
     pub generated: PathBuf,
 }
+
+/// The folders of a crate that hold its library's chains.
+pub const LIBRARY_DIRS: &[&str] = &["src"];
+/// The folders of a crate that hold the chains of its tests, examples and benches.
+pub const DEV_DIRS: &[&str] = &["examples", "tests", "benches"];
+/// The library's generated code: shipped with the crate.
+pub const LIBRARY_FOLDER: &str = "generated";
+/// The generated code of tests, examples and benches: not part of the library's PTX.
+pub const DEV_FOLDER: &str = "generated-dev";
 
 /// Everything to generate for one domain.
 #[derive(Debug, Clone)]
@@ -123,30 +146,67 @@ fn sha256(bytes: &[u8]) -> String {
 }
 
 impl Project {
-    /// The layout pptm's own crate uses: chains in src/, examples/ and tests/ (not tests/ui/),
-    /// output in generated/.
-    pub fn at(root: impl Into<PathBuf>) -> Self {
-        let root = root.into();
+    fn tree(root: PathBuf, dirs: &[&str], folder: &str) -> Self {
+        let all = |d: &[&str]| d.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         Project {
-            generated: root.join("generated"),
+            generated: root.join(folder),
             root,
-            source_dirs: vec![
-                "src".into(),
-                "examples".into(),
-                "tests".into(),
-                "benches".into(),
-            ],
+            source_dirs: all(dirs),
+            op_dirs: all(&[LIBRARY_DIRS, DEV_DIRS].concat()),
             skip: vec!["tests/ui".into()],
         }
     }
 
+    /// The library's tree: the chains of src/, generated into generated/ (shipped).
+    pub fn library(root: impl Into<PathBuf>) -> Self {
+        Self::tree(root.into(), LIBRARY_DIRS, LIBRARY_FOLDER)
+    }
+
+    /// The tree of tests, examples and benches (not tests/ui/): their chains, generated into
+    /// generated-dev/, so that test chains never change the library's PTX.
+    pub fn dev(root: impl Into<PathBuf>) -> Self {
+        Self::tree(root.into(), DEV_DIRS, DEV_FOLDER)
+    }
+
+    /// The generated folder's name (`generated`, `generated-dev`), for messages and paths.
+    pub fn folder(&self) -> String {
+        self.generated
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// Scans the sources and generates the CUDA C of every domain (no NVRTC needed).
     pub fn plan(&self) -> Result<Vec<DomainPlan>, CodegenError> {
-        let dirs: Vec<&str> = self.source_dirs.iter().map(String::as_str).collect();
-        let skip: Vec<&str> = self.skip.iter().map(String::as_str).collect();
-        let found = scan::scan(&self.root, &dirs, &skip)?;
+        self.plan_beside(&[])
+    }
+
+    /// [`Project::plan`] for a tree beside `owned`, another tree's plan (the library's): a chain
+    /// declared there as well (the same spec) is that tree's, and joining one of its domains
+    /// otherwise is an error.
+    pub fn plan_beside(&self, owned: &[DomainPlan]) -> Result<Vec<DomainPlan>, CodegenError> {
+        let found = scan::scan(
+            &self.root,
+            &strs(&self.source_dirs),
+            &strs(&self.op_dirs),
+            &strs(&self.skip),
+        )?;
         let mut by_domain: BTreeMap<String, Vec<ChainIr>> = BTreeMap::new();
         for c in found.chains {
+            if let Some(d) = owned.iter().find(|d| d.name == c.domain) {
+                if d.chains.iter().any(|o| o.spec_hash == c.spec_hash) {
+                    continue;
+                }
+                return Err(CodegenError::SharedDomain {
+                    file: found
+                        .origins
+                        .get(&c.spec_hash)
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    chain: c.name,
+                    domain: c.domain,
+                });
+            }
             by_domain.entry(c.domain.clone()).or_default().push(c);
         }
         Ok(by_domain
@@ -222,10 +282,11 @@ impl Project {
             for (file, hash) in &entry.files {
                 match std::fs::read(self.generated.join(file)) {
                     Ok(bytes) if sha256(&bytes) == *hash => {}
-                    Ok(_) => {
-                        reasons.push(format!("generated/{file} was modified after generation"))
-                    }
-                    Err(_) => reasons.push(format!("generated/{file} is missing")),
+                    Ok(_) => reasons.push(format!(
+                        "{}/{file} was modified after generation",
+                        self.folder()
+                    )),
+                    Err(_) => reasons.push(format!("{}/{file} is missing", self.folder())),
                 }
             }
         }
@@ -262,9 +323,10 @@ impl Project {
                 Ok(())
             };
             write(d.source_file(), d.source.as_bytes())?;
+            let mut written: Vec<String> = Vec::new();
             for arch in crate::ARCHS {
                 let ptx = nvrtc.compile(
-                    &format!("generated/{}", d.source_file()),
+                    &format!("{}/{}", self.folder(), d.source_file()),
                     &d.source,
                     crate::kernels::HEADERS,
                     &nvrtc_options(arch),
@@ -275,7 +337,13 @@ impl Project {
                 {
                     nvrtc_build = line.rsplit(", ").next().unwrap_or("").trim().to_string();
                 }
+                // An arch whose PTX is another's but for the `.target` line (compute_90a for a
+                // domain without wgmma) is not written: the derive embeds the other's.
+                if written.iter().any(|other| same_but_target(other, &ptx)) {
+                    continue;
+                }
                 write(d.ptx_file(arch), ptx.as_bytes())?;
+                written.push(ptx);
             }
             domains.push(DomainEntry {
                 name: d.name.clone(),
@@ -310,11 +378,23 @@ impl Project {
         Ok(m)
     }
 
-    /// Regenerates generated/ in place (through a temporary folder, so a failure leaves the old one).
+    /// Regenerates the generated folder in place (through a temporary folder, so a failure leaves
+    /// the old one). A tree without chains has no folder.
     pub fn regenerate(&self, plan: &[DomainPlan], nvrtc: &Nvrtc) -> Result<Manifest, CodegenError> {
-        let tmp = self
-            .generated
-            .with_file_name(format!("generated.tmp-{}", std::process::id()));
+        if plan.is_empty() {
+            if self.generated.exists() {
+                std::fs::remove_dir_all(&self.generated)
+                    .map_err(io("cannot remove", &self.generated))?;
+            }
+            let (major, minor) = nvrtc.version();
+            return Ok(Manifest {
+                nvrtc: format!("{major}.{minor}"),
+                domains: Vec::new(),
+            });
+        }
+        let tmp =
+            self.generated
+                .with_file_name(format!("{}.tmp-{}", self.folder(), std::process::id()));
         let m = match self.generate_into(plan, nvrtc, &tmp) {
             Ok(m) => m,
             Err(e) => {
@@ -333,14 +413,20 @@ impl Project {
         Ok(m)
     }
 
-    /// Regenerates into a temporary folder and lists every difference with generated/.
-    pub fn check(&self, nvrtc: &Nvrtc) -> Result<Vec<String>, CodegenError> {
-        let plan = self.plan()?;
-        let tmp = std::env::temp_dir().join(format!("pptm-codegen-check-{}", std::process::id()));
-        if let Err(e) = self.generate_into(&plan, nvrtc, &tmp) {
+    /// Regenerates into a temporary folder and lists every difference with the generated folder.
+    pub fn check(&self, plan: &[DomainPlan], nvrtc: &Nvrtc) -> Result<Vec<String>, CodegenError> {
+        let tmp = std::env::temp_dir().join(format!(
+            "pptm-codegen-check-{}-{}",
+            self.folder(),
+            std::process::id()
+        ));
+        if plan.is_empty() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        } else if let Err(e) = self.generate_into(plan, nvrtc, &tmp) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }
+        let folder = self.folder();
         let mut diffs = Vec::new();
         let fresh = list_files(&tmp);
         let committed = list_files(&self.generated);
@@ -351,19 +437,41 @@ impl Project {
             ) {
                 (Ok(a), Ok(b)) if a == b => {}
                 (Ok(_), Ok(_)) => {
-                    diffs.push(format!("generated/{f} differs from a fresh generation"))
+                    diffs.push(format!("{folder}/{f} differs from a fresh generation"))
                 }
-                _ => diffs.push(format!("generated/{f} is missing")),
+                _ => diffs.push(format!("{folder}/{f} is missing")),
             }
         }
         for f in committed.iter().filter(|f| !fresh.contains(f)) {
             diffs.push(format!(
-                "generated/{f} is not produced by codegen (stale file)"
+                "{folder}/{f} is not produced by codegen (stale file)"
             ));
         }
         let _ = std::fs::remove_dir_all(&tmp);
         Ok(diffs)
     }
+}
+
+/// Plans both trees of the crate at `root`: the library's, then that of its tests, examples and
+/// benches beside it (see [`Project::plan_beside`]).
+pub fn plan_trees(root: &Path) -> Result<Vec<(Project, Vec<DomainPlan>)>, CodegenError> {
+    let library = Project::library(root);
+    let library_plan = library.plan()?;
+    let dev = Project::dev(root);
+    let dev_plan = dev.plan_beside(&library_plan)?;
+    Ok(vec![(library, library_plan), (dev, dev_plan)])
+}
+
+/// Whether two PTX texts differ at most in their `.target` line.
+fn same_but_target(a: &str, b: &str) -> bool {
+    a.len().abs_diff(b.len()) < 16
+        && a.lines()
+            .filter(|l| !l.starts_with(".target"))
+            .eq(b.lines().filter(|l| !l.starts_with(".target")))
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }
 
 fn list_files(dir: &Path) -> Vec<String> {
@@ -395,7 +503,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("src")).unwrap();
         std::fs::write(dir.join("src/lib.rs"), chains).unwrap();
-        Project::at(dir)
+        Project::library(dir)
     }
 
     const KL: &str = r#"#[derive(FusionBuilder)] #[fusion(domain = "inference")]

@@ -16,8 +16,10 @@ use syn::visit::Visit;
 #[derive(Debug, Default)]
 pub struct Found {
     pub chains: Vec<ChainIr>,
-    /// Every .rs file read, relative to the root.
+    /// Every .rs file read for chains, relative to the root.
     pub files: Vec<PathBuf>,
+    /// The first file (relative to the root) that declares each chain, by spec hash.
+    pub origins: BTreeMap<String, PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +48,9 @@ pub fn rust_files(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<PathB
     Ok(files)
 }
 
-/// The files among `files` (relative to `root`) that parse; rustc reports the others.
-fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<syn::File>, ScanError> {
+/// The files among `files` (relative to `root`) that parse, with their paths; rustc reports the
+/// others.
+fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<(PathBuf, syn::File)>, ScanError> {
     let mut parsed = Vec::with_capacity(files.len());
     for rel in files {
         let path = root.join(rel);
@@ -56,7 +59,7 @@ fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<syn::File>, ScanErr
             err,
         })?;
         if let Ok(file) = syn::parse_file(&text) {
-            parsed.push(file);
+            parsed.push((rel.clone(), file));
         }
     }
     Ok(parsed)
@@ -72,23 +75,33 @@ pub fn user_ops(
     let files = rust_files(root, dirs, skip)?;
     Ok(parse_files(root, &files)?
         .iter()
-        .flat_map(user_ops_in)
+        .flat_map(|(_, f)| user_ops_in(f))
         .collect())
 }
 
-/// Scans `dirs` (relative to `root`), skipping any path that starts with one of `skip`.
-pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanError> {
+/// Scans `dirs` (relative to `root`) for chains, with the ops of the crate's own found in
+/// `op_dirs`, skipping any path that starts with one of `skip`.
+pub fn scan(
+    root: &Path,
+    dirs: &[&str],
+    op_dirs: &[&str],
+    skip: &[&str],
+) -> Result<Found, ScanError> {
+    let ops = user_ops(root, op_dirs, skip)?;
     let files = rust_files(root, dirs, skip)?;
     let parsed = parse_files(root, &files)?;
-    let ops: Vec<&'static pptm_spec::OpDef> = parsed.iter().flat_map(user_ops_in).collect();
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
-    for file in &parsed {
+    let mut origins = BTreeMap::new();
+    for (rel, file) in &parsed {
         let mut v = Visitor {
             ops: &ops,
             chains: Vec::new(),
         };
         v.visit_file(file);
         for ir in v.chains {
+            origins
+                .entry(ir.spec_hash.clone())
+                .or_insert_with(|| rel.clone());
             by_hash.entry(ir.spec_hash.clone()).or_insert(ir);
         }
     }
@@ -109,7 +122,11 @@ pub fn scan(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Found, ScanErro
             });
         }
     }
-    Ok(Found { chains, files })
+    Ok(Found {
+        chains,
+        files,
+        origins,
+    })
 }
 
 fn collect_rs(
@@ -193,7 +210,8 @@ mod tests {
             kl.replace("KlComplexity", "Skipped"),
         )
         .unwrap();
-        let found = scan(&dir, &["src", "tests", "examples"], &["tests/ui"]).unwrap();
+        let dirs = ["src", "tests", "examples"];
+        let found = scan(&dir, &dirs, &dirs, &["tests/ui"]).unwrap();
         let names: Vec<_> = found
             .chains
             .iter()
@@ -201,6 +219,11 @@ mod tests {
             .collect();
         assert_eq!(names, [("inference", "KlComplexity"), ("stats", "Total")]);
         assert_eq!(found.files.len(), 5);
+        assert_eq!(
+            found.origins.get(&found.chains[0].spec_hash),
+            Some(&PathBuf::from("src/deep/again.rs")),
+            "the first file, in sorted order"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

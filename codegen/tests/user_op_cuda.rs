@@ -3,7 +3,7 @@
 //! compiles too. Skipped, saying so, where NVRTC is not installed (it is in CI: the pip wheels).
 
 use pptm_codegen::nvrtc::Nvrtc;
-use pptm_spec::op_fn::parse_op_fn;
+use pptm_spec::op_fn::{parse_op, parse_op_attr, parse_op_fn};
 
 const OPS: &[&str] = &[
     "fn swish(x: f32, beta: f32) -> f32 { x / (1.0 + (-beta * x).exp()) }",
@@ -40,6 +40,9 @@ fn translated_ops_compile_with_nvrtc() {
             Err(e) => assert!(src.contains("is_finite_free"), "{src}: {e}"),
         }
     }
+    for (attr, src) in REDUCTIONS {
+        unit.push_str(&reduction(attr, src).cuda);
+    }
     // Call each op once, so the compiler checks the calls' types as well as the definitions.
     unit.push_str(
         "extern \"C\" __global__ void use_ops(float* o, double* d, unsigned int n) {
@@ -49,6 +52,8 @@ fn translated_ops_compile_with_nvrtc() {
              o[6] = pptm_user_relu6(o[7]);
              o[8] = pptm_user_quantise(o[9], n);
              d[2] = pptm_user_mixed(d[3], d[4]);
+             d[5] = pptm_user_log_sum_exp_reducer::finish(pptm_user_log_sum_exp_reducer::combine(pptm_user_log_sum_exp_reducer::identity(), d[6]), n);
+             d[7] = pptm_user_rms_reducer::finish(pptm_user_rms_reducer::combine(pptm_user_rms_reducer::identity(), d[8]), n);
          }\n",
     );
     let options = vec![
@@ -61,12 +66,33 @@ fn translated_ops_compile_with_nvrtc() {
     assert!(ptx.contains(".entry use_ops"), "{ptx}");
 }
 
+/// Reductions: the attribute's arguments and the combine.
+const REDUCTIONS: &[(&str, &str)] = &[
+    (
+        "reduction(identity = f64::NEG_INFINITY)",
+        "fn log_sum_exp(a: f64, b: f64) -> f64 {
+             let m = a.max(b);
+             if m == f64::NEG_INFINITY { m } else { m + ((a - m).exp() + (b - m).exp()).ln() }
+         }",
+    ),
+    (
+        "reduction(identity = 0.0, finish = |total, count| { let mean = total / count; mean.sqrt() })",
+        "fn rms(a: f64, b: f64) -> f64 { a + b }",
+    ),
+];
+
+fn reduction(attr: &str, src: &str) -> pptm_spec::op_fn::OpFn {
+    let attr = parse_op_attr(attr.parse().unwrap()).unwrap();
+    let f: syn::ItemFn = syn::parse_str(src).unwrap();
+    parse_op(&attr, &f).unwrap()
+}
+
 /// A user op as the runtime will get it (the CPU reference is beside the point here).
 fn user_op(src: &str, tensors: &[&str]) -> &'static pptm_spec::OpDef {
     let f: syn::ItemFn = syn::parse_str(src).unwrap();
     let op = parse_op_fn(&f).unwrap();
     let tensors: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
-    op.leak_def(&tensors, |_| f64::NAN).unwrap()
+    op.leak_def(&tensors).unwrap()
 }
 
 fn chain(
@@ -187,13 +213,45 @@ fn chains_of_user_ops_fuse_and_compile_with_nvrtc() {
         "{e}"
     );
 
-    let chains = [total, layer, loss, mse];
+    // A reduction of the user's own ends a pass like SumReduction: after an elementwise prologue,
+    // and as a GEMV's epilogue reduction.
+    let lse = reduction(REDUCTIONS[0].0, REDUCTIONS[0].1)
+        .leak_def(&[])
+        .unwrap();
+    assert_eq!(lse.name, "LogSumExp");
+    let extra = [swish, huber, sq_err, lse];
+    let soft = lower_with(
+        &chain(
+            "SwishLse",
+            &[("Swish", false, None), ("LogSumExp", true, None)],
+        ),
+        &extra,
+    )
+    .unwrap();
+    assert_eq!(soft.plan.pattern, Pattern::Map);
+    assert_eq!(soft.reduction().map(|s| s.op.name), Some("LogSumExp"));
+    let logits = lower_with(
+        &chain(
+            "GemvLse",
+            &[("Gemv", false, None), ("LogSumExp", true, None)],
+        ),
+        &extra,
+    )
+    .unwrap();
+    assert_eq!(logits.plan.pattern, Pattern::Gemv);
+
+    let chains = [total, layer, loss, mse, soft, logits];
     let source = pptm_codegen::cuda::domain_source("user", &chains);
     assert_eq!(
         source
             .matches("__device__ __forceinline__ float pptm_user_swish(")
             .count(),
         1,
+        "{source}"
+    );
+    assert!(
+        source.contains("pptm_map_reduce<1, pptm_user_log_sum_exp_reducer>")
+            || source.contains("pptm_user_log_sum_exp_reducer>("),
         "{source}"
     );
     let nvrtc = match Nvrtc::find() {

@@ -56,20 +56,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     };
     let ir = parsed.lower_with(&extra)?;
     let ident = &input.ident;
-    // The PTX is embedded from this crate's generated/ folder: say how to get one if it is missing,
-    // rather than letting include_str! fail with a bare path.
-    if let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR")
-        && !std::path::Path::new(&dir)
-            .join("generated/manifest.txt")
-            .exists()
-    {
-        return Err(syn::Error::new(
-            ident.span(),
-            "pptm: this crate has no generated/manifest.txt, so chain PTX cannot be embedded. \
-             Add a build.rs that calls `pptm_codegen::build_script()` (with pptm-codegen as a \
-             build-dependency) and build once with NVRTC 13.0 available, or run `cargo xtask codegen`",
-        ));
-    }
+    let folder = generated_folder(&ir.domain, &ir.name, ident.span())?;
     let vis = &input.vis;
     let args_ident = format_ident!("{}Args", ident);
 
@@ -185,13 +172,25 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         .map(|s| syn::Ident::new(&s.field, Span::call_site()))
         .collect();
     let n_fields = field_idents.len();
-    let ptx80 = format!("/generated/{domain}/compute_80.ptx");
-    let ptx90 = format!("/generated/{domain}/compute_90.ptx");
-    let ptx90a = format!("/generated/{domain}/compute_90a.ptx");
+    let ptx80 = format!("/{folder}/{domain}/compute_80.ptx");
+    let ptx90 = format!("/{folder}/{domain}/compute_90.ptx");
+    // Codegen leaves out a compute_90a.ptx that would only repeat compute_90.ptx (a domain
+    // without wgmma): sm_90 runs compute_90's then.
+    let ptx90a = match std::env::var("CARGO_MANIFEST_DIR") {
+        Ok(dir)
+            if !std::path::Path::new(&dir)
+                .join(format!("{folder}/{domain}/compute_90a.ptx"))
+                .exists() =>
+        {
+            ptx90.clone()
+        }
+        _ => format!("/{folder}/{domain}/compute_90a.ptx"),
+    };
+    let manifest = format!("/{folder}/manifest.txt");
     let needle = format!("spec={spec_hash}");
     let stale = format!(
-        "pptm: generated/ is stale: chain `{name}` (domain `{domain}`, spec {}) is not in generated/manifest.txt. \
-         Run `cargo xtask codegen` (needs NVRTC 13.0) and commit generated/.",
+        "pptm: {folder}/ is stale: chain `{name}` (domain `{domain}`, spec {}) is not in {folder}/manifest.txt. \
+         Build once with NVRTC 13.0 installed (build.rs regenerates it) and commit {folder}/.",
         &spec_hash[..16]
     );
     let args_doc = format!(
@@ -229,7 +228,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         const _: () = {
             assert!(::core::mem::size_of::<#args_ident>() == 8 * #n_args);
             assert!(#n_args <= ::pptm::__private::DESC_ARGS);
-            const MANIFEST: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/generated/manifest.txt"));
+            const MANIFEST: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), #manifest));
             if !::pptm::__private::contains(MANIFEST, #needle.as_bytes()) {
                 panic!(#stale);
             }
@@ -334,14 +333,50 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
     }
 }
 
+/// The generated folder that holds a chain's domain: generated/ (the library's chains) or
+/// generated-dev/ (those of tests, examples and benches), as its manifest lists the domain. An
+/// error, saying how to generate it, where neither does.
+fn generated_folder(domain: &str, chain: &str, span: Span) -> syn::Result<&'static str> {
+    use pptm_codegen::project::{DEV_FOLDER, LIBRARY_FOLDER};
+    let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR") else {
+        return Ok(LIBRARY_FOLDER);
+    };
+    let line = format!("domain {domain} ");
+    let mut any = false;
+    for folder in [LIBRARY_FOLDER, DEV_FOLDER] {
+        let path = std::path::Path::new(&dir).join(folder).join("manifest.txt");
+        if let Ok(text) = std::fs::read_to_string(path) {
+            any = true;
+            if text.lines().any(|l| l.starts_with(&line)) {
+                return Ok(folder);
+            }
+        }
+    }
+    let msg = if any {
+        format!(
+            "pptm: the generated code is stale: no manifest lists domain `{domain}` of chain \
+             `{chain}`. Build once with NVRTC 13.0 installed (build.rs regenerates it) and commit \
+             {LIBRARY_FOLDER}/ and {DEV_FOLDER}/"
+        )
+    } else {
+        format!(
+            "pptm: this crate has no {LIBRARY_FOLDER}/manifest.txt or {DEV_FOLDER}/manifest.txt, so \
+             chain PTX cannot be embedded. Add a build.rs that calls \
+             `pptm_codegen::build_script()` (with pptm-codegen as a build-dependency) and build \
+             once with NVRTC 13.0 available"
+        )
+    };
+    Err(syn::Error::new(span, msg))
+}
+
 /// The ops of the user's own (`#[pptm::op]`) in the crate being compiled, found where build.rs
-/// finds them (pptm-codegen's scan over the folders `Project::at` names).
+/// finds them (pptm-codegen's scan over every folder of the crate).
 fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
     let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
         return Vec::new();
     };
-    let project = pptm_codegen::project::Project::at(root);
-    let dirs: Vec<&str> = project.source_dirs.iter().map(String::as_str).collect();
+    let project = pptm_codegen::project::Project::library(root);
+    let dirs: Vec<&str> = project.op_dirs.iter().map(String::as_str).collect();
     let skip: Vec<&str> = project.skip.iter().map(String::as_str).collect();
     pptm_codegen::scan::user_ops(&project.root, &dirs, &skip).unwrap_or_default()
 }
@@ -368,12 +403,16 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
-    use pptm_spec::op_fn::{Scalar, parse_op_attr, parse_op_fn};
-    let tensors = parse_op_attr(attr)?;
-    let op = parse_op_fn(f)?;
-    let names: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
-    let params = op.catalog_params(&names).map_err(|e| {
-        syn::Error::new(tensors.first().map_or(f.sig.ident.span(), |t| t.span()), e)
+    use pptm_spec::op_fn::{Scalar, parse_op, parse_op_attr};
+    let attr = parse_op_attr(attr)?;
+    let op = parse_op(&attr, f)?;
+    let params = op.catalog_params(&attr.tensor_names()).map_err(|e| {
+        syn::Error::new(
+            attr.tensors
+                .first()
+                .map_or(f.sig.ident.span(), |t| t.span()),
+            e,
+        )
     })?;
     let vis = &f.vis;
     let fn_ident = &f.sig.ident;
@@ -395,44 +434,93 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         };
         quote! { ::pptm::__private::Param { name: #name, ty: #ty } }
     });
-    // The CPU backend hands an elementwise op [flow, its other inputs in order, its by-value
-    // arguments in order]: each of the function's parameters by its place there.
-    let tensor_count = params
-        .iter()
-        .skip(1)
-        .filter(|p| !p.ty.is_by_value())
-        .count();
-    let (mut next_tensor, mut next_scalar) = (1usize, 1 + tensor_count);
-    let call_args = op
-        .params
-        .iter()
-        .zip(&params)
-        .enumerate()
-        .map(|(k, ((_, ty), p))| {
-            let at = if k == 0 {
-                0
-            } else if p.ty.is_by_value() {
-                next_scalar += 1;
-                next_scalar - 1
-            } else {
-                next_tensor += 1;
-                next_tensor - 1
+    let precisions = op.precisions().iter().map(|p| {
+        let v = format_ident!("{p:?}");
+        quote! { ::pptm::__private::Precision::#v }
+    });
+    // The CPU reference: the function itself, behind the shape the CPU backend calls.
+    let (class, output, cpu_fns, cpu) = match &attr.reduction {
+        Some(r) => {
+            let identity = &r.identity;
+            let finish_ident = format_ident!("__pptm_op_finish_{}", op.name);
+            let finish_body = match &r.finish {
+                None => quote! { total },
+                Some(c) if c.inputs.len() == 1 => quote! {
+                    let finish: fn(f64) -> f64 = #c;
+                    finish(total)
+                },
+                Some(c) => quote! {
+                    let finish: fn(f64, f64) -> f64 = #c;
+                    finish(total, n as f64)
+                },
             };
-            match ty {
-                Scalar::F32 => quote! { v[#at] as f32 },
-                Scalar::F64 => quote! { v[#at] },
-                _ => quote! { v[#at] as u32 },
-            }
-        });
-    let ret_cast = if op.ret == Scalar::F32 {
-        quote! { as f64 }
-    } else {
-        quote! {}
-    };
-    let precisions = if op.ret == Scalar::F64 {
-        quote! { &[::pptm::__private::Precision::Fp32, ::pptm::__private::Precision::Fp64] }
-    } else {
-        quote! { &[::pptm::__private::Precision::Fp32] }
+            (
+                quote! { Reduction },
+                quote! { Scalar },
+                quote! {
+                    #[doc(hidden)]
+                    #[allow(unused_variables, clippy::cast_precision_loss)]
+                    fn #finish_ident(total: f64, n: usize) -> f64 {
+                        #finish_body
+                    }
+                },
+                quote! {
+                    ::pptm::__private::CpuImpl::Reduction {
+                        identity: #identity,
+                        combine: #fn_ident,
+                        finish: #finish_ident,
+                    }
+                },
+            )
+        }
+        None => {
+            // The CPU backend hands an elementwise op [flow, its other inputs in order, its
+            // by-value arguments in order]: each of the function's parameters by its place there.
+            let tensor_count = params
+                .iter()
+                .skip(1)
+                .filter(|p| !p.ty.is_by_value())
+                .count();
+            let (mut next_tensor, mut next_scalar) = (1usize, 1 + tensor_count);
+            let call_args = op
+                .params
+                .iter()
+                .zip(&params)
+                .enumerate()
+                .map(|(k, ((_, ty), p))| {
+                    let at = if k == 0 {
+                        0
+                    } else if p.ty.is_by_value() {
+                        next_scalar += 1;
+                        next_scalar - 1
+                    } else {
+                        next_tensor += 1;
+                        next_tensor - 1
+                    };
+                    match ty {
+                        Scalar::F32 => quote! { v[#at] as f32 },
+                        Scalar::F64 => quote! { v[#at] },
+                        _ => quote! { v[#at] as u32 },
+                    }
+                });
+            let ret_cast = if op.ret == Scalar::F32 {
+                quote! { as f64 }
+            } else {
+                quote! {}
+            };
+            (
+                quote! { Elementwise },
+                quote! { Like },
+                quote! {
+                    #[doc(hidden)]
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    fn #cpu_ident(v: &[f64]) -> f64 {
+                        #fn_ident(#(#call_args),*) #ret_cast
+                    }
+                },
+                quote! { ::pptm::__private::CpuImpl::Elementwise(#cpu_ident) },
+            )
+        }
     };
     Ok(quote! {
         #f
@@ -441,26 +529,22 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         #[derive(Debug, Clone, Copy, Default)]
         #vis struct #marker;
 
-        #[doc(hidden)]
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        fn #cpu_ident(v: &[f64]) -> f64 {
-            #fn_ident(#(#call_args),*) #ret_cast
-        }
+        #cpu_fns
 
         impl ::pptm::UserOp for #marker {
             const DEF: &'static ::pptm::__private::OpDef = &::pptm::__private::OpDef {
                 name: #op_name,
-                class: ::pptm::__private::FusionClass::Elementwise,
+                class: ::pptm::__private::FusionClass::#class,
                 inputs: &[#(#param_tokens),*],
-                output: ::pptm::__private::Ty::Like,
+                output: ::pptm::__private::Ty::#output,
                 flow_channels: ::core::option::Option::Some(1),
                 out_channels: ::core::option::Option::Some(1),
-                precisions: #precisions,
+                precisions: &[#(#precisions),*],
                 tensor_precisions: &[],
                 header: "",
                 cuda: #cuda,
                 device: #device,
-                cpu: ::pptm::__private::CpuImpl::Elementwise(#cpu_ident),
+                cpu: #cpu,
                 check: ::core::option::Option::None,
                 doc: #op_doc,
             };

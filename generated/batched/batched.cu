@@ -61,129 +61,9 @@ __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_6618e69c(const pptm_desc& d, 
     return PPTM_STATUS_OK;
 }
 
-// chain BatchedMatmulBiasGeluF16: BatchedMatmul -> AddBias -> Gelu (Matmul pattern)
-// spec hash cc8412044cc4922fe6b42a58225afe4f0f717f1d6b214be167fb4f22911214a4, opcode 0xcc841204
-struct pptm_env_cc841204 {
-    const pptm_f16* a0;  // a
-    const pptm_f16* a1;  // w
-    const float* a2;  // b
-    float* a3;  // out
-    uint64_t a4;  // batch
-    uint64_t a5;  // m
-    uint64_t a6;  // k
-    uint64_t a7;  // n
-    __device__ explicit pptm_env_cc841204(const pptm_desc& d) : a0(reinterpret_cast<const pptm_f16*>(d.args[0])), a1(reinterpret_cast<const pptm_f16*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
-};
-struct pptm_epi_cc841204 {
-    pptm_env_cc841204 e;
-    static constexpr uint32_t col_loads = 1;
-    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
-        c[0] = pptm_ld_cg_f32(e.a2 + j);
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, c[0]);
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-};
-__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_cc841204(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_cc841204 e(d);
-    pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_cc841204{e}, e.a3, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
-// chain BatchedMatmulBiasGeluF32: BatchedMatmul -> AddBias -> Gelu (Matmul pattern)
-// spec hash d48b0662967e360e2b8ea1e76f9df35f9a0721c5fdcbda09b64b99daf5df15cd, opcode 0xd48b0662
-struct pptm_env_d48b0662 {
-    const float* a0;  // a
-    const float* a1;  // w
-    const float* a2;  // b
-    float* a3;  // out
-    uint64_t a4;  // batch
-    uint64_t a5;  // m
-    uint64_t a6;  // k
-    uint64_t a7;  // n
-    __device__ explicit pptm_env_d48b0662(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
-};
-struct pptm_epi_d48b0662 {
-    pptm_env_d48b0662 e;
-    static constexpr uint32_t col_loads = 1;
-    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
-        c[0] = pptm_ld_cg_f32(e.a2 + j);
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, c[0]);
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-};
-__device__ __forceinline__ uint32_t pptm_run_d48b0662(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_d48b0662 e(d);
-    pptm_matmul_batched(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_d48b0662{e}, e.a3, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
-// chain BatchedMatmulBiasGeluFp8: BatchedMatmul -> AddBias -> Gelu (Matmul pattern)
-// spec hash afe1d589643484d7e336408138f8b3cb64fc4a74536ecf288db949e6f3fc9976, opcode 0xafe1d589
-struct pptm_env_afe1d589 {
-    const pptm_e4m3* a0;  // a
-    const pptm_e4m3* a1;  // w
-    const float* a2;  // b
-    float* a3;  // out
-    uint64_t a4;  // batch
-    uint64_t a5;  // m
-    uint64_t a6;  // k
-    uint64_t a7;  // n
-    __device__ explicit pptm_env_afe1d589(const pptm_desc& d) : a0(reinterpret_cast<const pptm_e4m3*>(d.args[0])), a1(reinterpret_cast<const pptm_e4m3*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
-};
-struct pptm_epi_afe1d589 {
-    pptm_env_afe1d589 e;
-    static constexpr uint32_t col_loads = 1;
-    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
-        c[0] = pptm_ld_cg_f32(e.a2 + j);
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, c[0]);
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
-        [[maybe_unused]] const uint64_t at = i * e.a7 + j;
-        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
-        const float s2 = pptm_op_gelu(s1);
-        return s2;
-    }
-};
-__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_afe1d589(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_afe1d589 e(d);
-    pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_afe1d589{e}, e.a3, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x6618e69cu: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // BatchedMatmulBiasGeluBf16
-    case 0xcc841204u: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // BatchedMatmulBiasGeluF16
-    case 0xd48b0662u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // BatchedMatmulBiasGeluF32
-    case 0xafe1d589u: return ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // BatchedMatmulBiasGeluFp8
     default: return true;
     }
 }
@@ -191,9 +71,6 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x6618e69cu: return pptm_run_6618e69c(d, b, partial);  // BatchedMatmulBiasGeluBf16
-    case 0xcc841204u: return pptm_run_cc841204(d, b, partial);  // BatchedMatmulBiasGeluF16
-    case 0xd48b0662u: return pptm_run_d48b0662(d, b, partial);  // BatchedMatmulBiasGeluF32
-    case 0xafe1d589u: return pptm_run_afe1d589(d, b, partial);  // BatchedMatmulBiasGeluFp8
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -207,9 +84,6 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x6618e69cu: return true;  // BatchedMatmulBiasGeluBf16
-    case 0xcc841204u: return true;  // BatchedMatmulBiasGeluF16
-    case 0xd48b0662u: return true;  // BatchedMatmulBiasGeluF32
-    case 0xafe1d589u: return true;  // BatchedMatmulBiasGeluFp8
     default: return false;
     }
 }
@@ -228,99 +102,6 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         switch (stage) {
         case 0: {  // BatchedMatmul
             pptm_matmul_mma_batched<pptm_bf16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // AddBias
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Gelu
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
-                e.a3[i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xcc841204u: {  // BatchedMatmulBiasGeluF16
-        const pptm_env_cc841204 e(d);
-        switch (stage) {
-        case 0: {  // BatchedMatmul
-            pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // AddBias
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Gelu
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
-                e.a3[i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xd48b0662u: {  // BatchedMatmulBiasGeluF32
-        const pptm_env_d48b0662 e(d);
-        switch (stage) {
-        case 0: {  // BatchedMatmul
-            pptm_matmul_batched(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // AddBias
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Gelu
-            const uint64_t count = e.a4 * e.a5 * e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
-                e.a3[i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xafe1d589u: {  // BatchedMatmulBiasGeluFp8
-        const pptm_env_afe1d589 e(d);
-        switch (stage) {
-        case 0: {  // BatchedMatmul
-            pptm_matmul_mma_batched<pptm_f16>(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_pass_acc{}, scratch[0], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

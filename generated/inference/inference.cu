@@ -23,33 +23,6 @@
 #include "pptm/ops/prediction.cuh"
 #include "pptm/ops/reduce.cuh"
 
-// Rust's powi: repeated squaring (a negative power inverts the result).
-template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
-    unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
-    T r = (T)1, b = x;
-    while (e != 0u) {
-        if (e & 1u) r *= b;
-        b *= b;
-        e >>= 1;
-    }
-    return n < 0 ? (T)1 / r : r;
-}
-// Rust's `as u32` from a float: saturating, NaN to 0.
-template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
-    return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
-}
-
-// #[pptm::op] fn swish
-__device__ __forceinline__ float pptm_user_swish(float x, float beta) {
-    return (x / (1.0f + expf(((-beta) * x))));
-}
-
-// #[pptm::op] fn weighted_sq_err
-__device__ __forceinline__ float pptm_user_weighted_sq_err(float pred, float w, float obs) {
-    const float d = (pred - obs);
-    return ((w * d) * d);
-}
-
 // chain AccuracyPipeline: PredictionError -> Accuracy -> SumReduction (Map pattern)
 // spec hash 43ffe3573eaa936cac54cf8860fbccc1a6dc7d8a6caa50d9d1e69451cf2011cf, opcode 0x43ffe357
 struct pptm_env_43ffe357 {
@@ -173,189 +146,12 @@ __device__ __noinline__ uint32_t pptm_run_00271f25(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
-// chain LargestError: PredictionError -> MaxReduction (Map pattern)
-// spec hash b5a4b866dc5cfa6c6845b8ae761d65f34ba10f2204271f701925bc37a6da1e3e, opcode 0xb5a4b866
-struct pptm_env_b5a4b866 {
-    const float* a0;  // obs
-    const float* a1;  // pred
-    uint64_t a2;  // n
-    __device__ explicit pptm_env_b5a4b866(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(d.args[2]) {}
-};
-struct pptm_body_b5a4b866 {
-    pptm_env_b5a4b866 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_prediction_error(x[0], x[1]);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_b5a4b866(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_b5a4b866 e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_b5a4b866{e}, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_b5a4b866(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_b5a4b866 e(d);
-    double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
-    return v;
-}
-
-// chain LargestKlTerm: KlDivergence -> MaxReduction (Map pattern)
-// spec hash cfeb7655352a5b04e56c6507a2b484e1851c6d175884804f8d6dd67556734ef5, opcode 0xcfeb7655
-struct pptm_env_cfeb7655 {
-    const float* a0;  // q
-    const float* a1;  // p
-    uint64_t a2;  // n
-    __device__ explicit pptm_env_cfeb7655(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(d.args[2]) {}
-};
-struct pptm_body_cfeb7655 {
-    pptm_env_cfeb7655 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_kl_divergence(x[0], x[1]);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_cfeb7655(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_cfeb7655 e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_cfeb7655{e}, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_cfeb7655(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_cfeb7655 e(d);
-    double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
-    return v;
-}
-
-// chain MeanKlTerm: KlDivergence -> MeanReduction (Map pattern)
-// spec hash 143a17bd6567db9969e54a67f86dbf10e7fad2e8376cb3eba870fa220c8a74bb, opcode 0x143a17bd
-struct pptm_env_143a17bd {
-    const float* a0;  // q
-    const float* a1;  // p
-    uint64_t a2;  // n
-    __device__ explicit pptm_env_143a17bd(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(d.args[2]) {}
-};
-struct pptm_body_143a17bd {
-    pptm_env_143a17bd e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_kl_divergence(x[0], x[1]);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_143a17bd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_143a17bd e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_mean_reduction>(in, e.a2, pptm_body_143a17bd{e}, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_143a17bd(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_143a17bd e(d);
-    double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
-    return v;
-}
-
-// chain Predict: Gemv (Gemv pattern)
-// spec hash 8a7205d2f5ba3d16cd7ad3cf116f23fee289623f90bb4d0a155705209039e882, opcode 0x8a7205d2
-struct pptm_env_8a7205d2 {
-    const float* a0;  // x
-    const float* a1;  // a
-    float* a2;  // out
-    uint64_t a3;  // n
-    uint64_t a4;  // m
-    __device__ explicit pptm_env_8a7205d2(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
-};
-struct pptm_pro_8a7205d2 {
-    pptm_env_8a7205d2 e;
-    __device__ __forceinline__ float operator()(uint64_t j) const {
-        return pptm_ld_cg_f32(e.a0 + j);
-    }
-};
-struct pptm_epi_8a7205d2 {
-    pptm_env_8a7205d2 e;
-    static constexpr uint32_t loads = 1;
-    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
-        x[0] = 0.0f;
-    }
-    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
-        return acc;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
-        return acc;
-    }
-};
-__device__ __forceinline__ uint32_t pptm_run_8a7205d2(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_8a7205d2 e(d);
-    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_8a7205d2{e}, pptm_epi_8a7205d2{e}, e.a2, b);
-    return PPTM_STATUS_OK;
-}
-
-// chain SwishSum: Swish -> SumReduction (Map pattern)
-// spec hash d81a41687489897861436716af327d90e5bb990dbe39afe4c31884e66c2d46e5, opcode 0xd81a4168
-struct pptm_env_d81a4168 {
-    const float* a0;  // x
-    float a1;  // beta
-    uint64_t a2;  // n
-    __device__ explicit pptm_env_d81a4168(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(d.args[2]) {}
-};
-struct pptm_body_d81a4168 {
-    pptm_env_d81a4168 e;
-    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
-        const float s0 = pptm_user_swish(x[0], e.a1);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_d81a4168(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_d81a4168 e(d);
-    const float* const in[1] = {e.a0};
-    partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_body_d81a4168{e}, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_d81a4168(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_d81a4168 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
-    return v;
-}
-
-// chain WeightedLoss: WeightedSqErr -> SumReduction (Map pattern)
-// spec hash 21e73d203728e652a2076367f26caad9f75ffbefabcd19a0193ec961af4a3f3e, opcode 0x21e73d20
-struct pptm_env_21e73d20 {
-    const float* a0;  // pred
-    float a1;  // w
-    const float* a2;  // obs
-    uint64_t a3;  // n
-    __device__ explicit pptm_env_21e73d20(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(d.args[3]) {}
-};
-struct pptm_body_21e73d20 {
-    pptm_env_21e73d20 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_user_weighted_sq_err(x[0], e.a1, x[1]);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_21e73d20(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_21e73d20 e(d);
-    const float* const in[2] = {e.a0, e.a2};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a3, pptm_body_21e73d20{e}, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_21e73d20(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_21e73d20 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
-    return v;
-}
-
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x43ffe357u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // AccuracyPipeline
     case 0x6a371d48u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[6]) & 3ull) == 0 && (d.args[7] | d.args[8]) < (1ull << 48);  // BeliefUpdateStep
     case 0x7985c08cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KlComplexity
     case 0x00271f25u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // KlTerms
-    case 0xb5a4b866u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestError
-    case 0xcfeb7655u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // LargestKlTerm
-    case 0x143a17bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // MeanKlTerm
-    case 0x8a7205d2u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // Predict
-    case 0xd81a4168u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishSum
-    case 0x21e73d20u: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // WeightedLoss
     default: return true;
     }
 }
@@ -366,12 +162,6 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x6a371d48u: return pptm_run_6a371d48(d, b, partial);  // BeliefUpdateStep
     case 0x7985c08cu: return pptm_run_7985c08c(d, b, partial);  // KlComplexity
     case 0x00271f25u: return pptm_run_00271f25(d, b, partial);  // KlTerms
-    case 0xb5a4b866u: return pptm_run_b5a4b866(d, b, partial);  // LargestError
-    case 0xcfeb7655u: return pptm_run_cfeb7655(d, b, partial);  // LargestKlTerm
-    case 0x143a17bdu: return pptm_run_143a17bd(d, b, partial);  // MeanKlTerm
-    case 0x8a7205d2u: return pptm_run_8a7205d2(d, b, partial);  // Predict
-    case 0xd81a4168u: return pptm_run_d81a4168(d, b, partial);  // SwishSum
-    case 0x21e73d20u: return pptm_run_21e73d20(d, b, partial);  // WeightedLoss
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -380,11 +170,6 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     switch (d.opcode) {
     case 0x43ffe357u: return pptm_finish_43ffe357(d, partials, nblocks, smem);  // AccuracyPipeline
     case 0x7985c08cu: return pptm_finish_7985c08c(d, partials, nblocks, smem);  // KlComplexity
-    case 0xb5a4b866u: return pptm_finish_b5a4b866(d, partials, nblocks, smem);  // LargestError
-    case 0xcfeb7655u: return pptm_finish_cfeb7655(d, partials, nblocks, smem);  // LargestKlTerm
-    case 0x143a17bdu: return pptm_finish_143a17bd(d, partials, nblocks, smem);  // MeanKlTerm
-    case 0xd81a4168u: return pptm_finish_d81a4168(d, partials, nblocks, smem);  // SwishSum
-    case 0x21e73d20u: return pptm_finish_21e73d20(d, partials, nblocks, smem);  // WeightedLoss
     default: return 0.0;
     }
 }
@@ -393,7 +178,6 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x6a371d48u: return true;  // BeliefUpdateStep
     case 0x00271f25u: return true;  // KlTerms
-    case 0x8a7205d2u: return true;  // Predict
     default: return false;
     }
 }
@@ -516,122 +300,6 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xb5a4b866u: {  // LargestError
-        const pptm_env_b5a4b866 e(d);
-        switch (stage) {
-        case 0: {  // PredictionError
-            const uint64_t count = e.a2;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a2;
-                const float s0 = pptm_op_prediction_error(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
-                scratch[0][i] = s0;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // MaxReduction
-            const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xcfeb7655u: {  // LargestKlTerm
-        const pptm_env_cfeb7655 e(d);
-        switch (stage) {
-        case 0: {  // KlDivergence
-            const uint64_t count = e.a2;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a2;
-                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
-                scratch[0][i] = s0;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // MaxReduction
-            const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0x143a17bdu: {  // MeanKlTerm
-        const pptm_env_143a17bd e(d);
-        switch (stage) {
-        case 0: {  // KlDivergence
-            const uint64_t count = e.a2;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a2;
-                const float s0 = pptm_op_kl_divergence(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
-                scratch[0][i] = s0;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // MeanReduction
-            const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a2, pptm_take_first{}, b);
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0x8a7205d2u: {  // Predict
-        const pptm_env_8a7205d2 e(d);
-        switch (stage) {
-        case 0: {  // Gemv
-            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0xd81a4168u: {  // SwishSum
-        const pptm_env_d81a4168 e(d);
-        switch (stage) {
-        case 0: {  // Swish
-            const uint64_t count = e.a2;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a2;
-                const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + i), e.a1);
-                scratch[0][i] = s0;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // SumReduction
-            const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0x21e73d20u: {  // WeightedLoss
-        const pptm_env_21e73d20 e(d);
-        switch (stage) {
-        case 0: {  // WeightedSqErr
-            const uint64_t count = e.a3;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a3;
-                const float s0 = pptm_user_weighted_sq_err(pptm_ld_cg_f32(e.a0 + i), e.a1, pptm_ld_cg_f32(e.a2 + i));
-                scratch[0][i] = s0;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // SumReduction
-            const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a3, pptm_take_first{}, b);
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -647,36 +315,6 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     case 0x7985c08c01ull: {  // KlComplexity stage 1
         const pptm_env_7985c08c e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
-        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0xb5a4b86601ull: {  // LargestError stage 1
-        const pptm_env_b5a4b866 e(d);
-        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
-        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0xcfeb765501ull: {  // LargestKlTerm stage 1
-        const pptm_env_cfeb7655 e(d);
-        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
-        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0x143a17bd01ull: {  // MeanKlTerm stage 1
-        const pptm_env_143a17bd e(d);
-        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
-        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0xd81a416801ull: {  // SwishSum stage 1
-        const pptm_env_d81a4168 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
-        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0x21e73d2001ull: {  // WeightedLoss stage 1
-        const pptm_env_21e73d20 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

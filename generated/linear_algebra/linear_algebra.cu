@@ -230,58 +230,6 @@ __device__ __noinline__ uint32_t pptm_run_421fa2bb(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
-// chain GemvTwoAxpbySum: Gemv -> Axpby -> Axpby -> Square -> SumReduction (Gemv pattern)
-// spec hash 58c35b13ff130a9f2e5ae51f46f6f959c4f68592c4865a28a15c605be4568a66, opcode 0x58c35b13
-struct pptm_env_58c35b13 {
-    const float* a0;  // x
-    const float* a1;  // a
-    const float* a2;  // y
-    float a3;  // alpha
-    float a4;  // beta
-    const float* a5;  // y2
-    float a6;  // alpha2
-    float a7;  // beta2
-    uint64_t a8;  // n
-    uint64_t a9;  // m
-    __device__ explicit pptm_env_58c35b13(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<const float*>(d.args[5])), a6(__uint_as_float((uint32_t)d.args[6])), a7(__uint_as_float((uint32_t)d.args[7])), a8(d.args[8]), a9(d.args[9]) {}
-};
-struct pptm_pro_58c35b13 {
-    pptm_env_58c35b13 e;
-    __device__ __forceinline__ float operator()(uint64_t j) const {
-        return pptm_ld_cg_f32(e.a0 + j);
-    }
-};
-struct pptm_epi_58c35b13 {
-    pptm_env_58c35b13 e;
-    static constexpr uint32_t loads = 2;
-    __device__ __forceinline__ void load(uint64_t i, float (&x)[2]) const {
-        x[0] = pptm_ld_cg_f32(e.a2 + i);
-        x[1] = pptm_ld_cg_f32(e.a5 + i);
-    }
-    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[2]) const {
-        const float s1 = pptm_op_axpby(acc, x[0], e.a3, e.a4);
-        const float s2 = pptm_op_axpby(s1, x[1], e.a6, e.a7);
-        const float s3 = pptm_op_square(s2);
-        return s3;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
-        const float s1 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
-        const float s2 = pptm_op_axpby(s1, pptm_ld_cg_f32(e.a5 + i), e.a6, e.a7);
-        const float s3 = pptm_op_square(s2);
-        return s3;
-    }
-};
-__device__ __forceinline__ uint32_t pptm_run_58c35b13(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_58c35b13 e(d);
-    partial = pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a9, e.a8, pptm_pro_58c35b13{e}, pptm_epi_58c35b13{e}, nullptr, b);
-    return PPTM_STATUS_OK;
-}
-__device__ __forceinline__ double pptm_finish_58c35b13(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_58c35b13 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a9);
-    return v;
-}
-
 // chain MatmulBiasGelu: Matmul -> AddBias -> Gelu (Matmul pattern)
 // spec hash 646fa6dbaa2b7e0338612e7b6c41380e63f6c9943f06ac395814d3097fc7c6fd, opcode 0x646fa6db
 struct pptm_env_646fa6db {
@@ -475,46 +423,6 @@ __device__ __forceinline__ uint32_t pptm_run_1156234b(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
-// chain RichardsonStep: Gemv -> Axpby (Gemv pattern)
-// spec hash a4e244f51e48fc139acaabf1984bc3fb82bee7a4a5e9cee359bdc4e3d0fead5e, opcode 0xa4e244f5
-struct pptm_env_a4e244f5 {
-    const float* a0;  // x
-    const float* a1;  // a
-    const float* a2;  // y
-    float a3;  // alpha
-    float a4;  // beta
-    float* a5;  // out
-    uint64_t a6;  // n
-    uint64_t a7;  // m
-    __device__ explicit pptm_env_a4e244f5(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]) {}
-};
-struct pptm_pro_a4e244f5 {
-    pptm_env_a4e244f5 e;
-    __device__ __forceinline__ float operator()(uint64_t j) const {
-        return pptm_ld_cg_f32(e.a0 + j);
-    }
-};
-struct pptm_epi_a4e244f5 {
-    pptm_env_a4e244f5 e;
-    static constexpr uint32_t loads = 1;
-    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
-        x[0] = pptm_ld_cg_f32(e.a2 + i);
-    }
-    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
-        const float s1 = pptm_op_axpby(acc, x[0], e.a3, e.a4);
-        return s1;
-    }
-    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
-        const float s1 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
-        return s1;
-    }
-};
-__device__ __forceinline__ uint32_t pptm_run_a4e244f5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_a4e244f5 e(d);
-    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a7, e.a6, pptm_pro_a4e244f5{e}, pptm_epi_a4e244f5{e}, e.a5, b);
-    return PPTM_STATUS_OK;
-}
-
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x91e20abau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySum
@@ -522,13 +430,11 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x20719f30u: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // GemvAxpbySumFp8
     case 0xc4b9f095u: return ((d.args[1]) & 1ull) == 0 && ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvBf16
     case 0x421fa2bbu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvFp8
-    case 0x58c35b13u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[8] | d.args[9]) < (1ull << 48);  // GemvTwoAxpbySum
     case 0x646fa6dbu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGelu
     case 0x67fb1b7bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasRelu
     case 0x9e9087e3u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasSigmoid
     case 0x1156234bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasTanh
-    case 0xa4e244f5u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7]) < (1ull << 48);  // RichardsonStep
     default: return true;
     }
 }
@@ -540,13 +446,11 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x20719f30u: return pptm_run_20719f30(d, b, partial);  // GemvAxpbySumFp8
     case 0xc4b9f095u: return pptm_run_c4b9f095(d, b, partial);  // GemvBf16
     case 0x421fa2bbu: return pptm_run_421fa2bb(d, b, partial);  // GemvFp8
-    case 0x58c35b13u: return pptm_run_58c35b13(d, b, partial);  // GemvTwoAxpbySum
     case 0x646fa6dbu: return pptm_run_646fa6db(d, b, partial);  // MatmulBiasGelu
     case 0x67fb1b7bu: return pptm_run_67fb1b7b(d, b, partial);  // MatmulBiasGeluGuarded
     case 0xbf989ba0u: return pptm_run_bf989ba0(d, b, partial);  // MatmulBiasRelu
     case 0x9e9087e3u: return pptm_run_9e9087e3(d, b, partial);  // MatmulBiasSigmoid
     case 0x1156234bu: return pptm_run_1156234b(d, b, partial);  // MatmulBiasTanh
-    case 0xa4e244f5u: return pptm_run_a4e244f5(d, b, partial);  // RichardsonStep
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -556,7 +460,6 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     case 0x91e20abau: return pptm_finish_91e20aba(d, partials, nblocks, smem);  // GemvAxpbySum
     case 0xfba379bcu: return pptm_finish_fba379bc(d, partials, nblocks, smem);  // GemvAxpbySumBf16
     case 0x20719f30u: return pptm_finish_20719f30(d, partials, nblocks, smem);  // GemvAxpbySumFp8
-    case 0x58c35b13u: return pptm_finish_58c35b13(d, partials, nblocks, smem);  // GemvTwoAxpbySum
     case 0x67fb1b7bu: return pptm_finish_67fb1b7b(d, partials, nblocks, smem);  // MatmulBiasGeluGuarded
     default: return 0.0;
     }
@@ -571,7 +474,6 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0xbf989ba0u: return true;  // MatmulBiasRelu
     case 0x9e9087e3u: return true;  // MatmulBiasSigmoid
     case 0x1156234bu: return true;  // MatmulBiasTanh
-    case 0xa4e244f5u: return true;  // RichardsonStep
     default: return false;
     }
 }
@@ -710,52 +612,6 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 0: {  // Gemv
             pptm_gemv_n_mma<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
             partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
-    case 0x58c35b13u: {  // GemvTwoAxpbySum
-        const pptm_env_58c35b13 e(d);
-        switch (stage) {
-        case 0: {  // Gemv
-            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a9, e.a8, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // Axpby
-            const uint64_t count = e.a9;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a9;
-                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
-                scratch[1][i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 2: {  // Axpby
-            const uint64_t count = e.a9;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a9;
-                const float s2 = pptm_op_axpby(pptm_ld_cg_f32(scratch[1] + i), pptm_ld_cg_f32(e.a5 + i), e.a6, e.a7);
-                scratch[2][i] = s2;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 3: {  // Square
-            const uint64_t count = e.a9;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a9;
-                const float s3 = pptm_op_square(pptm_ld_cg_f32(scratch[2] + i));
-                scratch[3][i] = s3;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 4: {  // SumReduction
-            const float* const in[1] = {scratch[3]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a9, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -915,27 +771,6 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xa4e244f5u: {  // RichardsonStep
-        const pptm_env_a4e244f5 e(d);
-        switch (stage) {
-        case 0: {  // Gemv
-            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a7, e.a6, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        case 1: {  // Axpby
-            const uint64_t count = e.a7;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a7;
-                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i), e.a3, e.a4);
-                e.a5[i] = s1;
-            }
-            partial = 0.0;
-            return PPTM_STATUS_OK;
-        }
-        default: return PPTM_STATUS_BAD_OPCODE;
-        }
-    }
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -958,12 +793,6 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         const pptm_env_20719f30 e(d);
         const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
-        return;
-    }
-    case 0x58c35b1304ull: {  // GemvTwoAxpbySum stage 4
-        const pptm_env_58c35b13 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a9);
-        if (threadIdx.x == 0) { scratch[4][0] = (float)v; out->value = v; }
         return;
     }
     case 0x67fb1b7b00ull: {  // MatmulBiasGeluGuarded stage 0: the guard's value

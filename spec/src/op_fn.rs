@@ -67,8 +67,11 @@ pub struct OpFn {
     pub ret: Scalar,
     /// The device function's name: `pptm_user_<name>`.
     pub device: String,
-    /// The device function, ready to paste into a translation unit after [`HELPERS`].
+    /// The device function, ready to paste into a translation unit after [`HELPERS`]. For a
+    /// reduction, the combine function and the reducer type (`device`) that wraps it.
     pub cuda: String,
+    /// [`FusionClass::Elementwise`], or [`FusionClass::Reduction`] for `#[pptm::op(reduction(...))]`.
+    pub class: FusionClass,
 }
 
 impl OpFn {
@@ -91,6 +94,19 @@ impl OpFn {
     /// maps); the others named in `tensors` are inputs of their own, one element per element of
     /// the flow; the rest are passed by value (f32 or u32: what a descriptor carries).
     pub fn catalog_params(&self, tensors: &[String]) -> Result<Vec<Param>, String> {
+        if self.class == FusionClass::Reduction {
+            // A reduction folds its flow, element by element: its parameters are the combine's two
+            // accumulators, not inputs.
+            if let Some(t) = tensors.first() {
+                return Err(format!(
+                    "`{t}`: a reduction reads only its flow; map other inputs in a stage before it"
+                ));
+            }
+            return Ok(vec![Param {
+                name: "x",
+                ty: Ty::Like,
+            }]);
+        }
         for t in tensors {
             if !self.params.iter().skip(1).any(|(p, _)| p == t) {
                 return Err(format!(
@@ -130,34 +146,34 @@ impl OpFn {
         Ok(out)
     }
 
-    /// The op as an [`OpDef`], leaked (build.rs and the derive macro make a few, once).
-    /// `cpu` is its CPU reference over the catalog's f64 values (the runtime passes a wrapper of
-    /// the user's function; build.rs, which does not link it, a stub).
-    pub fn leak_def(
-        &self,
-        tensors: &[String],
-        cpu: fn(&[f64]) -> f64,
-    ) -> Result<&'static OpDef, String> {
+    /// The op as an [`OpDef`] whose CPU reference is a stub, leaked: what build.rs and the derive
+    /// macro need (they do not link the user's function; the attribute macro builds the real
+    /// [`OpDef`], with the function as its CPU reference, from the same [`OpFn`]).
+    pub fn leak_def(&self, tensors: &[String]) -> Result<&'static OpDef, String> {
         let inputs: &'static [Param] = Box::leak(self.catalog_params(tensors)?.into_boxed_slice());
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let reduction = self.class == FusionClass::Reduction;
         Ok(Box::leak(Box::new(OpDef {
             name: leak(self.op_name()),
-            class: FusionClass::Elementwise,
+            class: self.class,
             inputs,
-            output: Ty::Like,
+            output: if reduction { Ty::Scalar } else { Ty::Like },
             flow_channels: Some(1),
             out_channels: Some(1),
-            // An f64 function serves an fp32 stage too (its result rounded); an f32 one only fp32.
-            precisions: if self.ret == Scalar::F64 {
-                &[Precision::Fp32, Precision::Fp64]
-            } else {
-                &[Precision::Fp32]
-            },
+            precisions: self.precisions(),
             tensor_precisions: &[],
             header: "",
             cuda: leak(self.cuda.clone()),
             device: leak(self.device.clone()),
-            cpu: CpuImpl::Elementwise(cpu),
+            cpu: if reduction {
+                CpuImpl::Reduction {
+                    identity: f64::NAN,
+                    combine: |_, _| f64::NAN,
+                    finish: |_, _| f64::NAN,
+                }
+            } else {
+                CpuImpl::Elementwise(|_| f64::NAN)
+            },
             check: None,
             doc: leak(format!(
                 "`{}`, an op of the user's own (#[pptm::op]).",
@@ -165,31 +181,135 @@ impl OpFn {
             )),
         })))
     }
+
+    /// The precisions a stage of this op may declare. An f64 function serves an fp32 stage too
+    /// (its result rounded); an f32 one only fp32. A reduction accumulates in f64 either way.
+    pub fn precisions(&self) -> &'static [Precision] {
+        if self.ret == Scalar::F64 {
+            &[Precision::Fp32, Precision::Fp64]
+        } else {
+            &[Precision::Fp32]
+        }
+    }
 }
 
-/// The arguments of `#[pptm::op(...)]`: nothing, or `tensors(a, b)` naming the parameters after
-/// the first that are inputs of their own (one element per element of the flow) rather than
-/// values passed by value. Shared by the attribute macro and build.rs, so both read it alike.
-pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<Vec<syn::Ident>> {
-    let mut tensors: Vec<syn::Ident> = Vec::new();
+/// The arguments of `#[pptm::op(...)]`. Shared by the attribute macro and build.rs, so both read
+/// them alike.
+#[derive(Default)]
+pub struct OpAttr {
+    /// `tensors(a, b)`: the parameters after the first that are inputs of their own (one element
+    /// per element of the flow) rather than values passed by value.
+    pub tensors: Vec<syn::Ident>,
+    /// `reduction(identity = ..., finish = |total, n| ...)`: the function is the combine of a
+    /// reduction rather than an elementwise op.
+    pub reduction: Option<ReductionAttr>,
+}
+
+/// `reduction(identity = EXPR, finish = CLOSURE)` in `#[pptm::op(...)]`.
+pub struct ReductionAttr {
+    /// The `reduction` keyword, for errors.
+    pub span: Span,
+    /// The combine's identity: a constant (`0.0`, `f64::NEG_INFINITY`).
+    pub identity: Expr,
+    /// Turns the combined total of `n` elements into the result (`|total, n| total / n`, with
+    /// `n` an f64); the total itself when absent.
+    pub finish: Option<syn::ExprClosure>,
+}
+
+impl OpAttr {
+    /// The parameter names of `tensors(...)`, as strings.
+    pub fn tensor_names(&self) -> Vec<String> {
+        self.tensors.iter().map(|t| t.to_string()).collect()
+    }
+}
+
+/// Parses the arguments of `#[pptm::op(...)]`: nothing, `tensors(a, b)`, or
+/// `reduction(identity = ..., finish = ...)`.
+pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
+    let mut out = OpAttr::default();
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("tensors") {
-            if !tensors.is_empty() {
+            if !out.tensors.is_empty() {
                 return Err(meta.error("`tensors` is given twice"));
             }
             meta.parse_nested_meta(|inner| {
                 let Some(id) = inner.path.get_ident() else {
                     return Err(inner.error("name a parameter, e.g. tensors(obs)"));
                 };
-                tensors.push(id.clone());
+                out.tensors.push(id.clone());
                 Ok(())
             })
+        } else if meta.path.is_ident("reduction") {
+            if out.reduction.is_some() {
+                return Err(meta.error("`reduction` is given twice"));
+            }
+            let span = meta.path.span();
+            let (mut identity, mut finish) = (None, None);
+            if meta.input.peek(syn::token::Paren) {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                while !content.is_empty() {
+                    let name: syn::Ident = content.parse()?;
+                    content.parse::<syn::Token![=]>()?;
+                    let value: Expr = content.parse()?;
+                    match (name.to_string().as_str(), value) {
+                        ("identity", v) => identity = Some(v),
+                        ("finish", Expr::Closure(c)) => finish = Some(c),
+                        ("finish", other) => {
+                            return Err(syn::Error::new(
+                                other.span(),
+                                "`finish` is a closure of the total and the element count: `|total, n| total / n`",
+                            ));
+                        }
+                        _ => {
+                            return Err(syn::Error::new(
+                                name.span(),
+                                "unknown reduction argument; expected `identity = ...` or `finish = |total, n| ...`",
+                            ));
+                        }
+                    }
+                    if !content.is_empty() {
+                        content.parse::<syn::Token![,]>()?;
+                    }
+                }
+            }
+            let Some(identity) = identity else {
+                return Err(syn::Error::new(
+                    span,
+                    "a reduction needs the identity of its combine: `reduction(identity = 0.0)`",
+                ));
+            };
+            out.reduction = Some(ReductionAttr {
+                span,
+                identity,
+                finish,
+            });
+            Ok(())
         } else {
-            Err(meta.error("unknown op attribute; expected `tensors(param, ...)`"))
+            Err(meta.error(
+                "unknown op attribute; expected `tensors(param, ...)` or `reduction(identity = ...)`",
+            ))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    Ok(tensors)
+    if let (Some(r), Some(t)) = (&out.reduction, out.tensors.first()) {
+        let mut e = syn::Error::new(
+            t.span(),
+            "a reduction reads only its flow: map other inputs in a stage before it",
+        );
+        e.combine(syn::Error::new(r.span, "declared a reduction here"));
+        return Err(e);
+    }
+    Ok(out)
+}
+
+/// Checks a function with its `#[pptm::op(...)]` arguments and translates it: an elementwise op
+/// ([`parse_op_fn`]), or the combine of a reduction ([`parse_reduction_fn`]).
+pub fn parse_op(attr: &OpAttr, f: &ItemFn) -> syn::Result<OpFn> {
+    match &attr.reduction {
+        Some(r) => parse_reduction_fn(f, r),
+        None => parse_op_fn(f),
+    }
 }
 
 /// The math methods of the subset: Rust name, number of arguments besides the receiver, and the
@@ -348,7 +468,146 @@ pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
         ret,
         device,
         cuda,
+        class: FusionClass::Elementwise,
     })
+}
+
+/// Checks the combine function of a reduction and translates it with its identity and finish
+/// into a reducer type (`pptm_user_<name>_reducer`) the fused patterns use as they use the
+/// built-in reductions'. The accumulator is f64 on both backends, so the combine is
+/// `fn(a: f64, b: f64) -> f64`: it folds two partial results (an element is the partial result
+/// of itself), in any order and grouping, so it must be associative and commutative.
+pub fn parse_reduction_fn(f: &ItemFn, r: &ReductionAttr) -> syn::Result<OpFn> {
+    let combine = parse_op_fn(f)?;
+    let f64s = combine.params.len() == 2
+        && combine.params.iter().all(|(_, t)| *t == Scalar::F64)
+        && combine.ret == Scalar::F64;
+    if !f64s {
+        return err(
+            f.sig.span(),
+            "a reduction's function is its combine: `fn(a: f64, b: f64) -> f64` (reductions \
+             accumulate in f64), associative and commutative",
+        );
+    }
+    let mut t = Translator {
+        scopes: Vec::new(),
+        body: String::new(),
+        temps: 0,
+    };
+    check_constant(&r.identity)?;
+    let identity = t.expr(&r.identity, Some(Scalar::F64))?;
+    let (finish_body, finish_value) = match &r.finish {
+        None => (String::new(), "pptm_total".to_string()),
+        Some(c) => finish_closure(c)?,
+    };
+    let device = format!("pptm_user_{}_reducer", combine.name);
+    let cuda = format!(
+        "{}// #[pptm::op(reduction)] fn {name}: identity, combine and finish for the fused patterns.\n\
+         struct {device} {{\n\
+         \x20   __device__ __forceinline__ static double identity() {{ return {id}; }}\n\
+         \x20   __device__ __forceinline__ static double combine(double a, double b) {{ return {comb}(a, b); }}\n\
+         \x20   __device__ __forceinline__ static double finish(double pptm_total, unsigned long long pptm_count) {{\n\
+         \x20       (void)pptm_total;\n\
+         \x20       (void)pptm_count;\n\
+         {finish_body}\x20       return {finish_value};\n\
+         \x20   }}\n\
+         }};\n",
+        combine.cuda,
+        name = combine.name,
+        id = identity.code,
+        comb = combine.device,
+    );
+    Ok(OpFn {
+        device,
+        cuda,
+        class: FusionClass::Reduction,
+        ..combine
+    })
+}
+
+/// A reduction's identity is a constant: literals, f32/f64 constants, arithmetic on them.
+fn check_constant(e: &Expr) -> syn::Result<()> {
+    match e {
+        Expr::Lit(_) | Expr::Path(_) => Ok(()),
+        Expr::Paren(p) => check_constant(&p.expr),
+        Expr::Group(g) => check_constant(&g.expr),
+        Expr::Unary(u) => check_constant(&u.expr),
+        Expr::Cast(c) => check_constant(&c.expr),
+        Expr::Binary(b) => check_constant(&b.left).and_then(|()| check_constant(&b.right)),
+        other => err(
+            other.span(),
+            "a reduction's identity is a constant: a literal, an f64 constant such as \
+             `f64::NEG_INFINITY`, or arithmetic on them",
+        ),
+    }
+}
+
+/// Translates `finish = |total, n| ...` (`total` and `n`, the element count, are f64): the
+/// statements before its value, indented for the reducer's `finish`, and the value.
+fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
+    if let Some(tok) = c
+        .asyncness
+        .as_ref()
+        .map(|a| a.span())
+        .or(c.movability.as_ref().map(|m| m.span()))
+        .or(c.capture.as_ref().map(|m| m.span()))
+        .or(c.constness.as_ref().map(|m| m.span()))
+    {
+        return err(tok, "`finish` is a plain closure: `|total, n| total / n`");
+    }
+    if c.inputs.is_empty() || c.inputs.len() > 2 {
+        return err(
+            c.inputs.span(),
+            "`finish` takes the total and, optionally, the element count: `|total, n| total / n`",
+        );
+    }
+    let mut scope = Vec::new();
+    for input in &c.inputs {
+        let (pat, ty) = match input {
+            Pat::Type(pt) => (&*pt.pat, Some(&*pt.ty)),
+            other => (other, None),
+        };
+        let Pat::Ident(pi) = pat else {
+            return err(input.span(), "a `finish` parameter is a plain name");
+        };
+        if let Some(ty) = ty
+            && scalar_type(ty, false)? != Scalar::F64
+        {
+            return err(
+                ty.span(),
+                "`finish` parameters are f64 (the total, and the element count as f64)",
+            );
+        }
+        scope.push((pi.ident.to_string(), Scalar::F64));
+    }
+    if let ReturnType::Type(_, ty) = &c.output
+        && scalar_type(ty, false)? != Scalar::F64
+    {
+        return err(ty.span(), "`finish` returns f64");
+    }
+    let mut t = Translator {
+        scopes: vec![scope.clone()],
+        body: String::new(),
+        temps: 0,
+    };
+    let v = match &*c.body {
+        Expr::Block(b) if b.label.is_none() => {
+            t.block(&b.block.stmts, b.span(), Some(Scalar::F64), 2)?
+        }
+        other => t.expr(other, Some(Scalar::F64))?,
+    };
+    // The reducer's finish receives `pptm_total` and `pptm_count`: the closure's parameters are
+    // bound to them by its own names.
+    let mut prelude = String::new();
+    for (k, (name, _)) in scope.iter().enumerate() {
+        let from = if k == 0 {
+            "pptm_total"
+        } else {
+            "(double)pptm_count"
+        };
+        prelude.push_str(&format!("        const double {name} = {from};\n"));
+    }
+    Ok((prelude + &t.body, v.code))
 }
 
 /// `f32`, `f64` or `u32` (and `bool` where `allow_bool`), possibly written `core::primitive::f32`.
@@ -1302,6 +1561,138 @@ mod tests {
                 Err(e) => assert!(
                     e.to_string().contains(needle),
                     "{src}: `{e}` does not say `{needle}`"
+                ),
+            }
+        }
+    }
+
+    fn reduction(attr: &str, src: &str) -> syn::Result<OpFn> {
+        let attr = parse_op_attr(attr.parse().unwrap())?;
+        parse_op(&attr, &syn::parse_str::<ItemFn>(src)?)
+    }
+
+    #[test]
+    fn a_reduction_becomes_a_reducer_type() {
+        let lse = reduction(
+            "reduction(identity = f64::NEG_INFINITY)",
+            "fn log_sum_exp(a: f64, b: f64) -> f64 {
+                 let m = a.max(b);
+                 if m == f64::NEG_INFINITY { m } else { m + ((a - m).exp() + (b - m).exp()).ln() }
+             }",
+        )
+        .unwrap();
+        assert_eq!(lse.class, FusionClass::Reduction);
+        assert_eq!(lse.device, "pptm_user_log_sum_exp_reducer");
+        let c = &lse.cuda;
+        assert!(c.contains("struct pptm_user_log_sum_exp_reducer {"), "{c}");
+        assert!(c.contains("static double identity() { return (-"), "{c}");
+        assert!(c.contains("return pptm_user_log_sum_exp(a, b);"), "{c}");
+        assert!(c.contains("return pptm_total;"), "{c}");
+        let def = lse.leak_def(&[]).unwrap();
+        assert_eq!(def.output, Ty::Scalar);
+        assert_eq!(def.inputs.len(), 1);
+
+        let rms = reduction(
+            "reduction(identity = 0.0, finish = |s: f64, count| { let mean = s / count; mean.sqrt() })",
+            "fn rms(a: f64, b: f64) -> f64 { a + b }",
+        )
+        .unwrap();
+        let c = &rms.cuda;
+        assert!(c.contains("const double s = pptm_total;"), "{c}");
+        assert!(
+            c.contains("const double count = (double)pptm_count;"),
+            "{c}"
+        );
+        assert!(c.contains("return sqrt(mean);"), "{c}");
+    }
+
+    #[test]
+    fn what_a_reduction_refuses_is_an_error_that_says_so() {
+        let sum = "fn s(a: f64, b: f64) -> f64 { a + b }";
+        for (attr, src, needle) in [
+            ("reduction()", sum, "needs the identity"),
+            (
+                "reduction(identity = 0.0, zero = 1)",
+                sum,
+                "unknown reduction argument",
+            ),
+            (
+                "reduction(identity = 0.0), reduction(identity = 0.0)",
+                sum,
+                "given twice",
+            ),
+            (
+                "reduction(identity = 0.0), tensors(b)",
+                sum,
+                "reads only its flow",
+            ),
+            (
+                "reduction(identity = 0.0_f64.exp())",
+                sum,
+                "identity is a constant",
+            ),
+            (
+                "reduction(identity = 0.0)",
+                "fn s(a: f32, b: f32) -> f32 { a + b }",
+                "`fn(a: f64, b: f64) -> f64`",
+            ),
+            (
+                "reduction(identity = 0.0)",
+                "fn s(a: f64) -> f64 { a }",
+                "`fn(a: f64, b: f64) -> f64`",
+            ),
+            (
+                "reduction(identity = 0.0)",
+                "fn s(a: f64, b: f64, c: f64) -> f64 { a }",
+                "`fn(a: f64, b: f64) -> f64`",
+            ),
+            (
+                "reduction(identity = 0.0, finish = total)",
+                sum,
+                "is a closure",
+            ),
+            (
+                "reduction(identity = 0.0, finish = || 1.0)",
+                sum,
+                "takes the total",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |a, b, c| a)",
+                sum,
+                "takes the total",
+            ),
+            (
+                "reduction(identity = 0.0, finish = move |t| t)",
+                sum,
+                "plain closure",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |t: f32| t)",
+                sum,
+                "parameters are f64",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |t| -> f32 { 1.0 })",
+                sum,
+                "returns f64",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |t| u)",
+                sum,
+                "neither a parameter",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |(a, b)| a)",
+                sum,
+                "plain name",
+            ),
+            ("reduce(identity = 0.0)", sum, "unknown op attribute"),
+        ] {
+            match reduction(attr, src) {
+                Ok(op) => panic!("{attr} {src}: accepted, translated to\n{}", op.cuda),
+                Err(e) => assert!(
+                    e.to_string().contains(needle),
+                    "{attr} {src}: `{e}` does not say `{needle}`"
                 ),
             }
         }

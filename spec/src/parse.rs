@@ -71,10 +71,9 @@ pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
                     syn::Meta::List(l) => l.tokens.clone(),
                     _ => proc_macro2::TokenStream::new(),
                 };
-                let def = crate::op_fn::parse_op_attr(args).ok().and_then(|tensors| {
-                    let tensors: Vec<String> = tensors.iter().map(|t| t.to_string()).collect();
-                    let op = crate::op_fn::parse_op_fn(f).ok()?;
-                    op.leak_def(&tensors, |_| f64::NAN).ok()
+                let def = crate::op_fn::parse_op_attr(args).ok().and_then(|attr| {
+                    let op = crate::op_fn::parse_op(&attr, f).ok()?;
+                    op.leak_def(&attr.tensor_names()).ok()
                 });
                 self.0.extend(def);
             }

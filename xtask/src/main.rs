@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use pptm_codegen::nvrtc::Nvrtc;
-use pptm_codegen::project::Project;
+use pptm_codegen::project::plan_trees;
 
 const ABI_HEADER: &str = "kernels/pptm/abi.h";
 const ABI_RUST: &str = "runtime/src/gpu/abi_generated.rs";
@@ -42,36 +42,45 @@ fn workspace_root() -> PathBuf {
 }
 
 fn codegen(check: bool) -> Result<String, String> {
-    let project = Project::at(workspace_root());
+    let trees = plan_trees(&workspace_root()).map_err(|e| e.to_string())?;
     let nvrtc = Nvrtc::find().map_err(|e| e.to_string())?;
-    if check {
-        let diffs = project.check(&nvrtc).map_err(|e| e.to_string())?;
-        if diffs.is_empty() {
-            Ok(format!(
-                "generated/ is up to date (NVRTC {:?} at {})",
-                nvrtc.version(),
-                nvrtc.path().display()
-            ))
+    let mut report = Vec::new();
+    let mut stale = Vec::new();
+    for (project, plan) in &trees {
+        let folder = project.folder();
+        if check {
+            let diffs = project.check(plan, &nvrtc).map_err(|e| e.to_string())?;
+            if diffs.is_empty() {
+                report.push(format!(
+                    "{folder}/ is up to date (NVRTC {:?} at {})",
+                    nvrtc.version(),
+                    nvrtc.path().display()
+                ));
+            } else {
+                stale.extend(diffs);
+            }
         } else {
-            Err(format!(
-                "generated/ is stale:\n{}\nrun `cargo xtask codegen` and commit generated/",
-                diffs
-                    .iter()
-                    .map(|d| format!("  - {d}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            ))
+            let m = project
+                .regenerate(plan, &nvrtc)
+                .map_err(|e| e.to_string())?;
+            let chains: usize = m.domains.iter().map(|d| d.chains.len()).sum();
+            report.push(format!(
+                "{folder}/: {} domain(s), {chains} chain(s), NVRTC {}",
+                m.domains.len(),
+                m.nvrtc
+            ));
         }
+    }
+    if stale.is_empty() {
+        Ok(report.join("\n"))
     } else {
-        let plan = project.plan().map_err(|e| e.to_string())?;
-        let m = project
-            .regenerate(&plan, &nvrtc)
-            .map_err(|e| e.to_string())?;
-        let chains: usize = m.domains.iter().map(|d| d.chains.len()).sum();
-        Ok(format!(
-            "generated/: {} domain(s), {chains} chain(s), NVRTC {}",
-            m.domains.len(),
-            m.nvrtc
+        Err(format!(
+            "generated code is stale:\n{}\nrun `cargo xtask codegen` and commit generated/ and generated-dev/",
+            stale
+                .iter()
+                .map(|d| format!("  - {d}"))
+                .collect::<Vec<_>>()
+                .join("\n")
         ))
     }
 }
