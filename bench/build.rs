@@ -1,7 +1,9 @@
-//! Records the commit the benchmark was built from (results name it; the GPU hosts have no git).
+//! Records the commit the benchmark was built from (results name it; the GPU hosts have no git),
+//! and keeps generated/ in step with the benchmark's own chains (src/own_ops.rs).
 use std::process::Command;
 
 fn main() {
+    pptm_codegen::build_script();
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)

@@ -161,6 +161,8 @@ pub mod seed {
     pub const MM16_A: u64 = 22;
     pub const MM16_W: u64 = 23;
     pub const MM16_B: u64 = 24;
+    pub const RES_X: u64 = 25;
+    pub const RES_Y: u64 = 26;
 }
 
 /// Fixed parameters, shared with peers.py.
@@ -226,13 +228,20 @@ pub fn all() -> Vec<Case> {
     ]) {
         cases.push(matmul_bias_gelu_bf16(true, size, batch, m, k, n));
     }
+    // One chain with built-in ops and with the same ops of one's own, side by side.
+    for (size, n) in SIZES.into_iter().zip([4096usize, 1 << 20, 1 << 26]) {
+        cases.push(squared_residual(false, size, n));
+        cases.push(squared_residual(true, size, n));
+    }
     cases
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 14] = [
+pub const CHAINS: [&str; 16] = [
     "kl_complexity",
     "accuracy_pipeline",
+    "squared_residual",
+    "squared_residual_own_ops",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -296,6 +305,54 @@ fn kl_complexity(size: &'static str, n: usize) -> Case {
                 scale += t.abs();
             }
             Expect::Scalar { value, scale }
+        }),
+    }
+}
+
+/// Σ (α x + β y)², with built-in ops or with the same ops written with `#[pptm::op]`
+/// (src/own_ops.rs): the same chain, the same domain.
+fn squared_residual(own_ops: bool, size: &'static str, n: usize) -> Case {
+    use crate::own_ops::{SquaredResidual, SquaredResidualOwnOps};
+    const ALPHA: f32 = 1.0;
+    const BETA: f32 = -0.5;
+    Case {
+        chain: if own_ops {
+            "squared_residual_own_ops"
+        } else {
+            "squared_residual"
+        },
+        domain: SquaredResidual::DOMAIN.name,
+        size,
+        shape: format!("n = {n}"),
+        x: n as f64,
+        bytes: 8.0 * n as f64,
+        flops: 5.0 * n as f64,
+        prepare: Box::new(move |rt| {
+            let (x, y) = (
+                rt.upload(&uniform(seed::RES_X, n))?,
+                rt.upload(&uniform(seed::RES_Y, n))?,
+            );
+            Ok(Box::new(move |read| {
+                let timed = if own_ops {
+                    SquaredResidualOwnOps::submit(rt, &x, &y, ALPHA, BETA)?.wait_timed()?
+                } else {
+                    SquaredResidual::submit(rt, &x, &y, ALPHA, BETA)?.wait_timed()?
+                };
+                Ok(scalar(timed, read))
+            }))
+        }),
+        expect: Box::new(move || {
+            let value = uniform(seed::RES_X, n)
+                .iter()
+                .zip(&uniform(seed::RES_Y, n))
+                .map(|(&x, &y)| {
+                    (f64::from(ALPHA) * f64::from(x) + f64::from(BETA) * f64::from(y)).powi(2)
+                })
+                .sum();
+            Expect::Scalar {
+                value,
+                scale: value,
+            }
         }),
     }
 }

@@ -20,6 +20,7 @@
 
 mod cases;
 mod cublas;
+mod own_ops;
 mod record;
 mod report;
 

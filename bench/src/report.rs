@@ -390,7 +390,10 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
         let (x0, x1) = (x0 / 1.5, x1 * 1.5);
         let (y0, y1) = (y0 / 1.5, y1 * 1.5);
         let x_desc = match *chain {
-            "kl_complexity" | "accuracy_pipeline" => "elements",
+            "kl_complexity"
+            | "accuracy_pipeline"
+            | "squared_residual"
+            | "squared_residual_own_ops" => "elements",
             "distance_kth" | "te_reduction" => "points",
             "matmul_bias_gelu" => "m (shapes in REPORT.md)",
             _ => "matrix side (m = n)",

@@ -36,6 +36,7 @@ pub fn build_script() {
     }
     println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
     println!("cargo:rerun-if-env-changed=PPTM_NVRTC");
+    println!("cargo:rerun-if-env-changed=PPTM_LINEINFO");
 
     let trees = match plan_trees(&root) {
         Ok(t) => t,

@@ -106,12 +106,17 @@ pub fn repo_relative_file_paths(ptx: &str, cwd: &Path) -> String {
 }
 
 /// NVRTC options for one arch. Part of the input hash.
+///
+/// Without source-line tables by default: they are about 40 % of the PTX, and every binary embeds
+/// it. `PPTM_LINEINFO=1` adds them (`-lineinfo`), for ncu's source view and compute-sanitizer's
+/// line numbers: the build then regenerates the generated code with them, for local use only
+/// (commit it without).
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-lineinfo".into(),
-    ]
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    if std::env::var("PPTM_LINEINFO").is_ok_and(|v| v == "1") {
+        options.push("-lineinfo".into());
+    }
+    options
 }
 
 /// SHA-256 over everything that determines a domain's generated code: the codegen version, the

@@ -151,6 +151,11 @@ fn collect_rs(
             continue;
         }
         if path.is_dir() {
+            // A folder with a Cargo.toml of its own is another crate (a fixture in tests/): its
+            // chains are its own.
+            if path.join("Cargo.toml").exists() {
+                continue;
+            }
             collect_rs(root, &path, skip, out)?;
         } else if path.extension().is_some_and(|e| e == "rs") {
             out.push(rel);
@@ -203,6 +208,13 @@ mod tests {
         std::fs::write(
             dir.join("src/deep/invalid.rs"),
             r#"#[derive(FusionBuilder)] #[fusion(domain = "x")] struct Bad { #[stage(2)] s: SumReduction }"#,
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.join("tests/nested/src")).unwrap();
+        std::fs::write(dir.join("tests/nested/Cargo.toml"), "[package]").unwrap();
+        std::fs::write(
+            dir.join("tests/nested/src/lib.rs"),
+            kl.replace("KlComplexity", "OfAnotherCrate"),
         )
         .unwrap();
         std::fs::write(

@@ -1,6 +1,7 @@
 //! Development commands (rust-analyzer's xtask pattern):
 //!
-//! * `cargo xtask codegen` regenerates generated/ from the chains and kernels/ (needs NVRTC 13.0);
+//! * `cargo xtask codegen` regenerates the generated code of every crate of the workspace with
+//!   chains (generated/ and generated-dev/ of pptm, bench and tests/downstream; needs NVRTC 13.0);
 //!   `--check` regenerates into a temporary folder and fails on any difference (CI runs it).
 //! * `cargo xtask abi` regenerates runtime/src/gpu/abi_generated.rs from kernels/pptm/abi.h with
 //!   bindgen (needs libclang); `--check` fails if the committed file differs.
@@ -41,13 +42,26 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The workspace's crates that declare chains (each has a build.rs that calls
+/// `pptm_codegen::build_script()`), relative to the workspace root.
+const CRATES_WITH_CHAINS: &[&str] = &[".", "bench", "tests/downstream"];
+
 fn codegen(check: bool) -> Result<String, String> {
-    let trees = plan_trees(&workspace_root()).map_err(|e| e.to_string())?;
+    let root = workspace_root();
     let nvrtc = Nvrtc::find().map_err(|e| e.to_string())?;
     let mut report = Vec::new();
     let mut stale = Vec::new();
+    let mut trees = Vec::new();
+    for krate in CRATES_WITH_CHAINS {
+        trees.extend(plan_trees(&root.join(krate)).map_err(|e| format!("{krate}: {e}"))?);
+    }
     for (project, plan) in &trees {
-        let folder = project.folder();
+        let folder = project
+            .generated
+            .strip_prefix(&root)
+            .unwrap_or(&project.generated)
+            .display()
+            .to_string();
         if check {
             let diffs = project.check(plan, &nvrtc).map_err(|e| e.to_string())?;
             if diffs.is_empty() {
@@ -75,7 +89,7 @@ fn codegen(check: bool) -> Result<String, String> {
         Ok(report.join("\n"))
     } else {
         Err(format!(
-            "generated code is stale:\n{}\nrun `cargo xtask codegen` and commit generated/ and generated-dev/",
+            "generated code is stale:\n{}\nrun `cargo xtask codegen` and commit the generated folders",
             stale
                 .iter()
                 .map(|d| format!("  - {d}"))

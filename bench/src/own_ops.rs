@@ -1,0 +1,48 @@
+//! One chain twice: built-in ops, and the same ops written as ops of one's own (`#[pptm::op]`),
+//! in one domain so that both run on the same manifold. pptm-bench times both (cases
+//! `squared_residual` and `squared_residual_own_ops`): user ops cost what built-ins cost.
+
+use pptm::ops::{Axpby, Square, SumReduction};
+use pptm::{FusionBuilder, op};
+
+/// α x + β y, as the built-in `Axpby`.
+#[op(tensors(y))]
+pub fn own_axpby(x: f32, y: f32, alpha: f32, beta: f32) -> f32 {
+    alpha * x + beta * y
+}
+
+/// x², as the built-in `Square`.
+#[op]
+pub fn own_square(x: f32) -> f32 {
+    x * x
+}
+
+/// a + b, as the built-in `SumReduction` (f64 accumulation).
+#[op(reduction(identity = 0.0))]
+pub fn own_sum(a: f64, b: f64) -> f64 {
+    a + b
+}
+
+/// Σ (α x + β y)² with built-in ops.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct SquaredResidual {
+    #[stage(1)]
+    residual: Axpby,
+    #[stage(2)]
+    square: Square,
+    #[stage(3, reduction = true)]
+    total: SumReduction,
+}
+
+/// Σ (α x + β y)² with the ops above.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct SquaredResidualOwnOps {
+    #[stage(1)]
+    residual: OwnAxpby,
+    #[stage(2)]
+    square: OwnSquare,
+    #[stage(3, reduction = true)]
+    total: OwnSum,
+}
