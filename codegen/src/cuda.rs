@@ -17,8 +17,8 @@ use std::fmt::Write;
 
 use pptm_spec::ops::is_matmul;
 use pptm_spec::{
-    ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Precision, Shape, Source, StageIr,
-    Ty,
+    Anchor, ArgKind, ChainIr, ChainOutput, DType, FusionClass, Pattern, Precision, Shape, Source,
+    StageIr, Ty,
 };
 
 /// Generates the translation unit for one domain. `chains` must all belong to `domain`.
@@ -164,7 +164,7 @@ fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
         DType::F8E4M3 => "pptm_f16",
         storage => device_elem(storage),
     };
-    if st.op.device == pptm_spec::ops::BATCHED_MATMUL.device {
+    if st.op.class == FusionClass::OutputFusable(Anchor::BatchedMatmul) {
         // The lowering refuses `tolerance` on a batched product: no guarded form.
         let batch = dim_field(c, st, "batch");
         let pattern = if st.tensor {
@@ -1081,7 +1081,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let _ = writeln!(fin, "        return;");
                     let _ = writeln!(fin, "    }}");
                 }
-                FusionClass::OutputFusable => {
+                FusionClass::OutputFusable(_) => {
                     let (src, _) = stored_flow(c, s, "0");
                     let matrix = match st.inputs[1] {
                         Source::Arg(slot) => field(slot),

@@ -1062,10 +1062,6 @@ impl Runtime {
         let taken: u32 = named.iter().flatten().sum();
         let unnamed = named.iter().filter(|s| s.is_none()).count() as u32;
         let left = total.saturating_sub(taken);
-        let shares: Vec<u32> = named
-            .iter()
-            .map(|s| s.unwrap_or(left.checked_div(unnamed).unwrap_or(0)))
-            .collect();
         // Every grid (compute blocks + the fetcher) must fit beside those already running,
         // counted in SMs: a block of a domain that fits `f` blocks an SM takes 1/f of one.
         let sms_of = |blocks: u32, f: u32| f64::from(blocks) / f64::from(f.max(1));
@@ -1073,11 +1069,27 @@ impl Runtime {
             .values()
             .map(|x| sms_of(x.grid, x.blocks_per_sm_max))
             .sum();
-        let wanted: f64 = shares
-            .iter()
-            .zip(&fit)
-            .map(|(&s, &f)| sms_of(s.min(total) * self.config.blocks_per_sm.min(f) + 1, f))
-            .sum();
+        let shares_with =
+            |equal: u32| -> Vec<u32> { named.iter().map(|s| s.unwrap_or(equal)).collect() };
+        let wanted_by = |shares: &[u32]| -> f64 {
+            shares
+                .iter()
+                .zip(&fit)
+                .map(|(&s, &f)| sms_of(s.min(total) * self.config.blocks_per_sm.min(f) + 1, f))
+                .sum()
+        };
+        // The equal split of what the named shares leave, made smaller where the fetchers would
+        // not fit beside it (two domains whose blocks take a whole SM each: 65 + 1 and 65 + 1 of
+        // 132 SMs, not 66 + 1 twice).
+        let mut equal = left.checked_div(unnamed).unwrap_or(0);
+        while unnamed > 0
+            && equal > 1
+            && running + wanted_by(&shares_with(equal)) > f64::from(total) + 1e-9
+        {
+            equal -= 1;
+        }
+        let shares = shares_with(equal);
+        let wanted = wanted_by(&shares);
         let capacity = total * per_sm;
         if shares.contains(&0) || running + wanted > f64::from(total) + 1e-9 {
             return Err(Error::Config(format!(

@@ -9,7 +9,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::chain::valid_domain_name;
-use crate::ops::{self, CpuImpl, FusionClass, OpDef, OpInputs, Ty};
+use crate::ops::{self, Anchor, CpuImpl, FusionClass, OpDef, OpInputs, Ty};
 use crate::{ChainSpec, DESC_ARGS, DType, FIRST_VARIANT_OPCODE, Precision};
 
 /// Where a value a stage reads comes from.
@@ -1073,7 +1073,7 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
                 }
                 reduction = Some(s);
             }
-            FusionClass::OutputFusable | FusionClass::Pairwise => {
+            FusionClass::OutputFusable(_) | FusionClass::Pairwise => {
                 if anchor.is_some() {
                     return Err(unfusable(
                         s,
@@ -1104,12 +1104,12 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
             finish,
         });
     };
-    let pattern = match stages[a].op {
-        op if op.class == FusionClass::Pairwise => Pattern::Pairwise,
-        op if op.device == ops::GEMV.device => Pattern::Gemv,
-        op if op.device == ops::GEMV_T.device => Pattern::GemvT,
-        op if ops::is_matmul(op) => Pattern::Matmul,
-        op => unreachable!("no pattern for output-fusable op {}", op.name),
+    let pattern = match stages[a].op.class {
+        FusionClass::Pairwise => Pattern::Pairwise,
+        FusionClass::OutputFusable(Anchor::Gemv) => Pattern::Gemv,
+        FusionClass::OutputFusable(Anchor::GemvT) => Pattern::GemvT,
+        FusionClass::OutputFusable(Anchor::Matmul | Anchor::BatchedMatmul) => Pattern::Matmul,
+        _ => unreachable!("no pattern for op {}", stages[a].op.name),
     };
     let first_epilogue = if pattern == Pattern::Pairwise {
         a + 2
@@ -1408,10 +1408,10 @@ impl ChainIr {
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
                 .div_ceil(work::MAP_ELEMS_PER_BLOCK),
-            FusionClass::OutputFusable if st.op.device == ops::GEMV.device && st.tensor => {
+            FusionClass::OutputFusable(Anchor::Gemv) if st.tensor => {
                 dim("m").div_ceil(work::GEMV_MMA_ROWS)
             }
-            FusionClass::OutputFusable if st.op.device == ops::GEMV.device => {
+            FusionClass::OutputFusable(Anchor::Gemv) => {
                 let m = dim("m");
                 m.div_ceil(if m < work::GEMV_SHORT_BELOW {
                     work::GEMV_SHORT_ROWS_PER_BLOCK
@@ -1419,7 +1419,7 @@ impl ChainIr {
                     work::GEMV_ROWS_PER_BLOCK
                 })
             }
-            FusionClass::OutputFusable if st.op.device == ops::GEMV_T.device => {
+            FusionClass::OutputFusable(Anchor::GemvT) => {
                 let n = dim("n");
                 n.div_ceil(if n < work::GEMV_T_NARROW_BELOW {
                     work::GEMV_T_NARROW_COLS_PER_BLOCK
@@ -1427,7 +1427,7 @@ impl ChainIr {
                     work::GEMV_T_COLS_PER_BLOCK
                 })
             }
-            FusionClass::OutputFusable if st.tensor => {
+            FusionClass::OutputFusable(_) if st.tensor => {
                 // Tiles are numbered across a batched product's whole batch, and the tile size
                 // is chosen from their total (pptm_matmul_mma_batched does the same).
                 let tiles = |rows, cols| {
@@ -1444,7 +1444,7 @@ impl ChainIr {
                     _ => tiles(work::MMA_SMALL_TILE, work::MMA_SMALL_TILE),
                 }
             }
-            FusionClass::OutputFusable => {
+            FusionClass::OutputFusable(_) => {
                 let tiles = |edge| {
                     dim("m")
                         .div_ceil(edge)

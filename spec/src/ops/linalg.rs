@@ -1,12 +1,13 @@
 //! Linear algebra and activations (device side: kernels/pptm/ops/linalg.cuh, which builds on the
 //! GEMV and matmul patterns of kernels/pptm/pattern/linear.cuh).
 
-use super::{CpuImpl, FusionClass, OpDef, OpInputs, Ty, param};
+use super::{Anchor, CpuImpl, FusionClass, OpDef, OpInputs, Ty, param};
 use crate::Precision;
 
 const HEADER: &str = "pptm/ops/linalg.cuh";
 
 const fn output_fusable(
+    anchor: Anchor,
     name: &'static str,
     inputs: &'static [super::Param],
     output: Ty,
@@ -16,7 +17,7 @@ const fn output_fusable(
 ) -> OpDef {
     OpDef {
         name,
-        class: FusionClass::OutputFusable,
+        class: FusionClass::OutputFusable(anchor),
         inputs,
         output,
         flow_channels: Some(1),
@@ -53,6 +54,7 @@ pub const GEMV: OpDef = OpDef {
     precisions: GEMV_STORAGE,
     tensor_precisions: &[Precision::Bf16, Precision::Fp8],
     ..output_fusable(
+        Anchor::Gemv,
         "Gemv",
         &[
             param("x", Ty::Vector("n")),
@@ -76,6 +78,7 @@ pub const GEMV: OpDef = OpDef {
 pub const GEMV_T: OpDef = OpDef {
     precisions: GEMV_STORAGE,
     ..output_fusable(
+        Anchor::GemvT,
         "GemvT",
         &[
             param("x", Ty::Vector("m")),
@@ -100,6 +103,7 @@ pub const GEMV_T: OpDef = OpDef {
 pub const MATMUL: OpDef = OpDef {
     tensor_precisions: &[Precision::Bf16, Precision::Fp16, Precision::Fp8],
     ..output_fusable(
+        Anchor::Matmul,
         "Matmul",
         &[
             param("a", Ty::Matrix("m", "k")),
@@ -121,6 +125,7 @@ pub const MATMUL: OpDef = OpDef {
 pub const BATCHED_MATMUL: OpDef = OpDef {
     tensor_precisions: MATMUL.tensor_precisions,
     ..output_fusable(
+        Anchor::BatchedMatmul,
         "BatchedMatmul",
         &[
             param("a", Ty::Batch("batch", "m", "k")),
@@ -135,7 +140,10 @@ pub const BATCHED_MATMUL: OpDef = OpDef {
 
 /// Whether `op` is a matrix product (single or batched): the ops the matmul pattern runs.
 pub fn is_matmul(op: &OpDef) -> bool {
-    op.device == MATMUL.device || op.device == BATCHED_MATMUL.device
+    matches!(
+        op.class,
+        FusionClass::OutputFusable(Anchor::Matmul | Anchor::BatchedMatmul)
+    )
 }
 
 /// The f64 reference of `batch` stacked products A[s] W[s] (`batch` = 1: one product).

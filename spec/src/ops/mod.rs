@@ -37,13 +37,28 @@ pub enum FusionClass {
     /// Many elements to one value; ends a fused pass (block reduction + last-block combine).
     Reduction,
     /// GEMV, matmul: each output element is a dot product. Elementwise prologues fuse into the
-    /// vector input, elementwise/broadcast epilogues into the output before it is stored.
-    OutputFusable,
+    /// vector input, elementwise/broadcast epilogues into the output before it is stored. The
+    /// anchor names the hand-written pattern that computes it.
+    OutputFusable(Anchor),
     /// A value per pair of points (distances), never stored: a [`FusionClass::RowReduction`]
     /// must consume it in the same pass.
     Pairwise,
     /// Reduces each row of a pairwise op's values to one value per point (k-th smallest, count).
     RowReduction,
+}
+
+/// The hand-written pattern an output-fusable op anchors a fused pass with
+/// (kernels/pptm/pattern/): what lowering and codegen pick the pattern by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Anchor {
+    /// `A x`: one dot product per row (`pptm_gemv_n`).
+    Gemv,
+    /// `Aᵀ x`: one dot product per column (`pptm_gemv_t`).
+    GemvT,
+    /// `A W`: tiles of outputs (`pptm_matmul`, or on tensor cores `pptm_matmul_mma`).
+    Matmul,
+    /// `A[s] W[s]` for every s of a batch (`pptm_matmul_batched`, `pptm_matmul_mma_batched`).
+    BatchedMatmul,
 }
 
 /// The type of an op's input or output. Dimensions are named by letters local to the op
@@ -389,7 +404,7 @@ mod tests {
                     a.output == Ty::Like
                 }
                 (FusionClass::Reduction, CpuImpl::Reduction { .. }) => a.output == Ty::Scalar,
-                (FusionClass::OutputFusable, CpuImpl::Tensor(_)) => {
+                (FusionClass::OutputFusable(_), CpuImpl::Tensor(_)) => {
                     matches!(a.output, Ty::Vector(_) | Ty::Matrix(..) | Ty::Batch(..))
                 }
                 (FusionClass::Pairwise, CpuImpl::Pair(_)) => matches!(a.output, Ty::Pairs(_)),
