@@ -43,7 +43,7 @@ pub mod timing;
 pub use pptm_macros::{FusionBuilder, op};
 pub use pptm_runtime::*;
 pub use pptm_spec::ChainIr;
-pub use pptm_spec::UserOp;
+pub use pptm_spec::Op;
 
 /// What the derive macro's expansion uses. Not a stable API.
 #[doc(hidden)]
@@ -58,6 +58,11 @@ pub mod __private {
     /// Implemented by the derive macro so the stage fields count as used.
     pub trait StageFields {
         fn stage_fields(&self) -> usize;
+    }
+
+    /// `const` string equality: the derive macro checks each stage's type is the op it names.
+    pub const fn str_eq(a: &str, b: &str) -> bool {
+        a.len() == b.len() && contains(a.as_bytes(), b.as_bytes())
     }
 
     /// `const` substring search: the derive macro checks generated/manifest.txt lists its chain.
@@ -82,7 +87,7 @@ pub mod __private {
 
 #[cfg(test)]
 mod tests {
-    use super::__private::contains;
+    use super::__private::{contains, str_eq};
 
     #[test]
     fn every_catalog_op_has_a_marker_type() {
@@ -99,5 +104,8 @@ mod tests {
         assert!(!contains(b"abc spec=13 x", b"spec=12"));
         assert!(!contains(b"ab", b"abc"));
         assert!(contains(b"abc", b""));
+        assert!(str_eq("Square", "Square"));
+        assert!(!str_eq("Square", "SquareX"));
+        assert!(!str_eq("Squarf", "Square"));
     }
 }

@@ -12,7 +12,7 @@ mod common;
 use common::uniform;
 use pptm::__private::{ChainSpec, CpuImpl, StageSpec, Ty, lower_with};
 use pptm::ops::{Gemv, Square, SumReduction};
-use pptm::{FusionBuilder, Runtime, UserOp, op};
+use pptm::{FusionBuilder, Op, Runtime, op};
 
 /// Σ swish(x; β): an op of this crate's own, then a built-in reduction.
 #[derive(FusionBuilder)]

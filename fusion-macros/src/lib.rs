@@ -21,6 +21,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{format_ident, quote};
+use syn::spanned::Spanned;
 use syn::{DeriveInput, parse_macro_input};
 
 use pptm_spec::parse::parse_chain;
@@ -38,7 +39,7 @@ pub fn derive_fusion_builder(input: TokenStream) -> TokenStream {
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let parsed = parse_chain(input)?;
     // Stages naming an op that is not built in: ops of this crate's own (`#[pptm::op]`), found in
-    // its sources as build.rs finds them, and at run time through their `UserOp` impls.
+    // its sources as build.rs finds them, and at run time through their `Op` impls.
     let own_types: Vec<&syn::Type> = match &input.data {
         syn::Data::Struct(s) => s
             .fields
@@ -56,7 +57,41 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     };
     let ir = parsed.lower_with(&extra)?;
     let ident = &input.ident;
-    let folder = generated_folder(&ir.domain, &ir.name, ident.span())?;
+    // Each stage's type must be the op the stage was lowered with: an `Op` (a built-in marker or a
+    // `#[pptm::op]`) of that name. A type that merely shares a built-in's name is an error here.
+    let stage_checks: Vec<TokenStream2> = match &input.data {
+        syn::Data::Struct(s) => s
+            .fields
+            .iter()
+            .zip(&parsed.spec.stages)
+            .map(|(f, st)| {
+                let ty = &f.ty;
+                let op = &st.op;
+                let msg = format!(
+                    "stage `{}`: its type is not the op `{op}` (the chain was lowered with `{op}`)",
+                    st.field
+                );
+                quote::quote_spanned! {ty.span()=>
+                    assert!(
+                        ::pptm::__private::str_eq(<#ty as ::pptm::Op>::DEF.name, #op),
+                        #msg
+                    );
+                }
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let folder = match generated_folder(&ir.domain, &ir.name, ident.span()) {
+        Ok(f) => f,
+        // The stage types are still checked, so that error shows too.
+        Err(e) => {
+            let e = e.to_compile_error();
+            return Ok(quote! {
+                #e
+                const _: () = { #(#stage_checks)* };
+            });
+        }
+    };
     let vis = &input.vis;
     let args_ident = format_ident!("{}Args", ident);
 
@@ -232,6 +267,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             if !::pptm::__private::contains(MANIFEST, #needle.as_bytes()) {
                 panic!(#stale);
             }
+            #(#stage_checks)*
         };
 
         #register
@@ -254,7 +290,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     ::std::sync::OnceLock::new();
                 ::pptm::__private::checked_ir::<Self>(IR.get_or_init(|| ::pptm::__private::lower_with(
                     &#spec,
-                    &[#(<#own_types as ::pptm::UserOp>::DEF),*],
+                    &[#(<#own_types as ::pptm::Op>::DEF),*],
                 )))
             }
         }
@@ -384,7 +420,7 @@ fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
 /// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for
 /// the subset of Rust its body may use). The function stays as it is, and is the op's CPU
 /// reference; the macro checks it against the subset (an error at the offending tokens), and
-/// adds the op's marker type (the function's name in CamelCase) implementing `pptm::UserOp` with
+/// adds the op's marker type (the function's name in CamelCase) implementing `pptm::Op` with
 /// the translated device code. `#[pptm::op(tensors(obs))]` makes the parameter `obs` an input of
 /// its own (one element per element of the flow); parameters after the first are otherwise passed
 /// by value (f32 or u32).
@@ -531,7 +567,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
 
         #cpu_fns
 
-        impl ::pptm::UserOp for #marker {
+        impl ::pptm::Op for #marker {
             const DEF: &'static ::pptm::__private::OpDef = &::pptm::__private::OpDef {
                 name: #op_name,
                 class: ::pptm::__private::FusionClass::#class,

@@ -1,9 +1,12 @@
 //! The op catalog. One entry per op; the DSL names an op by its type name
 //! (`pptm::ops::KlDivergence`), and everything else about it is here.
 //!
-//! To add an op: write its device code in a header under `kernels/pptm/ops/`, add an [`OpDef`]
-//! in the family module here (with the f64 reference), add the marker type in `src/ops.rs` of the
-//! facade crate, and list it in [`CATALOG`].
+//! To add a built-in op: write its device code in a header under `kernels/pptm/ops/`, add an
+//! [`OpDef`] in the family module here (with the f64 reference), list it in [`CATALOG`], and add
+//! its marker type to the `builtin_ops!` list in `src/ops.rs` of the facade crate (which
+//! implements [`Op`] for it: a marker whose name is not its op's is a compile error, and a test
+//! checks that every catalog entry has a marker). An op that fits the `#[pptm::op]` subset is
+//! better written as one (docs/ops.md).
 
 mod divergence;
 mod linalg;
@@ -327,11 +330,18 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// An op of the user's own, declared with `#[pptm::op]` on a Rust function: the macro
-/// implements this for the op's marker type (the function's name in CamelCase), and the
-/// `FusionBuilder` derive finds the op through it.
-pub trait UserOp {
-    /// The op, as the catalog's built-ins are described.
+/// An op, named by its marker type: every built-in op's (`pptm::ops::Square`: its catalog entry)
+/// and every `#[pptm::op]` function's (the macro implements it for the function's name in
+/// CamelCase). A chain's stage field must be of a type that implements it: the `FusionBuilder`
+/// derive checks each stage's type against the op it lowered the stage with, so a type that is
+/// not an op, or not the op of that name, is a compile error at the field.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an op",
+    label = "a stage's type is an op",
+    note = "an op is a type of `pptm::ops` or the marker of a `#[pptm::op]` function (its name in CamelCase)"
+)]
+pub trait Op {
+    /// The op, as the catalog describes it.
     const DEF: &'static OpDef;
 }
 
