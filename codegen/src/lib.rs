@@ -1,4 +1,5 @@
-//! Build-time code generation for pptm: chains in a crate's sources → CUDA C → PTX in `generated/`.
+//! Build-time code generation for pptm: chains in a crate's sources → CUDA C → PTX in `generated/`
+//! (the chains of src/) and `generated-dev/` (those of tests/, examples/ and benches/).
 //!
 //! | step | module |
 //! |---|---|

@@ -1566,6 +1566,80 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_op_is_cataloged_by_its_parameters() {
+        let op = translate(
+            "fn weighted_sq_err(pred: f32, w: f32, obs: f64, levels: u32) -> f64 { pred as f64 }",
+        )
+        .unwrap();
+        assert_eq!(op.op_name(), "WeightedSqErr");
+        assert_eq!(
+            translate("fn _leaky__relu_(x: f32) -> f32 { x }")
+                .unwrap()
+                .op_name(),
+            "LeakyRelu"
+        );
+        let kinds = |tensors: &[&str]| {
+            let t: Vec<String> = tensors.iter().map(|s| s.to_string()).collect();
+            op.catalog_params(&t)
+                .map(|ps| ps.iter().map(|p| (p.name, p.ty)).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            kinds(&["obs"]).unwrap(),
+            vec![
+                ("pred", Ty::Like),
+                ("w", Ty::F32),
+                ("obs", Ty::Like),
+                ("levels", Ty::U32)
+            ]
+        );
+        assert!(kinds(&["w", "obs"]).unwrap()[1].1 == Ty::Like);
+        let e = kinds(&[]).unwrap_err();
+        assert!(e.contains("`obs` is an f64 passed by value"), "{e}");
+        let e = kinds(&["obs", "levels"]).unwrap_err();
+        assert!(e.contains("`levels` is a u32"), "{e}");
+        let e = kinds(&["obs", "pred"]).unwrap_err();
+        assert!(
+            e.contains("not a parameter of `weighted_sq_err` after its first"),
+            "{e}"
+        );
+        let e = kinds(&["obs", "nothing"]).unwrap_err();
+        assert!(e.contains("`nothing` is not a parameter"), "{e}");
+
+        assert_eq!(op.precisions(), &[Precision::Fp32, Precision::Fp64]);
+        let f32_op = translate("fn s(x: f32) -> f32 { x }").unwrap();
+        assert_eq!(f32_op.precisions(), &[Precision::Fp32]);
+        let def = f32_op.leak_def(&[]).unwrap();
+        assert_eq!(
+            (def.name, def.class, def.output),
+            ("S", FusionClass::Elementwise, Ty::Like)
+        );
+        assert_eq!(def.precisions, &[Precision::Fp32]);
+
+        let attr = parse_op_attr("tensors(obs, prec)".parse().unwrap()).unwrap();
+        assert_eq!(
+            attr.tensor_names(),
+            vec!["obs".to_string(), "prec".to_string()]
+        );
+        assert!(attr.reduction.is_none());
+        let e = parse_op_attr("tensors(a), tensors(b)".parse().unwrap())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("given twice"), "{e}");
+    }
+
+    #[test]
+    fn parameters_are_plain_names() {
+        for src in [
+            "fn f(mut x: f32) -> f32 { x }",
+            "fn f(ref x: f32) -> f32 { x }",
+            "fn f(x @ _: f32) -> f32 { x }",
+        ] {
+            let e = translate(src).err().unwrap();
+            assert!(e.to_string().contains("plain name"), "{src}: {e}");
+        }
+    }
+
     fn reduction(attr: &str, src: &str) -> syn::Result<OpFn> {
         let attr = parse_op_attr(attr.parse().unwrap())?;
         parse_op(&attr, &syn::parse_str::<ItemFn>(src)?)
