@@ -13,7 +13,8 @@
 //!   type from later uses, which this translator does not follow.
 //!
 //! Where Rust and CUDA differ, the translation follows Rust: `as u32` from a float saturates (NaN
-//! gives 0), `powi` is repeated squaring, `max`/`min` ignore a NaN operand (fmax/fmin do too).
+//! gives 0), `powi` is repeated squaring, `clamp` keeps a NaN, `max`/`min` ignore a NaN operand
+//! (fmax/fmin do too).
 //! NVRTC may contract `a * b + c` into one fused multiply-add, as it does for the built-in ops; a
 //! user op is held to the same tolerance as they are.
 
@@ -363,6 +364,10 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
         e >>= 1;
     }
     return n < 0 ? (T)1 / r : r;
+}
+// Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
+template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
 }
 // Rust's `as u32` from a float: saturating, NaN to 0.
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
@@ -1215,14 +1220,7 @@ impl Translator {
         let code = match name {
             "recip" => format!("({} / {})", float_text(1.0, ty), codes[0]),
             // Rust's clamp(min, max): max(min(x, max), min) for in-order bounds.
-            "clamp" => {
-                let (mx, mn) = if ty == Scalar::F32 {
-                    ("fmaxf", "fminf")
-                } else {
-                    ("fmax", "fmin")
-                };
-                format!("{mx}({mn}({}, {}), {})", codes[0], codes[2], codes[1])
-            }
+            "clamp" => format!("pptm_user_clamp({}, {}, {})", codes[0], codes[1], codes[2]),
             _ => {
                 let f = if ty == Scalar::F32 { f32_fn } else { f64_fn };
                 format!("{f}({})", codes.join(", "))
@@ -1470,7 +1468,7 @@ mod tests {
         assert!(
             methods
                 .cuda
-                .contains("fmax(fma(x, y, 1.0), (1.0 / fmax(fmin(x, 1.0), (-1.0))))"),
+                .contains("fmax(fma(x, y, 1.0), (1.0 / pptm_user_clamp(x, (-1.0), 1.0)))"),
             "{}",
             methods.cuda
         );
@@ -1551,6 +1549,31 @@ mod tests {
             ("fn f(x: f32) -> f32 { x.powf() }", "takes 1 argument"),
             ("fn f(x: f32, x: f32) -> f32 { x }", "a parameter twice"),
             ("fn f(x: f32) -> f32 { f32::NAN_BOX }", "not a constant"),
+            ("fn f(x: f32) -> f32 { x + (return x) }", "not `return`"),
+            ("fn f(x: f32) -> f32 { x + (|| 1.0_f32) }", "closures"),
+            (
+                "fn f(x: f32) -> f32 { let y = &x; x }",
+                "references are not",
+            ),
+            ("fn f(x: f32) -> f32 { x + m!() }", "macros are not"),
+            (
+                "fn f(x: f32) -> f32 { let y = (x = 1.0); x }",
+                "assignment is not",
+            ),
+            ("fn f(x: f32) -> f32 { !x }", "`!` applies to a bool"),
+            (
+                "fn f(x: f32, k: u32) -> f32 { (-k) as f32 }",
+                "a u32 has no sign",
+            ),
+            (
+                "fn f(x: f32) -> f32 { x.powi(2.0) }",
+                "integer literal power",
+            ),
+            (
+                "fn f(x: f32, k: u32) -> f32 { x.powi(k) }",
+                "integer literal power",
+            ),
+            ("fn f(x: bool) -> f32 { 1.0 }", "f32, f64 or u32"),
             (
                 "fn f(x: f32) -> f32 { sqrt(x) }",
                 "only the f32/f64 math functions",
@@ -1769,6 +1792,101 @@ mod tests {
                     "{attr} {src}: `{e}` does not say `{needle}`"
                 ),
             }
+        }
+    }
+
+    /// Every operator, constant and conversion of the subset, with the CUDA it becomes.
+    #[test]
+    fn each_construct_translates_to_its_cuda() {
+        for (src, want) in [
+            (
+                "fn f(x: f32, y: f32) -> f32 { x % y }",
+                "return fmodf(x, y);",
+            ),
+            (
+                "fn f(x: f64, y: f64) -> f64 { x % y }",
+                "return fmod(x, y);",
+            ),
+            (
+                "fn f(x: f32, y: f32) -> f32 { if x >= y { x } else { y } }",
+                "return ((x >= y) ? x : y);",
+            ),
+            (
+                "fn f(x: f32, y: f32) -> f32 { if x != y { x } else { y } }",
+                "return ((x != y) ? x : y);",
+            ),
+            (
+                "fn f(x: f32, y: f32) -> f32 { if x > 0.0 && y > 0.0 { x } else { y } }",
+                "return (((x > 0.0f) && (y > 0.0f)) ? x : y);",
+            ),
+            (
+                "fn f(x: f32, y: f32) -> f32 { if x > 0.0 || !(y > 0.0) { x } else { y } }",
+                "return (((x > 0.0f) || (!(y > 0.0f))) ? x : y);",
+            ),
+            ("fn f(x: f32) -> f32 { (x) }", "return x;"),
+            (
+                "fn f(x: f32) -> f32 { ({ let t = x * 2.0_f32; t }) + 1.0 }",
+                "const float t = (x * 2.0f);",
+            ),
+            (
+                "fn f(x: f32, k: u32) -> f32 { (k + 2) as f32 * x }",
+                "return (((float)(k + 2u)) * x);",
+            ),
+            (
+                "fn f(x: f32, k: u32) -> f32 { (k % 3) as f32 }",
+                "return ((float)(k % 3u));",
+            ),
+            (
+                "fn f(x: f32) -> f32 { x * 3 as f32 }",
+                "return (x * ((float)3.0));",
+            ),
+            (
+                "fn f(x: f64) -> f64 { x * 2.5e-3 + 1e10 }",
+                "return ((x * 0.0025) + 10000000000.0);",
+            ),
+            ("fn f(x: f32) -> f32 { x + 100.0 }", "return (x + 100.0f);"),
+            (
+                "fn f(x: f32) -> f32 { f32::MAX + f32::MIN + f32::EPSILON + f32::MIN_POSITIVE + f32::INFINITY + f32::NEG_INFINITY }",
+                "return (((((3.4028235e38f + -3.4028235e38f) + 1.1920929e-7f) + 1.1754944e-38f) + __int_as_float(0x7f800000)) + (-__int_as_float(0x7f800000)));",
+            ),
+            (
+                "fn f(x: f64) -> f64 { f64::MAX + f64::MIN + f64::EPSILON + f64::MIN_POSITIVE + f64::INFINITY + f64::NEG_INFINITY }",
+                "return (((((1.7976931348623157e308 + -1.7976931348623157e308) + 2.220446049250313e-16) + 2.2250738585072014e-308) + __longlong_as_double(0x7ff0000000000000ll)) + (-__longlong_as_double(0x7ff0000000000000ll)));",
+            ),
+            ("fn f(x: f32) -> f32 { x as f32 }", "return x;"),
+            ("fn f(x: f32) -> f64 { x as f64 }", "return ((double)x);"),
+            (
+                "fn f(x: f32) -> f32 { f32::powi(x, 2) + x.recip() + x.clamp(0.0, 1.0) + x.hypot(2.0) }",
+                "return (((pptm_user_powi(x, 2) + (1.0f / x)) + pptm_user_clamp(x, 0.0f, 1.0f)) + hypotf(x, 2.0f));",
+            ),
+            (
+                "fn f(x: f64) -> f64 { f64::powf(x, 0.5) }",
+                "return pow(x, 0.5);",
+            ),
+            (
+                "fn f(x: f32) -> f32 { (x as u32) as f32 }",
+                "return ((float)pptm_user_to_u32(x));",
+            ),
+            (
+                "fn f(x: f32, k: u32) -> f32 { if k == 0 { x } else { -x } }",
+                "return ((k == 0u) ? x : (-x));",
+            ),
+            ("fn f(x: f32) -> f32 { 1.0 / x }", "return (1.0f / x);"),
+            (
+                "fn f(x: f32, k: u32) -> f32 { (k as u32) as f32 }",
+                "return ((float)k);",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let b: bool = x > 0.0; if b { x } else { 0.0 } }",
+                "const bool b = (x > 0.0f);",
+            ),
+        ] {
+            let op = translate(src).unwrap_or_else(|e| panic!("{src}: {e}"));
+            assert!(
+                op.cuda.contains(want),
+                "{src}: wanted `{want}` in\n{}",
+                op.cuda
+            );
         }
     }
 }

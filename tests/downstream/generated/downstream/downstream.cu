@@ -32,6 +32,10 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     }
     return n < 0 ? (T)1 / r : r;
 }
+// Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
+template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+}
 // Rust's `as u32` from a float: saturating, NaN to 0.
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
