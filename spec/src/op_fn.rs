@@ -1701,6 +1701,8 @@ mod tests {
             "{c}"
         );
         assert!(c.contains("return sqrt(mean);"), "{c}");
+        // A block body is the finish's own statements, not a lambda.
+        assert!(!c.contains("[&]"), "{c}");
     }
 
     #[test]
@@ -1782,6 +1784,11 @@ mod tests {
                 "reduction(identity = 0.0, finish = |(a, b)| a)",
                 sum,
                 "plain name",
+            ),
+            (
+                "reduction(identity = 0.0, finish = |t| 'a: { t })",
+                sum,
+                "not in the op subset",
             ),
             ("reduce(identity = 0.0)", sum, "unknown op attribute"),
         ] {
