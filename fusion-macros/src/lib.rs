@@ -407,14 +407,29 @@ fn generated_folder(domain: &str, chain: &str, span: Span) -> syn::Result<&'stat
 
 /// The ops of the user's own (`#[pptm::op]`) in the crate being compiled, found where build.rs
 /// finds them (pptm-codegen's scan over every folder of the crate).
+/// Scanned once per crate: rustc expands every chain of a crate in one process, and the sources
+/// do not change while it does.
 fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SCANNED: OnceLock<Mutex<HashMap<String, Vec<&'static pptm_spec::OpDef>>>> =
+        OnceLock::new();
     let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
         return Vec::new();
     };
-    let project = pptm_codegen::project::Project::library(root);
-    let dirs: Vec<&str> = project.op_dirs.iter().map(String::as_str).collect();
-    let skip: Vec<&str> = project.skip.iter().map(String::as_str).collect();
-    pptm_codegen::scan::user_ops(&project.root, &dirs, &skip).unwrap_or_default()
+    let mut scanned = SCANNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    scanned
+        .entry(root.clone())
+        .or_insert_with(|| {
+            let project = pptm_codegen::project::Project::library(root);
+            let dirs: Vec<&str> = project.op_dirs.iter().map(String::as_str).collect();
+            let skip: Vec<&str> = project.skip.iter().map(String::as_str).collect();
+            pptm_codegen::scan::user_ops(&project.root, &dirs, &skip).unwrap_or_default()
+        })
+        .clone()
 }
 
 /// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for
@@ -475,7 +490,10 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         quote! { ::pptm::__private::Precision::#v }
     });
     // The CPU reference: the function itself, behind the shape the CPU backend calls.
-    let (class, output, cpu_fns, cpu) = match &attr.reduction {
+    // Class and output as pptm-spec describes the op (the same `OpFn` build.rs catalogs).
+    let class = format_ident!("{}", format!("{:?}", op.class));
+    let output = format_ident!("{}", format!("{:?}", op.output()));
+    let (cpu_fns, cpu) = match &attr.reduction {
         Some(r) => {
             let identity = &r.identity;
             let finish_ident = format_ident!("__pptm_op_finish_{}", op.name);
@@ -491,8 +509,6 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                 },
             };
             (
-                quote! { Reduction },
-                quote! { Scalar },
                 quote! {
                     #[doc(hidden)]
                     #[allow(unused_variables, clippy::cast_precision_loss)]
@@ -545,8 +561,6 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                 quote! {}
             };
             (
-                quote! { Elementwise },
-                quote! { Like },
                 quote! {
                     #[doc(hidden)]
                     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

@@ -158,7 +158,7 @@ impl OpFn {
             name: leak(self.op_name()),
             class: self.class,
             inputs,
-            output: if reduction { Ty::Scalar } else { Ty::Like },
+            output: self.output(),
             flow_channels: Some(1),
             out_channels: Some(1),
             precisions: self.precisions(),
@@ -181,6 +181,15 @@ impl OpFn {
                 self.name
             )),
         })))
+    }
+
+    /// What the op produces: one value per element of its flow, or a reduction's one value.
+    pub fn output(&self) -> Ty {
+        if self.class == FusionClass::Reduction {
+            Ty::Scalar
+        } else {
+            Ty::Like
+        }
     }
 
     /// The precisions a stage of this op may declare. An f64 function serves an fp32 stage too
