@@ -93,6 +93,7 @@ mod tests {
     fn every_catalog_op_has_a_marker_type() {
         let mut catalog: Vec<_> = pptm_spec::ops::CATALOG.iter().map(|op| op.name).collect();
         let mut markers = crate::ops::NAMES.to_vec();
+        markers.extend(pptm_spec::ops::subset::SUBSET.iter().map(|op| op.name));
         catalog.sort();
         markers.sort();
         assert_eq!(catalog, markers);

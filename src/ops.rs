@@ -1,6 +1,13 @@
 //! The ops a chain's stages name, one marker type each. What an op computes, how it fuses and its
-//! CPU reference are defined in `pptm_spec::ops` (the catalog); its device code is in
-//! `kernels/pptm/ops/`. Each marker implements [`crate::Op`] with its catalog entry.
+//! CPU reference are defined in `pptm_spec::ops` (the catalog). The ops that fit the
+//! `#[pptm::op]` subset are each one Rust function there (`pptm_spec::ops::subset`), whose device
+//! code is translated from it; the others' device code is hand-written in `kernels/pptm/ops/`.
+//! Each marker implements [`crate::Op`] with its catalog entry.
+
+pub use pptm_spec::ops::subset::{
+    Accuracy, Axpby, BeliefUpdate, MaxReduction, MeanReduction, PrecisionWeight, PredictionError,
+    Relu, Sigmoid, Square, SumReduction, Tanh,
+};
 
 /// Declares each marker type with its catalog entry: the struct, its [`crate::Op`] impl, a
 /// compile-time check that the entry's name is the type's, and [`NAMES`].
@@ -21,7 +28,8 @@ macro_rules! builtin_ops {
             );
         )*
 
-        /// The DSL name of every marker type above (a test checks it against the catalog).
+        /// The DSL name of every marker type of a hand-written op above (a test checks them and
+        /// the subset's against the catalog).
         pub const NAMES: &[&str] = &[$(stringify!($name)),*];
     };
 }
@@ -29,26 +37,6 @@ macro_rules! builtin_ops {
 builtin_ops! {
     /// `q (ln q - ln p)` per element, with `0 ln 0 = 0`. Inputs `q`, `p`; elementwise.
     KlDivergence => KL_DIVERGENCE,
-
-    /// `obs - pred` per element. Inputs `obs`, `pred`; elementwise.
-    PredictionError => PREDICTION_ERROR,
-
-    /// `-1/2 prec e^2` per element: the precision-weighted accuracy of an error. Inputs: the previous
-    /// stage's vector (or `e`), `prec`; elementwise.
-    Accuracy => ACCURACY,
-
-    /// Sum of every element (f64 accumulation). Input: the previous stage's vector, or `x`; reduction.
-    SumReduction => SUM_REDUCTION,
-
-    /// Mean of every element (f64 accumulation; NaN for none). Reduction.
-    MeanReduction => MEAN_REDUCTION,
-
-    /// Largest element (-inf for none; NaN elements ignored). Reduction.
-    MaxReduction => MAX_REDUCTION,
-
-    /// `prec e` per element: a precision-weighted prediction error. Inputs: the previous stage's
-    /// vector (or `e`), `prec`; elementwise.
-    PrecisionWeight => PRECISION_WEIGHT,
 
     /// `A x` (A: m×n row-major, input `a`): output-fusable (elementwise prologue into `x`,
     /// epilogue into each output).
@@ -67,26 +55,8 @@ builtin_ops! {
     /// per column, shared by every product.
     BatchedMatmul => BATCHED_MATMUL,
 
-    /// `alpha x + beta y` per element; `alpha`, `beta` are f32 arguments. Elementwise.
-    Axpby => AXPBY,
-
-    /// `mu + lr g` per element; `lr` is an f32 argument. Elementwise.
-    BeliefUpdate => BELIEF_UPDATE,
-
-    /// `x²` per element. Elementwise.
-    Square => SQUARE,
-
     /// `x[i, j] + b[j]`: a bias per column, broadcast along the rows. Broadcast (a matmul epilogue).
     AddBias => ADD_BIAS,
-
-    /// `max(x, 0)`. Elementwise.
-    Relu => RELU,
-
-    /// `1 / (1 + e^-x)`. Elementwise.
-    Sigmoid => SIGMOID,
-
-    /// `tanh x`. Elementwise.
-    Tanh => TANH,
 
     /// `x/2 (1 + erf(x/√2))` (exact GELU). Elementwise.
     Gelu => GELU,

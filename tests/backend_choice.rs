@@ -50,9 +50,14 @@ fn text(out: &Output) -> String {
 /// A folder holding a `libcuda.so` whose `cuInit` returns CUDA_ERROR_UNKNOWN (999), with the two
 /// calls that name an error and nothing else: the driver library is found, and fails at its first
 /// call. Built with the C
-/// compiler that links Rust programs on Linux (`cc`), in a fresh temporary folder.
+/// compiler that links Rust programs on Linux (`cc`), in a fresh temporary folder: one per call, as
+/// the tests that call it run in parallel in one process (a shared folder let one test load the
+/// library while the other was rewriting it).
 fn broken_driver() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pptm-broken-driver-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("pptm-broken-driver-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("fake_cuda.c");
     std::fs::write(

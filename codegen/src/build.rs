@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use crate::nvrtc::Nvrtc;
-use crate::project::{DEV_FOLDER, LIBRARY_FOLDER, Project, plan_trees};
+use crate::project::{
+    DEPENDENCY_OPS_ENV, DEV_FOLDER, LIBRARY_FOLDER, OP_SOURCES_KEY, Project, plan_trees,
+};
 
 /// Call from a crate's `build.rs` (its whole `main`):
 ///
@@ -17,6 +19,10 @@ use crate::project::{DEV_FOLDER, LIBRARY_FOLDER, Project, plan_trees};
 /// (and says so in a warning: commit the result), and otherwise fails the build with the command
 /// that fixes it. `PPTM_CODEGEN=verify` never writes (CI uses it); `PPTM_NVRTC` points at
 /// libnvrtc.so.13.
+///
+/// Ops across crates: a crate with a `links` key publishes its src/ folder as build-script
+/// metadata, and the crates that depend on it directly may name its `#[pptm::op]` ops in their
+/// chains (this function finds them, and hands them to the derive macro; docs/ops.md).
 pub fn build_script() {
     let root =
         PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run from a build script"));
@@ -33,6 +39,28 @@ pub fn build_script() {
         if path.exists() {
             println!("cargo:rerun-if-changed={}", path.display());
         }
+    }
+    // The ops of the crates this one depends on, for this crate's chains (their edits change its
+    // generated code), and this crate's own for its dependents.
+    let dependency_ops = crate::project::dependency_op_dirs();
+    for dir in &dependency_ops {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    match std::env::join_paths(&dependency_ops) {
+        Ok(joined) => println!(
+            "cargo:rustc-env={DEPENDENCY_OPS_ENV}={}",
+            joined.to_string_lossy()
+        ),
+        Err(e) => fail(&format!(
+            "pptm codegen: the folders of the crates this one takes ops from do not join into \
+             one variable ({e}): {dependency_ops:?}"
+        )),
+    }
+    if std::env::var_os("CARGO_MANIFEST_LINKS").is_some() {
+        println!(
+            "cargo:{OP_SOURCES_KEY}={}",
+            root.join(crate::project::LIBRARY_DIRS[0]).display()
+        );
     }
     println!("cargo:rerun-if-env-changed=PPTM_CODEGEN");
     println!("cargo:rerun-if-env-changed=PPTM_NVRTC");

@@ -1212,7 +1212,7 @@ mod tests {
         assert!(src.contains("    pptm_check_finite_thread0(v);"), "{src}");
         assert!(src.contains(&format!("    case 0x{t}u: return true;  // CheckedKl")));
         // The unfused passes check too.
-        assert!(src.contains("        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);\n        pptm_check_finite_thread0(v);"), "{src}");
+        assert!(src.contains("        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);\n        pptm_check_finite_thread0(v);"), "{src}");
         // Unchecked, no check is emitted at all.
         for st in &mut spec.stages {
             st.finite = None;
@@ -1289,11 +1289,11 @@ mod tests {
         );
         assert!(src.contains("return s0;"));
         assert!(src.contains(&format!(
-            "partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_{t}{{e}}, b);"
+            "partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_{t}{{e}}, b);"
         )), "{src}");
         assert!(src.contains(&format!("case 0x{t}u: return pptm_run_{t}(d, b, partial);")));
         assert!(src.contains(
-            "double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);"
+            "double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);"
         ), "{src}");
         assert!(src.contains("#include \"pptm/ops/divergence.cuh\""));
         assert!(src.trim_end().ends_with("#include \"pptm/manifold.cuh\""));
@@ -1314,7 +1314,7 @@ mod tests {
             "{src}"
         );
         assert!(src.contains("return x[0];"), "{src}");
-        assert!(src.contains("pptm_map_reduce<1, pptm_op_sum_reduction>"));
+        assert!(src.contains("pptm_map_reduce<1, pptm_op_sum_reduction_reducer>"));
         assert!(
             src.contains(&format!(
                 "case 0x{}u: return true;  // KlTerms",
@@ -1373,7 +1373,7 @@ mod tests {
         let g = chain("Gas", &["Gemv", "Axpby", "Square", "SumReduction"]);
         let src = domain_source("inference", std::slice::from_ref(&g));
         assert!(
-            src.contains("pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a6, e.a5,"),
+            src.contains("pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5,"),
             "{src}"
         );
         assert!(
@@ -1478,13 +1478,13 @@ mod tests {
         let src = domain_source("inference", std::slice::from_ref(&c));
         let t = tag(&c);
         assert!(src.contains(&format!(
-            "partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
+            "partial = pptm_pairwise_rows<pptm_op_mean_reduction_reducer>(e.a5, pptm_op_subspace_distances{{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}}, pptm_op_radius_count<3>{{e.a3}}, pptm_epi_{t}{{e}}, nullptr, b);"
         )), "{src}");
         assert!(
             src.contains("const float s2 = pptm_op_ksg_digamma(v[0], v[1], v[2]);"),
             "{src}"
         );
-        assert!(src.contains("pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a5);"), "{src}");
+        assert!(src.contains("pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a5);"), "{src}");
         assert!(
             src.contains("const float s4 = pptm_op_add_digamma(f, e.a4);"),
             "{src}"

@@ -1,8 +1,23 @@
 //! The device-side sources under `kernels/`, embedded so that codegen (and the input hash) always
-//! sees exactly the files this crate was built with.
+//! sees exactly the files this crate was built with, and the header of the built-in ops written
+//! in the `#[pptm::op]` subset, translated from their Rust functions (pptm-spec's `ops::subset`).
 
-/// (include name, text) of every header the generated code may include.
-pub const HEADERS: &[(&str, &str)] = &[
+use std::sync::LazyLock;
+
+/// (include name, text) of every header the generated code may include: the hand-written ones
+/// and the subset ops'.
+pub fn headers() -> &'static [(&'static str, &'static str)] {
+    static ALL: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock::new(|| {
+        let mut all = HAND_WRITTEN.to_vec();
+        let subset: &'static str = Box::leak(pptm_spec::ops::subset::device_header().into());
+        all.push((pptm_spec::ops::subset::HEADER, subset));
+        all
+    });
+    &ALL
+}
+
+/// (include name, text) of the headers under `kernels/`.
+const HAND_WRITTEN: &[(&str, &str)] = &[
     ("pptm/abi.h", include_str!("../../kernels/pptm/abi.h")),
     (
         "pptm/device.cuh",
@@ -41,19 +56,11 @@ pub const HEADERS: &[(&str, &str)] = &[
         "pptm/ops/divergence.cuh",
         include_str!("../../kernels/pptm/ops/divergence.cuh"),
     ),
-    (
-        "pptm/ops/prediction.cuh",
-        include_str!("../../kernels/pptm/ops/prediction.cuh"),
-    ),
-    (
-        "pptm/ops/reduce.cuh",
-        include_str!("../../kernels/pptm/ops/reduce.cuh"),
-    ),
 ];
 
 /// The text of one embedded header.
 pub fn header(name: &str) -> Option<&'static str> {
-    HEADERS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    headers().iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
 #[cfg(test)]
@@ -92,7 +99,7 @@ mod tests {
                     assert_eq!(
                         header(&name),
                         Some(text.as_str()),
-                        "kernels/{name} is not in HEADERS"
+                        "kernels/{name} is not in HAND_WRITTEN"
                     );
                 }
             }

@@ -55,8 +55,41 @@ pub struct Project {
     pub op_dirs: Vec<String>,
     /// Paths skipped while scanning (trybuild fixtures are not part of the crate).
     pub skip: Vec<String>,
+    /// The src/ folders of the crates this one takes ops from (absolute): see
+    /// [`dependency_op_dirs`].
+    pub dependency_ops: Vec<PathBuf>,
     /// The folder the generated code goes to.
     pub generated: PathBuf,
+}
+
+/// The build-script metadata key under which a crate with `links` publishes its src/ folder, so
+/// that the crates depending on it can name its `#[pptm::op]` ops in their chains (they read it as
+/// `DEP_<LINKS>_PPTM_OP_SOURCES`).
+pub const OP_SOURCES_KEY: &str = "pptm_op_sources";
+
+/// The environment variable that carries the folders of [`dependency_op_dirs`] from build.rs to
+/// the derive macro (`cargo:rustc-env`), and that `cargo xtask` sets for a crate of the workspace.
+pub const DEPENDENCY_OPS_ENV: &str = "PPTM_DEPENDENCY_OPS";
+
+/// The src/ folders of the crates whose ops this crate's chains may name: from
+/// [`DEPENDENCY_OPS_ENV`] when set (in the derive macro), else, in a build script, the
+/// `DEP_<LINKS>_PPTM_OP_SOURCES` variable of every direct dependency that publishes its ops (one
+/// with `links` whose build.rs calls `pptm_codegen::build_script()`).
+pub fn dependency_op_dirs() -> Vec<PathBuf> {
+    if let Some(v) = std::env::var_os(DEPENDENCY_OPS_ENV) {
+        return std::env::split_paths(&v)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+    }
+    let suffix = format!("_{}", OP_SOURCES_KEY.to_ascii_uppercase());
+    let mut dirs: Vec<PathBuf> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.to_str()?;
+            (k.starts_with("DEP_") && k.ends_with(&suffix)).then(|| PathBuf::from(v))
+        })
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// The folders of a crate that hold its library's chains.
@@ -135,7 +168,7 @@ pub fn input_hash(source: &str) -> String {
         ));
     }
     h.update(source.as_bytes());
-    for (name, text) in crate::kernels::HEADERS {
+    for (name, text) in crate::kernels::headers() {
         h.update(format!("\0header {name}\0"));
         h.update(text.as_bytes());
     }
@@ -159,7 +192,25 @@ impl Project {
             source_dirs: all(dirs),
             op_dirs: all(&[LIBRARY_DIRS, DEV_DIRS].concat()),
             skip: vec!["tests/ui".into()],
+            dependency_ops: dependency_op_dirs(),
         }
+    }
+
+    /// The project with the ops of the crates at `dirs` (their src/ folders) instead of those
+    /// [`dependency_op_dirs`] found.
+    pub fn with_dependency_ops(mut self, dirs: &[PathBuf]) -> Self {
+        self.dependency_ops = dirs.to_vec();
+        self
+    }
+
+    /// Every op of the user's own this crate's chains may name (see [`scan::all_user_ops`]).
+    pub fn user_ops(&self) -> Result<Vec<&'static pptm_spec::OpDef>, scan::ScanError> {
+        scan::all_user_ops(
+            &self.root,
+            &strs(&self.op_dirs),
+            &strs(&self.skip),
+            &self.dependency_ops,
+        )
     }
 
     /// The library's tree: the chains of src/, generated into generated/ (shipped).
@@ -195,6 +246,7 @@ impl Project {
             &strs(&self.source_dirs),
             &strs(&self.op_dirs),
             &strs(&self.skip),
+            &self.dependency_ops,
         )?;
         let mut by_domain: BTreeMap<String, Vec<ChainIr>> = BTreeMap::new();
         for c in found.chains {
@@ -333,7 +385,7 @@ impl Project {
                 let ptx = nvrtc.compile(
                     &format!("{}/{}", self.folder(), d.source_file()),
                     &d.source,
-                    crate::kernels::HEADERS,
+                    crate::kernels::headers(),
                     &nvrtc_options(arch),
                 )?;
                 let ptx = repo_relative_file_paths(&ptx, &cwd);
@@ -460,9 +512,17 @@ impl Project {
 /// Plans both trees of the crate at `root`: the library's, then that of its tests, examples and
 /// benches beside it (see [`Project::plan_beside`]).
 pub fn plan_trees(root: &Path) -> Result<Vec<(Project, Vec<DomainPlan>)>, CodegenError> {
-    let library = Project::library(root);
+    plan_trees_with(root, &dependency_op_dirs())
+}
+
+/// [`plan_trees`] with the ops of the crates at `dependency_ops` (their src/ folders).
+pub fn plan_trees_with(
+    root: &Path,
+    dependency_ops: &[PathBuf],
+) -> Result<Vec<(Project, Vec<DomainPlan>)>, CodegenError> {
+    let library = Project::library(root).with_dependency_ops(dependency_ops);
     let library_plan = library.plan()?;
-    let dev = Project::dev(root);
+    let dev = Project::dev(root).with_dependency_ops(dependency_ops);
     let dev_plan = dev.plan_beside(&library_plan)?;
     Ok(vec![(library, library_plan), (dev, dev_plan)])
 }

@@ -35,6 +35,11 @@ pub enum ScanError {
         b: String,
         opcode: u32,
     },
+    #[error(
+        "two ops are named `{name}`: one in {a}, one in {b}; a chain names an op by its type's \
+         last segment, so rename one of the functions"
+    )]
+    DuplicateOp { name: String, a: String, b: String },
 }
 
 /// Every .rs file under `dirs` of `root` (relative to it, sorted), skipping any path that starts
@@ -79,15 +84,55 @@ pub fn user_ops(
         .collect())
 }
 
+/// The ops a crate's chains may name besides the built-in ones: its own (in `op_dirs` of `root`)
+/// and those of the crates it takes ops from (`dependency_ops`: their src/ folders). Two of one
+/// name are an error, as a stage would not say which it means.
+pub fn all_user_ops(
+    root: &Path,
+    op_dirs: &[&str],
+    skip: &[&str],
+    dependency_ops: &[PathBuf],
+) -> Result<Vec<&'static pptm_spec::OpDef>, ScanError> {
+    let mut ops: Vec<(&'static pptm_spec::OpDef, String)> = user_ops(root, op_dirs, skip)?
+        .into_iter()
+        .map(|op| (op, format!("this crate ({})", root.display())))
+        .collect();
+    for dir in dependency_ops {
+        ops.extend(
+            user_ops(dir, &[""], &[])?
+                .into_iter()
+                .map(|op| (op, dir.display().to_string())),
+        );
+    }
+    for (i, (a, at)) in ops.iter().enumerate() {
+        let builtin = pptm_spec::ops::find(a.name).map(|_| "pptm's built-in ops".to_string());
+        if let Some(b) = builtin.or_else(|| {
+            ops[i + 1..]
+                .iter()
+                .find(|(b, _)| b.name == a.name)
+                .map(|(_, bt)| bt.clone())
+        }) {
+            return Err(ScanError::DuplicateOp {
+                name: a.name.to_string(),
+                a: at.clone(),
+                b,
+            });
+        }
+    }
+    Ok(ops.into_iter().map(|(op, _)| op).collect())
+}
+
 /// Scans `dirs` (relative to `root`) for chains, with the ops of the crate's own found in
-/// `op_dirs`, skipping any path that starts with one of `skip`.
+/// `op_dirs` and those of `dependency_ops` (see [`all_user_ops`]), skipping any path that starts
+/// with one of `skip`.
 pub fn scan(
     root: &Path,
     dirs: &[&str],
     op_dirs: &[&str],
     skip: &[&str],
+    dependency_ops: &[PathBuf],
 ) -> Result<Found, ScanError> {
-    let ops = user_ops(root, op_dirs, skip)?;
+    let ops = all_user_ops(root, op_dirs, skip, dependency_ops)?;
     let files = rust_files(root, dirs, skip)?;
     let parsed = parse_files(root, &files)?;
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
@@ -223,7 +268,7 @@ mod tests {
         )
         .unwrap();
         let dirs = ["src", "tests", "examples"];
-        let found = scan(&dir, &dirs, &dirs, &["tests/ui"]).unwrap();
+        let found = scan(&dir, &dirs, &dirs, &["tests/ui"], &[]).unwrap();
         let names: Vec<_> = found
             .chains
             .iter()
@@ -236,6 +281,59 @@ mod tests {
             Some(&PathBuf::from("src/deep/again.rs")),
             "the first file, in sorted order"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn chains_name_the_ops_of_the_crates_they_take_ops_from_and_two_of_one_name_are_an_error() {
+        let dir = std::env::temp_dir().join(format!("pptm-scan-deps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["app/src", "ops/src", "clash/src", "builtin/src"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let softplus = "#[op] pub fn softplus(x: f64) -> f64 { x.exp().ln_1p() }";
+        std::fs::write(dir.join("ops/src/lib.rs"), softplus).unwrap();
+        std::fs::write(
+            dir.join("app/src/lib.rs"),
+            r#"#[derive(FusionBuilder)] #[fusion(domain = "app")]
+               struct Soft { #[stage(1)] s: ops::Softplus, #[stage(2)] t: SumReduction }"#,
+        )
+        .unwrap();
+        let app = dir.join("app");
+        // Without the ops crate the chain does not lower (the derive reports it) and is skipped.
+        assert!(
+            scan(&app, &["src"], &["src"], &[], &[])
+                .unwrap()
+                .chains
+                .is_empty()
+        );
+        let found = scan(&app, &["src"], &["src"], &[], &[dir.join("ops/src")]).unwrap();
+        assert_eq!(found.chains.len(), 1);
+        assert_eq!(found.chains[0].stages[0].op.name, "Softplus");
+        assert!(
+            found.chains[0].stages[0]
+                .op
+                .cuda
+                .contains("pptm_user_softplus")
+        );
+
+        // The same name in two crates, or a built-in's name, is an error naming both places.
+        std::fs::write(dir.join("clash/src/lib.rs"), softplus).unwrap();
+        let deps = [dir.join("ops/src"), dir.join("clash/src")];
+        let e = scan(&app, &["src"], &["src"], &[], &deps)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two ops are named `Softplus`"), "{e}");
+        assert!(e.contains("ops/src") && e.contains("clash/src"), "{e}");
+        std::fs::write(
+            dir.join("builtin/src/lib.rs"),
+            "#[op] pub fn relu(x: f64) -> f64 { x.max(0.0) }",
+        )
+        .unwrap();
+        let e = scan(&app, &["src"], &["src"], &[], &[dir.join("builtin/src")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`Relu`") && e.contains("built-in"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

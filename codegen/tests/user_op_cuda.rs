@@ -268,7 +268,7 @@ fn chains_of_user_ops_fuse_and_compile_with_nvrtc() {
             .compile(
                 "generated/user/user.cu",
                 &source,
-                pptm_codegen::kernels::HEADERS,
+                pptm_codegen::kernels::headers(),
                 &pptm_codegen::project::nvrtc_options(arch),
             )
             .unwrap_or_else(|e| panic!("{arch}: {e}"));

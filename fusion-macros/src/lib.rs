@@ -53,7 +53,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let extra = if own_types.is_empty() {
         Vec::new()
     } else {
-        crate_user_ops()
+        crate_user_ops().map_err(|e| syn::Error::new(input.ident.span(), e))?
     };
     let ir = parsed.lower_with(&extra)?;
     let ident = &input.ident;
@@ -409,13 +409,13 @@ fn generated_folder(domain: &str, chain: &str, span: Span) -> syn::Result<&'stat
 /// finds them (pptm-codegen's scan over every folder of the crate).
 /// Scanned once per crate: rustc expands every chain of a crate in one process, and the sources
 /// do not change while it does.
-fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
+fn crate_user_ops() -> Result<Vec<&'static pptm_spec::OpDef>, String> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    static SCANNED: OnceLock<Mutex<HashMap<String, Vec<&'static pptm_spec::OpDef>>>> =
-        OnceLock::new();
+    type Scanned = Result<Vec<&'static pptm_spec::OpDef>, String>;
+    static SCANNED: OnceLock<Mutex<HashMap<String, Scanned>>> = OnceLock::new();
     let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     let mut scanned = SCANNED
         .get_or_init(Default::default)
@@ -423,11 +423,12 @@ fn crate_user_ops() -> Vec<&'static pptm_spec::OpDef> {
         .unwrap_or_else(|e| e.into_inner());
     scanned
         .entry(root.clone())
+        // The crate's own ops and those of the crates it takes ops from (the folders its build.rs
+        // found, handed over in an environment variable).
         .or_insert_with(|| {
-            let project = pptm_codegen::project::Project::library(root);
-            let dirs: Vec<&str> = project.op_dirs.iter().map(String::as_str).collect();
-            let skip: Vec<&str> = project.skip.iter().map(String::as_str).collect();
-            pptm_codegen::scan::user_ops(&project.root, &dirs, &skip).unwrap_or_default()
+            pptm_codegen::project::Project::library(root)
+                .user_ops()
+                .map_err(|e| e.to_string())
         })
         .clone()
 }

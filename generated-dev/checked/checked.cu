@@ -20,8 +20,7 @@
 #include "pptm/fuse.cuh"
 #include "pptm/ops/divergence.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/prediction.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain CheckedBeliefUpdate: PredictionError -> PrecisionWeight -> GemvT -> BeliefUpdate (GemvT pattern)
 // spec hash 4ff01d9a6c418ea332b8afc5774e759b5914423916b999a80f926f0316bab86b, opcode 0x4ff01d9a
@@ -87,12 +86,12 @@ struct pptm_body_c9a18dcd {
 __device__ __noinline__ uint32_t pptm_run_c9a18dcd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_c9a18dcd e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_c9a18dcd{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_c9a18dcd{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_c9a18dcd(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_c9a18dcd e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
     pptm_check_finite_thread0(v);
     return v;
 }
@@ -273,7 +272,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -346,7 +345,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0xc9a18dcd01ull: {  // CheckedKl stage 1
         const pptm_env_c9a18dcd e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
         pptm_check_finite_thread0(v);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;

@@ -19,7 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/divergence.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain LargestKlTerm: KlDivergence -> MaxReduction (Map pattern)
 // spec hash 33f5e1d51b6626ca83ac02bf82d84787561c8e57473ff6e4913f71255cf844c6, opcode 0x33f5e1d5
@@ -39,12 +39,12 @@ struct pptm_body_33f5e1d5 {
 __device__ __noinline__ uint32_t pptm_run_33f5e1d5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_33f5e1d5 e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_33f5e1d5{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_max_reduction_reducer>(in, e.a2, pptm_body_33f5e1d5{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_33f5e1d5(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_33f5e1d5 e(d);
-    double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -99,7 +99,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // MaxReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_max_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -113,7 +113,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x33f5e1d501ull: {  // LargestKlTerm stage 1
         const pptm_env_33f5e1d5 e(d);
-        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

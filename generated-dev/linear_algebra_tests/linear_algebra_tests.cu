@@ -19,7 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain GemvTwoAxpbySum: Gemv -> Axpby -> Axpby -> Square -> SumReduction (Gemv pattern)
 // spec hash 26bd0a1d3716c73535cf93afead3f84cc86448db92cfca5b746bf783b61ef787, opcode 0x26bd0a1d
@@ -64,12 +64,12 @@ struct pptm_epi_26bd0a1d {
 };
 __device__ __forceinline__ uint32_t pptm_run_26bd0a1d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_26bd0a1d e(d);
-    partial = pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a9, e.a8, pptm_pro_26bd0a1d{e}, pptm_epi_26bd0a1d{e}, nullptr, b);
+    partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a9, e.a8, pptm_pro_26bd0a1d{e}, pptm_epi_26bd0a1d{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_26bd0a1d(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_26bd0a1d e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a9);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a9);
     return v;
 }
 
@@ -149,7 +149,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 4: {  // SumReduction
             const float* const in[1] = {scratch[3]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a9, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a9, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -163,7 +163,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x26bd0a1d04ull: {  // GemvTwoAxpbySum stage 4
         const pptm_env_26bd0a1d e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a9);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a9);
         if (threadIdx.x == 0) { scratch[4][0] = (float)v; out->value = v; }
         return;
     }

@@ -19,8 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/divergence.cuh"
-#include "pptm/ops/prediction.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain LargestError: PredictionError -> MaxReduction (Map pattern)
 // spec hash 154bfd8d9d9d2480acda20e2f9e10bb21914968989d0c7d1acb49d472e32c79e, opcode 0x154bfd8d
@@ -40,12 +39,12 @@ struct pptm_body_154bfd8d {
 __device__ __noinline__ uint32_t pptm_run_154bfd8d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_154bfd8d e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_max_reduction>(in, e.a2, pptm_body_154bfd8d{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_max_reduction_reducer>(in, e.a2, pptm_body_154bfd8d{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_154bfd8d(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_154bfd8d e(d);
-    double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -67,12 +66,12 @@ struct pptm_body_3314b656 {
 __device__ __noinline__ uint32_t pptm_run_3314b656(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_3314b656 e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_mean_reduction>(in, e.a2, pptm_body_3314b656{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_mean_reduction_reducer>(in, e.a2, pptm_body_3314b656{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_3314b656(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_3314b656 e(d);
-    double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -130,7 +129,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // MaxReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_max_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_max_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -151,7 +150,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // MeanReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_mean_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -165,13 +164,13 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x154bfd8d01ull: {  // LargestError stage 1
         const pptm_env_154bfd8d e(d);
-        const double v = pptm_op_max_reduction::finish(pptm_combine_partials<pptm_op_max_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
     case 0x3314b65601ull: {  // MeanKlTerm stage 1
         const pptm_env_3314b656 e(d);
-        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

@@ -19,6 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain RichardsonStep: Gemv -> Axpby (Gemv pattern)
 // spec hash ac9f74fec80da393cd75696cd6a277c0ce36f7521c52aa6db2a4400e2bababe0, opcode 0xac9f74fe

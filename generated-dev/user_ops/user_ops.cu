@@ -19,8 +19,10 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
+#ifndef PPTM_OP_HELPERS
+#define PPTM_OP_HELPERS
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -40,6 +42,7 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+#endif  // PPTM_OP_HELPERS
 
 // #[pptm::op] fn huber
 __device__ __forceinline__ double pptm_user_huber(double r, float delta) {
@@ -110,12 +113,12 @@ struct pptm_body_2bdfd225 {
 __device__ __noinline__ uint32_t pptm_run_2bdfd225(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_2bdfd225 e(d);
     const float* const in[1] = {e.a0};
-    partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_body_2bdfd225{e}, b);
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_2bdfd225{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_2bdfd225(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_2bdfd225 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -254,12 +257,12 @@ struct pptm_body_d21b2b9f {
 __device__ __noinline__ uint32_t pptm_run_d21b2b9f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d21b2b9f e(d);
     const float* const in[1] = {e.a0};
-    partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_body_d21b2b9f{e}, b);
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_d21b2b9f{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d21b2b9f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_d21b2b9f e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -282,12 +285,12 @@ struct pptm_body_dfac7ebd {
 __device__ __noinline__ uint32_t pptm_run_dfac7ebd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_dfac7ebd e(d);
     const float* const in[2] = {e.a0, e.a2};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a3, pptm_body_dfac7ebd{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a3, pptm_body_dfac7ebd{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_dfac7ebd(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_dfac7ebd e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a3);
     return v;
 }
 
@@ -360,7 +363,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -450,7 +453,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -471,7 +474,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a3, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a3, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -485,7 +488,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x2bdfd22501ull: {  // HuberSum stage 1
         const pptm_env_2bdfd225 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
@@ -515,13 +518,13 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     }
     case 0xd21b2b9f01ull: {  // SwishSum stage 1
         const pptm_env_d21b2b9f e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
     case 0xdfac7ebd01ull: {  // WeightedLoss stage 1
         const pptm_env_dfac7ebd e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a3);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

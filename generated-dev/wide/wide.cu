@@ -21,8 +21,7 @@
 #include "pptm/ops/divergence.cuh"
 #include "pptm/ops/linalg.cuh"
 #include "pptm/ops/neighbours.cuh"
-#include "pptm/ops/prediction.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain BeliefUpdateWide: PredictionError -> PrecisionWeight -> GemvT -> BeliefUpdate (GemvT pattern)
 // spec hash 1f0d4a55c3086322d443d6f968a159703442bed85a2327c57ceb986b37f73099, opcode 0x1f0d4a55
@@ -86,12 +85,12 @@ struct pptm_body_4163696d {
 __device__ __noinline__ uint32_t pptm_run_4163696d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4163696d e(d);
     const float* const in[1] = {e.a0};
-    partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a2, pptm_body_4163696d{e}, b);
+    partial = pptm_map_reduce<1, pptm_op_mean_reduction_reducer>(in, e.a2, pptm_body_4163696d{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_4163696d(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_4163696d e(d);
-    double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a2);
     {
         const double f = v;
         const double s3 = pptm_op_add_digamma((double)f, e.a1);
@@ -118,12 +117,12 @@ struct pptm_body_0da08b07 {
 __device__ __noinline__ uint32_t pptm_run_0da08b07(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_0da08b07 e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_0da08b07{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_0da08b07{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_0da08b07(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_0da08b07 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -317,7 +316,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 2: {  // MeanReduction
             const float* const in[1] = {scratch[1]};
-            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_mean_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         case 3: {  // AddDigamma
@@ -347,7 +346,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -423,13 +422,13 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x4163696d02ull: {  // DigammaMix stage 2
         const pptm_env_4163696d e(d);
-        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }
     case 0x0da08b0701ull: {  // KlWide stage 1
         const pptm_env_0da08b07 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

@@ -20,8 +20,7 @@
 #include "pptm/fuse.cuh"
 #include "pptm/ops/divergence.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/prediction.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain AccuracyPipeline: PredictionError -> Accuracy -> SumReduction (Map pattern)
 // spec hash 43ffe3573eaa936cac54cf8860fbccc1a6dc7d8a6caa50d9d1e69451cf2011cf, opcode 0x43ffe357
@@ -43,12 +42,12 @@ struct pptm_body_43ffe357 {
 __device__ __noinline__ uint32_t pptm_run_43ffe357(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_43ffe357 e(d);
     const float* const in[3] = {e.a0, e.a1, e.a2};
-    partial = pptm_map_reduce<3, pptm_op_sum_reduction>(in, e.a3, pptm_body_43ffe357{e}, b);
+    partial = pptm_map_reduce<3, pptm_op_sum_reduction_reducer>(in, e.a3, pptm_body_43ffe357{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_43ffe357(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_43ffe357 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a3);
     return v;
 }
 
@@ -113,12 +112,12 @@ struct pptm_body_7985c08c {
 __device__ __noinline__ uint32_t pptm_run_7985c08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_7985c08c e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a2, pptm_body_7985c08c{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_body_7985c08c{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_7985c08c(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_7985c08c e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
     return v;
 }
 
@@ -216,7 +215,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 2: {  // SumReduction
             const float* const in[1] = {scratch[1]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a3, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a3, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -278,7 +277,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 1: {  // SumReduction
             const float* const in[1] = {scratch[0]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a2, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a2, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -308,13 +307,13 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x43ffe35702ull: {  // AccuracyPipeline stage 2
         const pptm_env_43ffe357 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a3);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a3);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }
     case 0x7985c08c01ull: {  // KlComplexity stage 1
         const pptm_env_7985c08c e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a2);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a2);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }

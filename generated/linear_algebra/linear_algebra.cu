@@ -20,7 +20,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain GemvAxpbySum: Gemv -> Axpby -> Square -> SumReduction (Gemv pattern)
 // spec hash 91e20aba10095702b83ebdb6ccc14276a49b0c4f0d9794519b80e2bceeea4abf, opcode 0x91e20aba
@@ -59,12 +59,12 @@ struct pptm_epi_91e20aba {
 };
 __device__ __forceinline__ uint32_t pptm_run_91e20aba(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_91e20aba e(d);
-    partial = pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_91e20aba{e}, pptm_epi_91e20aba{e}, nullptr, b);
+    partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_91e20aba{e}, pptm_epi_91e20aba{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_91e20aba(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_91e20aba e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
     return v;
 }
 
@@ -105,12 +105,12 @@ struct pptm_epi_fba379bc {
 };
 __device__ __noinline__ uint32_t pptm_run_fba379bc(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_fba379bc e(d);
-    partial = pptm_gemv_n_mma<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_fba379bc{e}, pptm_epi_fba379bc{e}, nullptr, b);
+    partial = pptm_gemv_n_mma<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_fba379bc{e}, pptm_epi_fba379bc{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_fba379bc(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_fba379bc e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
     return v;
 }
 
@@ -151,12 +151,12 @@ struct pptm_epi_20719f30 {
 };
 __device__ __noinline__ uint32_t pptm_run_20719f30(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_20719f30 e(d);
-    partial = pptm_gemv_n_mma<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_20719f30{e}, pptm_epi_20719f30{e}, nullptr, b);
+    partial = pptm_gemv_n_mma<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_20719f30{e}, pptm_epi_20719f30{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_20719f30(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_20719f30 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
     return v;
 }
 
@@ -517,7 +517,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a6, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -553,7 +553,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a6, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -589,7 +589,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a6, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -779,19 +779,19 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x91e20aba03ull: {  // GemvAxpbySum stage 3
         const pptm_env_91e20aba e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;
     }
     case 0xfba379bc03ull: {  // GemvAxpbySumBf16 stage 3
         const pptm_env_fba379bc e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;
     }
     case 0x20719f3003ull: {  // GemvAxpbySumFp8 stage 3
         const pptm_env_20719f30 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;
     }

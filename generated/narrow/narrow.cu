@@ -19,8 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/prediction.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain BeliefUpdateStepBf16: PredictionError -> PrecisionWeight -> GemvT -> BeliefUpdate (GemvT pattern)
 // spec hash 0ab817e71700808498cf9ba99a5fd6d4a5656f1df586ad1b1b0eb84c5ea39493, opcode 0x0ab817e7
@@ -102,12 +101,12 @@ struct pptm_epi_407aedf3 {
 };
 __device__ __forceinline__ uint32_t pptm_run_407aedf3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_407aedf3 e(d);
-    partial = pptm_gemv_n<pptm_op_sum_reduction>(e.a1, e.a6, e.a5, pptm_pro_407aedf3{e}, pptm_epi_407aedf3{e}, nullptr, b);
+    partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_407aedf3{e}, pptm_epi_407aedf3{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_407aedf3(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_407aedf3 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
     return v;
 }
 
@@ -373,7 +372,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a6, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a6, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -431,7 +430,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x407aedf303ull: {  // GemvAxpbySumFp16 stage 3
         const pptm_env_407aedf3 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a6);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a6);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;
     }

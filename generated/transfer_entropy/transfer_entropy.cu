@@ -19,7 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/neighbours.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
 // chain DistanceKth: ChebyshevDistance -> KthSmallest (Pairwise pattern)
 // spec hash a3516b635c7f0a53c21799f67b3dda7e10554340c6be1c81da9b646ffff1893f, opcode 0xa3516b63
@@ -66,12 +66,12 @@ struct pptm_epi_d886a50f {
 };
 __device__ __forceinline__ uint32_t pptm_run_d886a50f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d886a50f e(d);
-    partial = pptm_pairwise_rows<pptm_op_mean_reduction>(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_d886a50f{e}, nullptr, b);
+    partial = pptm_pairwise_rows<pptm_op_mean_reduction_reducer>(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_d886a50f{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d886a50f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_d886a50f e(d);
-    double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a5);
+    double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a5);
     {
         const float f = (float)v;
         const float s4 = pptm_op_add_digamma(f, e.a4);
@@ -160,7 +160,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 3: {  // MeanReduction
             const float* const in[1] = {scratch[2]};
-            partial = pptm_map_reduce<1, pptm_op_mean_reduction>(in, e.a5, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_mean_reduction_reducer>(in, e.a5, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         case 4: {  // AddDigamma
@@ -183,7 +183,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0xd886a50f03ull: {  // TeReduction stage 3
         const pptm_env_d886a50f e(d);
-        const double v = pptm_op_mean_reduction::finish(pptm_combine_partials<pptm_op_mean_reduction>(partials, nblocks, smem), e.a5);
+        const double v = pptm_op_mean_reduction_reducer::finish(pptm_combine_partials<pptm_op_mean_reduction_reducer>(partials, nblocks, smem), e.a5);
         if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
         return;
     }

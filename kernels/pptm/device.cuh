@@ -291,19 +291,8 @@ __device__ __forceinline__ uint64_t pptm_tagged(uint32_t payload, uint32_t tag) 
 // A reducer combines f32 terms into an f64 accumulator: blocks accumulate in f64 so the chain
 // stays within the 1e-5 relative bar at 2^26 terms, and the cost hides under memory time.
 // `finish` turns the combined accumulator of n terms into the result (the mean divides by n).
-struct pptm_sum_reducer {
-    __device__ __forceinline__ static double identity() { return 0.0; }
-    __device__ __forceinline__ static double combine(double a, double b) { return a + b; }
-    __device__ __forceinline__ static double finish(double total, uint64_t) { return total; }
-};
-
-struct pptm_mean_reducer {
-    __device__ __forceinline__ static double identity() { return 0.0; }
-    __device__ __forceinline__ static double combine(double a, double b) { return a + b; }
-    // The mean of nothing is NaN, as 0/0.
-    __device__ __forceinline__ static double finish(double total, uint64_t n) { return total / (double)n; }
-};
-
+// The reduction ops' reducers are generated from their Rust combine functions (pptm/ops/subset.cuh,
+// from spec/src/ops/subset.rs); the largest-value reducer here serves codegen's own checks.
 struct pptm_max_reducer {
     __device__ __forceinline__ static double identity() { return -__longlong_as_double(0x7ff0000000000000ll); }
     // fmax ignores a NaN operand, like f64::max on the CPU.

@@ -66,7 +66,7 @@ pub struct OpFn {
     pub params: Vec<(String, Scalar)>,
     /// Its result.
     pub ret: Scalar,
-    /// The device function's name: `pptm_user_<name>`.
+    /// The device function's name: `pptm_user_<name>` (`pptm_op_<name>` for a built-in op).
     pub device: String,
     /// The device function, ready to paste into a translation unit after [`HELPERS`]. For a
     /// reduction, the combine function and the reducer type (`device`) that wraps it.
@@ -213,6 +213,10 @@ pub struct OpAttr {
     /// `reduction(identity = ..., finish = |total, n| ...)`: the function is the combine of a
     /// reduction rather than an elementwise op.
     pub reduction: Option<ReductionAttr>,
+    /// `f32_form`: an f64 op also gets an f32 device form, the same function with every `f64`
+    /// read as `f32`, which fp32 stages call instead of computing in f64 and rounding. (The CPU
+    /// reference stays the f64 function.)
+    pub f32_form: Option<Span>,
 }
 
 /// `reduction(identity = EXPR, finish = CLOSURE)` in `#[pptm::op(...)]`.
@@ -249,6 +253,12 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
                 out.tensors.push(id.clone());
                 Ok(())
             })
+        } else if meta.path.is_ident("f32_form") {
+            if out.f32_form.is_some() {
+                return Err(meta.error("`f32_form` is given twice"));
+            }
+            out.f32_form = Some(meta.path.span());
+            Ok(())
         } else if meta.path.is_ident("reduction") {
             if out.reduction.is_some() {
                 return Err(meta.error("`reduction` is given twice"));
@@ -297,7 +307,8 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
             Ok(())
         } else {
             Err(meta.error(
-                "unknown op attribute; expected `tensors(param, ...)` or `reduction(identity = ...)`",
+                "unknown op attribute; expected `tensors(param, ...)`, `f32_form` or \
+                 `reduction(identity = ...)`",
             ))
         }
     });
@@ -310,16 +321,78 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
         e.combine(syn::Error::new(r.span, "declared a reduction here"));
         return Err(e);
     }
+    if let (Some(_), Some(f)) = (&out.reduction, out.f32_form) {
+        return Err(syn::Error::new(
+            f,
+            "a reduction accumulates in f64 on every stage: `f32_form` is for elementwise ops",
+        ));
+    }
     Ok(out)
 }
 
 /// Checks a function with its `#[pptm::op(...)]` arguments and translates it: an elementwise op
 /// ([`parse_op_fn`]), or the combine of a reduction ([`parse_reduction_fn`]).
 pub fn parse_op(attr: &OpAttr, f: &ItemFn) -> syn::Result<OpFn> {
-    match &attr.reduction {
-        Some(r) => parse_reduction_fn(f, r),
-        None => parse_op_fn(f),
+    parse_op_as(attr, f, USER_PREFIX)
+}
+
+/// The prefix of the device names of ops of the user's own (`pptm_user_swish`).
+pub const USER_PREFIX: &str = "pptm_user_";
+/// The prefix of the device names of the built-in ops written in the subset (`pptm_op_relu`:
+/// pptm-spec's `ops::subset`).
+pub const BUILTIN_PREFIX: &str = "pptm_op_";
+
+/// [`parse_op`] with the device names under `prefix`.
+pub fn parse_op_as(attr: &OpAttr, f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
+    let Some(r) = &attr.reduction else {
+        let op = parse_op_fn_as(f, prefix)?;
+        let Some(span) = attr.f32_form else {
+            return Ok(op);
+        };
+        if op.ret != Scalar::F64 {
+            return err(
+                span,
+                "`f32_form` adds an f32 device form to an f64 op; this op returns f32 already",
+            );
+        }
+        let narrow = parse_op_fn_as(&narrowed(f), prefix).map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!("in the op's f32 form (`f32_form`: every f64 read as f32): {e}"),
+            )
+        })?;
+        let cuda = format!(
+            "{}{}",
+            op.cuda,
+            narrow
+                .cuda
+                .replacen("// #[pptm::op] fn", "// #[pptm::op(f32_form)] fn", 1)
+        );
+        return Ok(OpFn { cuda, ..op });
+    };
+    parse_reduction_fn_as(f, r, prefix)
+}
+
+/// `f` with every `f64` (types, paths such as `f64::consts::PI`, literal suffixes) read as `f32`:
+/// the source of an op's f32 form.
+fn narrowed(f: &ItemFn) -> ItemFn {
+    use syn::visit_mut::VisitMut;
+    struct Narrow;
+    impl VisitMut for Narrow {
+        fn visit_ident_mut(&mut self, i: &mut syn::Ident) {
+            if i == "f64" {
+                *i = syn::Ident::new("f32", i.span());
+            }
+        }
+        fn visit_lit_float_mut(&mut self, l: &mut syn::LitFloat) {
+            if l.suffix() == "f64" {
+                *l = syn::LitFloat::new(&format!("{}_f32", l.base10_digits()), l.span());
+            }
+        }
     }
+    let mut f = f.clone();
+    Narrow.visit_item_fn_mut(&mut f);
+    f
 }
 
 /// The math methods of the subset: Rust name, number of arguments besides the receiver, and the
@@ -363,6 +436,8 @@ pub const METHODS: &[(&str, usize, &str, &str)] = &[
 /// Device helpers a translation may call: codegen emits them once, before the ops of the user's
 /// own, in each translation unit that has any (`OpFn::cuda` holds the op alone).
 pub const HELPERS: &str = "
+#ifndef PPTM_OP_HELPERS
+#define PPTM_OP_HELPERS
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -382,6 +457,7 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+#endif  // PPTM_OP_HELPERS
 ";
 
 fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
@@ -395,6 +471,11 @@ const ALLOWED: &str = "an op's body may use `let` bindings, arithmetic, comparis
 
 /// Checks `f` against the subset and translates it (see the module docs).
 pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
+    parse_op_fn_as(f, USER_PREFIX)
+}
+
+/// [`parse_op_fn`] with the device name under `prefix`.
+fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
     let sig = &f.sig;
     if let Some(c) = &sig.constness {
         return err(c.span(), "an op is a plain `fn`, not `const fn`");
@@ -464,7 +545,7 @@ pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
         temps: 0,
     };
     let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
-    let device = format!("pptm_user_{name}");
+    let device = format!("{prefix}{name}");
     let args = params
         .iter()
         .map(|(p, ty)| format!("{} {p}", ty.cuda()))
@@ -492,7 +573,12 @@ pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
 /// `fn(a: f64, b: f64) -> f64`: it folds two partial results (an element is the partial result
 /// of itself), in any order and grouping, so it must be associative and commutative.
 pub fn parse_reduction_fn(f: &ItemFn, r: &ReductionAttr) -> syn::Result<OpFn> {
-    let combine = parse_op_fn(f)?;
+    parse_reduction_fn_as(f, r, USER_PREFIX)
+}
+
+/// [`parse_reduction_fn`] with the device names under `prefix`.
+fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Result<OpFn> {
+    let combine = parse_op_fn_as(f, prefix)?;
     let f64s = combine.params.len() == 2
         && combine.params.iter().all(|(_, t)| *t == Scalar::F64)
         && combine.ret == Scalar::F64;
@@ -514,7 +600,7 @@ pub fn parse_reduction_fn(f: &ItemFn, r: &ReductionAttr) -> syn::Result<OpFn> {
         None => (String::new(), "pptm_total".to_string()),
         Some(c) => finish_closure(c)?,
     };
-    let device = format!("pptm_user_{}_reducer", combine.name);
+    let device = format!("{prefix}{}_reducer", combine.name);
     let cuda = format!(
         "{}// #[pptm::op(reduction)] fn {name}: identity, combine and finish for the fused patterns.\n\
          struct {device} {{\n\

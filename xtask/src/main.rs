@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use pptm_codegen::nvrtc::Nvrtc;
-use pptm_codegen::project::plan_trees;
+use pptm_codegen::project::plan_trees_with;
 
 const ABI_HEADER: &str = "kernels/pptm/abi.h";
 const ABI_RUST: &str = "runtime/src/gpu/abi_generated.rs";
@@ -43,8 +43,13 @@ fn workspace_root() -> PathBuf {
 }
 
 /// The workspace's crates that declare chains (each has a build.rs that calls
-/// `pptm_codegen::build_script()`), relative to the workspace root.
-const CRATES_WITH_CHAINS: &[&str] = &[".", "bench", "tests/downstream"];
+/// `pptm_codegen::build_script()`), relative to the workspace root, each with the src/ folders of
+/// the crates it takes ops from (what its build.rs finds in `DEP_<LINKS>_PPTM_OP_SOURCES`).
+const CRATES_WITH_CHAINS: &[(&str, &[&str])] = &[
+    (".", &[]),
+    ("bench", &[]),
+    ("tests/downstream", &["tests/downstream-ops/src"]),
+];
 
 fn codegen(check: bool) -> Result<String, String> {
     let root = workspace_root();
@@ -52,8 +57,12 @@ fn codegen(check: bool) -> Result<String, String> {
     let mut report = Vec::new();
     let mut stale = Vec::new();
     let mut trees = Vec::new();
-    for krate in CRATES_WITH_CHAINS {
-        trees.extend(plan_trees(&root.join(krate)).map_err(|e| format!("{krate}: {e}"))?);
+    for (krate, op_crates) in CRATES_WITH_CHAINS {
+        let dependency_ops: Vec<PathBuf> = op_crates.iter().map(|d| root.join(d)).collect();
+        trees.extend(
+            plan_trees_with(&root.join(krate), &dependency_ops)
+                .map_err(|e| format!("{krate}: {e}"))?,
+        );
     }
     for (project, plan) in &trees {
         let folder = project

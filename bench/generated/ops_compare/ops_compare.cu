@@ -18,9 +18,10 @@
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
-#include "pptm/ops/linalg.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
+#ifndef PPTM_OP_HELPERS
+#define PPTM_OP_HELPERS
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -40,6 +41,7 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+#endif  // PPTM_OP_HELPERS
 
 // #[pptm::op] fn own_axpby
 __device__ __forceinline__ float pptm_user_own_axpby(float x, float y, float alpha, float beta) {
@@ -87,12 +89,12 @@ struct pptm_body_553d6e1e {
 __device__ __noinline__ uint32_t pptm_run_553d6e1e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_553d6e1e e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a4, pptm_body_553d6e1e{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a4, pptm_body_553d6e1e{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_553d6e1e(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_553d6e1e e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a4);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
     return v;
 }
 
@@ -190,7 +192,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 2: {  // SumReduction
             const float* const in[1] = {scratch[1]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a4, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a4, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -235,7 +237,7 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     switch (((uint64_t)d.opcode << 8) | stage) {
     case 0x553d6e1e02ull: {  // SquaredResidual stage 2
         const pptm_env_553d6e1e e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a4);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }

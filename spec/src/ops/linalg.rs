@@ -174,45 +174,6 @@ fn matmul_ref(t: &OpInputs, batch: usize) -> Vec<f64> {
     c
 }
 
-/// `alpha x + beta y` per element.
-pub const AXPBY: OpDef = OpDef::elementwise(
-    "Axpby",
-    &[
-        param("x", Ty::Like),
-        param("y", Ty::Like),
-        param("alpha", Ty::F32),
-        param("beta", Ty::F32),
-    ],
-    HEADER,
-    "pptm_op_axpby",
-    |v| v[2] * v[0] + v[3] * v[1],
-    "alpha x + beta y.",
-);
-
-/// `mu + lr g` per element: a gradient step on beliefs `mu`.
-pub const BELIEF_UPDATE: OpDef = OpDef::elementwise(
-    "BeliefUpdate",
-    &[
-        param("g", Ty::Like),
-        param("mu", Ty::Like),
-        param("lr", Ty::F32),
-    ],
-    HEADER,
-    "pptm_op_belief_update",
-    |v| v[1] + v[2] * v[0],
-    "Belief update mu + lr g.",
-);
-
-/// `x²` per element.
-pub const SQUARE: OpDef = OpDef::elementwise(
-    "Square",
-    &[param("x", Ty::Like)],
-    HEADER,
-    "pptm_op_square",
-    |v| v[0] * v[0],
-    "x^2.",
-);
-
 /// `x[i, j] + b[j]`: a bias per column, broadcast along the rows.
 pub const ADD_BIAS: OpDef = OpDef {
     class: FusionClass::Broadcast,
@@ -225,36 +186,6 @@ pub const ADD_BIAS: OpDef = OpDef {
         "x + b, b broadcast along the rows (one value per column).",
     )
 };
-
-/// `max(x, 0)`.
-pub const RELU: OpDef = OpDef::elementwise(
-    "Relu",
-    &[param("x", Ty::Like)],
-    HEADER,
-    "pptm_op_relu",
-    |v| v[0].max(0.0),
-    "ReLU: max(x, 0).",
-);
-
-/// `1 / (1 + e^-x)`.
-pub const SIGMOID: OpDef = OpDef::elementwise(
-    "Sigmoid",
-    &[param("x", Ty::Like)],
-    HEADER,
-    "pptm_op_sigmoid",
-    |v| 1.0 / (1.0 + (-v[0]).exp()),
-    "Logistic sigmoid 1 / (1 + e^-x).",
-);
-
-/// `tanh x`.
-pub const TANH: OpDef = OpDef::elementwise(
-    "Tanh",
-    &[param("x", Ty::Like)],
-    HEADER,
-    "pptm_op_tanh",
-    |v| v[0].tanh(),
-    "Hyperbolic tangent.",
-);
 
 /// `x Φ(x) = x/2 (1 + erf(x / √2))`: the exact GELU (PyTorch's default), not the tanh form.
 pub const GELU: OpDef = OpDef::elementwise(

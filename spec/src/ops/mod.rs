@@ -1,30 +1,29 @@
 //! The op catalog. One entry per op; the DSL names an op by its type name
 //! (`pptm::ops::KlDivergence`), and everything else about it is here.
 //!
-//! To add a built-in op: write its device code in a header under `kernels/pptm/ops/`, add an
-//! [`OpDef`] in the family module here (with the f64 reference), list it in [`CATALOG`], and add
-//! its marker type to the `builtin_ops!` list in `src/ops.rs` of the facade crate (which
+//! To add a built-in op that fits the `#[pptm::op]` subset (docs/ops.md): declare it in
+//! [`subset`], once; its device code, marker type and catalog entry follow from the function.
+//! An op that needs hand-written device code: write it in a header under `kernels/pptm/ops/`, add
+//! an [`OpDef`] in the family module here (with the f64 reference), list it in [`CATALOG`], and
+//! add its marker type to the `builtin_ops!` list in `src/ops.rs` of the facade crate (which
 //! implements [`Op`] for it: a marker whose name is not its op's is a compile error, and a test
-//! checks that every catalog entry has a marker). An op that fits the `#[pptm::op]` subset is
-//! better written as one (docs/ops.md).
+//! checks that every catalog entry has a marker).
 
 mod divergence;
 mod linalg;
 mod neighbours;
-mod prediction;
-mod reduce;
+pub mod subset;
 
 pub use divergence::KL_DIVERGENCE;
-pub use linalg::{
-    ADD_BIAS, AXPBY, BATCHED_MATMUL, BELIEF_UPDATE, GELU, GEMV, GEMV_T, MATMUL, RELU, SIGMOID,
-    SQUARE, TANH, is_matmul,
-};
+pub use linalg::{ADD_BIAS, BATCHED_MATMUL, GELU, GEMV, GEMV_T, MATMUL, is_matmul};
 pub use neighbours::{
     ADD_DIGAMMA, CHEBYSHEV_DISTANCE, DIGAMMA, KSG_DIGAMMA, KTH_SMALLEST, MAX_K, RADIUS_COUNT,
     SUBSPACE_DISTANCES, digamma,
 };
-pub use prediction::{ACCURACY, PRECISION_WEIGHT, PREDICTION_ERROR};
-pub use reduce::{MAX_REDUCTION, MEAN_REDUCTION, SUM_REDUCTION};
+pub use subset::{
+    Accuracy, Axpby, BeliefUpdate, MaxReduction, MeanReduction, PrecisionWeight, PredictionError,
+    Relu, Sigmoid, Square, SumReduction, Tanh,
+};
 
 use crate::Precision;
 
@@ -268,23 +267,23 @@ impl OpDef {
 /// Every op the DSL knows.
 pub const CATALOG: &[&OpDef] = &[
     &KL_DIVERGENCE,
-    &PREDICTION_ERROR,
-    &PRECISION_WEIGHT,
-    &ACCURACY,
-    &SUM_REDUCTION,
-    &MEAN_REDUCTION,
-    &MAX_REDUCTION,
+    PredictionError::DEF,
+    PrecisionWeight::DEF,
+    Accuracy::DEF,
+    SumReduction::DEF,
+    MeanReduction::DEF,
+    MaxReduction::DEF,
     &GEMV,
     &GEMV_T,
-    &AXPBY,
-    &BELIEF_UPDATE,
-    &SQUARE,
+    Axpby::DEF,
+    BeliefUpdate::DEF,
+    Square::DEF,
     &MATMUL,
     &BATCHED_MATMUL,
     &ADD_BIAS,
-    &RELU,
-    &SIGMOID,
-    &TANH,
+    Relu::DEF,
+    Sigmoid::DEF,
+    Tanh::DEF,
     &GELU,
     &CHEBYSHEV_DISTANCE,
     &SUBSPACE_DISTANCES,
@@ -369,7 +368,7 @@ mod tests {
         assert_eq!(format!("{:?}", KTH_SMALLEST.cpu), "Row(..)");
         assert_eq!(format!("{:?}", CHEBYSHEV_DISTANCE.cpu), "Pair(..)");
         assert_eq!(
-            format!("{:?}", MAX_REDUCTION.cpu),
+            format!("{:?}", MaxReduction::DEF.cpu),
             "Reduction { identity: -inf, .. }"
         );
     }

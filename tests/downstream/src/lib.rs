@@ -3,8 +3,9 @@
 //! Each `#[pptm::op]` function stays an ordinary function (it is the op's CPU reference) and also
 //! becomes device code and a marker type (its name in CamelCase) that chains name as a stage.
 
-use pptm::ops::{Axpby, Gemv, SumReduction};
+use pptm::ops::{Axpby, Gemv, Square, SumReduction};
 use pptm::{FusionBuilder, op};
+use pptm_downstream_ops::{RootSum, Softplus};
 
 /// swish(x; β) = x / (1 + e^(−βx)).
 #[op]
@@ -12,8 +13,10 @@ pub fn swish(x: f32, beta: f32) -> f32 {
     x / (1.0 + (-beta * x).exp())
 }
 
-/// The Huber loss of a residual: quadratic within δ of zero, linear beyond.
-#[op]
+/// The Huber loss of a residual: quadratic within δ of zero, linear beyond. Written in f64 (its
+/// CPU reference, and what fp64 stages run); `f32_form` gives fp32 stages an f32 device form of
+/// the same function.
+#[op(f32_form)]
 pub fn huber(r: f64, delta: f32) -> f64 {
     let a = r.abs();
     let d = delta as f64;
@@ -89,4 +92,34 @@ pub struct SwishLogSumExp {
     activation: Swish,
     #[stage(2, reduction = true)]
     lse: LogSumExp,
+}
+
+/// softplus(A x): an op declared in another crate (pptm-downstream-ops) as the GEMV's epilogue.
+#[derive(FusionBuilder)]
+#[fusion(domain = "downstream")]
+pub struct SoftplusLayer {
+    #[stage(1)]
+    product: Gemv,
+    #[stage(2)]
+    activation: Softplus,
+}
+
+/// Σ softplus(x) in f64: the other crate's op in an fp64 stage (its f64 form).
+#[derive(FusionBuilder)]
+#[fusion(domain = "downstream")]
+pub struct SoftplusSumF64 {
+    #[stage(1, precision = "fp64")]
+    activation: Softplus,
+    #[stage(2, reduction = true, precision = "fp64")]
+    total: SumReduction,
+}
+
+/// ‖x‖₂ = √Σ x²: a built-in op as the prologue of a reduction declared in another crate.
+#[derive(FusionBuilder)]
+#[fusion(domain = "downstream")]
+pub struct EuclideanNorm {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true)]
+    norm: RootSum,
 }

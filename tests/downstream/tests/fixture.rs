@@ -5,8 +5,10 @@
 
 use pptm::{Config, Error, Runtime, Variant};
 use pptm_downstream_fixture::{
-    HuberLoss, HuberLossF64, LogPartition, SwishLayer, SwishLogSumExp, huber, swish,
+    EuclideanNorm, HuberLoss, HuberLossF64, LogPartition, SoftplusLayer, SoftplusSumF64,
+    SwishLayer, SwishLogSumExp, huber, swish,
 };
+use pptm_downstream_ops::softplus;
 use rand::Rng;
 
 fn uniform(n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -23,6 +25,11 @@ fn swish_f64(x: f64, beta: f64) -> f64 {
     x / (1.0 + (-beta * x).exp())
 }
 
+/// ln(1 + eˣ), written independently of the op (which is also its own CPU reference).
+fn softplus_f64(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
 const SIZES: [usize; 4] = [1, 7, 1023, (1 << 20) + 3];
 const SHAPES: [(usize, usize); 4] = [(1, 1), (7, 33), (1023, 257), (4099, 1000)];
 
@@ -30,6 +37,12 @@ fn every_chain_matches_f64(rt: &Runtime) {
     let what = rt.describe();
     // The fixture's own functions are the ops' CPU references, and agree with f64 here.
     assert!((f64::from(swish(1.5, 0.5)) - swish_f64(1.5, 0.5)).abs() < 1e-6);
+    for x in [-40.0, -3.0, 0.0, 0.5, 29.0, 31.0, 80.0] {
+        assert!(
+            (softplus(x) - softplus_f64(x)).abs() <= 1e-15 * (1.0 + x.abs()),
+            "{x}"
+        );
+    }
 
     for &(m, n) in &SHAPES {
         let (a, x) = (uniform(m * n, -1.0, 1.0), uniform(n, -1.0, 1.0));
@@ -57,6 +70,31 @@ fn every_chain_matches_f64(rt: &Runtime) {
             assert!(
                 (f64::from(g) - want).abs() <= 1e-5 * mag + 1e-6 * want.abs() + 1e-30,
                 "{what}: swish layer {m}x{n}, row {i}: got {g}, f64 reference {want}"
+            );
+        }
+
+        // An op of another crate (pptm-downstream-ops) as the GEMV's epilogue, in f32.
+        let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
+        SoftplusLayer::submit(
+            rt,
+            &rt.upload(&x).unwrap(),
+            &rt.upload(&a).unwrap(),
+            &mut out,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        for (i, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let (mut dot, mut mag) = (0.0f64, 0.0f64);
+            for j in 0..n {
+                let t = f64::from(a[i * n + j]) * f64::from(x[j]);
+                dot += t;
+                mag += t.abs();
+            }
+            let want = softplus_f64(dot);
+            assert!(
+                (f64::from(g) - want).abs() <= 1e-5 * mag + 1e-6 * want.abs() + 1e-30,
+                "{what}: softplus layer {m}x{n}, row {i}: got {g}, f64 reference {want}"
             );
         }
 
@@ -101,6 +139,22 @@ fn every_chain_matches_f64(rt: &Runtime) {
         assert!(
             (f64::from(got) - want).abs() <= 1.2e-7 * want + 1e-30,
             "{what}: huber loss in f64, n = {n}: got {got}, f64 reference {want}"
+        );
+
+        // The other crate's ops: its elementwise op in f64 stages, its reduction after a built-in.
+        let x = uniform(n, -40.0, 40.0);
+        let xb = rt.upload(&x).unwrap();
+        let got = SoftplusSumF64::submit(rt, &xb).unwrap().wait().unwrap();
+        let want: f64 = x.iter().map(|&v| softplus_f64(f64::from(v))).sum();
+        assert!(
+            (f64::from(got) - want).abs() <= 1.2e-7 * want + 1e-30,
+            "{what}: softplus sum in f64, n = {n}: got {got}, f64 reference {want}"
+        );
+        let got = EuclideanNorm::submit(rt, &xb).unwrap().wait().unwrap();
+        let want = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-6 * want,
+            "{what}: euclidean norm, n = {n}: got {got}, f64 reference {want}"
         );
 
         let x = uniform(n, -20.0, 20.0);

@@ -19,8 +19,10 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
-#include "pptm/ops/reduce.cuh"
+#include "pptm/ops/subset.cuh"
 
+#ifndef PPTM_OP_HELPERS
+#define PPTM_OP_HELPERS
 // Rust's powi: repeated squaring (a negative power inverts the result).
 template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
@@ -40,12 +42,19 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+#endif  // PPTM_OP_HELPERS
 
 // #[pptm::op] fn huber
 __device__ __forceinline__ double pptm_user_huber(double r, float delta) {
     const double a = fabs(r);
     const double d = ((double)delta);
     return ((a <= d) ? ((0.5 * r) * r) : (d * (a - (0.5 * d))));
+}
+// #[pptm::op(f32_form)] fn huber
+__device__ __forceinline__ float pptm_user_huber(float r, float delta) {
+    const float a = fabsf(r);
+    const float d = delta;
+    return ((a <= d) ? ((0.5f * r) * r) : (d * (a - (0.5f * d))));
 }
 
 // #[pptm::op] fn log_sum_exp
@@ -64,70 +73,121 @@ struct pptm_user_log_sum_exp_reducer {
     }
 };
 
+// #[pptm::op] fn root_sum
+__device__ __forceinline__ double pptm_user_root_sum(double a, double b) {
+    return (a + b);
+}
+// #[pptm::op(reduction)] fn root_sum: identity, combine and finish for the fused patterns.
+struct pptm_user_root_sum_reducer {
+    __device__ __forceinline__ static double identity() { return 0.0; }
+    __device__ __forceinline__ static double combine(double a, double b) { return pptm_user_root_sum(a, b); }
+    __device__ __forceinline__ static double finish(double pptm_total, unsigned long long pptm_count) {
+        (void)pptm_total;
+        (void)pptm_count;
+        const double total = pptm_total;
+        return sqrt(total);
+    }
+};
+
+// #[pptm::op] fn softplus
+__device__ __forceinline__ double pptm_user_softplus(double x) {
+    return ((x > 30.0) ? (x + exp((-x))) : log1p(exp(x)));
+}
+// #[pptm::op(f32_form)] fn softplus
+__device__ __forceinline__ float pptm_user_softplus(float x) {
+    return ((x > 30.0f) ? (x + expf((-x))) : log1pf(expf(x)));
+}
+
 // #[pptm::op] fn swish
 __device__ __forceinline__ float pptm_user_swish(float x, float beta) {
     return (x / (1.0f + expf(((-beta) * x))));
 }
 
+// chain EuclideanNorm: Square -> RootSum (Map pattern)
+// spec hash b10be19bc837d0b5ab87866882b4777baeb113630a7e2b77a6a800d31c3003a8, opcode 0xb10be19b
+struct pptm_env_b10be19b {
+    const float* a0;  // x
+    uint64_t a1;  // n
+    __device__ explicit pptm_env_b10be19b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]) {}
+};
+struct pptm_body_b10be19b {
+    pptm_env_b10be19b e;
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_op_square(x[0]);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_b10be19b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_b10be19b e(d);
+    const float* const in[1] = {e.a0};
+    partial = pptm_map_reduce<1, pptm_user_root_sum_reducer>(in, e.a1, pptm_body_b10be19b{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_b10be19b(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_b10be19b e(d);
+    double v = pptm_user_root_sum_reducer::finish(pptm_combine_partials<pptm_user_root_sum_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
 // chain HuberLoss: Axpby -> Huber -> SumReduction (Map pattern)
-// spec hash 2ea024520952a8495bbd8ea38be04ac929bac15de7afa0bbf245a33afa994d29, opcode 0x2ea02452
-struct pptm_env_2ea02452 {
+// spec hash 087e587ca3cd2fcb9868e5cc00f2f664bd3319dfcf051ff25d5c527b300ffb6e, opcode 0x087e587c
+struct pptm_env_087e587c {
     const float* a0;  // x
     const float* a1;  // y
     float a2;  // alpha
     float a3;  // beta
     float a4;  // delta
     uint64_t a5;  // n
-    __device__ explicit pptm_env_2ea02452(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]) {}
+    __device__ explicit pptm_env_087e587c(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_body_2ea02452 {
-    pptm_env_2ea02452 e;
+struct pptm_body_087e587c {
+    pptm_env_087e587c e;
     __device__ __forceinline__ float operator()(const float (&x)[2]) const {
         const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
         const float s1 = pptm_user_huber(s0, e.a4);
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_2ea02452(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_2ea02452 e(d);
+__device__ __noinline__ uint32_t pptm_run_087e587c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_087e587c e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a5, pptm_body_2ea02452{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a5, pptm_body_087e587c{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_2ea02452(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_2ea02452 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a5);
+__device__ __forceinline__ double pptm_finish_087e587c(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_087e587c e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a5);
     return v;
 }
 
 // chain HuberLossF64: Axpby -> Huber -> SumReduction (Map pattern)
-// spec hash f6e339e06dac28b3d2af565427f042a95ab31a7be1b18590ac4da36542f85fa5, opcode 0xf6e339e0
-struct pptm_env_f6e339e0 {
+// spec hash dce942bdef0fe77d6807dec0c2b7f14448043ec7f5519dd81eb160b70636d22b, opcode 0xdce942bd
+struct pptm_env_dce942bd {
     const float* a0;  // x
     const float* a1;  // y
     float a2;  // alpha
     float a3;  // beta
     float a4;  // delta
     uint64_t a5;  // n
-    __device__ explicit pptm_env_f6e339e0(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]) {}
+    __device__ explicit pptm_env_dce942bd(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_body_f6e339e0 {
-    pptm_env_f6e339e0 e;
+struct pptm_body_dce942bd {
+    pptm_env_dce942bd e;
     __device__ __forceinline__ double operator()(const float (&x)[2]) const {
         const double s0 = pptm_op_axpby((double)x[0], (double)x[1], (double)e.a2, (double)e.a3);
         const double s1 = pptm_user_huber((double)s0, (double)e.a4);
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_f6e339e0(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_f6e339e0 e(d);
+__device__ __noinline__ uint32_t pptm_run_dce942bd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_dce942bd e(d);
     const float* const in[2] = {e.a0, e.a1};
-    partial = pptm_map_reduce<2, pptm_op_sum_reduction>(in, e.a5, pptm_body_f6e339e0{e}, b);
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a5, pptm_body_dce942bd{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_f6e339e0(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_f6e339e0 e(d);
-    double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a5);
+__device__ __forceinline__ double pptm_finish_dce942bd(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_dce942bd e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a5);
     return v;
 }
 
@@ -167,6 +227,69 @@ __device__ __forceinline__ uint32_t pptm_run_8c7d565f(const pptm_desc& d, const 
 __device__ __forceinline__ double pptm_finish_8c7d565f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_8c7d565f e(d);
     double v = pptm_user_log_sum_exp_reducer::finish(pptm_combine_partials<pptm_user_log_sum_exp_reducer>(partials, nblocks, smem), e.a3);
+    return v;
+}
+
+// chain SoftplusLayer: Gemv -> Softplus (Gemv pattern)
+// spec hash 1a49f4e6d2ddfc840816382b926615c63523c876cc0a0416088c2f01a6117f61, opcode 0x1a49f4e6
+struct pptm_env_1a49f4e6 {
+    const float* a0;  // x
+    const float* a1;  // a
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_1a49f4e6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_1a49f4e6 {
+    pptm_env_1a49f4e6 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_1a49f4e6 {
+    pptm_env_1a49f4e6 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = 0.0f;
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        const float s1 = pptm_user_softplus(acc);
+        return s1;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s1 = pptm_user_softplus(acc);
+        return s1;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_1a49f4e6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_1a49f4e6 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_1a49f4e6{e}, pptm_epi_1a49f4e6{e}, e.a2, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain SoftplusSumF64: Softplus -> SumReduction (Map pattern)
+// spec hash 2a2fe0695ccbe858f034f4f57db99176aaf85a3072f00059f3d6e33ffde8a10a, opcode 0x2a2fe069
+struct pptm_env_2a2fe069 {
+    const float* a0;  // x
+    uint64_t a1;  // n
+    __device__ explicit pptm_env_2a2fe069(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]) {}
+};
+struct pptm_body_2a2fe069 {
+    pptm_env_2a2fe069 e;
+    __device__ __forceinline__ double operator()(const float (&x)[1]) const {
+        const double s0 = pptm_user_softplus((double)x[0]);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_2a2fe069(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_2a2fe069 e(d);
+    const float* const in[1] = {e.a0};
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_body_2a2fe069{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_2a2fe069(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_2a2fe069 e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
     return v;
 }
 
@@ -237,9 +360,12 @@ __device__ __forceinline__ double pptm_finish_7f725939(const pptm_desc& d, const
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
-    case 0x2ea02452u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLoss
-    case 0xf6e339e0u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLossF64
+    case 0xb10be19bu: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // EuclideanNorm
+    case 0x087e587cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLoss
+    case 0xdce942bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLossF64
     case 0x8c7d565fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // LogPartition
+    case 0x1a49f4e6u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // SoftplusLayer
+    case 0x2a2fe069u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // SoftplusSumF64
     case 0x6fa76f28u: return ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5]) < (1ull << 48);  // SwishLayer
     case 0x7f725939u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishLogSumExp
     default: return true;
@@ -248,9 +374,12 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
-    case 0x2ea02452u: return pptm_run_2ea02452(d, b, partial);  // HuberLoss
-    case 0xf6e339e0u: return pptm_run_f6e339e0(d, b, partial);  // HuberLossF64
+    case 0xb10be19bu: return pptm_run_b10be19b(d, b, partial);  // EuclideanNorm
+    case 0x087e587cu: return pptm_run_087e587c(d, b, partial);  // HuberLoss
+    case 0xdce942bdu: return pptm_run_dce942bd(d, b, partial);  // HuberLossF64
     case 0x8c7d565fu: return pptm_run_8c7d565f(d, b, partial);  // LogPartition
+    case 0x1a49f4e6u: return pptm_run_1a49f4e6(d, b, partial);  // SoftplusLayer
+    case 0x2a2fe069u: return pptm_run_2a2fe069(d, b, partial);  // SoftplusSumF64
     case 0x6fa76f28u: return pptm_run_6fa76f28(d, b, partial);  // SwishLayer
     case 0x7f725939u: return pptm_run_7f725939(d, b, partial);  // SwishLogSumExp
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
@@ -259,9 +388,11 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
-    case 0x2ea02452u: return pptm_finish_2ea02452(d, partials, nblocks, smem);  // HuberLoss
-    case 0xf6e339e0u: return pptm_finish_f6e339e0(d, partials, nblocks, smem);  // HuberLossF64
+    case 0xb10be19bu: return pptm_finish_b10be19b(d, partials, nblocks, smem);  // EuclideanNorm
+    case 0x087e587cu: return pptm_finish_087e587c(d, partials, nblocks, smem);  // HuberLoss
+    case 0xdce942bdu: return pptm_finish_dce942bd(d, partials, nblocks, smem);  // HuberLossF64
     case 0x8c7d565fu: return pptm_finish_8c7d565f(d, partials, nblocks, smem);  // LogPartition
+    case 0x2a2fe069u: return pptm_finish_2a2fe069(d, partials, nblocks, smem);  // SoftplusSumF64
     case 0x7f725939u: return pptm_finish_7f725939(d, partials, nblocks, smem);  // SwishLogSumExp
     default: return 0.0;
     }
@@ -269,6 +400,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x1a49f4e6u: return true;  // SoftplusLayer
     case 0x6fa76f28u: return true;  // SwishLayer
     default: return false;
     }
@@ -283,8 +415,29 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
-    case 0x2ea02452u: {  // HuberLoss
-        const pptm_env_2ea02452 e(d);
+    case 0xb10be19bu: {  // EuclideanNorm
+        const pptm_env_b10be19b e(d);
+        switch (stage) {
+        case 0: {  // Square
+            const uint64_t count = e.a1;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a1;
+                const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // RootSum
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_user_root_sum_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x087e587cu: {  // HuberLoss
+        const pptm_env_087e587c e(d);
         switch (stage) {
         case 0: {  // Axpby
             const uint64_t count = e.a5;
@@ -308,14 +461,14 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 2: {  // SumReduction
             const float* const in[1] = {scratch[1]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a5, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a5, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xf6e339e0u: {  // HuberLossF64
-        const pptm_env_f6e339e0 e(d);
+    case 0xdce942bdu: {  // HuberLossF64
+        const pptm_env_dce942bd e(d);
         switch (stage) {
         case 0: {  // Axpby
             const uint64_t count = e.a5;
@@ -339,7 +492,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         }
         case 2: {  // SumReduction
             const float* const in[1] = {scratch[1]};
-            partial = pptm_map_reduce<1, pptm_op_sum_reduction>(in, e.a5, pptm_take_first{}, b);
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a5, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -356,6 +509,48 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 1: {  // LogSumExp
             const float* const in[1] = {scratch[0]};
             partial = pptm_map_reduce<1, pptm_user_log_sum_exp_reducer>(in, e.a3, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x1a49f4e6u: {  // SoftplusLayer
+        const pptm_env_1a49f4e6 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Softplus
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s1 = pptm_user_softplus(pptm_ld_cg_f32(scratch[0] + i));
+                e.a2[i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x2a2fe069u: {  // SoftplusSumF64
+        const pptm_env_2a2fe069 e(d);
+        switch (stage) {
+        case 0: {  // Softplus
+            const uint64_t count = e.a1;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a1;
+                const double s0 = pptm_user_softplus((double)pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // SumReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -409,21 +604,33 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
 
 __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
     switch (((uint64_t)d.opcode << 8) | stage) {
-    case 0x2ea0245202ull: {  // HuberLoss stage 2
-        const pptm_env_2ea02452 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a5);
+    case 0xb10be19b01ull: {  // EuclideanNorm stage 1
+        const pptm_env_b10be19b e(d);
+        const double v = pptm_user_root_sum_reducer::finish(pptm_combine_partials<pptm_user_root_sum_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x087e587c02ull: {  // HuberLoss stage 2
+        const pptm_env_087e587c e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a5);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }
-    case 0xf6e339e002ull: {  // HuberLossF64 stage 2
-        const pptm_env_f6e339e0 e(d);
-        const double v = pptm_op_sum_reduction::finish(pptm_combine_partials<pptm_op_sum_reduction>(partials, nblocks, smem), e.a5);
+    case 0xdce942bd02ull: {  // HuberLossF64 stage 2
+        const pptm_env_dce942bd e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a5);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }
     case 0x8c7d565f01ull: {  // LogPartition stage 1
         const pptm_env_8c7d565f e(d);
         const double v = pptm_user_log_sum_exp_reducer::finish(pptm_combine_partials<pptm_user_log_sum_exp_reducer>(partials, nblocks, smem), e.a3);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x2a2fe06901ull: {  // SoftplusSumF64 stage 1
+        const pptm_env_2a2fe069 e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
