@@ -35,11 +35,6 @@ pub enum ScanError {
         b: String,
         opcode: u32,
     },
-    #[error(
-        "two ops are named `{name}`: one in {a}, one in {b}; a chain names an op by its type's \
-         last segment, so rename one of the functions"
-    )]
-    DuplicateOp { name: String, a: String, b: String },
 }
 
 /// Every .rs file under `dirs` of `root` (relative to it, sorted), skipping any path that starts
@@ -86,40 +81,19 @@ pub fn user_ops(
 
 /// The ops a crate's chains may name besides the built-in ones: its own (in `op_dirs` of `root`)
 /// and those of the crates it takes ops from (`dependency_ops`: their src/ folders). Two of one
-/// name are an error, as a stage would not say which it means.
+/// name, or one named like a built-in op, are an error where a stage names them (lowering's
+/// `OpTwice`, `OpShadowed`), not here: an op no chain names harms nothing.
 pub fn all_user_ops(
     root: &Path,
     op_dirs: &[&str],
     skip: &[&str],
     dependency_ops: &[PathBuf],
 ) -> Result<Vec<&'static pptm_spec::OpDef>, ScanError> {
-    let mut ops: Vec<(&'static pptm_spec::OpDef, String)> = user_ops(root, op_dirs, skip)?
-        .into_iter()
-        .map(|op| (op, format!("this crate ({})", root.display())))
-        .collect();
+    let mut ops = user_ops(root, op_dirs, skip)?;
     for dir in dependency_ops {
-        ops.extend(
-            user_ops(dir, &[""], &[])?
-                .into_iter()
-                .map(|op| (op, dir.display().to_string())),
-        );
+        ops.extend(user_ops(dir, &[""], &[])?);
     }
-    for (i, (a, at)) in ops.iter().enumerate() {
-        let builtin = pptm_spec::ops::find(a.name).map(|_| "pptm's built-in ops".to_string());
-        if let Some(b) = builtin.or_else(|| {
-            ops[i + 1..]
-                .iter()
-                .find(|(b, _)| b.name == a.name)
-                .map(|(_, bt)| bt.clone())
-        }) {
-            return Err(ScanError::DuplicateOp {
-                name: a.name.to_string(),
-                a: at.clone(),
-                b,
-            });
-        }
-    }
-    Ok(ops.into_iter().map(|(op, _)| op).collect())
+    Ok(ops)
 }
 
 /// Scans `dirs` (relative to `root`) for chains, with the ops of the crate's own found in
@@ -285,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn chains_name_the_ops_of_the_crates_they_take_ops_from_and_two_of_one_name_are_an_error() {
+    fn chains_name_the_ops_of_the_crates_they_take_ops_from() {
         let dir = std::env::temp_dir().join(format!("pptm-scan-deps-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for d in ["app/src", "ops/src", "clash/src", "builtin/src"] {
@@ -317,23 +291,24 @@ mod tests {
                 .contains("pptm_user_softplus")
         );
 
-        // The same name in two crates, or a built-in's name, is an error naming both places.
-        std::fs::write(dir.join("clash/src/lib.rs"), softplus).unwrap();
-        let deps = [dir.join("ops/src"), dir.join("clash/src")];
-        let e = scan(&app, &["src"], &["src"], &[], &deps)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("two ops are named `Softplus`"), "{e}");
-        assert!(e.contains("ops/src") && e.contains("clash/src"), "{e}");
+        // The same name in two crates: the chain that names it does not lower (the derive
+        // reports lowering's OpTwice at the stage), and a crate of ops no chain uses is harmless.
         std::fs::write(
-            dir.join("builtin/src/lib.rs"),
-            "#[op] pub fn relu(x: f64) -> f64 { x.max(0.0) }",
+            dir.join("clash/src/lib.rs"),
+            "#[op] pub fn softplus(x: f64) -> f64 { x.max(0.0) }",
         )
         .unwrap();
-        let e = scan(&app, &["src"], &["src"], &[], &[dir.join("builtin/src")])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("`Relu`") && e.contains("built-in"), "{e}");
+        let deps = [dir.join("ops/src"), dir.join("clash/src")];
+        assert!(scan(&app, &["src"], &["src"], &[], &deps).unwrap().chains.is_empty());
+        let ops = all_user_ops(&app, &["src"], &[], &deps).unwrap();
+        assert_eq!(ops.len(), 2);
+        let decl: syn::DeriveInput = syn::parse_str(
+            r#"#[derive(FusionBuilder)] #[fusion(domain = "app")]
+               struct Soft { #[stage(1)] s: Softplus }"#,
+        )
+        .unwrap();
+        let e = parse_chain(&decl).unwrap().lower_with(&ops).unwrap_err().to_string();
+        assert!(e.contains("two ops of your own have this name"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
