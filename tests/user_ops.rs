@@ -4,14 +4,15 @@
 //! ops like built-in ones: build.rs and the derive find them in the sources, and the chains run on
 //! every backend against f64 references written here. They fuse like built-ins: an op of one's own
 //! as a prologue of a reduction, a reduction of one's own after a prologue or as a GEMV's
-//! epilogue, and an f64 op in fp64 stages.
+//! epilogue, and an f64 op in fp64 stages. A reduction after a pairwise op folds each point's row
+//! of pair values: the row-wise form of any reduction, one's own or built-in.
 
 #[macro_use]
 mod common;
 
 use common::uniform;
 use pptm::__private::{ChainSpec, CpuImpl, StageSpec, Ty, lower_with};
-use pptm::ops::{Gemv, Square, SumReduction};
+use pptm::ops::{ChebyshevDistance, Gemv, MaxReduction, MeanReduction, Square, SumReduction};
 use pptm::{FusionBuilder, Op, Runtime, op};
 
 /// Σ swish(x; β): an op of this crate's own, then a built-in reduction.
@@ -61,6 +62,44 @@ pub struct LogPartition {
     logits: Gemv,
     #[stage(2, reduction = true)]
     lse: LogSumExp,
+}
+
+/// Each point's Chebyshev distance to its nearest other point: a reduction of one's own (the
+/// smaller of two) folds each point's row of distances; one value per point is stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct NearestDistance {
+    #[stage(1)]
+    distance: ChebyshevDistance,
+    #[stage(2, reduction = true)]
+    nearest: Smallest,
+}
+
+/// Σᵢ log Σ_{j≠i} exp(dᵢⱼ): one's own reduction row-wise, then a built-in one over the points.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct RowLogSumExpTotal {
+    #[stage(1)]
+    distance: ChebyshevDistance,
+    #[stage(2, reduction = true)]
+    lse: LogSumExp,
+    #[stage(3)]
+    square: Square,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+/// The largest over points of the mean distance to the others: built-in reductions, the first
+/// row-wise (its `finish` divides by the n − 1 pairs of a row), the second over the points.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct WidestMeanDistance {
+    #[stage(1)]
+    distance: ChebyshevDistance,
+    #[stage(2, reduction = true)]
+    mean: MeanReduction,
+    #[stage(3, reduction = true)]
+    widest: MaxReduction,
 }
 
 /// sqrt(mean(x²)): a built-in prologue, then a reduction of one's own with a `finish`.
@@ -201,9 +240,81 @@ fn user_op_chains_match_f64_references(rt: &Runtime) {
     }
 }
 
+/// Chebyshev distances of every pair of the n points (rows of x, d coordinates), in f64, row by
+/// row (j != i).
+fn chebyshev_rows(x: &[f32], n: usize, d: usize) -> Vec<Vec<f64>> {
+    (0..n)
+        .map(|i| {
+            (0..n)
+                .filter(|&j| j != i)
+                .map(|j| {
+                    (0..d)
+                        .map(|c| (f64::from(x[i * d + c]) - f64::from(x[j * d + c])).abs())
+                        .fold(0.0, f64::max)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn row_wise_reductions_match_f64_references(rt: &Runtime) {
+    let what = rt.describe();
+    // One point has an empty row: the reductions' identities, finished (+inf, -inf, NaN for a
+    // mean, which the largest over points ignores).
+    for (n, d) in [(1, 2), (2, 1), (7, 3), (33, 2), (1023, 3), (2049, 4)] {
+        let x = uniform(n * d, -1.0, 1.0);
+        let xb = rt.upload(&x).unwrap();
+        let rows = chebyshev_rows(&x, n, d);
+
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        NearestDistance::submit(rt, &xb, &mut out, d)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (i, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let want = rows[i].iter().copied().fold(f64::INFINITY, f64::min);
+            // Distances are |a - b| of f32 coordinates, maximised: within an ulp of f64's.
+            assert!(
+                f64::from(g) == want || (f64::from(g) - want).abs() <= 2.5e-7 * want.max(1e-30),
+                "{what}: nearest distance, n = {n}, d = {d}, point {i}: got {g}, f64 reference {want}"
+            );
+        }
+
+        let got = RowLogSumExpTotal::submit(rt, &xb, n, d)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want: f64 = rows
+            .iter()
+            .map(|r| {
+                let m = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                (m + r.iter().map(|&v| (v - m).exp()).sum::<f64>().ln()).powi(2)
+            })
+            .sum();
+        assert!(
+            f64::from(got) == want || (f64::from(got) - want).abs() <= 1e-5 * want,
+            "{what}: Σ (row log-sum-exp)², n = {n}, d = {d}: got {got}, f64 reference {want}"
+        );
+
+        let got = WidestMeanDistance::submit(rt, &xb, n, d)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want = rows
+            .iter()
+            .map(|r| r.iter().sum::<f64>() / r.len() as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(
+            f64::from(got) == want || (f64::from(got) - want).abs() <= 1e-6 * want,
+            "{what}: widest mean distance, n = {n}, d = {d}: got {got}, f64 reference {want}"
+        );
+    }
+}
+
 on_every_backend!(
     user_op_chains_match_f64_references,
-    user_reductions_match_f64_references
+    user_reductions_match_f64_references,
+    row_wise_reductions_match_f64_references
 );
 
 #[op]
@@ -226,6 +337,12 @@ fn huber(r: f64, delta: f32) -> f64 {
     } else {
         d * (a - 0.5 * d)
     }
+}
+
+/// The smaller of two: the combine of a minimum (identity +inf).
+#[op(reduction(identity = f64::INFINITY))]
+fn smallest(a: f64, b: f64) -> f64 {
+    a.min(b)
 }
 
 /// log(eᵃ + eᵇ), without overflow: an associative, commutative combine with identity -inf.

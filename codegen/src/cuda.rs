@@ -373,7 +373,10 @@ fn row_ctor(c: &ChainIr, st: &StageIr) -> (u8, String) {
     let Shape::Pairs { channels: pch, .. } = c.stages[p].shape else {
         unreachable!("a row reduction reads a pairwise stage")
     };
-    let ty = if st.op.flow_channels.is_none() {
+    // A reduction folds each point's row with its reducer (pptm_row_fold, pattern/pairwise.cuh).
+    let ty = if st.op.class == FusionClass::Reduction {
+        format!("pptm_row_fold<{}>", st.op.device)
+    } else if st.op.flow_channels.is_none() {
         format!("{}<{pch}>", st.op.device)
     } else {
         st.op.device.to_string()
@@ -1047,6 +1050,17 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
                     let _ = writeln!(body, "            }}");
                 }
+                FusionClass::Reduction if c.folds_rows(s) => {
+                    let Source::Stage(p) = st.inputs[0] else {
+                        unreachable!()
+                    };
+                    let (pch, row) = row_ctor(c, st);
+                    let _ = writeln!(
+                        body,
+                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row}, {dst}, b);",
+                        dim_field(c, &c.stages[p], "n")
+                    );
+                }
                 FusionClass::Reduction => {
                     let (src, _) = stored_flow(c, s, "0");
                     let dims = match (s, c.stages[s].inputs[0]) {
@@ -1138,7 +1152,8 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     );
                 }
             }
-            let sets_partial = st.op.class == FusionClass::Reduction || is_matmul(st.op);
+            let sets_partial =
+                (st.op.class == FusionClass::Reduction && !c.folds_rows(s)) || is_matmul(st.op);
             if !sets_partial {
                 let _ = writeln!(body, "            partial = 0.0;");
             }
@@ -1495,6 +1510,30 @@ mod tests {
             src.contains("pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}"),
             "{src}"
         );
+    }
+
+    #[test]
+    fn a_reduction_folds_pairwise_rows_with_its_reducer() {
+        let c = chain(
+            "Spread",
+            &[
+                "ChebyshevDistance",
+                "MeanReduction",
+                "Square",
+                "MaxReduction",
+            ],
+        );
+        let src = domain_source("inference", std::slice::from_ref(&c));
+        let t = tag(&c);
+        // Fused: the row type is the fold of the row stage's reducer; the chain's reducer is the
+        // last stage's.
+        assert!(src.contains(&format!(
+            "partial = pptm_pairwise_rows<pptm_op_max_reduction_reducer>(e.a1, pptm_op_chebyshev{{e.a0, (uint32_t)e.a2}}, pptm_row_fold<pptm_op_mean_reduction_reducer>{{}}, pptm_epi_{t}{{e}}, nullptr, b);"
+        )), "{src}");
+        // Unfused: the stored rows, folded per point; no partial, and no finish case of its own.
+        assert!(src.contains("pptm_rows_stored<1>(e.a1, scratch[0], pptm_row_fold<pptm_op_mean_reduction_reducer>{}, scratch[1], b);"), "{src}");
+        assert!(!src.contains(&format!("case 0x{t}01ull:")), "{src}");
+        assert!(src.contains(&format!("case 0x{t}03ull:")), "{src}");
     }
 
     #[test]

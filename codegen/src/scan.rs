@@ -299,7 +299,12 @@ mod tests {
         )
         .unwrap();
         let deps = [dir.join("ops/src"), dir.join("clash/src")];
-        assert!(scan(&app, &["src"], &["src"], &[], &deps).unwrap().chains.is_empty());
+        assert!(
+            scan(&app, &["src"], &["src"], &[], &deps)
+                .unwrap()
+                .chains
+                .is_empty()
+        );
         let ops = all_user_ops(&app, &["src"], &[], &deps).unwrap();
         assert_eq!(ops.len(), 2);
         let decl: syn::DeriveInput = syn::parse_str(
@@ -307,7 +312,11 @@ mod tests {
                struct Soft { #[stage(1)] s: Softplus }"#,
         )
         .unwrap();
-        let e = parse_chain(&decl).unwrap().lower_with(&ops).unwrap_err().to_string();
+        let e = parse_chain(&decl)
+            .unwrap()
+            .lower_with(&ops)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("two ops of your own have this name"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -19,6 +19,7 @@
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
 #include "pptm/ops/linalg.cuh"
+#include "pptm/ops/neighbours.cuh"
 #include "pptm/ops/subset.cuh"
 
 #ifndef PPTM_OP_HELPERS
@@ -81,6 +82,21 @@ struct pptm_user_root_mean_reducer {
         const double total = pptm_total;
         const double n = (double)pptm_count;
         return sqrt((total / n));
+    }
+};
+
+// #[pptm::op] fn smallest
+__device__ __forceinline__ double pptm_user_smallest(double a, double b) {
+    return fmin(a, b);
+}
+// #[pptm::op(reduction)] fn smallest: identity, combine and finish for the fused patterns.
+struct pptm_user_smallest_reducer {
+    __device__ __forceinline__ static double identity() { return __longlong_as_double(0x7ff0000000000000ll); }
+    __device__ __forceinline__ static double combine(double a, double b) { return pptm_user_smallest(a, b); }
+    __device__ __forceinline__ static double finish(double pptm_total, unsigned long long pptm_count) {
+        (void)pptm_total;
+        (void)pptm_count;
+        return pptm_total;
     }
 };
 
@@ -186,6 +202,27 @@ __device__ __forceinline__ double pptm_finish_e7a6251f(const pptm_desc& d, const
     return v;
 }
 
+// chain NearestDistance: ChebyshevDistance -> Smallest (Pairwise pattern)
+// spec hash 455aa5857e02e6cddbe82beb126e062c9a1d3a11641da344587f487820e14835, opcode 0x455aa585
+struct pptm_env_455aa585 {
+    const float* a0;  // x
+    float* a1;  // out
+    uint64_t a2;  // n
+    uint64_t a3;  // d
+    __device__ explicit pptm_env_455aa585(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]), a3(d.args[3]) {}
+};
+struct pptm_epi_455aa585 {
+    pptm_env_455aa585 e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_455aa585(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_455aa585 e(d);
+    partial = pptm_pairwise_rows<pptm_no_reducer>(e.a2, pptm_op_chebyshev{e.a0, (uint32_t)e.a3}, pptm_row_fold<pptm_user_smallest_reducer>{}, pptm_epi_455aa585{e}, e.a1, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain Rms: Square -> RootMean (Map pattern)
 // spec hash 56cb7bd8755d11aa255cea405c6945000f5d1fbde13acb15044f935e82f9b6a1, opcode 0x56cb7bd8
 struct pptm_env_56cb7bd8 {
@@ -209,6 +246,32 @@ __device__ __noinline__ uint32_t pptm_run_56cb7bd8(const pptm_desc& d, const ppt
 __device__ __forceinline__ double pptm_finish_56cb7bd8(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     const pptm_env_56cb7bd8 e(d);
     double v = pptm_user_root_mean_reducer::finish(pptm_combine_partials<pptm_user_root_mean_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
+// chain RowLogSumExpTotal: ChebyshevDistance -> LogSumExp -> Square -> SumReduction (Pairwise pattern)
+// spec hash 68a67ff8f85282a3c49edf97bb02fd6715d4bc280bc28370d404d22e8a6319f9, opcode 0x68a67ff8
+struct pptm_env_68a67ff8 {
+    const float* a0;  // x
+    uint64_t a1;  // n
+    uint64_t a2;  // d
+    __device__ explicit pptm_env_68a67ff8(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]), a2(d.args[2]) {}
+};
+struct pptm_epi_68a67ff8 {
+    pptm_env_68a67ff8 e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        const float s2 = pptm_op_square(v[0]);
+        return s2;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_68a67ff8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_68a67ff8 e(d);
+    partial = pptm_pairwise_rows<pptm_op_sum_reduction_reducer>(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, pptm_row_fold<pptm_user_log_sum_exp_reducer>{}, pptm_epi_68a67ff8{e}, nullptr, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_68a67ff8(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_68a67ff8 e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
     return v;
 }
 
@@ -294,15 +357,43 @@ __device__ __forceinline__ double pptm_finish_dfac7ebd(const pptm_desc& d, const
     return v;
 }
 
+// chain WidestMeanDistance: ChebyshevDistance -> MeanReduction -> MaxReduction (Pairwise pattern)
+// spec hash 1d63f6ff0bcf28f719b1d6521a9261d40d42fd7bfecffd3390ca8b1aaf816550, opcode 0x1d63f6ff
+struct pptm_env_1d63f6ff {
+    const float* a0;  // x
+    uint64_t a1;  // n
+    uint64_t a2;  // d
+    __device__ explicit pptm_env_1d63f6ff(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]), a2(d.args[2]) {}
+};
+struct pptm_epi_1d63f6ff {
+    pptm_env_1d63f6ff e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_1d63f6ff(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_1d63f6ff e(d);
+    partial = pptm_pairwise_rows<pptm_op_max_reduction_reducer>(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, pptm_row_fold<pptm_op_mean_reduction_reducer>{}, pptm_epi_1d63f6ff{e}, nullptr, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_1d63f6ff(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_1d63f6ff e(d);
+    double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x2bdfd225u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // HuberSum
     case 0xbd1de27cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // LogPartition
     case 0xe7a6251fu: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // LogSumExpOf
+    case 0x455aa585u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // NearestDistance
     case 0x56cb7bd8u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // Rms
+    case 0x68a67ff8u: return ((d.args[0]) & 3ull) == 0 && (d.args[1] | d.args[2]) < (1ull << 48);  // RowLogSumExpTotal
     case 0x007a6b45u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishLogSumExp
     case 0xd21b2b9fu: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishSum
     case 0xdfac7ebdu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // WeightedLoss
+    case 0x1d63f6ffu: return ((d.args[0]) & 3ull) == 0 && (d.args[1] | d.args[2]) < (1ull << 48);  // WidestMeanDistance
     default: return true;
     }
 }
@@ -312,10 +403,13 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x2bdfd225u: return pptm_run_2bdfd225(d, b, partial);  // HuberSum
     case 0xbd1de27cu: return pptm_run_bd1de27c(d, b, partial);  // LogPartition
     case 0xe7a6251fu: return pptm_run_e7a6251f(d, b, partial);  // LogSumExpOf
+    case 0x455aa585u: return pptm_run_455aa585(d, b, partial);  // NearestDistance
     case 0x56cb7bd8u: return pptm_run_56cb7bd8(d, b, partial);  // Rms
+    case 0x68a67ff8u: return pptm_run_68a67ff8(d, b, partial);  // RowLogSumExpTotal
     case 0x007a6b45u: return pptm_run_007a6b45(d, b, partial);  // SwishLogSumExp
     case 0xd21b2b9fu: return pptm_run_d21b2b9f(d, b, partial);  // SwishSum
     case 0xdfac7ebdu: return pptm_run_dfac7ebd(d, b, partial);  // WeightedLoss
+    case 0x1d63f6ffu: return pptm_run_1d63f6ff(d, b, partial);  // WidestMeanDistance
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -326,15 +420,18 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     case 0xbd1de27cu: return pptm_finish_bd1de27c(d, partials, nblocks, smem);  // LogPartition
     case 0xe7a6251fu: return pptm_finish_e7a6251f(d, partials, nblocks, smem);  // LogSumExpOf
     case 0x56cb7bd8u: return pptm_finish_56cb7bd8(d, partials, nblocks, smem);  // Rms
+    case 0x68a67ff8u: return pptm_finish_68a67ff8(d, partials, nblocks, smem);  // RowLogSumExpTotal
     case 0x007a6b45u: return pptm_finish_007a6b45(d, partials, nblocks, smem);  // SwishLogSumExp
     case 0xd21b2b9fu: return pptm_finish_d21b2b9f(d, partials, nblocks, smem);  // SwishSum
     case 0xdfac7ebdu: return pptm_finish_dfac7ebd(d, partials, nblocks, smem);  // WeightedLoss
+    case 0x1d63f6ffu: return pptm_finish_1d63f6ff(d, partials, nblocks, smem);  // WidestMeanDistance
     default: return 0.0;
     }
 }
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x455aa585u: return true;  // NearestDistance
     default: return false;
     }
 }
@@ -396,6 +493,22 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x455aa585u: {  // NearestDistance
+        const pptm_env_455aa585 e(d);
+        switch (stage) {
+        case 0: {  // ChebyshevDistance
+            pptm_pairwise_store(e.a2, pptm_op_chebyshev{e.a0, (uint32_t)e.a3}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Smallest
+            pptm_rows_stored<1>(e.a2, scratch[0], pptm_row_fold<pptm_user_smallest_reducer>{}, e.a1, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x56cb7bd8u: {  // Rms
         const pptm_env_56cb7bd8 e(d);
         switch (stage) {
@@ -412,6 +525,37 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 1: {  // RootMean
             const float* const in[1] = {scratch[0]};
             partial = pptm_map_reduce<1, pptm_user_root_mean_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x68a67ff8u: {  // RowLogSumExpTotal
+        const pptm_env_68a67ff8 e(d);
+        switch (stage) {
+        case 0: {  // ChebyshevDistance
+            pptm_pairwise_store(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // LogSumExp
+            pptm_rows_stored<1>(e.a1, scratch[0], pptm_row_fold<pptm_user_log_sum_exp_reducer>{}, scratch[1], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Square
+            const uint64_t count = e.a1;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a1;
+                const float s2 = pptm_op_square(pptm_ld_cg_f32(scratch[1] + i));
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // SumReduction
+            const float* const in[1] = {scratch[2]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -480,6 +624,27 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x1d63f6ffu: {  // WidestMeanDistance
+        const pptm_env_1d63f6ff e(d);
+        switch (stage) {
+        case 0: {  // ChebyshevDistance
+            pptm_pairwise_store(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MeanReduction
+            pptm_rows_stored<1>(e.a1, scratch[0], pptm_row_fold<pptm_op_mean_reduction_reducer>{}, scratch[1], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // MaxReduction
+            const float* const in[1] = {scratch[1]};
+            partial = pptm_map_reduce<1, pptm_op_max_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -510,6 +675,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
+    case 0x68a67ff803ull: {  // RowLogSumExpTotal stage 3
+        const pptm_env_68a67ff8 e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[3][0] = (float)v; out->value = v; }
+        return;
+    }
     case 0x007a6b4501ull: {  // SwishLogSumExp stage 1
         const pptm_env_007a6b45 e(d);
         const double v = pptm_user_log_sum_exp_reducer::finish(pptm_combine_partials<pptm_user_log_sum_exp_reducer>(partials, nblocks, smem), e.a2);
@@ -526,6 +697,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         const pptm_env_dfac7ebd e(d);
         const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a3);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x1d63f6ff02ull: {  // WidestMeanDistance stage 2
+        const pptm_env_1d63f6ff e(d);
+        const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;
     }
     default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;

@@ -557,11 +557,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                         .all(|(l, &d)| t.bind(&mut letters, l, d))
                 }
                 (Ty::Pairs(l), Shape::Pairs { dim, .. }) => t.bind(&mut letters, l, *dim),
+                // A reduction after a pairwise op folds each point's row of values: a row-wise
+                // reduction, one value per point (the pairwise pattern's row type).
+                (Ty::Like, Shape::Pairs { .. }) => op.class == FusionClass::Reduction,
                 _ => false,
             };
             if !ok {
                 let needs = match (flow.ty, op.class) {
-                    (Ty::Like, FusionClass::Reduction) => "a tensor".to_string(),
+                    (Ty::Like, FusionClass::Reduction) => {
+                        "a tensor (or a pairwise op's values, folded per point)".to_string()
+                    }
                     (Ty::Like, _) => "a tensor (or, for an elementwise op, a scalar)".to_string(),
                     (ty, _) => ty.describe().to_string(),
                 };
@@ -748,7 +753,14 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                 dim: t.letter(&mut letters, l),
                 channels: ch_out,
             },
-            Ty::Scalar => Shape::Scalar,
+            // A row-wise reduction: one value per point.
+            Ty::Scalar => match flow_shape {
+                Shape::Pairs { dim, .. } => Shape::Tensor {
+                    dims: vec![dim],
+                    channels: 1,
+                },
+                _ => Shape::Scalar,
+            },
             other => unreachable!("catalog: {} outputs {other:?}", op.name),
         };
         stages.push(StageIr {
@@ -1062,6 +1074,11 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
                     ));
                 }
             }
+            // The row reduction of a pairwise op (folds each point's row): part of the anchor.
+            FusionClass::Reduction
+                if anchor
+                    .is_some_and(|a| s == a + 1 && stages[a].op.class == FusionClass::Pairwise) => {
+            }
             FusionClass::Reduction => {
                 if let Some(a) = anchor
                     && ops::is_matmul(stages[a].op)
@@ -1119,7 +1136,8 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
     if first_epilogue > len {
         return Err(unfusable(
             a,
-            "its per-pair values must be consumed by a row reduction (KthSmallest, RadiusCount) in the next stage",
+            "its per-pair values must be consumed by a row reduction in the next stage (KthSmallest, \
+             RadiusCount, or any reduction, which then folds each point's row)",
         ));
     }
     Ok(Plan {
@@ -1207,6 +1225,16 @@ impl ChainIr {
     /// The reduction that ends the chain's pass, if any.
     pub fn reduction(&self) -> Option<&StageIr> {
         self.plan.reduction.map(|r| &self.stages[r])
+    }
+
+    /// Whether stage `s` is a reduction that folds the rows of a pairwise stage's values (one
+    /// value per point), rather than the chain's reduction to one value.
+    pub fn folds_rows(&self, s: usize) -> bool {
+        self.stages[s].op.class == FusionClass::Reduction
+            && matches!(
+                self.stages[s].inputs[0],
+                Source::Stage(p) if matches!(self.stages[p].shape, Shape::Pairs { .. })
+            )
     }
 
     /// Checks a submission's arguments (one per descriptor slot) and works out every
@@ -1405,6 +1433,10 @@ impl ChainIr {
         // Products a batched matmul computes (1 for every other op).
         let batch = st.dim("batch").map_or(1, |d| sizes[d]);
         let blocks = match st.op.class {
+            // Points: the pairwise stage's `n` (flow_elements of a pairwise flow).
+            FusionClass::Reduction if self.folds_rows(s) => self
+                .flow_elements(s, sizes)
+                .div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
                 .div_ceil(work::MAP_ELEMS_PER_BLOCK),
@@ -1587,6 +1619,21 @@ impl ChainIr {
                         })
                         .collect()
                 }
+                // A row-wise reduction: each point's row of pair values, folded.
+                CpuImpl::Reduction {
+                    identity,
+                    combine,
+                    finish,
+                } if self.folds_rows(s) => {
+                    let mut out = Vec::new();
+                    self.pair_rows(s, &outs, &as_f64, &value_of, sizes, |_, row, _| {
+                        out.push(finish(
+                            row.iter().copied().fold(identity, combine),
+                            row.len(),
+                        ));
+                    });
+                    out
+                }
                 CpuImpl::Reduction {
                     identity,
                     combine,
@@ -1600,32 +1647,12 @@ impl ChainIr {
                 CpuImpl::Tensor(f) => f(&inputs),
                 CpuImpl::Pair(_) => Vec::new(),
                 CpuImpl::Row(row_fn) => {
-                    let Source::Stage(p) = st.inputs[0] else {
-                        unreachable!("rows follow pairs")
-                    };
-                    let pst = &self.stages[p];
-                    let CpuImpl::Pair(pair_fn) = pst.op.cpu else {
-                        unreachable!()
-                    };
-                    let pflow: &[f64] = match pst.inputs[0] {
-                        Source::Arg(slot) => &as_f64[slot],
-                        Source::Stage(j) => &outs[j],
-                    };
-                    let pin = self.op_inputs(pst, pflow, &as_f64, &value_of, sizes);
-                    let n = sizes[pst.dim("n").expect("pairwise ops count points in `n`")];
-                    let pch = pst.shape.channels() as usize;
                     let och = st.shape.channels() as usize;
-                    let mut row = Vec::with_capacity(n.saturating_sub(1) * pch);
-                    let mut pair = vec![0.0; pch];
-                    let mut out = vec![0.0; n * och];
-                    for i in 0..n {
-                        row.clear();
-                        for j in (0..n).filter(|&j| j != i) {
-                            pair_fn(&pin, i, j, &mut pair);
-                            row.extend_from_slice(&pair);
-                        }
-                        row_fn(&inputs, i, &row, pch, &mut out[i * och..(i + 1) * och]);
-                    }
+                    let mut out = Vec::new();
+                    self.pair_rows(s, &outs, &as_f64, &value_of, sizes, |i, row, pch| {
+                        out.resize((i + 1) * och, 0.0);
+                        row_fn(&inputs, i, row, pch, &mut out[i * och..(i + 1) * och]);
+                    });
                     out
                 }
             };
@@ -1648,6 +1675,43 @@ impl ChainIr {
             ChainOutput::Vector => Evaluated::Vector(outs.pop().unwrap_or_default()),
         };
         (value, non_finite)
+    }
+
+    /// Calls `f(i, row, channels)` for each point i of the pairwise stage that stage `s` reads:
+    /// `row` holds the values of pairs (i, j), j != i, `channels` each, in order of j.
+    fn pair_rows(
+        &self,
+        s: usize,
+        outs: &[Vec<f64>],
+        as_f64: &[Vec<f64>],
+        value_of: &dyn Fn(usize) -> f64,
+        sizes: &[usize],
+        mut f: impl FnMut(usize, &[f64], usize),
+    ) {
+        let Source::Stage(p) = self.stages[s].inputs[0] else {
+            unreachable!("rows follow pairs")
+        };
+        let pst = &self.stages[p];
+        let CpuImpl::Pair(pair_fn) = pst.op.cpu else {
+            unreachable!("rows follow pairs")
+        };
+        let pflow: &[f64] = match pst.inputs[0] {
+            Source::Arg(slot) => &as_f64[slot],
+            Source::Stage(j) => &outs[j],
+        };
+        let pin = self.op_inputs(pst, pflow, as_f64, value_of, sizes);
+        let n = sizes[pst.dim("n").expect("pairwise ops count points in `n`")];
+        let pch = pst.shape.channels() as usize;
+        let mut row = Vec::with_capacity(n.saturating_sub(1) * pch);
+        let mut pair = vec![0.0; pch];
+        for i in 0..n {
+            row.clear();
+            for j in (0..n).filter(|&j| j != i) {
+                pair_fn(&pin, i, j, &mut pair);
+                row.extend_from_slice(&pair);
+            }
+            f(i, &row, pch);
+        }
     }
 
     fn op_inputs<'a>(
@@ -1866,6 +1930,50 @@ mod tests {
         ] {
             assert_eq!(ops(chain).unwrap().plan.pattern, pattern, "{chain:?}");
         }
+    }
+
+    #[test]
+    fn a_reduction_after_a_pairwise_op_folds_each_row() {
+        // Alone: one value per point, stored; the chain has no reduction of its own.
+        let rows = ops(&["ChebyshevDistance", "MeanReduction"]).unwrap();
+        assert_eq!(rows.plan.pattern, Pattern::Pairwise);
+        assert_eq!(rows.plan.anchor, Some(0));
+        assert_eq!(rows.plan.reduction, None);
+        assert!(rows.folds_rows(1));
+        assert!(!rows.folds_rows(0));
+        assert_eq!(rows.output, ChainOutput::Vector);
+        assert!(
+            matches!(&rows.stages[1].shape, Shape::Tensor { dims, channels: 1 } if dims.len() == 1)
+        );
+        // Then an epilogue and a reduction over the points, which is the chain's.
+        let total = ops(&[
+            "ChebyshevDistance",
+            "MeanReduction",
+            "Square",
+            "MaxReduction",
+        ])
+        .unwrap();
+        assert_eq!(total.plan.epilogue, 2..3);
+        assert_eq!(total.plan.reduction, Some(3));
+        assert!(total.folds_rows(1) && !total.folds_rows(3));
+        assert_eq!(total.output, ChainOutput::Scalar);
+        // It asks for blocks by points, as KthSmallest does, not by pairs.
+        let kth = ops(&["ChebyshevDistance", "KthSmallest"]).unwrap();
+        let sizes = |ir: &ChainIr| {
+            ir.dims
+                .iter()
+                .map(|d| if d.name == "n" { 100_000 } else { 3 })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows.blocks_for(&sizes(&rows)), kth.blocks_for(&sizes(&kth)));
+        // Three values a pair: a reduction folds one.
+        let e = ops(&["SubspaceDistances", "SumReduction"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 value(s) per element"), "{e}");
+        // An elementwise op cannot take the pairs.
+        let e = ops(&["ChebyshevDistance", "Relu"]).unwrap_err().to_string();
+        assert!(e.contains("per-pair values"), "{e}");
     }
 
     #[test]

@@ -1337,10 +1337,7 @@ fn literal(l: &Lit) -> syn::Result<Value> {
         Lit::Float(f) => {
             let v: f64 = f.base10_parse()?;
             match f.suffix() {
-                "f32" => Ok(Value {
-                    code: float_text(f64::from(v as f32), Scalar::F32),
-                    ty: Some(Scalar::F32),
-                }),
+                "f32" => f32_literal(v, f.span()),
                 "f64" => Ok(Value {
                     code: float_text(v, Scalar::F64),
                     ty: Some(Scalar::F64),
@@ -1360,10 +1357,7 @@ fn literal(l: &Lit) -> syn::Result<Value> {
                 code: format!("{}u", i.base10_parse::<u32>()?),
                 ty: Some(Scalar::U32),
             }),
-            "f32" => Ok(Value {
-                code: float_text(i.base10_parse::<f64>()? as f32 as f64, Scalar::F32),
-                ty: Some(Scalar::F32),
-            }),
+            "f32" => f32_literal(i.base10_parse::<f64>()?, i.span()),
             "f64" => Ok(Value {
                 code: float_text(i.base10_parse::<f64>()?, Scalar::F64),
                 ty: Some(Scalar::F64),
@@ -1397,10 +1391,7 @@ fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
         .parse()
         .map_err(|_| syn::Error::new(span, "expected a literal"))?;
     match ty {
-        Scalar::F32 => Ok(Value {
-            code: float_text(f64::from(v as f32), Scalar::F32),
-            ty: Some(ty),
-        }),
+        Scalar::F32 => f32_literal(v, span),
         Scalar::F64 => Ok(Value {
             code: float_text(v, Scalar::F64),
             ty: Some(ty),
@@ -1416,6 +1407,19 @@ fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
         Scalar::U32 => err(span, "not a u32 literal"),
         Scalar::Bool => err(span, "expected a bool"),
     }
+}
+
+/// A literal of value `v` as an f32: refused where it does not fit, as Rust refuses such an f32
+/// literal (what an f64 literal becomes in an op's f32 form, `f32_form`).
+fn f32_literal(v: f64, span: Span) -> syn::Result<Value> {
+    let narrow = v as f32;
+    if v.is_finite() && narrow.is_infinite() {
+        return err(span, format!("{v:e} does not fit an f32"));
+    }
+    Ok(Value {
+        code: float_text(f64::from(narrow), Scalar::F32),
+        ty: Some(Scalar::F32),
+    })
 }
 
 /// A float as CUDA source that reads back to exactly `v` in `ty`.
@@ -1761,6 +1765,45 @@ mod tests {
     fn reduction(attr: &str, src: &str) -> syn::Result<OpFn> {
         let attr = parse_op_attr(attr.parse().unwrap())?;
         parse_op(&attr, &syn::parse_str::<ItemFn>(src)?)
+    }
+
+    #[test]
+    fn f32_form_narrows_types_constants_and_literal_suffixes() {
+        let attr = parse_op_attr(quote::quote!(f32_form)).unwrap();
+        let f: ItemFn = syn::parse_str(
+            "fn g(x: f64, k: f32) -> f64 { let c = 2.5_f64; c * x + std::f64::consts::PI * (k as f64) }",
+        )
+        .unwrap();
+        let op = parse_op(&attr, &f).unwrap();
+        let (wide, narrow) = op
+            .cuda
+            .split_once("// #[pptm::op(f32_form)] fn g")
+            .expect("two forms");
+        assert!(
+            wide.contains("double pptm_user_g(double x, float k)"),
+            "{wide}"
+        );
+        assert!(wide.contains("2.5") && !wide.contains("2.5f"), "{wide}");
+        assert!(
+            narrow.contains("float pptm_user_g(float x, float k)"),
+            "{narrow}"
+        );
+        // The suffixed literal, the constant and the cast are f32 in the f32 form.
+        assert!(narrow.contains("const float c = 2.5f;"), "{narrow}");
+        assert!(!narrow.contains("double"), "{narrow}");
+        assert!(narrow.contains("3.1415927f * k"), "{narrow}");
+        // The f64 function itself is unchanged: its form and precisions are an f64 op's.
+        assert_eq!(op.ret, Scalar::F64);
+        assert_eq!(op.precisions(), &[Precision::Fp32, Precision::Fp64]);
+        // A literal the f32 form cannot hold is an error there, at the literal.
+        let f: ItemFn = syn::parse_str("fn h(x: f64) -> f64 { x * 1e300 }").unwrap();
+        let e = parse_op(&attr, &f).unwrap_err().to_string();
+        assert!(
+            e.contains("in the op's f32 form") && e.contains("1e300 does not fit an f32"),
+            "{e}"
+        );
+        let f: ItemFn = syn::parse_str("fn h(x: f64) -> f64 { x * 1e300_f64 }").unwrap();
+        assert!(parse_op(&attr, &f).is_err());
     }
 
     #[test]

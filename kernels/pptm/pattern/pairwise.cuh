@@ -154,4 +154,37 @@ __device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs,
     }
 }
 
+// Any reducer R as a row type (the contract in pptm/ops/neighbours.cuh): a reduction stage after a
+// pairwise op folds each point's row of values (one a pair) with R, in f64 as the chain-wide
+// reductions do, and finishes with R::finish over the row's n - 1 values. Built-in and
+// #[pptm::op(reduction)] reducers alike; the CPU reference folds the row in j order.
+template <class R>
+struct pptm_row_fold {
+    static constexpr int OUT = 1;
+    struct State {
+        double acc;
+        uint32_t count;
+    };
+    __device__ __forceinline__ void init(State& s, uint64_t) const {
+        s.acc = R::identity();
+        s.count = 0;
+    }
+    template <int U>
+    __device__ __forceinline__ void push(State& s, const float (&d)[U][1], const bool (&valid)[U]) const {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (valid[u]) {
+                s.acc = R::combine(s.acc, (double)d[u][0]);
+                ++s.count;
+            }
+    }
+    __device__ __forceinline__ void finish(State& s, float (&out)[1]) const {
+        double acc = s.acc;
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) acc = R::combine(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
+        const uint32_t count = __reduce_add_sync(0xffffffffu, s.count);
+        out[0] = (float)R::finish(acc, (uint64_t)count);
+    }
+};
+
 #endif  // PPTM_PATTERN_PAIRWISE_CUH

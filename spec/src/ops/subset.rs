@@ -278,9 +278,7 @@ fn declarations() -> syn::Result<Vec<(syn::Ident, crate::op_fn::OpAttr, syn::Ite
         .items
         .iter()
         .find_map(|item| match item {
-            syn::Item::Macro(m) if m.mac.path.is_ident("subset_ops") && m.ident.is_none() => {
-                Some(m.mac.tokens.clone())
-            }
+            syn::Item::Macro(m) if m.mac.path.is_ident("subset_ops") => Some(m.mac.tokens.clone()),
             _ => None,
         })
         .ok_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "no subset_ops! { .. }"))?;
@@ -356,6 +354,27 @@ mod tests {
             assert_eq!(def.device, want.device, "{marker}");
             assert!(device_header().contains(&op.cuda), "{marker}");
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "tensor inputs come before by-value ones")]
+    fn a_by_value_parameter_before_a_tensor_is_refused() {
+        // The CPU backend hands over [flow, tensors, by-value]: `a` before `y` would misplace them.
+        params(["x", "a", "y"], ["f64", "f32", "f64"], &["y"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "an f64 parameter is the flow or in tensors(...)")]
+    fn an_f64_passed_by_value_is_refused() {
+        params(["x", "y"], ["f64", "f64"], &[]);
+    }
+
+    #[test]
+    fn params_are_the_flow_tensors_then_by_value() {
+        let p = params(["x", "y", "a", "k"], ["f64", "f64", "f32", "u32"], &["y"]);
+        let tys: Vec<Ty> = p.iter().map(|p| p.ty).collect();
+        assert_eq!(tys, [Ty::Like, Ty::Like, Ty::F32, Ty::U32]);
+        assert_eq!(p[3].name, "k");
     }
 
     #[test]
