@@ -101,6 +101,13 @@ struct Transfer {
 /// How long a module load waits for cancelled launches to end before it gives up.
 const CANCELLED_EXIT_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a module load waits for the manifolds of another Runtime on this GPU to park
+/// (`Config::park_when_idle`, 100 ms of idleness by default) before it gives up. Two runtimes in
+/// one process (a test binary's persistent and launched variants, an application's two
+/// libraries) load code while the other may be busy: without the wait, a load that came while
+/// the other's manifold was resident failed at once.
+const OTHER_RUNTIME_PARK_WAIT: Duration = Duration::from_secs(5);
+
 /// Bytes a transfer moves per staged copy.
 const STAGING_BYTES: usize = 4 << 20;
 
@@ -373,10 +380,16 @@ impl Device {
         // Held through the load: a manifold launched meanwhile would make the load wait for it.
         let mut residency = self.residency.lock().unwrap_or_else(|e| e.into_inner());
         // Launches given up on end by themselves once the kernels in their way have (a runtime
-        // dropped just before this one was made, say): give them a moment.
-        let deadline = Instant::now() + CANCELLED_EXIT_WAIT;
-        while residency.manifolds > 0 && residency.manifolds == residency.cancelled {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+        // dropped just before this one was made, say): give them a moment. Another runtime's
+        // manifolds park once it is idle: give them longer.
+        let started = Instant::now();
+        while residency.manifolds > 0 {
+            let patience = if residency.manifolds == residency.cancelled {
+                CANCELLED_EXIT_WAIT
+            } else {
+                OTHER_RUNTIME_PARK_WAIT
+            };
+            let Some(left) = (started + patience).checked_duration_since(Instant::now()) else {
                 break;
             };
             residency = self
@@ -399,9 +412,11 @@ impl Device {
                 reason: format!(
                     "its code cannot be loaded while a manifold is resident on this GPU ({} resident{cancelled}; \
                      the load would wait for the running kernel, which never finishes). A runtime drains its own \
-                     manifolds before it loads code, so these belong to another Runtime on this GPU: use one \
-                     Runtime per GPU (every domain starts on demand), or drop the other first",
-                    residency.manifolds
+                     manifolds before it loads code, so these belong to another Runtime on this GPU, which did \
+                     not park within {:?} (Config::park_when_idle): use one Runtime per GPU (every domain starts \
+                     on demand), or let the other park or drop it first",
+                    residency.manifolds,
+                    started.elapsed()
                 ),
             });
         }
