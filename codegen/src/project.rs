@@ -68,7 +68,7 @@ pub struct Project {
 pub const OP_SOURCES_KEY: &str = "pptm_op_sources";
 
 /// The environment variable that carries the folders of [`dependency_op_dirs`] from build.rs to
-/// the derive macro (`cargo:rustc-env`), and that `cargo xtask` sets for a crate of the workspace.
+/// the derive macro (`cargo:rustc-env`). (`cargo xtask` names them itself: [`plan_trees_with`].)
 pub const DEPENDENCY_OPS_ENV: &str = "PPTM_DEPENDENCY_OPS";
 
 /// The src/ folders of the crates whose ops this crate's chains may name: from
