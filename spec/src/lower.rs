@@ -572,6 +572,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                 };
                 return Err(mismatch(needs, shape_text(&prev.shape)));
             }
+            if matches!(prev.shape, Shape::Pairs { .. }) && precision == Precision::Fp64 {
+                return Err(SpecError::Unfusable {
+                    stage: i,
+                    op: op.name,
+                    reason:
+                        "a row-wise reduction folds in f64 already and hands each point's value \
+                             on as f32; `precision = \"fp64\"` is for a chain's reduction"
+                            .to_string(),
+                });
+            }
             let ch = prev.shape.channels();
             if let Some(need) = op.flow_channels
                 && need != ch
@@ -1974,6 +1984,13 @@ mod tests {
         // An elementwise op cannot take the pairs.
         let e = ops(&["ChebyshevDistance", "Relu"]).unwrap_err().to_string();
         assert!(e.contains("per-pair values"), "{e}");
+        // Its values go on as f32: an fp64 row-wise reduction is refused, not quietly narrowed.
+        let mut fold = stage(2, "SumReduction");
+        fold.precision = Some(Precision::Fp64);
+        let e = lower(&chain(vec![stage(1, "ChebyshevDistance"), fold]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row-wise reduction folds in f64 already"), "{e}");
     }
 
     #[test]
