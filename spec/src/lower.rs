@@ -1984,6 +1984,43 @@ mod tests {
         // An elementwise op cannot take the pairs.
         let e = ops(&["ChebyshevDistance", "Relu"]).unwrap_err().to_string();
         assert!(e.contains("per-pair values"), "{e}");
+        // The f64 evaluator folds each point's row: three points on a line at 0, 1 and 3 have
+        // mean distances 2, 1.5 and 2.5 to the others, and their largest is 2.5.
+        assert_eq!(
+            layout(&rows),
+            [
+                ("x", ArgKind::Input),
+                ("out", ArgKind::Output),
+                ("n", ArgKind::Len),
+                ("d", ArgKind::Len)
+            ]
+        );
+        let sizes = rows
+            .bind(&[
+                ArgValue::Buffer(3),
+                ArgValue::Buffer(3),
+                ArgValue::Inferred,
+                ArgValue::Dim(1),
+            ])
+            .unwrap();
+        let x = [0.0f32, 1.0, 3.0];
+        let got = rows.eval_f64(
+            &[
+                EvalArg::Input(&x),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![2.0, 1.5, 2.5]));
+        let widest = ops(&["ChebyshevDistance", "MeanReduction", "MaxReduction"]).unwrap();
+        let sizes = widest
+            .bind(&[ArgValue::Buffer(3), ArgValue::Dim(3), ArgValue::Dim(1)])
+            .unwrap();
+        let got = widest.eval_f64(&[EvalArg::Input(&x), EvalArg::None, EvalArg::None], &sizes);
+        assert_eq!(got, Evaluated::Scalar(2.5));
+
         // Its values go on as f32: an fp64 row-wise reduction is refused, not quietly narrowed.
         let mut fold = stage(2, "SumReduction");
         fold.precision = Some(Precision::Fp64);
