@@ -5,14 +5,17 @@
 //! every backend against f64 references written here. They fuse like built-ins: an op of one's own
 //! as a prologue of a reduction, a reduction of one's own after a prologue or as a GEMV's
 //! epilogue, and an f64 op in fp64 stages. A reduction after a pairwise op folds each point's row
-//! of pair values: the row-wise form of any reduction, one's own or built-in.
+//! of pair values: the row-wise form of any reduction, one's own or built-in; with
+//! `per_row = true` a reduction folds each row of a matrix the same way.
 
 #[macro_use]
 mod common;
 
 use common::uniform;
 use pptm::__private::{ChainSpec, CpuImpl, StageSpec, Ty, lower_with};
-use pptm::ops::{ChebyshevDistance, Gemv, MaxReduction, MeanReduction, Square, SumReduction};
+use pptm::ops::{
+    ChebyshevDistance, Gemv, MaxReduction, MeanReduction, Sigmoid, Square, SumReduction,
+};
 use pptm::{FusionBuilder, Op, Runtime, op};
 
 /// Σ swish(x; β): an op of this crate's own, then a built-in reduction.
@@ -100,6 +103,52 @@ pub struct WidestMeanDistance {
     mean: MeanReduction,
     #[stage(3, reduction = true)]
     widest: MaxReduction,
+}
+
+/// Σⱼ w (predᵢⱼ − obsᵢⱼ)² for each row i of a rows × cols matrix (a χ² per spectrum): an op of
+/// one's own as the prologue of a built-in reduction that folds each row (`per_row = true`).
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct RowWeightedLoss {
+    #[stage(1)]
+    err: WeightedSqErr,
+    #[stage(2, reduction = true, per_row = true)]
+    chi2: SumReduction,
+}
+
+/// log Σⱼ exp(xᵢⱼ) of each row (the log-partition of each row of logits): a reduction of one's
+/// own, row-wise.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct RowLogSumExp {
+    #[stage(1, reduction = true, per_row = true)]
+    lse: LogSumExp,
+}
+
+/// sigmoid(meanⱼ swish(xᵢⱼ; β)) of each row: a built-in row-wise reduction between an op of one's
+/// own and an epilogue on each row's value.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct RowMeanSwish {
+    #[stage(1)]
+    act: Swish,
+    #[stage(2, reduction = true, per_row = true)]
+    mean: MeanReduction,
+    #[stage(3)]
+    squash: Sigmoid,
+}
+
+/// maxᵢ sqrt(meanⱼ xᵢⱼ²): a reduction of one's own with a `finish` row-wise, then a built-in one
+/// over the rows, which is the chain's.
+#[derive(FusionBuilder)]
+#[fusion(domain = "user_ops")]
+pub struct WorstRowRms {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true, per_row = true)]
+    rms: RootMean,
+    #[stage(3, reduction = true)]
+    worst: MaxReduction,
 }
 
 /// sqrt(mean(x²)): a built-in prologue, then a reduction of one's own with a `finish`.
@@ -311,10 +360,117 @@ fn row_wise_reductions_match_f64_references(rt: &Runtime) {
     }
 }
 
+/// Whether `got` (an f32 result) is within `rel` of the f64 reference `want` (or equal to it:
+/// infinities, and NaN for NaN).
+fn close(got: f32, want: f64, rel: f64) -> bool {
+    let g = f64::from(got);
+    g == want || (want.is_nan() && g.is_nan()) || (g - want).abs() <= rel * want.abs().max(1e-30)
+}
+
+/// Reductions with `per_row = true` fold each row of a rows × cols matrix: one value per row,
+/// stored (poisoned first, so a row left unwritten shows), or folded on over the rows.
+fn matrix_row_reductions_match_f64_references(rt: &Runtime) {
+    let what = rt.describe();
+    // Odd shapes: a single element, rows longer and shorter than a warp, and a row of 2^20 + 3.
+    for (rows, cols) in [
+        (1, 1),
+        (7, 1023),
+        (1023, 7),
+        (33, 32),
+        (4099, 33),
+        (3, (1 << 20) + 3),
+    ] {
+        let n = rows * cols;
+        let (pred, obs, x) = (
+            uniform(n, -2.0, 2.0),
+            uniform(n, -2.0, 2.0),
+            uniform(n, -4.0, 4.0),
+        );
+        let w = 0.75f32;
+        let (beta, xb) = (1.5f32, rt.upload(&x).unwrap());
+        let row = |r: usize, v: &[f32]| -> Vec<f64> {
+            v[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&a| f64::from(a))
+                .collect()
+        };
+        let poisoned = || rt.upload(&vec![f32::NAN; rows]).unwrap();
+
+        let mut out = poisoned();
+        let (pb, ob) = (rt.upload(&pred).unwrap(), rt.upload(&obs).unwrap());
+        RowWeightedLoss::submit(rt, &pb, w, &ob, &mut out, cols)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (r, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let want: f64 = row(r, &pred)
+                .iter()
+                .zip(row(r, &obs))
+                .map(|(p, o)| f64::from(w) * (p - o).powi(2))
+                .sum();
+            assert!(
+                close(g, want, 1e-5),
+                "{what}: row χ², {rows} x {cols}, row {r}: got {g}, f64 reference {want}"
+            );
+        }
+
+        let mut out = poisoned();
+        RowLogSumExp::submit(rt, &xb, &mut out, cols)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (r, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let v = row(r, &x);
+            let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let want = m + v.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
+            assert!(
+                close(g, want, 1e-5),
+                "{what}: row log-sum-exp, {rows} x {cols}, row {r}: got {g}, f64 reference {want}"
+            );
+        }
+
+        let mut out = poisoned();
+        RowMeanSwish::submit(rt, &xb, beta, &mut out, cols)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (r, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let b = f64::from(beta);
+            let v = row(r, &x);
+            let mean = v.iter().map(|&a| a / (1.0 + (-b * a).exp())).sum::<f64>() / cols as f64;
+            let want = 1.0 / (1.0 + (-mean).exp());
+            assert!(
+                close(g, want, 2e-6),
+                "{what}: sigmoid(row mean swish), {rows} x {cols}, row {r}: got {g}, f64 reference {want}"
+            );
+        }
+
+        let got = WorstRowRms::submit(rt, &xb, rows, cols)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want = (0..rows)
+            .map(|r| (row(r, &x).iter().map(|a| a * a).sum::<f64>() / cols as f64).sqrt())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(
+            close(got, want, 1e-6),
+            "{what}: worst row RMS, {rows} x {cols}: got {got}, f64 reference {want}"
+        );
+    }
+    // A matrix that does not have rows × cols elements is refused, not read past its end.
+    let x = rt.upload(&uniform(10, -1.0, 1.0)).unwrap();
+    let mut out = rt.upload(&[0.0f32; 3]).unwrap();
+    let e = RowLogSumExp::submit(rt, &x, &mut out, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rows x cols = 3 x 4"), "{what}: {e}");
+}
+
 on_every_backend!(
     user_op_chains_match_f64_references,
     user_reductions_match_f64_references,
-    row_wise_reductions_match_f64_references
+    row_wise_reductions_match_f64_references,
+    matrix_row_reductions_match_f64_references
 );
 
 #[op]
@@ -428,6 +584,7 @@ fn a_chain_naming_an_op_of_ones_own_lowers_with_its_definition() {
         precision: None,
         tolerance: None,
         finite: None,
+        per_row: None,
         args: Vec::new(),
     };
     let spec = ChainSpec {

@@ -391,6 +391,52 @@ fn row_ctor(c: &ChainIr, st: &StageIr) -> (u8, String) {
     (pch, format!("{ty}{{{}}}", args.join(", ")))
 }
 
+/// The epilogue functor of a row-wise pass (`pptm_epi_<tag>`): from the values the row stage `s`
+/// made for row (point) i, the chain's value for it. A row-wise reduction declared `finite` is
+/// checked here, on the value as it is stored (f32).
+fn row_epilogue(out: &mut String, c: &ChainIr, s: usize) {
+    let t = tag(c);
+    let och = c.stages[s].shape.channels();
+    let _ = writeln!(out, "struct pptm_epi_{t} {{");
+    let _ = writeln!(out, "    pptm_env_{t} e;");
+    let _ = writeln!(
+        out,
+        "    __device__ __forceinline__ {} operator()(uint64_t i, const float (&v)[{och}]) const {{",
+        range_type(c, &c.plan.epilogue)
+    );
+    if c.stages[s].finite {
+        let _ = writeln!(out, "        pptm_check_finite(v[0]);");
+    }
+    let flow: Vec<String> = (0..och).map(|k| format!("v[{k}]")).collect();
+    let v = emit_stages(
+        out,
+        c,
+        c.plan.epilogue.clone(),
+        flow,
+        &Load::At {
+            index: "i",
+            column: "i",
+        },
+    );
+    let _ = writeln!(out, "        return {};", v[0]);
+    let _ = writeln!(out, "    }}\n}};");
+}
+
+/// The row count and row length (C expressions) of the matrix whose rows stage `s` folds
+/// (`per_row = true`): every dimension of its flow but the last, and the last.
+fn matrix_rows(c: &ChainIr, s: usize) -> (String, String) {
+    let dims = match (s, c.stages[s].inputs[0]) {
+        (0, Source::Arg(slot)) => c.args[slot].shape.clone(),
+        (_, Source::Stage(p)) => match &c.stages[p].shape {
+            Shape::Tensor { dims, .. } => dims.clone(),
+            _ => unreachable!("a row-wise reduction reads a matrix"),
+        },
+        _ => unreachable!("only stage 0 reads an argument as its flow"),
+    };
+    let (last, lead) = dims.split_last().expect("a matrix has two dimensions");
+    (dims_product(c, lead), field(c.dims[*last].slot))
+}
+
 /// The reducer type a chain's pattern folds its values with.
 fn reducer(c: &ChainIr) -> &'static str {
     c.reduction().map_or("pptm_no_reducer", |r| r.op.device)
@@ -719,35 +765,38 @@ fn variant(out: &mut String, c: &ChainIr) {
             let a = plan.anchor.expect("anchored");
             let (pst, rst) = (&c.stages[a], &c.stages[a + 1]);
             let (_, row) = row_ctor(c, rst);
-            let och = match &rst.shape {
-                Shape::Tensor { channels, .. } => *channels,
-                _ => unreachable!(),
-            };
-            let _ = writeln!(out, "struct pptm_epi_{t} {{");
-            let _ = writeln!(out, "    pptm_env_{t} e;");
-            let _ = writeln!(
-                out,
-                "    __device__ __forceinline__ {} operator()(uint64_t i, const float (&v)[{och}]) const {{",
-                range_type(c, &plan.epilogue)
-            );
-            let flow: Vec<String> = (0..och).map(|k| format!("v[{k}]")).collect();
-            let v = emit_stages(
-                out,
-                c,
-                plan.epilogue.clone(),
-                flow,
-                &Load::At {
-                    index: "i",
-                    column: "i",
-                },
-            );
-            let _ = writeln!(out, "        return {};", v[0]);
-            let _ = writeln!(out, "    }}\n}};");
+            row_epilogue(out, c, a + 1);
             let n = dim_field(c, pst, "n");
             let _ = writeln!(
                 call,
                 "    partial = pptm_pairwise_rows<{r}>({n}, {}, {row}, pptm_epi_{t}{{e}}, {store}, b);",
                 distance_ctor(c, pst)
+            );
+        }
+        Pattern::Rows => {
+            let a = plan.anchor.expect("anchored");
+            // The prologue: element `at` of the matrix whose rows are folded. (Elementwise ops
+            // read no `Row` inputs: those are a broadcast's, which needs a matrix anchor.)
+            let _ = writeln!(out, "struct pptm_pro_{t} {{");
+            let _ = writeln!(out, "    pptm_env_{t} e;");
+            let _ = writeln!(
+                out,
+                "    __device__ __forceinline__ {} operator()(uint64_t at) const {{",
+                range_type(c, &plan.prologue)
+            );
+            let load = Load::At {
+                index: "at",
+                column: "at",
+            };
+            let v = emit_stages(out, c, plan.prologue.clone(), first_flow(c, "at"), &load);
+            let _ = writeln!(out, "        return {};", v[0]);
+            let _ = writeln!(out, "    }}\n}};");
+            row_epilogue(out, c, a);
+            let (rows, cols) = matrix_rows(c, a);
+            let _ = writeln!(
+                call,
+                "    partial = pptm_matrix_rows<{r}, {}>({rows}, {cols}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);",
+                c.stages[a].op.device
             );
         }
     }
@@ -765,7 +814,7 @@ fn variant(out: &mut String, c: &ChainIr) {
     let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
     let inline = if tensor && hopper_tensor(&c) {
         "PPTM_WGMMA_RUN_INLINE"
-    } else if plan.pattern == Pattern::Map || tensor {
+    } else if matches!(plan.pattern, Pattern::Map | Pattern::Rows) || tensor {
         "__noinline__"
     } else {
         "__forceinline__"
@@ -1050,14 +1099,29 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
                     let _ = writeln!(body, "            }}");
                 }
+                FusionClass::Reduction if st.per_row => {
+                    let (src, _) = stored_flow(c, s, "0");
+                    let (rows, cols) = matrix_rows(c, s);
+                    let _ = writeln!(
+                        body,
+                        "            pptm_matrix_rows<pptm_no_reducer, {}>({rows}, {cols}, pptm_load_at{{{src}}}, pptm_pass_row<{}>{{}}, {dst}, b);",
+                        st.op.device, st.finite
+                    );
+                }
                 FusionClass::Reduction if c.folds_rows(s) => {
                     let Source::Stage(p) = st.inputs[0] else {
                         unreachable!()
                     };
                     let (pch, row) = row_ctor(c, st);
+                    // (A stage declared `finite` names the row type to reach the check.)
+                    let targs = if st.finite {
+                        format!("{pch}, pptm_row_fold<{}>, true", st.op.device)
+                    } else {
+                        pch.to_string()
+                    };
                     let _ = writeln!(
                         body,
-                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row}, {dst}, b);",
+                        "            pptm_rows_stored<{targs}>({}, scratch[{p}], {row}, {dst}, b);",
                         dim_field(c, &c.stages[p], "n")
                     );
                 }
@@ -1197,6 +1261,7 @@ mod tests {
                 precision: None,
                 tolerance: None,
                 finite: None,
+                per_row: None,
                 args: Vec::new(),
             })
             .collect();
@@ -1235,6 +1300,40 @@ mod tests {
         let plain = domain_source("inference", &[lower(&spec).unwrap()]);
         assert!(!plain.contains("pptm_check_finite"), "{plain}");
         assert!(plain.contains("bool pptm_variant_checks_finite(uint32_t opcode) {\n    switch (opcode) {\n    default: return false;"));
+    }
+
+    /// `per_row = true`: the prologue computes each element where the row pass reads it, the
+    /// epilogue runs on each row's value (a `finite` row reduction is checked there), and the
+    /// unfused pass folds the stored matrix with the same pattern.
+    #[test]
+    fn a_row_wise_reduction_runs_the_rows_pattern() {
+        let mut spec = spec(
+            "RowRms",
+            &["Square", "MeanReduction", "Sigmoid", "MaxReduction"],
+        );
+        spec.stages[1].per_row = Some(true);
+        spec.stages[1].finite = Some(true);
+        let ir = lower(&spec).unwrap();
+        let t = tag(&ir);
+        let src = domain_source("inference", std::slice::from_ref(&ir));
+        let pro = format!(
+            "struct pptm_pro_{t} {{\n    pptm_env_{t} e;\n    __device__ __forceinline__ float operator()(uint64_t at) const {{\n        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));"
+        );
+        assert!(src.contains(&pro), "{src}");
+        let epi = format!(
+            "const float (&v)[1]) const {{\n        pptm_check_finite(v[0]);\n        const float s2 = pptm_op_sigmoid(v[0]);"
+        );
+        assert!(src.contains(&epi), "{src}");
+        let call = format!(
+            "partial = pptm_matrix_rows<pptm_op_max_reduction_reducer, pptm_op_mean_reduction_reducer>(e.a1, e.a2, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, nullptr, b);"
+        );
+        assert!(src.contains(&call), "{src}");
+        assert!(
+            src.contains(&format!("__device__ __noinline__ uint32_t pptm_run_{t}(")),
+            "{src}"
+        );
+        let unfused = "pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a1, e.a2, pptm_load_at{scratch[0]}, pptm_pass_row<true>{}, scratch[1], b);";
+        assert!(src.contains(unfused), "{src}");
     }
 
     #[test]

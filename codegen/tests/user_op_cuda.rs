@@ -114,6 +114,7 @@ fn chain(
                 precision,
                 tolerance: None,
                 finite: None,
+                per_row: None,
                 args: Vec::new(),
             })
             .collect(),

@@ -329,6 +329,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
         let reduction = opt_bool(s.reduction);
         let tensor = opt_bool(s.tensor_eligible);
         let finite = opt_bool(s.finite);
+        let per_row = opt_bool(s.per_row);
         let tolerance = match s.tolerance {
             Some(t) => {
                 let v = t.0;
@@ -356,6 +357,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 precision: #precision,
                 tolerance: #tolerance,
                 finite: #finite,
+                per_row: #per_row,
                 args: ::std::vec![#(#renames),*],
             }
         }

@@ -249,6 +249,33 @@ __device__ __forceinline__ double pptm_finish_56cb7bd8(const pptm_desc& d, const
     return v;
 }
 
+// chain RowLogSumExp: LogSumExp (Rows pattern)
+// spec hash 51d4c44f9bbfd46a228486fa5bfaeedb92ee66759cfb3c213c65478449b29c18, opcode 0x51d4c44f
+struct pptm_env_51d4c44f {
+    const float* a0;  // x
+    float* a1;  // out
+    uint64_t a2;  // rows
+    uint64_t a3;  // cols
+    __device__ explicit pptm_env_51d4c44f(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]), a3(d.args[3]) {}
+};
+struct pptm_pro_51d4c44f {
+    pptm_env_51d4c44f e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        return pptm_ld_cg_f32(e.a0 + at);
+    }
+};
+struct pptm_epi_51d4c44f {
+    pptm_env_51d4c44f e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_51d4c44f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_51d4c44f e(d);
+    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a2, e.a3, pptm_pro_51d4c44f{e}, pptm_epi_51d4c44f{e}, e.a1, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain RowLogSumExpTotal: ChebyshevDistance -> LogSumExp -> Square -> SumReduction (Pairwise pattern)
 // spec hash 68a67ff8f85282a3c49edf97bb02fd6715d4bc280bc28370d404d22e8a6319f9, opcode 0x68a67ff8
 struct pptm_env_68a67ff8 {
@@ -273,6 +300,66 @@ __device__ __forceinline__ double pptm_finish_68a67ff8(const pptm_desc& d, const
     const pptm_env_68a67ff8 e(d);
     double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
     return v;
+}
+
+// chain RowMeanSwish: Swish -> MeanReduction -> Sigmoid (Rows pattern)
+// spec hash 72c5502e25321147a207ba9bb7e011b7b7a838d4f4f87009a8fa79e053069601, opcode 0x72c5502e
+struct pptm_env_72c5502e {
+    const float* a0;  // x
+    float a1;  // beta
+    float* a2;  // out
+    uint64_t a3;  // rows
+    uint64_t a4;  // cols
+    __device__ explicit pptm_env_72c5502e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_72c5502e {
+    pptm_env_72c5502e e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + at), e.a1);
+        return s0;
+    }
+};
+struct pptm_epi_72c5502e {
+    pptm_env_72c5502e e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        const float s2 = pptm_op_sigmoid(v[0]);
+        return s2;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_72c5502e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_72c5502e e(d);
+    partial = pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a3, e.a4, pptm_pro_72c5502e{e}, pptm_epi_72c5502e{e}, e.a2, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain RowWeightedLoss: WeightedSqErr -> SumReduction (Rows pattern)
+// spec hash 24fa569d115830b5844e7c2dafce8b2b6f5ecceec7f7168ebaa09e5fae8728bc, opcode 0x24fa569d
+struct pptm_env_24fa569d {
+    const float* a0;  // pred
+    float a1;  // w
+    const float* a2;  // obs
+    float* a3;  // out
+    uint64_t a4;  // rows
+    uint64_t a5;  // cols
+    __device__ explicit pptm_env_24fa569d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]) {}
+};
+struct pptm_pro_24fa569d {
+    pptm_env_24fa569d e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        const float s0 = pptm_user_weighted_sq_err(pptm_ld_cg_f32(e.a0 + at), e.a1, pptm_ld_cg_f32(e.a2 + at));
+        return s0;
+    }
+};
+struct pptm_epi_24fa569d {
+    pptm_env_24fa569d e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_24fa569d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_24fa569d e(d);
+    partial = pptm_matrix_rows<pptm_no_reducer, pptm_op_sum_reduction_reducer>(e.a4, e.a5, pptm_pro_24fa569d{e}, pptm_epi_24fa569d{e}, e.a3, b);
+    return PPTM_STATUS_OK;
 }
 
 // chain SwishLogSumExp: Swish -> LogSumExp (Map pattern)
@@ -382,6 +469,38 @@ __device__ __forceinline__ double pptm_finish_1d63f6ff(const pptm_desc& d, const
     return v;
 }
 
+// chain WorstRowRms: Square -> RootMean -> MaxReduction (Rows pattern)
+// spec hash d4307c391a64a48195c6abbd104ceff77b1225ef135c8032ae051ee4132841fc, opcode 0xd4307c39
+struct pptm_env_d4307c39 {
+    const float* a0;  // x
+    uint64_t a1;  // rows
+    uint64_t a2;  // cols
+    __device__ explicit pptm_env_d4307c39(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]), a2(d.args[2]) {}
+};
+struct pptm_pro_d4307c39 {
+    pptm_env_d4307c39 e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));
+        return s0;
+    }
+};
+struct pptm_epi_d4307c39 {
+    pptm_env_d4307c39 e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_d4307c39(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d4307c39 e(d);
+    partial = pptm_matrix_rows<pptm_op_max_reduction_reducer, pptm_user_root_mean_reducer>(e.a1, e.a2, pptm_pro_d4307c39{e}, pptm_epi_d4307c39{e}, nullptr, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_d4307c39(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_d4307c39 e(d);
+    double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x2bdfd225u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // HuberSum
@@ -389,11 +508,15 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0xe7a6251fu: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // LogSumExpOf
     case 0x455aa585u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // NearestDistance
     case 0x56cb7bd8u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // Rms
+    case 0x51d4c44fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // RowLogSumExp
     case 0x68a67ff8u: return ((d.args[0]) & 3ull) == 0 && (d.args[1] | d.args[2]) < (1ull << 48);  // RowLogSumExpTotal
+    case 0x72c5502eu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // RowMeanSwish
+    case 0x24fa569du: return ((d.args[0] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5]) < (1ull << 48);  // RowWeightedLoss
     case 0x007a6b45u: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishLogSumExp
     case 0xd21b2b9fu: return ((d.args[0]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SwishSum
     case 0xdfac7ebdu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // WeightedLoss
     case 0x1d63f6ffu: return ((d.args[0]) & 3ull) == 0 && (d.args[1] | d.args[2]) < (1ull << 48);  // WidestMeanDistance
+    case 0xd4307c39u: return ((d.args[0]) & 3ull) == 0 && (d.args[1] | d.args[2]) < (1ull << 48);  // WorstRowRms
     default: return true;
     }
 }
@@ -405,11 +528,15 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0xe7a6251fu: return pptm_run_e7a6251f(d, b, partial);  // LogSumExpOf
     case 0x455aa585u: return pptm_run_455aa585(d, b, partial);  // NearestDistance
     case 0x56cb7bd8u: return pptm_run_56cb7bd8(d, b, partial);  // Rms
+    case 0x51d4c44fu: return pptm_run_51d4c44f(d, b, partial);  // RowLogSumExp
     case 0x68a67ff8u: return pptm_run_68a67ff8(d, b, partial);  // RowLogSumExpTotal
+    case 0x72c5502eu: return pptm_run_72c5502e(d, b, partial);  // RowMeanSwish
+    case 0x24fa569du: return pptm_run_24fa569d(d, b, partial);  // RowWeightedLoss
     case 0x007a6b45u: return pptm_run_007a6b45(d, b, partial);  // SwishLogSumExp
     case 0xd21b2b9fu: return pptm_run_d21b2b9f(d, b, partial);  // SwishSum
     case 0xdfac7ebdu: return pptm_run_dfac7ebd(d, b, partial);  // WeightedLoss
     case 0x1d63f6ffu: return pptm_run_1d63f6ff(d, b, partial);  // WidestMeanDistance
+    case 0xd4307c39u: return pptm_run_d4307c39(d, b, partial);  // WorstRowRms
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -425,6 +552,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     case 0xd21b2b9fu: return pptm_finish_d21b2b9f(d, partials, nblocks, smem);  // SwishSum
     case 0xdfac7ebdu: return pptm_finish_dfac7ebd(d, partials, nblocks, smem);  // WeightedLoss
     case 0x1d63f6ffu: return pptm_finish_1d63f6ff(d, partials, nblocks, smem);  // WidestMeanDistance
+    case 0xd4307c39u: return pptm_finish_d4307c39(d, partials, nblocks, smem);  // WorstRowRms
     default: return 0.0;
     }
 }
@@ -432,6 +560,9 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x455aa585u: return true;  // NearestDistance
+    case 0x51d4c44fu: return true;  // RowLogSumExp
+    case 0x72c5502eu: return true;  // RowMeanSwish
+    case 0x24fa569du: return true;  // RowWeightedLoss
     default: return false;
     }
 }
@@ -530,6 +661,17 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x51d4c44fu: {  // RowLogSumExp
+        const pptm_env_51d4c44f e(d);
+        switch (stage) {
+        case 0: {  // LogSumExp
+            pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a2, e.a3, pptm_load_at{e.a0}, pptm_pass_row<false>{}, e.a1, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x68a67ff8u: {  // RowLogSumExpTotal
         const pptm_env_68a67ff8 e(d);
         switch (stage) {
@@ -556,6 +698,58 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 3: {  // SumReduction
             const float* const in[1] = {scratch[2]};
             partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x72c5502eu: {  // RowMeanSwish
+        const pptm_env_72c5502e e(d);
+        switch (stage) {
+        case 0: {  // Swish
+            const uint64_t count = e.a3 * e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + i), e.a1);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MeanReduction
+            pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a3, e.a4, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, scratch[1], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Sigmoid
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s2 = pptm_op_sigmoid(pptm_ld_cg_f32(scratch[1] + i));
+                e.a2[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x24fa569du: {  // RowWeightedLoss
+        const pptm_env_24fa569d e(d);
+        switch (stage) {
+        case 0: {  // WeightedSqErr
+            const uint64_t count = e.a4 * e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_user_weighted_sq_err(pptm_ld_cg_f32(e.a0 + i), e.a1, pptm_ld_cg_f32(e.a2 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // SumReduction
+            pptm_matrix_rows<pptm_no_reducer, pptm_op_sum_reduction_reducer>(e.a4, e.a5, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a3, b);
+            partial = 0.0;
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
@@ -645,6 +839,32 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0xd4307c39u: {  // WorstRowRms
+        const pptm_env_d4307c39 e(d);
+        switch (stage) {
+        case 0: {  // Square
+            const uint64_t count = e.a1 * e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // RootMean
+            pptm_matrix_rows<pptm_no_reducer, pptm_user_root_mean_reducer>(e.a1, e.a2, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, scratch[1], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // MaxReduction
+            const float* const in[1] = {scratch[1]};
+            partial = pptm_map_reduce<1, pptm_op_max_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -701,6 +921,12 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
     }
     case 0x1d63f6ff02ull: {  // WidestMeanDistance stage 2
         const pptm_env_1d63f6ff e(d);
+        const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0xd4307c3902ull: {  // WorstRowRms stage 2
+        const pptm_env_d4307c39 e(d);
         const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a1);
         if (threadIdx.x == 0) { scratch[2][0] = (float)v; out->value = v; }
         return;

@@ -6,6 +6,7 @@
 //     share in f64; the manifold's last-arriving block combines the per-block partials. No grid
 //     barrier.
 //   * pptm_map_store: elementwise body whose result is a vector written to an output buffer.
+//   * pptm_matrix_rows: elementwise body, then a reduction of each row of the matrix it makes.
 // Both walk the grid-stride range with 16-byte loads when every pointer is 16-byte aligned, keeping
 // about PPTM_LOADS_IN_FLIGHT independent 16-byte loads in flight per thread whatever the number of
 // inputs, then finish the tail element by element.
@@ -176,6 +177,51 @@ __device__ __forceinline__ double pptm_combine_partials(const double* partials, 
     return pptm_block_reduce<R>(acc, smem);
 }
 
+// Elements a lane of pptm_matrix_rows loads before it folds them.
+#define PPTM_ROW_LOADS 8
+
+// A row-wise reduction over a row-major matrix of `rows` rows and `cols` columns, with the
+// elementwise stages before it fused in: row i's value is RR::finish of RR folding pro(i * cols + j)
+// over j, with `cols` as the count; epi(i, v) turns it into the chain's value for the row, which is
+// stored to out[i] (unless out is nullptr) and folded into the block's partial with the chain's
+// reducer R (pptm_no_reducer when the chain has none). Returns the block's partial (thread 0).
+//
+// One warp per row, rows spread grid-stride over (block, warp), so any block count is correct.
+// Lanes take every 32nd element, so each load of the warp is 128 consecutive bytes, and fold in f64
+// as pptm_map_reduce does; PPTM_ROW_LOADS elements a lane are loaded before any is folded. The
+// warp then merges its lanes' values and lane 0 finishes the row. Rows far shorter than 32 leave
+// lanes idle; rows of any length are correct.
+template <class R, class RR, class Pro, class Epi>
+__device__ __forceinline__ double pptm_matrix_rows(uint64_t rows, uint64_t cols, const Pro& pro, const Epi& epi,
+                                                   float* out, const pptm_block_ctx& b) {
+    constexpr unsigned warps = PPTM_BLOCK_THREADS / 32;
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    double acc = R::identity();
+    for (uint64_t i = (uint64_t)b.block * warps + warp; i < rows; i += (uint64_t)b.nblocks * warps) {
+        pptm_tick(b);
+        const uint64_t base = i * cols;
+        double row = RR::identity();
+        uint64_t j = lane;
+        for (; j + (PPTM_ROW_LOADS - 1) * 32u < cols; j += PPTM_ROW_LOADS * 32u) {
+            float v[PPTM_ROW_LOADS];
+#pragma unroll
+            for (int u = 0; u < PPTM_ROW_LOADS; ++u) v[u] = (float)pro(base + j + u * 32u);
+#pragma unroll
+            for (int u = 0; u < PPTM_ROW_LOADS; ++u) row = RR::combine(row, (double)v[u]);
+        }
+        for (; j < cols; j += 32u) row = RR::combine(row, (double)pro(base + j));
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) row = RR::combine(row, __shfl_xor_sync(0xffffffffu, row, offset));
+        if (lane == 0) {
+            const float v[1] = {(float)RR::finish(row, cols)};
+            const float y = epi(i, v);
+            if (out != nullptr) out[i] = y;
+            acc = R::combine(acc, (double)y);
+        }
+    }
+    return pptm_block_partial<R>(acc, b.red_smem);
+}
+
 // Trivial functors for the unfused mode, where each stage is its own pass over stored values.
 struct pptm_take_first {
     __device__ __forceinline__ float operator()(const float (&x)[1]) const { return x[0]; }
@@ -183,6 +229,15 @@ struct pptm_take_first {
 struct pptm_load_at {
     const float* p;
     __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(p + j); }
+};
+// The epilogue of a row-wise stage run alone: the row's value as it is (checked to be finite for a
+// stage declared `finite`).
+template <bool CHECK_FINITE>
+struct pptm_pass_row {
+    __device__ __forceinline__ float operator()(uint64_t, const float (&v)[1]) const {
+        if (CHECK_FINITE) pptm_check_finite(v[0]);
+        return v[0];
+    }
 };
 struct pptm_pass_acc {
     // The split form a GEMV pattern may use to issue an epilogue's loads early: none here.

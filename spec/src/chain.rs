@@ -89,6 +89,10 @@ pub struct StageSpec {
     /// `finite = ...`, if written: with `true`, a NaN or infinity among the stage's values fails
     /// the item with a non-finite status (its outputs are still written).
     pub finite: Option<bool>,
+    /// `per_row = ...`, if written: with `true`, a reduction folds each row of its flow (the last
+    /// dimension of a matrix) into one value per row instead of folding everything into one.
+    /// A chain with such a stage reads its first input as a `rows x cols` row-major matrix.
+    pub per_row: Option<bool>,
     /// `args(param = "name", ...)`: the chain argument each named parameter of the op binds to,
     /// where it is not the parameter's own name. Stages share an argument by name, so this is
     /// how one chain takes two matrices (`#[stage(3, args(a = "w2"))] second: Gemv`).

@@ -90,6 +90,9 @@ pub mod work {
     pub const WGMMA_FROM: usize = 1 << 24;
     /// Points per block of a pairwise pass (one warp per point).
     pub const PAIRWISE_POINTS_PER_BLOCK: usize = 16;
+    /// Rows per block of a row-wise reduction (one warp per row: a pairwise op's points, or the
+    /// rows of a matrix).
+    pub const ROWS_PER_BLOCK: usize = crate::BLOCK_THREADS as usize / 32;
     /// Most coordinates per point (over every subspace) a pairwise op takes: a block keeps its
     /// warps' own points in shared memory.
     pub const PAIRWISE_MAX_FEATURES: usize = 128;

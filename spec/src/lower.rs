@@ -88,7 +88,8 @@ pub enum Shape {
 }
 
 impl Shape {
-    fn channels(&self) -> u8 {
+    /// Values per element (1 for a scalar).
+    pub fn channels(&self) -> u8 {
         match self {
             Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
             Shape::Scalar => 1,
@@ -118,6 +119,10 @@ pub struct StageIr {
     pub finite: bool,
     /// `args(...)`: (op parameter, chain argument) pairs, sorted by parameter.
     pub renames: Vec<(String, String)>,
+    /// `per_row = true` on a reduction over a matrix: it folds each row (the last dimension), one
+    /// value per row. (A reduction after a pairwise op folds rows without it: see
+    /// [`ChainIr::folds_rows`].)
+    pub per_row: bool,
 }
 
 impl StageIr {
@@ -142,6 +147,9 @@ impl StageIr {
 ///   is read; the epilogue's run on each output element before it is stored or reduced.
 /// * `Pairwise`: a pairwise op (no prologue) and the row reduction that consumes its values,
 ///   then the epilogue on each point's result.
+/// * `Rows`: a reduction with `per_row = true` (the anchor) folds each row of a matrix; the
+///   prologue's elementwise stages compute the matrix's elements where they are read, the
+///   epilogue runs on each row's value.
 ///
 /// A reduction ends the pass: blocks reduce, the last block to arrive combines, and the `finish`
 /// stages (elementwise on the scalar, by-value arguments only) run on the result there.
@@ -152,13 +160,15 @@ pub enum Pattern {
     GemvT,
     Matmul,
     Pairwise,
+    Rows,
 }
 
 /// A chain's fusion plan; stage indices into [`ChainIr::stages`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub pattern: Pattern,
-    /// The output-fusable or pairwise stage; for `Pairwise`, the row reduction is `anchor + 1`.
+    /// The output-fusable or pairwise stage, or a `Rows` pass's row-wise reduction; for
+    /// `Pairwise`, the row reduction is `anchor + 1`.
     pub anchor: Option<usize>,
     /// Stages before the anchor (for `Map`: every stage before the reduction).
     pub prologue: std::ops::Range<usize>,
@@ -286,6 +296,11 @@ pub enum SpecError {
         arg: String,
         reason: String,
     },
+    #[error(
+        "`{op}` is not a reduction: `per_row = true` makes a reduction (SumReduction, MaxReduction, \
+         an #[pptm::op(reduction)], ...) fold each row of a matrix into one value"
+    )]
+    PerRowUnsupported { stage: usize, op: &'static str },
     #[error("`{op}`: `args(...)` {reason}")]
     BadRename {
         stage: usize,
@@ -326,6 +341,7 @@ impl SpecError {
             }
             SpecError::ToleranceUnsupported { stage, .. } => Blame::StageAttr(stage, "tolerance"),
             SpecError::FiniteUnsupported { stage, .. } => Blame::StageAttr(stage, "finite"),
+            SpecError::PerRowUnsupported { stage, .. } => Blame::StageAttr(stage, "per_row"),
             SpecError::BadRename { stage, .. } => Blame::StageAttr(stage, "args"),
             SpecError::PrecisionUnsupported { stage, .. }
             | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
@@ -434,10 +450,13 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         }
     }
 
+    // A chain that folds rows (`per_row = true`) reads its first input as a row-major matrix.
+    let matrix_rows = spec.stages.iter().any(|s| s.per_row == Some(true));
     let mut t = Tables::default();
     let mut stages: Vec<StageIr> = Vec::new();
     for (pos, &i) in order.iter().enumerate() {
         let st = &spec.stages[i];
+        let per_row = st.per_row == Some(true);
         let op = check_stage(i, st, extra)?;
         let conflict = |arg: &str, reason: String| SpecError::ArgConflict {
             stage: i,
@@ -500,6 +519,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                 });
             }
             let dims = match flow.ty {
+                Ty::Like if matrix_rows => vec![t.fresh("rows", true), t.fresh("cols", true)],
                 Ty::Like => vec![t.fresh("n", true)],
                 ty if ty.letters().is_some() => ty
                     .letters()
@@ -546,6 +566,8 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                 gives,
             };
             let ok = match (flow.ty, &prev.shape) {
+                // A row-wise reduction folds the last dimension of a matrix (or stack of them).
+                (Ty::Like, Shape::Tensor { dims, .. }) if per_row => dims.len() >= 2,
                 (Ty::Like, Shape::Tensor { .. }) => true,
                 (Ty::Like, Shape::Scalar) => op.class == FusionClass::Elementwise,
                 (ty, Shape::Tensor { dims, .. })
@@ -564,6 +586,10 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             };
             if !ok {
                 let needs = match (flow.ty, op.class) {
+                    (Ty::Like, FusionClass::Reduction) if per_row => {
+                        "a matrix, whose rows `per_row = true` folds (or a pairwise op's values)"
+                            .to_string()
+                    }
                     (Ty::Like, FusionClass::Reduction) => {
                         "a tensor (or a pairwise op's values, folded per point)".to_string()
                     }
@@ -571,16 +597,6 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                     (ty, _) => ty.describe().to_string(),
                 };
                 return Err(mismatch(needs, shape_text(&prev.shape)));
-            }
-            if matches!(prev.shape, Shape::Pairs { .. }) && precision == Precision::Fp64 {
-                return Err(SpecError::Unfusable {
-                    stage: i,
-                    op: op.name,
-                    reason:
-                        "a row-wise reduction folds in f64 already and hands each point's value \
-                             on as f32; `precision = \"fp64\"` is for a chain's reduction"
-                            .to_string(),
-                });
             }
             let ch = prev.shape.channels();
             if let Some(need) = op.flow_channels
@@ -593,6 +609,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             }
             prev.shape.clone()
         };
+
+        if (per_row || matches!(flow_shape, Shape::Pairs { .. })) && precision == Precision::Fp64 {
+            return Err(SpecError::Unfusable {
+                stage: i,
+                op: op.name,
+                reason: "a row-wise reduction folds in f64 already and hands each row's value \
+                         on as f32; `precision = \"fp64\"` is for a chain's reduction"
+                    .to_string(),
+            });
+        }
 
         // The other inputs. Names an earlier stage already declared go first, so their shapes
         // bind this op's letters before fresh dimensions are made for the rest.
@@ -742,6 +768,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         }
 
         let ch_out = op.out_channels.unwrap_or(flow_shape.channels());
+        let folds_matrix = per_row && matches!(flow_shape, Shape::Tensor { .. });
         let shape = match op.output {
             Ty::Like => match flow_shape {
                 Shape::Tensor { dims, .. } => Shape::Tensor {
@@ -763,12 +790,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                 dim: t.letter(&mut letters, l),
                 channels: ch_out,
             },
-            // A row-wise reduction: one value per point.
+            // A row-wise reduction: one value per point, or per row of a matrix.
             Ty::Scalar => match flow_shape {
                 Shape::Pairs { dim, .. } => Shape::Tensor {
                     dims: vec![dim],
                     channels: 1,
                 },
+                Shape::Tensor { mut dims, .. } if folds_matrix => {
+                    dims.pop();
+                    Shape::Tensor { dims, channels: 1 }
+                }
                 _ => Shape::Scalar,
             },
             other => unreachable!("catalog: {} outputs {other:?}", op.name),
@@ -784,6 +815,8 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             shape,
             tolerance: st.tolerance.map(|t| t.0),
             finite: st.finite.unwrap_or(false),
+            // Only where it folds a matrix: after a pairwise op every reduction folds rows.
+            per_row: folds_matrix,
             renames: {
                 let mut r = st.args.clone();
                 r.sort();
@@ -889,6 +922,9 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         if s.finite {
             canonical.push_str(" finite");
         }
+        if s.per_row {
+            canonical.push_str(" per_row");
+        }
         if !s.op.cuda.is_empty() {
             // An op of the user's own is its code: a changed body is a changed chain.
             let d = Sha256::digest(s.op.cuda.as_bytes());
@@ -974,6 +1010,12 @@ fn check_stage(
             op: op.name,
             is,
             said,
+        });
+    }
+    if st.per_row == Some(true) && !is_reduction {
+        return Err(SpecError::PerRowUnsupported {
+            stage: i,
+            op: op.name,
         });
     }
     let tensor = st.tensor_eligible == Some(true);
@@ -1089,6 +1131,22 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
                 if anchor
                     .is_some_and(|a| s == a + 1 && stages[a].op.class == FusionClass::Pairwise) => {
             }
+            // A reduction of each row of a matrix: the anchor of a `Rows` pass.
+            FusionClass::Reduction if st.per_row => {
+                if let Some(a) = anchor {
+                    return Err(unfusable(
+                        s,
+                        if ops::is_matmul(stages[a].op) {
+                            "folding the rows of a Matmul's output is not supported yet (a row \
+                             spans the tiles of several blocks); split the chain in two"
+                        } else {
+                            "one pass folds the rows of one matrix: it reads the output of an \
+                             earlier GEMV/pairwise stage, whose values are not rows of a matrix"
+                        },
+                    ));
+                }
+                anchor = Some(s);
+            }
             FusionClass::Reduction => {
                 if let Some(a) = anchor
                     && ops::is_matmul(stages[a].op)
@@ -1133,6 +1191,7 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
     };
     let pattern = match stages[a].op.class {
         FusionClass::Pairwise => Pattern::Pairwise,
+        FusionClass::Reduction => Pattern::Rows,
         FusionClass::OutputFusable(Anchor::Gemv) => Pattern::Gemv,
         FusionClass::OutputFusable(Anchor::GemvT) => Pattern::GemvT,
         FusionClass::OutputFusable(Anchor::Matmul | Anchor::BatchedMatmul) => Pattern::Matmul,
@@ -1237,9 +1296,15 @@ impl ChainIr {
         self.plan.reduction.map(|r| &self.stages[r])
     }
 
-    /// Whether stage `s` is a reduction that folds the rows of a pairwise stage's values (one
-    /// value per point), rather than the chain's reduction to one value.
+    /// Whether stage `s` is a reduction that folds rows, one value per row, rather than the
+    /// chain's reduction to one value: the rows of a pairwise stage's values (one a point) or of
+    /// a matrix (`per_row = true`).
     pub fn folds_rows(&self, s: usize) -> bool {
+        self.folds_pair_rows(s) || self.stages[s].per_row
+    }
+
+    /// Whether stage `s` is a reduction that folds the rows of a pairwise stage's values.
+    pub fn folds_pair_rows(&self, s: usize) -> bool {
         self.stages[s].op.class == FusionClass::Reduction
             && matches!(
                 self.stages[s].inputs[0],
@@ -1412,6 +1477,7 @@ impl ChainIr {
         // reduction of a pairwise pair (points, not pairs), or the first stage of a map.
         let s = match (self.plan.pattern, self.plan.anchor) {
             (Pattern::Map, _) | (_, None) => 0,
+            // (The anchor of `Rows`: the row-wise reduction.)
             (Pattern::Pairwise, Some(a)) => a + 1,
             (_, Some(a)) => a,
         };
@@ -1443,10 +1509,10 @@ impl ChainIr {
         // Products a batched matmul computes (1 for every other op).
         let batch = st.dim("batch").map_or(1, |d| sizes[d]);
         let blocks = match st.op.class {
-            // Points: the pairwise stage's `n` (flow_elements of a pairwise flow).
+            // Rows (a pairwise stage's points), one a warp.
             FusionClass::Reduction if self.folds_rows(s) => self
-                .flow_elements(s, sizes)
-                .div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
+                .stage_output_len(s, sizes)
+                .div_ceil(work::ROWS_PER_BLOCK),
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
                 .div_ceil(work::MAP_ELEMS_PER_BLOCK),
@@ -1629,6 +1695,21 @@ impl ChainIr {
                         })
                         .collect()
                 }
+                // A row-wise reduction of a matrix: each row folded in column order.
+                CpuImpl::Reduction {
+                    identity,
+                    combine,
+                    finish,
+                } if st.per_row => {
+                    let rows = self.stage_output_len(s, sizes);
+                    let cols = flow.len().checked_div(rows).unwrap_or(0);
+                    (0..rows)
+                        .map(|r| {
+                            let row = &flow[r * cols..(r + 1) * cols];
+                            finish(row.iter().copied().fold(identity, combine), cols)
+                        })
+                        .collect()
+                }
                 // A row-wise reduction: each point's row of pair values, folded.
                 CpuImpl::Reduction {
                     identity,
@@ -1668,10 +1749,12 @@ impl ChainIr {
             };
             outs.push(out);
         }
-        let non_finite = self.stages.iter().zip(&outs).position(|(st, values)| {
+        // (A row-wise reduction's values are stored as f32, like an elementwise stage's.)
+        let non_finite = (0..self.stages.len()).position(|s| {
+            let st = &self.stages[s];
             st.finite
-                && values.iter().any(|&x| match st.op.class {
-                    FusionClass::Reduction => !x.is_finite(),
+                && outs[s].iter().any(|&x| match st.op.class {
+                    FusionClass::Reduction if !self.folds_rows(s) => !x.is_finite(),
                     _ => !(x as f32).is_finite(),
                 })
         });
@@ -1768,6 +1851,7 @@ mod tests {
             precision: None,
             tolerance: None,
             finite: None,
+            per_row: None,
             args: Vec::new(),
         }
     }
@@ -2028,6 +2112,159 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("row-wise reduction folds in f64 already"), "{e}");
+    }
+
+    /// `per_row = true`: a reduction folds each row of a matrix (the chain's first input read as
+    /// rows x cols), then an epilogue, and perhaps the chain's reduction over the rows.
+    #[test]
+    fn per_row_folds_each_row_of_a_matrix() {
+        let per_row = |number: u32, op: &str| {
+            let mut s = stage(number, op);
+            s.per_row = Some(true);
+            s
+        };
+        // (obs - pred)^2 summed per row: a `Rows` pass anchored at the reduction.
+        let chi2 = lower(&chain(vec![
+            stage(1, "PredictionError"),
+            stage(2, "Square"),
+            per_row(3, "SumReduction"),
+        ]))
+        .unwrap();
+        assert_eq!(chi2.plan.pattern, Pattern::Rows);
+        assert_eq!(chi2.plan.anchor, Some(2));
+        assert_eq!(chi2.plan.prologue, 0..2);
+        assert_eq!(chi2.plan.reduction, None);
+        assert!(chi2.folds_rows(2) && !chi2.folds_pair_rows(2));
+        assert!(chi2.stages[2].per_row);
+        assert_eq!(chi2.output, ChainOutput::Vector);
+        assert_eq!(
+            layout(&chi2),
+            [
+                ("obs", ArgKind::Input),
+                ("pred", ArgKind::Input),
+                ("out", ArgKind::Output),
+                ("rows", ArgKind::Len),
+                ("cols", ArgKind::Len)
+            ]
+        );
+        // `out` gives the row count; the row length is passed.
+        assert_eq!(chi2.dims[0].inferred_from, Some(2));
+        assert_eq!(chi2.dims[1].inferred_from, None);
+        let sizes = chi2
+            .bind(&[
+                ArgValue::Buffer(6),
+                ArgValue::Buffer(6),
+                ArgValue::Buffer(2),
+                ArgValue::Inferred,
+                ArgValue::Dim(3),
+            ])
+            .unwrap();
+        assert_eq!(sizes, [2, 3]);
+        let e = chi2
+            .bind(&[
+                ArgValue::Buffer(6),
+                ArgValue::Buffer(6),
+                ArgValue::Buffer(3),
+                ArgValue::Inferred,
+                ArgValue::Dim(3),
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rows x cols = 3 x 3"), "{e}");
+        // The f64 evaluator folds each row in order.
+        let (x, mu) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [0.0f32; 6]);
+        let got = chi2.eval_f64(
+            &[
+                EvalArg::Input(&x),
+                EvalArg::Input(&mu),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert_eq!(got, Evaluated::Vector(vec![14.0, 77.0]));
+        // One block a warp's row; the same request as a pairwise pass over as many points.
+        assert_eq!(
+            chi2.blocks_for(&[100_000, 3]) as usize,
+            100_000usize.div_ceil(crate::work::ROWS_PER_BLOCK)
+        );
+        // Rows of zero length finish the identity (a mean's is NaN), and no rows make nothing.
+        let means = lower(&chain(vec![per_row(1, "MeanReduction")])).unwrap();
+        let sizes = means
+            .bind(&[
+                ArgValue::Buffer(0),
+                ArgValue::Buffer(2),
+                ArgValue::Inferred,
+                ArgValue::Dim(0),
+            ])
+            .unwrap();
+        let got = means.eval_f64(
+            &[
+                EvalArg::Input(&[]),
+                EvalArg::None,
+                EvalArg::None,
+                EvalArg::None,
+            ],
+            &sizes,
+        );
+        assert!(
+            matches!(&got, Evaluated::Vector(v) if v.len() == 2 && v.iter().all(|x| x.is_nan())),
+            "{got:?}"
+        );
+
+        // Then an epilogue and the chain's own reduction over the rows.
+        let total = lower(&chain(vec![
+            stage(1, "Square"),
+            per_row(2, "MaxReduction"),
+            stage(3, "Sigmoid"),
+            stage(4, "SumReduction"),
+        ]))
+        .unwrap();
+        assert_eq!(total.plan.pattern, Pattern::Rows);
+        assert_eq!(total.plan.epilogue, 2..3);
+        assert_eq!(total.plan.reduction, Some(3));
+        assert!(total.folds_rows(1) && !total.folds_rows(3));
+        assert_eq!(total.output, ChainOutput::Scalar);
+        // `per_row` is part of the chain's identity.
+        let whole = ops(&["Square", "MaxReduction", "Sigmoid", "SumReduction"]);
+        assert!(whole.is_err() || whole.unwrap().spec_hash != total.spec_hash);
+
+        // Refused: on an op that is not a reduction, on a vector, after Matmul, in fp64.
+        let e = lower(&chain(vec![per_row(1, "Relu")])).unwrap_err();
+        assert!(e.to_string().contains("is not a reduction"), "{e}");
+        assert_eq!(e.blame(), Blame::StageAttr(0, "per_row"));
+        let e = lower(&chain(vec![stage(1, "Gemv"), per_row(2, "SumReduction")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a matrix, whose rows"), "{e}");
+        let e = lower(&chain(vec![stage(1, "Matmul"), per_row(2, "SumReduction")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rows of a Matmul's output is not supported yet"),
+            "{e}"
+        );
+        let mut wide = per_row(1, "SumReduction");
+        wide.precision = Some(Precision::Fp64);
+        let e = lower(&chain(vec![wide])).unwrap_err().to_string();
+        assert!(e.contains("row-wise reduction folds in f64 already"), "{e}");
+        // Two row-wise folds: the second's flow is a vector of row values.
+        let e = lower(&chain(vec![
+            per_row(1, "SumReduction"),
+            per_row(2, "SumReduction"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("a matrix, whose rows"), "{e}");
+        // After a pairwise op every reduction folds rows; `per_row` says so again, harmlessly.
+        let pairs = lower(&chain(vec![
+            stage(1, "ChebyshevDistance"),
+            per_row(2, "SumReduction"),
+        ]))
+        .unwrap();
+        assert_eq!(pairs.plan.pattern, Pattern::Pairwise);
+        assert!(!pairs.stages[1].per_row && pairs.folds_pair_rows(1));
     }
 
     #[test]

@@ -189,6 +189,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             precision: args.precision,
             tolerance: args.tolerance,
             finite: args.finite,
+            per_row: args.per_row,
             args: args.renames,
         });
         spans.push(StageSpans {
@@ -230,7 +231,8 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
     ))
 }
 
-/// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x, finite = bool`
+/// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x, finite = bool,
+/// per_row = bool, args(...)`
 struct StageArgs {
     number: u32,
     number_span: Span,
@@ -239,6 +241,7 @@ struct StageArgs {
     precision: Option<Precision>,
     tolerance: Option<Tolerance>,
     finite: Option<bool>,
+    per_row: Option<bool>,
     renames: Vec<(String, String)>,
     spans: Vec<(&'static str, Span)>,
 }
@@ -257,6 +260,7 @@ impl Parse for StageArgs {
             precision: None,
             tolerance: None,
             finite: None,
+            per_row: None,
             renames: Vec::new(),
             spans: Vec::new(),
         };
@@ -281,11 +285,12 @@ impl Parse for StageArgs {
                 "precision" => "precision",
                 "tolerance" => "tolerance",
                 "finite" => "finite",
+                "per_row" => "per_row",
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite` or `args(...)`"
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row` or `args(...)`"
                         ),
                     ));
                 }
@@ -326,6 +331,7 @@ impl Parse for StageArgs {
                     match name {
                         "reduction" => args.reduction = Some(lit.value),
                         "finite" => args.finite = Some(lit.value),
+                        "per_row" => args.per_row = Some(lit.value),
                         _ => args.tensor_eligible = Some(lit.value),
                     }
                     args.spans.push((name, lit.span()));

@@ -26,6 +26,7 @@ fn chain(ops: &[&str]) -> ChainIr {
             precision: None,
             tolerance: None,
             finite: None,
+            per_row: None,
             args: Vec::new(),
         })
         .collect();

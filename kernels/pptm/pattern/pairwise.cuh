@@ -129,8 +129,8 @@ __device__ __forceinline__ void pptm_pairwise_store(uint64_t n, const Dist& dist
 }
 
 // Unfused mode, row-reduction stage: one warp per point reduces its stored row (j != i) and writes
-// Row::OUT values per point.
-template <int W, class Row>
+// Row::OUT values per point (each checked to be finite for a stage declared `finite`).
+template <int W, class Row, bool CHECK_FINITE = false>
 __device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs, const Row& row, float* out,
                                                  const pptm_block_ctx& b) {
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -150,7 +150,10 @@ __device__ __forceinline__ void pptm_rows_stored(uint64_t n, const float* pairs,
         row.finish(state, v);
         if (lane == 0)
 #pragma unroll
-            for (int c = 0; c < Row::OUT; ++c) out[i * Row::OUT + c] = v[c];
+            for (int c = 0; c < Row::OUT; ++c) {
+                if (CHECK_FINITE) pptm_check_finite(v[c]);
+                out[i * Row::OUT + c] = v[c];
+            }
     }
 }
 

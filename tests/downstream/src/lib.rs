@@ -123,3 +123,24 @@ pub struct EuclideanNorm {
     #[stage(2, reduction = true)]
     norm: RootSum,
 }
+
+/// log Σⱼ exp(swish(xᵢⱼ; β)) of each row of a rows × cols matrix (the log-normaliser of a softmax
+/// over each row): one's own reduction folding each row (`per_row = true`).
+#[derive(FusionBuilder)]
+#[fusion(domain = "downstream")]
+pub struct RowSwishLogSumExp {
+    #[stage(1)]
+    activation: Swish,
+    #[stage(2, reduction = true, per_row = true)]
+    lse: LogSumExp,
+}
+
+/// ‖xᵢ‖₂ of each row i: the other crate's reduction, row-wise.
+#[derive(FusionBuilder)]
+#[fusion(domain = "downstream")]
+pub struct RowNorms {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true, per_row = true)]
+    norm: RootSum,
+}

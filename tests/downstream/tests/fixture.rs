@@ -5,8 +5,8 @@
 
 use pptm::{Config, Error, Runtime, Variant};
 use pptm_downstream_fixture::{
-    EuclideanNorm, HuberLoss, HuberLossF64, LogPartition, SoftplusLayer, SoftplusSumF64,
-    SwishLayer, SwishLogSumExp, huber, swish,
+    EuclideanNorm, HuberLoss, HuberLossF64, LogPartition, RowNorms, RowSwishLogSumExp,
+    SoftplusLayer, SoftplusSumF64, SwishLayer, SwishLogSumExp, huber, swish,
 };
 use pptm_downstream_ops::softplus;
 use rand::Rng;
@@ -70,6 +70,38 @@ fn every_chain_matches_f64(rt: &Runtime) {
             assert!(
                 (f64::from(g) - want).abs() <= 1e-5 * mag + 1e-6 * want.abs() + 1e-30,
                 "{what}: swish layer {m}x{n}, row {i}: got {g}, f64 reference {want}"
+            );
+        }
+
+        // The same matrix's rows folded: one's own reduction and the other crate's, row-wise.
+        let ab = rt.upload(&a).unwrap();
+        let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
+        RowSwishLogSumExp::submit(rt, &ab, beta, &mut out, n)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (i, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let row = a[i * n..(i + 1) * n].iter();
+            let want = lse_f64(row.map(|&v| swish_f64(f64::from(v), f64::from(beta))));
+            assert!(
+                (f64::from(g) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{what}: row log-sum-exp of swish {m}x{n}, row {i}: got {g}, f64 reference {want}"
+            );
+        }
+        let mut out = rt.upload(&vec![f32::NAN; m]).unwrap();
+        RowNorms::submit(rt, &ab, &mut out, n)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (i, &g) in out.to_vec().unwrap().iter().enumerate() {
+            let want = a[i * n..(i + 1) * n]
+                .iter()
+                .map(|&v| f64::from(v).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                (f64::from(g) - want).abs() <= 1e-6 * want,
+                "{what}: row norm {m}x{n}, row {i}: got {g}, f64 reference {want}"
             );
         }
 

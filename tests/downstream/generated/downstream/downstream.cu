@@ -230,6 +230,63 @@ __device__ __forceinline__ double pptm_finish_8c7d565f(const pptm_desc& d, const
     return v;
 }
 
+// chain RowNorms: Square -> RootSum (Rows pattern)
+// spec hash 023addea46fd59c57d939b8f106739e45a4b8cc0f42b5230c00a0ab34b2aea4b, opcode 0x023addea
+struct pptm_env_023addea {
+    const float* a0;  // x
+    float* a1;  // out
+    uint64_t a2;  // rows
+    uint64_t a3;  // cols
+    __device__ explicit pptm_env_023addea(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]), a3(d.args[3]) {}
+};
+struct pptm_pro_023addea {
+    pptm_env_023addea e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));
+        return s0;
+    }
+};
+struct pptm_epi_023addea {
+    pptm_env_023addea e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_023addea(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_023addea e(d);
+    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_root_sum_reducer>(e.a2, e.a3, pptm_pro_023addea{e}, pptm_epi_023addea{e}, e.a1, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain RowSwishLogSumExp: Swish -> LogSumExp (Rows pattern)
+// spec hash f270fd6e69dabf28ff13ee7280a5e3000ee14535102bea823ac2c40e9fc6a654, opcode 0xf270fd6e
+struct pptm_env_f270fd6e {
+    const float* a0;  // x
+    float a1;  // beta
+    float* a2;  // out
+    uint64_t a3;  // rows
+    uint64_t a4;  // cols
+    __device__ explicit pptm_env_f270fd6e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_f270fd6e {
+    pptm_env_f270fd6e e;
+    __device__ __forceinline__ float operator()(uint64_t at) const {
+        const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + at), e.a1);
+        return s0;
+    }
+};
+struct pptm_epi_f270fd6e {
+    pptm_env_f270fd6e e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_f270fd6e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_f270fd6e e(d);
+    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a3, e.a4, pptm_pro_f270fd6e{e}, pptm_epi_f270fd6e{e}, e.a2, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain SoftplusLayer: Gemv -> Softplus (Gemv pattern)
 // spec hash 1a49f4e6d2ddfc840816382b926615c63523c876cc0a0416088c2f01a6117f61, opcode 0x1a49f4e6
 struct pptm_env_1a49f4e6 {
@@ -364,6 +421,8 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x087e587cu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLoss
     case 0xdce942bdu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // HuberLossF64
     case 0x8c7d565fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // LogPartition
+    case 0x023addeau: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2] | d.args[3]) < (1ull << 48);  // RowNorms
+    case 0xf270fd6eu: return ((d.args[0] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // RowSwishLogSumExp
     case 0x1a49f4e6u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // SoftplusLayer
     case 0x2a2fe069u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // SoftplusSumF64
     case 0x6fa76f28u: return ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5]) < (1ull << 48);  // SwishLayer
@@ -378,6 +437,8 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x087e587cu: return pptm_run_087e587c(d, b, partial);  // HuberLoss
     case 0xdce942bdu: return pptm_run_dce942bd(d, b, partial);  // HuberLossF64
     case 0x8c7d565fu: return pptm_run_8c7d565f(d, b, partial);  // LogPartition
+    case 0x023addeau: return pptm_run_023addea(d, b, partial);  // RowNorms
+    case 0xf270fd6eu: return pptm_run_f270fd6e(d, b, partial);  // RowSwishLogSumExp
     case 0x1a49f4e6u: return pptm_run_1a49f4e6(d, b, partial);  // SoftplusLayer
     case 0x2a2fe069u: return pptm_run_2a2fe069(d, b, partial);  // SoftplusSumF64
     case 0x6fa76f28u: return pptm_run_6fa76f28(d, b, partial);  // SwishLayer
@@ -400,6 +461,8 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x023addeau: return true;  // RowNorms
+    case 0xf270fd6eu: return true;  // RowSwishLogSumExp
     case 0x1a49f4e6u: return true;  // SoftplusLayer
     case 0x6fa76f28u: return true;  // SwishLayer
     default: return false;
@@ -509,6 +572,48 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         case 1: {  // LogSumExp
             const float* const in[1] = {scratch[0]};
             partial = pptm_map_reduce<1, pptm_user_log_sum_exp_reducer>(in, e.a3, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x023addeau: {  // RowNorms
+        const pptm_env_023addea e(d);
+        switch (stage) {
+        case 0: {  // Square
+            const uint64_t count = e.a2 * e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // RootSum
+            pptm_matrix_rows<pptm_no_reducer, pptm_user_root_sum_reducer>(e.a2, e.a3, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a1, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xf270fd6eu: {  // RowSwishLogSumExp
+        const pptm_env_f270fd6e e(d);
+        switch (stage) {
+        case 0: {  // Swish
+            const uint64_t count = e.a3 * e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + i), e.a1);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // LogSumExp
+            pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a3, e.a4, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a2, b);
+            partial = 0.0;
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
