@@ -1320,10 +1320,8 @@ mod tests {
             "struct pptm_pro_{t} {{\n    pptm_env_{t} e;\n    __device__ __forceinline__ float operator()(uint64_t at) const {{\n        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));"
         );
         assert!(src.contains(&pro), "{src}");
-        let epi = format!(
-            "const float (&v)[1]) const {{\n        pptm_check_finite(v[0]);\n        const float s2 = pptm_op_sigmoid(v[0]);"
-        );
-        assert!(src.contains(&epi), "{src}");
+        let epi = "const float (&v)[1]) const {\n        pptm_check_finite(v[0]);\n        const float s2 = pptm_op_sigmoid(v[0]);";
+        assert!(src.contains(epi), "{src}");
         let call = format!(
             "partial = pptm_matrix_rows<pptm_op_max_reduction_reducer, pptm_op_mean_reduction_reducer>(e.a1, e.a2, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, nullptr, b);"
         );
