@@ -37,14 +37,15 @@ SCHEMA = "pptm-bench/1"
 # Input streams and fixed parameters: the same numbers as bench/src/cases.rs.
 SEED = dict(KL_Q=1, KL_P=2, ACC_OBS=3, ACC_PRED=4, ACC_PREC=5, BEL_OBS=6, BEL_PRED=7, BEL_PREC=8,
             BEL_J=9, BEL_MU=10, DIST_X=11, TE_X=12, TE_Y=13, TE_Z=14, TE_EPS=15, GEMV_A=16,
-            GEMV_X=17, GEMV_Y=18, MM_A=19, MM_W=20, MM_B=21, MM16_A=22, MM16_W=23, MM16_B=24)
+            GEMV_X=17, GEMV_Y=18, MM_A=19, MM_W=20, MM_B=21, MM16_A=22, MM16_W=23, MM16_B=24,
+            RES_X=25, RES_Y=26)
 BELIEF_LR = 0.1
 GEMV_ALPHA, GEMV_BETA = 1.0, 0.5
 KTH_K, KTH_D = 4, 4
 TE_K, TE_EPS_SCALE = 4, 0.1
 PSI_K = sum(1.0 / i for i in range(1, TE_K)) - 0.5772156649015329  # digamma(TE_K)
 SIZES = ["small", "medium", "large"]
-CHAINS = ["kl_complexity", "accuracy_pipeline", "belief_update", "belief_update_bf16",
+CHAINS = ["kl_complexity", "accuracy_pipeline", "row_squared_residual", "belief_update", "belief_update_bf16",
           "distance_kth", "te_reduction", "gemv_axpby_sum", "gemv_axpby_sum_bf16",
           "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
 # What a result must match its float64 reference to: 1e-4, but 1e-2 where PyTorch rounds to bf16
@@ -92,6 +93,13 @@ def cases(torch):
                                     t(SEED["ACC_PREC"], n, d)),
                     lambda o, p, w: -0.5 * (w * (o - p) ** 2).sum(),
                     True))
+    for size, (rows, cols) in zip(SIZES, [(64, 64), (1024, 1024), (16384, 4096)]):
+        n = rows * cols
+        out.append(("row_squared_residual", size, f"{rows} x {cols}", n, 8 * n + 4 * rows, 5 * n,
+                    lambda d, n=n, rows=rows, cols=cols: (t(SEED["RES_X"], n, d, (rows, cols)),
+                                                          t(SEED["RES_Y"], n, d, (rows, cols))),
+                    lambda x, y: ((1.0 * x - 0.5 * y) ** 2).sum(dim=1),
+                    False))
     for size, n in zip(SIZES, [256, 1024, 4096]):
         m = n
         out.append(("belief_update", size, f"m = n = {n}", n, 4 * (m * n + 3 * m + 2 * n),

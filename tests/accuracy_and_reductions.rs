@@ -76,12 +76,12 @@ fn accuracy_pipeline_matches_f64_reference(rt: &Runtime) {
 fn mean_reduction_divides_by_n(rt: &Runtime) {
     for n in [1usize, 7, 4096, (1 << 20) + 3] {
         let (q, p) = (positive(n), positive(n));
-        let want = common::kl_reference(&q, &p) / n as f64;
         let got = MeanKlTerm::submit(rt, &rt.upload(&q).unwrap(), &rt.upload(&p).unwrap())
             .unwrap()
             .wait()
             .unwrap();
-        assert_close(got, want, format_args!("n = {n}"));
+        // Random terms of both signs can nearly cancel: the allowance for their f32 rounding.
+        common::assert_kl_mean_close(got, &q, &p, format_args!("n = {n}"));
     }
     let empty = rt.upload::<f32>(&[]).unwrap();
     assert!(

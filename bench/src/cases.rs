@@ -233,15 +233,24 @@ pub fn all() -> Vec<Case> {
         cases.push(squared_residual(false, size, n));
         cases.push(squared_residual(true, size, n));
     }
+    // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
+    for (size, (rows, cols)) in
+        SIZES
+            .into_iter()
+            .zip([(64usize, 64usize), (1024, 1024), (16384, 4096)])
+    {
+        cases.push(row_squared_residual(size, rows, cols));
+    }
     cases
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 16] = [
+pub const CHAINS: [&str; 17] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
     "squared_residual_own_ops",
+    "row_squared_residual",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -353,6 +362,51 @@ fn squared_residual(own_ops: bool, size: &'static str, n: usize) -> Case {
                 value,
                 scale: value,
             }
+        }),
+    }
+}
+
+/// Σⱼ (α xᵢⱼ + β yᵢⱼ)² of each row of rows × cols matrices (src/own_ops.rs).
+fn row_squared_residual(size: &'static str, rows: usize, cols: usize) -> Case {
+    use crate::own_ops::RowSquaredResidual;
+    const ALPHA: f32 = 1.0;
+    const BETA: f32 = -0.5;
+    let n = rows * cols;
+    Case {
+        chain: "row_squared_residual",
+        domain: RowSquaredResidual::DOMAIN.name,
+        size,
+        shape: format!("{rows} x {cols}"),
+        x: n as f64,
+        bytes: 8.0 * n as f64 + 4.0 * rows as f64,
+        flops: 5.0 * n as f64,
+        prepare: Box::new(move |rt| {
+            let (x, y) = (
+                rt.upload(&uniform(seed::RES_X, n))?,
+                rt.upload(&uniform(seed::RES_Y, n))?,
+            );
+            let mut out = rt.alloc::<f32>(rows)?;
+            Ok(Box::new(move |read| {
+                let t = RowSquaredResidual::submit(rt, &x, &y, ALPHA, BETA, &mut out, cols)?
+                    .wait_timed()?;
+                vector(t.device, &out, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (x, y) = (uniform(seed::RES_X, n), uniform(seed::RES_Y, n));
+            let at = sample_indices(rows)
+                .into_iter()
+                .map(|r| {
+                    let v: f64 = (r * cols..(r + 1) * cols)
+                        .map(|e| {
+                            (f64::from(ALPHA) * f64::from(x[e]) + f64::from(BETA) * f64::from(y[e]))
+                                .powi(2)
+                        })
+                        .sum();
+                    (r, v, v)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
         }),
     }
 }

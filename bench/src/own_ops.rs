@@ -1,6 +1,7 @@
 //! One chain twice: built-in ops, and the same ops written as ops of one's own (`#[pptm::op]`),
 //! in one domain so that both run on the same manifold. pptm-bench times both (cases
-//! `squared_residual` and `squared_residual_own_ops`): user ops cost what built-ins cost.
+//! `squared_residual` and `squared_residual_own_ops`): user ops cost what built-ins cost. And the
+//! built-in chain folded per row of a matrix (`row_squared_residual`).
 
 use pptm::ops::{Axpby, Square, SumReduction};
 use pptm::{FusionBuilder, op};
@@ -45,4 +46,17 @@ pub struct SquaredResidualOwnOps {
     square: OwnSquare,
     #[stage(3, reduction = true)]
     total: OwnSum,
+}
+
+/// Σⱼ (α xᵢⱼ + β yᵢⱼ)² of each row i of rows × cols matrices: the same ops, folded per row
+/// (`per_row = true`, the `Rows` pass), one value per row stored.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct RowSquaredResidual {
+    #[stage(1)]
+    residual: Axpby,
+    #[stage(2)]
+    square: Square,
+    #[stage(3, reduction = true, per_row = true)]
+    total: SumReduction,
 }

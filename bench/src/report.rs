@@ -393,7 +393,8 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             "kl_complexity"
             | "accuracy_pipeline"
             | "squared_residual"
-            | "squared_residual_own_ops" => "elements",
+            | "squared_residual_own_ops"
+            | "row_squared_residual" => "elements",
             "distance_kth" | "te_reduction" => "points",
             "matmul_bias_gelu" => "m (shapes in REPORT.md)",
             _ => "matrix side (m = n)",

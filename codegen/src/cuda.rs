@@ -391,6 +391,35 @@ fn row_ctor(c: &ChainIr, st: &StageIr) -> (u8, String) {
     (pch, format!("{ty}{{{}}}", args.join(", ")))
 }
 
+/// The body functor of a streaming pass (`pptm_body_<tag>`): the prologue's stages for one
+/// element, from the values of `inputs` (descriptor slots) loaded at it, `x[k]` for the k-th.
+fn map_body(out: &mut String, c: &ChainIr, inputs: &[usize]) {
+    let t = tag(c);
+    let nin = inputs.len();
+    let _ = writeln!(out, "struct pptm_body_{t} {{");
+    let _ = writeln!(out, "    pptm_env_{t} e;");
+    let _ = writeln!(
+        out,
+        "    __device__ __forceinline__ {} operator()(const float (&x)[{nin}]) const {{",
+        range_type(c, &c.plan.prologue)
+    );
+    let first = match c.stages[0].inputs[0] {
+        Source::Arg(slot) => {
+            format!("x[{}]", inputs.iter().position(|&x| x == slot).unwrap())
+        }
+        Source::Stage(_) => unreachable!(),
+    };
+    let v = emit_stages(
+        out,
+        c,
+        c.plan.prologue.clone(),
+        vec![first],
+        &Load::Loaded(inputs),
+    );
+    let _ = writeln!(out, "        return {};", v[0]);
+    let _ = writeln!(out, "    }}\n}};");
+}
+
 /// The epilogue functor of a row-wise pass (`pptm_epi_<tag>`): from the values the row stage `s`
 /// made for row (point) i, the chain's value for it. A row-wise reduction declared `finite` is
 /// checked here, on the value as it is stored (f32).
@@ -548,28 +577,7 @@ fn variant(out: &mut String, c: &ChainIr) {
         Pattern::Map => {
             let inputs: Vec<usize> = c.input_slots().map(|(slot, _)| slot).collect();
             let nin = inputs.len();
-            let _ = writeln!(out, "struct pptm_body_{t} {{");
-            let _ = writeln!(out, "    pptm_env_{t} e;");
-            let _ = writeln!(
-                out,
-                "    __device__ __forceinline__ {} operator()(const float (&x)[{nin}]) const {{",
-                range_type(c, &plan.prologue)
-            );
-            let first = match c.stages[0].inputs[0] {
-                Source::Arg(slot) => {
-                    format!("x[{}]", inputs.iter().position(|&x| x == slot).unwrap())
-                }
-                Source::Stage(_) => unreachable!(),
-            };
-            let v = emit_stages(
-                out,
-                c,
-                plan.prologue.clone(),
-                vec![first],
-                &Load::Loaded(&inputs),
-            );
-            let _ = writeln!(out, "        return {};", v[0]);
-            let _ = writeln!(out, "    }}\n}};");
+            map_body(out, c, &inputs);
             let ptrs: Vec<String> = inputs.iter().map(|&s| field(s)).collect();
             let _ = writeln!(
                 call,
@@ -775,27 +783,32 @@ fn variant(out: &mut String, c: &ChainIr) {
         }
         Pattern::Rows => {
             let a = plan.anchor.expect("anchored");
-            // The prologue: element `at` of the matrix whose rows are folded. (Elementwise ops
-            // read no `Row` inputs: those are a broadcast's, which needs a matrix anchor.)
-            let _ = writeln!(out, "struct pptm_pro_{t} {{");
-            let _ = writeln!(out, "    pptm_env_{t} e;");
-            let _ = writeln!(
-                out,
-                "    __device__ __forceinline__ {} operator()(uint64_t at) const {{",
-                range_type(c, &plan.prologue)
-            );
-            let load = Load::At {
-                index: "at",
-                column: "at",
-            };
-            let v = emit_stages(out, c, plan.prologue.clone(), first_flow(c, "at"), &load);
-            let _ = writeln!(out, "        return {};", v[0]);
-            let _ = writeln!(out, "    }}\n}};");
+            // The prologue, as a map's body over the buffers it reads (those of the epilogue
+            // are read once per row, by the epilogue).
+            let mut inputs: Vec<usize> = Vec::new();
+            for st in &c.stages[..=a] {
+                for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
+                    if let Source::Arg(slot) = *src
+                        && !p.ty.is_by_value()
+                        && !inputs.contains(&slot)
+                    {
+                        inputs.push(slot);
+                    }
+                }
+            }
+            let nin = inputs.len();
+            map_body(out, c, &inputs);
             row_epilogue(out, c, a);
+            let ptrs: Vec<String> = inputs.iter().map(|&s| field(s)).collect();
+            let _ = writeln!(
+                call,
+                "    const float* const in[{nin}] = {{{}}};",
+                ptrs.join(", ")
+            );
             let (rows, cols) = matrix_rows(c, a);
             let _ = writeln!(
                 call,
-                "    partial = pptm_matrix_rows<{r}, {}>({rows}, {cols}, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);",
+                "    partial = pptm_matrix_rows<{nin}, {r}, {}>(in, {rows}, {cols}, pptm_body_{t}{{e}}, pptm_epi_{t}{{e}}, {store}, b);",
                 c.stages[a].op.device
             );
         }
@@ -1104,7 +1117,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let (rows, cols) = matrix_rows(c, s);
                     let _ = writeln!(
                         body,
-                        "            pptm_matrix_rows<pptm_no_reducer, {}>({rows}, {cols}, pptm_load_at{{{src}}}, pptm_pass_row<{}>{{}}, {dst}, b);",
+                        "            const float* const in[1] = {{{src}}};\n            pptm_matrix_rows<1, pptm_no_reducer, {}>(in, {rows}, {cols}, pptm_take_first{{}}, pptm_pass_row<{}>{{}}, {dst}, b);",
                         st.op.device, st.finite
                     );
                 }
@@ -1317,20 +1330,20 @@ mod tests {
         let t = tag(&ir);
         let src = domain_source("inference", std::slice::from_ref(&ir));
         let pro = format!(
-            "struct pptm_pro_{t} {{\n    pptm_env_{t} e;\n    __device__ __forceinline__ float operator()(uint64_t at) const {{\n        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));"
+            "struct pptm_body_{t} {{\n    pptm_env_{t} e;\n    __device__ __forceinline__ float operator()(const float (&x)[1]) const {{\n        const float s0 = pptm_op_square(x[0]);"
         );
         assert!(src.contains(&pro), "{src}");
         let epi = "const float (&v)[1]) const {\n        pptm_check_finite(v[0]);\n        const float s2 = pptm_op_sigmoid(v[0]);";
         assert!(src.contains(epi), "{src}");
         let call = format!(
-            "partial = pptm_matrix_rows<pptm_op_max_reduction_reducer, pptm_op_mean_reduction_reducer>(e.a1, e.a2, pptm_pro_{t}{{e}}, pptm_epi_{t}{{e}}, nullptr, b);"
+            "const float* const in[1] = {{e.a0}};\n    partial = pptm_matrix_rows<1, pptm_op_max_reduction_reducer, pptm_op_mean_reduction_reducer>(in, e.a1, e.a2, pptm_body_{t}{{e}}, pptm_epi_{t}{{e}}, nullptr, b);"
         );
         assert!(src.contains(&call), "{src}");
         assert!(
             src.contains(&format!("__device__ __noinline__ uint32_t pptm_run_{t}(")),
             "{src}"
         );
-        let unfused = "pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a1, e.a2, pptm_load_at{scratch[0]}, pptm_pass_row<true>{}, scratch[1], b);";
+        let unfused = "const float* const in[1] = {scratch[0]};\n            pptm_matrix_rows<1, pptm_no_reducer, pptm_op_mean_reduction_reducer>(in, e.a1, e.a2, pptm_take_first{}, pptm_pass_row<true>{}, scratch[1], b);";
         assert!(src.contains(unfused), "{src}");
     }
 

@@ -258,10 +258,10 @@ struct pptm_env_51d4c44f {
     uint64_t a3;  // cols
     __device__ explicit pptm_env_51d4c44f(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]), a3(d.args[3]) {}
 };
-struct pptm_pro_51d4c44f {
+struct pptm_body_51d4c44f {
     pptm_env_51d4c44f e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        return pptm_ld_cg_f32(e.a0 + at);
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        return x[0];
     }
 };
 struct pptm_epi_51d4c44f {
@@ -272,7 +272,8 @@ struct pptm_epi_51d4c44f {
 };
 __device__ __noinline__ uint32_t pptm_run_51d4c44f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_51d4c44f e(d);
-    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a2, e.a3, pptm_pro_51d4c44f{e}, pptm_epi_51d4c44f{e}, e.a1, b);
+    const float* const in[1] = {e.a0};
+    partial = pptm_matrix_rows<1, pptm_no_reducer, pptm_user_log_sum_exp_reducer>(in, e.a2, e.a3, pptm_body_51d4c44f{e}, pptm_epi_51d4c44f{e}, e.a1, b);
     return PPTM_STATUS_OK;
 }
 
@@ -312,10 +313,10 @@ struct pptm_env_72c5502e {
     uint64_t a4;  // cols
     __device__ explicit pptm_env_72c5502e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
 };
-struct pptm_pro_72c5502e {
+struct pptm_body_72c5502e {
     pptm_env_72c5502e e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + at), e.a1);
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_user_swish(x[0], e.a1);
         return s0;
     }
 };
@@ -328,7 +329,8 @@ struct pptm_epi_72c5502e {
 };
 __device__ __noinline__ uint32_t pptm_run_72c5502e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_72c5502e e(d);
-    partial = pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a3, e.a4, pptm_pro_72c5502e{e}, pptm_epi_72c5502e{e}, e.a2, b);
+    const float* const in[1] = {e.a0};
+    partial = pptm_matrix_rows<1, pptm_no_reducer, pptm_op_mean_reduction_reducer>(in, e.a3, e.a4, pptm_body_72c5502e{e}, pptm_epi_72c5502e{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -343,10 +345,10 @@ struct pptm_env_24fa569d {
     uint64_t a5;  // cols
     __device__ explicit pptm_env_24fa569d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]) {}
 };
-struct pptm_pro_24fa569d {
+struct pptm_body_24fa569d {
     pptm_env_24fa569d e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        const float s0 = pptm_user_weighted_sq_err(pptm_ld_cg_f32(e.a0 + at), e.a1, pptm_ld_cg_f32(e.a2 + at));
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_user_weighted_sq_err(x[0], e.a1, x[1]);
         return s0;
     }
 };
@@ -358,7 +360,8 @@ struct pptm_epi_24fa569d {
 };
 __device__ __noinline__ uint32_t pptm_run_24fa569d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_24fa569d e(d);
-    partial = pptm_matrix_rows<pptm_no_reducer, pptm_op_sum_reduction_reducer>(e.a4, e.a5, pptm_pro_24fa569d{e}, pptm_epi_24fa569d{e}, e.a3, b);
+    const float* const in[2] = {e.a0, e.a2};
+    partial = pptm_matrix_rows<2, pptm_no_reducer, pptm_op_sum_reduction_reducer>(in, e.a4, e.a5, pptm_body_24fa569d{e}, pptm_epi_24fa569d{e}, e.a3, b);
     return PPTM_STATUS_OK;
 }
 
@@ -477,10 +480,10 @@ struct pptm_env_d4307c39 {
     uint64_t a2;  // cols
     __device__ explicit pptm_env_d4307c39(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]), a2(d.args[2]) {}
 };
-struct pptm_pro_d4307c39 {
+struct pptm_body_d4307c39 {
     pptm_env_d4307c39 e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_op_square(x[0]);
         return s0;
     }
 };
@@ -492,7 +495,8 @@ struct pptm_epi_d4307c39 {
 };
 __device__ __noinline__ uint32_t pptm_run_d4307c39(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d4307c39 e(d);
-    partial = pptm_matrix_rows<pptm_op_max_reduction_reducer, pptm_user_root_mean_reducer>(e.a1, e.a2, pptm_pro_d4307c39{e}, pptm_epi_d4307c39{e}, nullptr, b);
+    const float* const in[1] = {e.a0};
+    partial = pptm_matrix_rows<1, pptm_op_max_reduction_reducer, pptm_user_root_mean_reducer>(in, e.a1, e.a2, pptm_body_d4307c39{e}, pptm_epi_d4307c39{e}, nullptr, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d4307c39(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -665,7 +669,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         const pptm_env_51d4c44f e(d);
         switch (stage) {
         case 0: {  // LogSumExp
-            pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a2, e.a3, pptm_load_at{e.a0}, pptm_pass_row<false>{}, e.a1, b);
+            const float* const in[1] = {e.a0};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_user_log_sum_exp_reducer>(in, e.a2, e.a3, pptm_take_first{}, pptm_pass_row<false>{}, e.a1, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -717,7 +722,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             return PPTM_STATUS_OK;
         }
         case 1: {  // MeanReduction
-            pptm_matrix_rows<pptm_no_reducer, pptm_op_mean_reduction_reducer>(e.a3, e.a4, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, scratch[1], b);
+            const float* const in[1] = {scratch[0]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_op_mean_reduction_reducer>(in, e.a3, e.a4, pptm_take_first{}, pptm_pass_row<false>{}, scratch[1], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -748,7 +754,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             return PPTM_STATUS_OK;
         }
         case 1: {  // SumReduction
-            pptm_matrix_rows<pptm_no_reducer, pptm_op_sum_reduction_reducer>(e.a4, e.a5, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a3, b);
+            const float* const in[1] = {scratch[0]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_op_sum_reduction_reducer>(in, e.a4, e.a5, pptm_take_first{}, pptm_pass_row<false>{}, e.a3, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -853,7 +860,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             return PPTM_STATUS_OK;
         }
         case 1: {  // RootMean
-            pptm_matrix_rows<pptm_no_reducer, pptm_user_root_mean_reducer>(e.a1, e.a2, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, scratch[1], b);
+            const float* const in[1] = {scratch[0]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_user_root_mean_reducer>(in, e.a1, e.a2, pptm_take_first{}, pptm_pass_row<false>{}, scratch[1], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

@@ -177,39 +177,68 @@ __device__ __forceinline__ double pptm_combine_partials(const double* partials, 
     return pptm_block_reduce<R>(acc, smem);
 }
 
-// Elements a lane of pptm_matrix_rows loads before it folds them.
-#define PPTM_ROW_LOADS 8
-
-// A row-wise reduction over a row-major matrix of `rows` rows and `cols` columns, with the
-// elementwise stages before it fused in: row i's value is RR::finish of RR folding pro(i * cols + j)
-// over j, with `cols` as the count; epi(i, v) turns it into the chain's value for the row, which is
-// stored to out[i] (unless out is nullptr) and folded into the block's partial with the chain's
-// reducer R (pptm_no_reducer when the chain has none). Returns the block's partial (thread 0).
+// A row-wise reduction over row-major matrices of `rows` rows and `cols` columns, with the
+// elementwise stages before it fused in: row i's value is RR::finish of RR folding f(x) over its
+// columns j, x being the NIN inputs' elements at i * cols + j, with `cols` as the count; epi(i, v)
+// turns it into the chain's value for the row, which is stored to out[i] (unless out is nullptr)
+// and folded into the block's partial with the chain's reducer R (pptm_no_reducer when the chain
+// has none). Returns the block's partial (thread 0).
 //
 // One warp per row, rows spread grid-stride over (block, warp), so any block count is correct.
-// Lanes take every 32nd element, so each load of the warp is 128 consecutive bytes, and fold in f64
-// as pptm_map_reduce does; PPTM_ROW_LOADS elements a lane are loaded before any is folded. The
-// warp then merges its lanes' values and lane 0 finishes the row. Rows far shorter than 32 leave
+// Lanes take consecutive elements, 16 bytes at a time where every row of every input starts
+// 16-byte aligned (aligned pointers, cols a multiple of 4), one at a time otherwise, with as many
+// loads in flight as pptm_map_reduce keeps, and fold in f64 as it does. The warp then merges its
+// lanes' values and lane 0 finishes the row. Rows much shorter than 32 (or 128) elements leave
 // lanes idle; rows of any length are correct.
-template <class R, class RR, class Pro, class Epi>
-__device__ __forceinline__ double pptm_matrix_rows(uint64_t rows, uint64_t cols, const Pro& pro, const Epi& epi,
-                                                   float* out, const pptm_block_ctx& b) {
+template <int NIN, class R, class RR, class F, class Epi>
+__device__ __forceinline__ double pptm_matrix_rows(const float* const (&in)[NIN], uint64_t rows, uint64_t cols,
+                                                   const F& f, const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr int U = pptm_unroll<NIN>::value;
     constexpr unsigned warps = PPTM_BLOCK_THREADS / 32;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const bool vec = pptm_all_aligned16<NIN>(in) && cols % 4 == 0;
     double acc = R::identity();
     for (uint64_t i = (uint64_t)b.block * warps + warp; i < rows; i += (uint64_t)b.nblocks * warps) {
         pptm_tick(b);
         const uint64_t base = i * cols;
         double row = RR::identity();
-        uint64_t j = lane;
-        for (; j + (PPTM_ROW_LOADS - 1) * 32u < cols; j += PPTM_ROW_LOADS * 32u) {
-            float v[PPTM_ROW_LOADS];
+        if (vec) {
+            const uint64_t base4 = base / 4, cols4 = cols / 4;
+            uint64_t j = lane;
+            for (; j + (U - 1) * 32u < cols4; j += U * 32u) {
+                pptm_f4 v[U][NIN];
 #pragma unroll
-            for (int u = 0; u < PPTM_ROW_LOADS; ++u) v[u] = (float)pro(base + j + u * 32u);
+                for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int u = 0; u < PPTM_ROW_LOADS; ++u) row = RR::combine(row, (double)v[u]);
+                    for (int k = 0; k < NIN; ++k) v[u][k] = pptm_ld_cg_f4(in[k] + 4 * (base4 + j + u * 32u));
+#pragma unroll
+                for (int u = 0; u < U; ++u) row = pptm_fold4<NIN, RR>(v[u], f, row);
+            }
+            for (; j < cols4; j += 32u) {
+                pptm_f4 v[NIN];
+#pragma unroll
+                for (int k = 0; k < NIN; ++k) v[k] = pptm_ld_cg_f4(in[k] + 4 * (base4 + j));
+                row = pptm_fold4<NIN, RR>(v, f, row);
+            }
+        } else {
+            constexpr int S = 4 * U;  // as many bytes in flight as the 16-byte path
+            uint64_t j = lane;
+            for (; j + (S - 1) * 32u < cols; j += S * 32u) {
+                float x[S][NIN];
+#pragma unroll
+                for (int u = 0; u < S; ++u)
+#pragma unroll
+                    for (int k = 0; k < NIN; ++k) x[u][k] = pptm_ld_cg_f32(in[k] + base + j + u * 32u);
+#pragma unroll
+                for (int u = 0; u < S; ++u) row = RR::combine(row, (double)f(x[u]));
+            }
+            for (; j < cols; j += 32u) {
+                float x[NIN];
+#pragma unroll
+                for (int k = 0; k < NIN; ++k) x[k] = pptm_ld_cg_f32(in[k] + base + j);
+                row = RR::combine(row, (double)f(x));
+            }
         }
-        for (; j < cols; j += 32u) row = RR::combine(row, (double)pro(base + j));
 #pragma unroll
         for (int offset = 16; offset > 0; offset >>= 1) row = RR::combine(row, __shfl_xor_sync(0xffffffffu, row, offset));
         if (lane == 0) {

@@ -330,12 +330,22 @@ pub fn kl_term(q: f32, p: f32) -> f64 {
 /// and the term's rounding), so the allowance is that bound summed; the terms themselves are held
 /// to REL_TOL of their own value elsewhere (kl_chain.rs, kl_terms_of_nearly_equal_q_and_p).
 pub fn assert_kl_sum_close(got: f32, q: &[f32], p: &[f32], what: impl std::fmt::Display) {
-    let want = kl_reference(q, p);
+    assert_kl_total_close(got, q, p, 1.0, what);
+}
+
+/// As [`assert_kl_sum_close`], for the mean of the terms (the sum and its allowance over n).
+pub fn assert_kl_mean_close(got: f32, q: &[f32], p: &[f32], what: impl std::fmt::Display) {
+    assert_kl_total_close(got, q, p, q.len() as f64, what);
+}
+
+fn assert_kl_total_close(got: f32, q: &[f32], p: &[f32], n: f64, what: impl std::fmt::Display) {
+    let want = kl_reference(q, p) / n;
     let rounding: f64 = q
         .iter()
         .zip(p)
         .map(|(&qi, &pi)| (f64::from(qi).abs() + kl_term(qi, pi).abs()) * 2f64.powi(-22))
-        .sum();
+        .sum::<f64>()
+        / n;
     let err = (f64::from(got) - want).abs();
     assert!(
         err <= REL_TOL * want.abs() + rounding,

@@ -68,6 +68,39 @@ struct pptm_user_own_sum_reducer {
     }
 };
 
+// chain RowSquaredResidual: Axpby -> Square -> SumReduction (Rows pattern)
+// spec hash 7fefaafacff1f53a730a044e79b431fe27cbe76cda20dd8e23ac6ed47d51c8b7, opcode 0x7fefaafa
+struct pptm_env_7fefaafa {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    float* a4;  // out
+    uint64_t a5;  // rows
+    uint64_t a6;  // cols
+    __device__ explicit pptm_env_7fefaafa(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_body_7fefaafa {
+    pptm_env_7fefaafa e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        const float s1 = pptm_op_square(s0);
+        return s1;
+    }
+};
+struct pptm_epi_7fefaafa {
+    pptm_env_7fefaafa e;
+    __device__ __forceinline__ float operator()(uint64_t i, const float (&v)[1]) const {
+        return v[0];
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_7fefaafa(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_7fefaafa e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    partial = pptm_matrix_rows<2, pptm_no_reducer, pptm_op_sum_reduction_reducer>(in, e.a5, e.a6, pptm_body_7fefaafa{e}, pptm_epi_7fefaafa{e}, e.a4, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain SquaredResidual: Axpby -> Square -> SumReduction (Map pattern)
 // spec hash 553d6e1efcb683db5c6160ad8f7ee7dc9ab6129216821316fe4c2d699a7bfd28, opcode 0x553d6e1e
 struct pptm_env_553d6e1e {
@@ -130,6 +163,7 @@ __device__ __forceinline__ double pptm_finish_0170542f(const pptm_desc& d, const
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
+    case 0x7fefaafau: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // RowSquaredResidual
     case 0x553d6e1eu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidual
     case 0x0170542fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidualOwnOps
     default: return true;
@@ -138,6 +172,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
+    case 0x7fefaafau: return pptm_run_7fefaafa(d, b, partial);  // RowSquaredResidual
     case 0x553d6e1eu: return pptm_run_553d6e1e(d, b, partial);  // SquaredResidual
     case 0x0170542fu: return pptm_run_0170542f(d, b, partial);  // SquaredResidualOwnOps
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
@@ -154,6 +189,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x7fefaafau: return true;  // RowSquaredResidual
     default: return false;
     }
 }
@@ -167,6 +203,38 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
+    case 0x7fefaafau: {  // RowSquaredResidual
+        const pptm_env_7fefaafa e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a5 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Square
+            const uint64_t count = e.a5 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_square(pptm_ld_cg_f32(scratch[0] + i));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // SumReduction
+            const float* const in[1] = {scratch[1]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_op_sum_reduction_reducer>(in, e.a5, e.a6, pptm_take_first{}, pptm_pass_row<false>{}, e.a4, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x553d6e1eu: {  // SquaredResidual
         const pptm_env_553d6e1e e(d);
         switch (stage) {

@@ -239,10 +239,10 @@ struct pptm_env_023addea {
     uint64_t a3;  // cols
     __device__ explicit pptm_env_023addea(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]), a3(d.args[3]) {}
 };
-struct pptm_pro_023addea {
+struct pptm_body_023addea {
     pptm_env_023addea e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + at));
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_op_square(x[0]);
         return s0;
     }
 };
@@ -254,7 +254,8 @@ struct pptm_epi_023addea {
 };
 __device__ __noinline__ uint32_t pptm_run_023addea(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_023addea e(d);
-    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_root_sum_reducer>(e.a2, e.a3, pptm_pro_023addea{e}, pptm_epi_023addea{e}, e.a1, b);
+    const float* const in[1] = {e.a0};
+    partial = pptm_matrix_rows<1, pptm_no_reducer, pptm_user_root_sum_reducer>(in, e.a2, e.a3, pptm_body_023addea{e}, pptm_epi_023addea{e}, e.a1, b);
     return PPTM_STATUS_OK;
 }
 
@@ -268,10 +269,10 @@ struct pptm_env_f270fd6e {
     uint64_t a4;  // cols
     __device__ explicit pptm_env_f270fd6e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
 };
-struct pptm_pro_f270fd6e {
+struct pptm_body_f270fd6e {
     pptm_env_f270fd6e e;
-    __device__ __forceinline__ float operator()(uint64_t at) const {
-        const float s0 = pptm_user_swish(pptm_ld_cg_f32(e.a0 + at), e.a1);
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_user_swish(x[0], e.a1);
         return s0;
     }
 };
@@ -283,7 +284,8 @@ struct pptm_epi_f270fd6e {
 };
 __device__ __noinline__ uint32_t pptm_run_f270fd6e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_f270fd6e e(d);
-    partial = pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a3, e.a4, pptm_pro_f270fd6e{e}, pptm_epi_f270fd6e{e}, e.a2, b);
+    const float* const in[1] = {e.a0};
+    partial = pptm_matrix_rows<1, pptm_no_reducer, pptm_user_log_sum_exp_reducer>(in, e.a3, e.a4, pptm_body_f270fd6e{e}, pptm_epi_f270fd6e{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -591,7 +593,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             return PPTM_STATUS_OK;
         }
         case 1: {  // RootSum
-            pptm_matrix_rows<pptm_no_reducer, pptm_user_root_sum_reducer>(e.a2, e.a3, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a1, b);
+            const float* const in[1] = {scratch[0]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_user_root_sum_reducer>(in, e.a2, e.a3, pptm_take_first{}, pptm_pass_row<false>{}, e.a1, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -612,7 +615,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             return PPTM_STATUS_OK;
         }
         case 1: {  // LogSumExp
-            pptm_matrix_rows<pptm_no_reducer, pptm_user_log_sum_exp_reducer>(e.a3, e.a4, pptm_load_at{scratch[0]}, pptm_pass_row<false>{}, e.a2, b);
+            const float* const in[1] = {scratch[0]};
+            pptm_matrix_rows<1, pptm_no_reducer, pptm_user_log_sum_exp_reducer>(in, e.a3, e.a4, pptm_take_first{}, pptm_pass_row<false>{}, e.a2, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
