@@ -186,8 +186,8 @@ __device__ __forceinline__ double pptm_combine_partials(const double* partials, 
 //
 // One warp per row, rows spread grid-stride over (block, warp), so any block count is correct.
 // Lanes take consecutive elements, 16 bytes at a time where every row of every input starts
-// 16-byte aligned (aligned pointers, cols a multiple of 4), one at a time otherwise, with as many
-// loads in flight as pptm_map_reduce keeps, and fold in f64 as it does. The warp then merges its
+// 16-byte aligned (aligned pointers, cols a multiple of 4) with as many loads in flight as
+// pptm_map_reduce keeps, one at a time otherwise, and fold in f64 as it does. The warp then merges its
 // lanes' values and lane 0 finishes the row. Rows much shorter than 32 (or 128) elements leave
 // lanes idle; rows of any length are correct.
 template <int NIN, class R, class RR, class F, class Epi>
@@ -221,7 +221,9 @@ __device__ __forceinline__ double pptm_matrix_rows(const float* const (&in)[NIN]
                 row = pptm_fold4<NIN, RR>(v, f, row);
             }
         } else {
-            constexpr int S = 4 * U;  // as many bytes in flight as the 16-byte path
+            // U scalar loads an input in flight: four times as many, unrolled, made the PTX of a
+            // chain with a costly combine (a log-sum-exp) about 1 MB larger.
+            constexpr int S = U;
             uint64_t j = lane;
             for (; j + (S - 1) * 32u < cols; j += S * 32u) {
                 float x[S][NIN];
