@@ -1509,16 +1509,9 @@ impl ChainIr {
         // Products a batched matmul computes (1 for every other op).
         let batch = st.dim("batch").map_or(1, |d| sizes[d]);
         let blocks = match st.op.class {
-            // Rows of a matrix, one a warp: no more blocks than a map pass over as many elements
-            // takes, so that a small matrix stays on one block (no grid-wide arrival).
-            FusionClass::Reduction if st.per_row => self
-                .stage_output_len(s, sizes)
-                .div_ceil(work::ROWS_PER_BLOCK)
-                .min(
-                    self.flow_elements(s, sizes)
-                        .div_ceil(work::MAP_ELEMS_PER_BLOCK),
-                ),
-            // A pairwise stage's points, one a warp (each point's row costs n pairs).
+            // Rows (of a matrix, or a pairwise stage's points), one a warp. A small matrix too:
+            // on one block, each warp's rows are folded one after the other, a memory round trip
+            // each, and 64 x 64 took 4.7 µs on the device against 3.8 on four blocks (H100).
             FusionClass::Reduction if self.folds_rows(s) => self
                 .stage_output_len(s, sizes)
                 .div_ceil(work::ROWS_PER_BLOCK),
@@ -2193,24 +2186,20 @@ mod tests {
             &sizes,
         );
         assert_eq!(got, Evaluated::Vector(vec![14.0, 77.0]));
-        // A warp a row, 16 rows a block, but no more blocks than a map over the elements asks.
-        use crate::work::{MAP_ELEMS_PER_BLOCK, ROWS_PER_BLOCK};
+        // A warp a row, 16 rows a block, whatever the row length.
         for (rows, cols) in [
             (100_000usize, 3usize),
             (100_000, 3000),
             (64, 64),
             (1, 1 << 26),
         ] {
-            let want = rows
-                .div_ceil(ROWS_PER_BLOCK)
-                .min((rows * cols).div_ceil(MAP_ELEMS_PER_BLOCK));
+            let want = rows.div_ceil(crate::work::ROWS_PER_BLOCK);
             assert_eq!(
                 chi2.blocks_for(&[rows, cols]) as usize,
                 want,
                 "{rows} x {cols}"
             );
         }
-        assert_eq!(chi2.blocks_for(&[64, 64]), 1);
         // Rows of zero length finish the identity (a mean's is NaN), and no rows make nothing.
         let means = lower(&chain(vec![per_row(1, "MeanReduction")])).unwrap();
         let sizes = means
