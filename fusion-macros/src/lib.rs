@@ -135,6 +135,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     // gives.
     let mut params = Vec::new();
     let mut bindings = Vec::new();
+    // The same for a pipeline's `push`: buffers as the pipeline's handles.
+    let mut pparams = Vec::new();
+    let mut pbindings = Vec::new();
     for a in &ir.args {
         let f = syn::Ident::new(&a.name, Span::call_site());
         let fname = &a.name;
@@ -154,23 +157,33 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 };
                 params.push(quote! { #f: &'a ::pptm::Buffer<#elem> });
                 bindings.push(quote! { ::pptm::Arg::Input(#fname, ::pptm::InputBuffer::from(#f)) });
+                pparams.push(quote! { #f: impl ::core::convert::Into<::pptm::PipeInput<'p>> });
+                pbindings.push(quote! { ::pptm::PipeArg::Input(#fname, #f.into()) });
             }
             ArgKind::Output => {
                 params.push(quote! { #f: &'a mut ::pptm::Buffer<f32> });
                 bindings.push(quote! { ::pptm::Arg::Output(#fname, #f) });
+                pparams.push(quote! { #f: ::pptm::PipeOutput });
+                pbindings.push(quote! { ::pptm::PipeArg::Output(#fname, #f) });
             }
             ArgKind::F32 => {
                 params.push(quote! { #f: f32 });
                 bindings.push(quote! { ::pptm::Arg::F32(#fname, #f) });
+                pparams.push(quote! { #f: f32 });
+                pbindings.push(quote! { ::pptm::PipeArg::F32(#fname, #f) });
             }
             ArgKind::U32 => {
                 params.push(quote! { #f: u32 });
                 bindings.push(quote! { ::pptm::Arg::U32(#fname, #f) });
+                pparams.push(quote! { #f: u32 });
+                pbindings.push(quote! { ::pptm::PipeArg::U32(#fname, #f) });
             }
             ArgKind::Len => {
                 if ir.dims[a.dim.expect("len slot")].inferred_from.is_none() {
                     params.push(quote! { #f: usize });
                     bindings.push(quote! { ::pptm::Arg::Dim(#fname, #f) });
+                    pparams.push(quote! { #f: usize });
+                    pbindings.push(quote! { ::pptm::PipeArg::Dim(#fname, #f) });
                 }
             }
             // Filled in by the runtime.
@@ -308,6 +321,16 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             #[allow(clippy::too_many_arguments, reason = "one parameter per chain argument, in descriptor order")]
             #vis fn submit<'a>(rt: &::pptm::Runtime, #(#params),*) -> ::core::result::Result<::pptm::Ticket<'a, #output_ty>, ::pptm::Error> {
                 rt.submit_chain::<Self>(::std::vec![#(#bindings),*])
+            }
+
+            /// Pushes one item to `pipeline`, after every item pushed before it: `submit`'s
+            /// arguments, with buffers as the pipeline's handles (`pipeline.input(&x)`,
+            /// `pipeline.output(&mut y)`;
+            /// an output handle also serves as a later item's input). Returns the item, whose
+            /// result the waited pipeline gives.
+            #[allow(clippy::too_many_arguments, reason = "one parameter per chain argument, in descriptor order")]
+            #vis fn push<'p>(pipeline: &mut ::pptm::Pipeline<'p>, #(#pparams),*) -> ::core::result::Result<::pptm::PipeItem<#output_ty>, ::pptm::Error> {
+                pipeline.push_chain::<Self>(::std::vec![#(#pbindings),*])
             }
         }
     })

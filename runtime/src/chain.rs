@@ -132,6 +132,16 @@ impl InputBuffer<'_> {
         }
     }
 
+    /// The address of the buffer itself (not of its memory): who a pipeline's hazards are about.
+    pub(crate) fn address(&self) -> usize {
+        match self {
+            InputBuffer::F32(b) => std::ptr::from_ref(*b) as usize,
+            InputBuffer::Bf16(b) => std::ptr::from_ref(*b) as usize,
+            InputBuffer::F16(b) => std::ptr::from_ref(*b) as usize,
+            InputBuffer::F8E4M3(b) => std::ptr::from_ref(*b) as usize,
+        }
+    }
+
     pub(crate) fn device_ptr(&self) -> u64 {
         match self {
             InputBuffer::F32(b) => b.device_ptr(),

@@ -88,6 +88,14 @@ pub enum Error {
     BadArguments { chain: &'static str, reason: String },
 
     /// Every submission slot holds an item that has not completed (from `try_submit`).
+    /// An item of a pipeline failed; the items after it ran on what it left, so the pipeline
+    /// reports no results.
+    #[error("pipeline item {item} (`{chain}`) failed: {source}")]
+    PipelineItem {
+        item: usize,
+        chain: &'static str,
+        source: Box<Error>,
+    },
     #[error("the submission queue is full ({capacity} items in flight)")]
     QueueFull { capacity: usize },
 

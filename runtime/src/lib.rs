@@ -20,6 +20,7 @@ mod element;
 mod error;
 mod gpu;
 mod guard;
+mod pipeline;
 mod runtime;
 mod sync;
 mod ticket;
@@ -38,6 +39,9 @@ pub use gpu::baseline;
 pub use guard::GuardStats;
 #[doc(hidden)]
 pub use linkme;
+pub use pipeline::{
+    ErasedPending, PipeArg, PipeInput, PipeItem, PipeOutput, PipeOutputType, PipeResults, Pipeline,
+};
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;
 pub use runtime::{BackendKind, Config, GpuInfo, Runtime, Variant};

@@ -1139,7 +1139,7 @@ impl Runtime {
     /// Submits a chain; waits for a free slot when the queue is full. The generated
     /// `Chain::submit(&rt, ...)` calls this with the right arguments.
     pub fn submit_chain<'a, C: Chain>(&self, args: Vec<Arg<'a>>) -> Result<Ticket<'a, C::Output>> {
-        self.submit_impl::<C>(args, true)
+        self.submit_impl::<C>(args, true, &[])
     }
 
     /// As [`Runtime::submit_chain`], but [`Error::QueueFull`] instead of waiting.
@@ -1147,7 +1147,7 @@ impl Runtime {
         &self,
         args: Vec<Arg<'a>>,
     ) -> Result<Ticket<'a, C::Output>> {
-        self.submit_impl::<C>(args, false)
+        self.submit_impl::<C>(args, false, &[])
     }
 
     /// Submits an item that does nothing, through the full dispatch path of the manifold hosting
@@ -1283,10 +1283,14 @@ impl Runtime {
         self.guards.reset(C::OPCODE)
     }
 
-    fn submit_impl<'a, C: Chain>(
+    /// Submits one item of chain `C`. `after`: items (manifold, queue cell) of other domains it
+    /// must follow on the GPU (a pipeline's cross-domain hazards); items of its own domain run in
+    /// submission order anyway.
+    pub(crate) fn submit_impl<'a, C: Chain>(
         &self,
         args: Vec<Arg<'a>>,
         blocking: bool,
+        after: &[(Arc<Manifold>, Arc<crate::gpu::Cell>)],
     ) -> Result<Ticket<'a, C::Output>> {
         let ir = C::ir()?;
         let (slots, sizes) = self.validate::<C>(ir, args)?;
@@ -1337,6 +1341,16 @@ impl Runtime {
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 match route {
                     Route::Manifold(r) => {
+                        for (other, cell) in after {
+                            if !Arc::ptr_eq(other, &r.manifold) {
+                                r.manifold.follow_item(
+                                    other,
+                                    cell,
+                                    blocking,
+                                    self.config.stream_patience,
+                                )?;
+                            }
+                        }
                         let cell = self.push(&r.manifold, &desc, blocking, C::NAME)?;
                         Ok(Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard))
                     }

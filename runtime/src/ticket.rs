@@ -154,6 +154,27 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         }
     }
 
+    /// The same ticket without the borrow of its buffers: for a [`crate::Pipeline`], which holds
+    /// those borrows itself for as long as the item may run (and waits for it when dropped).
+    pub(crate) fn detach(mut self) -> Ticket<'static, R> {
+        Ticket {
+            state: std::mem::replace(&mut self.state, State::Taken),
+            chain: self.chain,
+            domain: self.domain,
+            guard: self.guard.take(),
+            _borrows: PhantomData,
+        }
+    }
+
+    /// The manifold and queue cell of an item still in flight on one (`None` once resolved, on
+    /// the CPU backend and for the launched variants, whose items finish inside `submit`).
+    pub(crate) fn in_flight(&self) -> Option<(&Arc<Manifold>, &Arc<Cell>)> {
+        match &self.state {
+            State::Pending { manifold, cell } => Some((manifold, cell)),
+            _ => None,
+        }
+    }
+
     /// Makes the ticket report its item's guard value to the runtime's guard when it completes.
     pub(crate) fn with_guard(mut self, note: Option<GuardNote>) -> Self {
         self.guard = note;

@@ -747,6 +747,34 @@ impl Manifold {
         Ok(())
     }
 
+    /// Makes this manifold's next item wait on the GPU until item `cell` of `other` (another
+    /// domain's manifold) has completed, or `other` has stopped without running it (its domain
+    /// line is raised past its items then, so nothing waits forever; the failure is reported by
+    /// that item). A pipeline orders items of different domains with it. Nothing is pushed when
+    /// the item is known to be done.
+    pub fn follow_item(
+        &self,
+        other: &Manifold,
+        cell: &Cell,
+        blocking: bool,
+        patience: Duration,
+    ) -> Result<()> {
+        if cell.result().is_some() {
+            return Ok(());
+        }
+        let mut desc = pptm_desc {
+            opcode: PPTM_OP_WAIT_VALUE,
+            blocks: 1,
+            ..Default::default()
+        };
+        desc.args[0] = other.signal.device_ptr;
+        desc.args[1] = other.signal.base + cell.seq + 1;
+        desc.args[2] = patience.as_nanos().min(u128::from(u64::MAX)) as u64;
+        // As a stream gate's wait: a failure shows in the items after it.
+        drop(self.submit(&desc, blocking, "wait for an item of another domain")?);
+        Ok(())
+    }
+
     /// Makes `stream` wait on the GPU until item `seq` of this manifold has completed (or the
     /// manifold has stopped without running it).
     ///

@@ -1,0 +1,270 @@
+//! Pipelines (issue 33): items whose buffers flow from one to the next, pushed without waiting and
+//! resolved together. Read after write, write after read and write after write, within one domain
+//! and across two (`pipe_a`, `pipe_b`: two manifolds on the GPU, ordered by waits on the GPU), on
+//! every backend, against f64 references, with outputs poisoned before each run. A failing item
+//! fails its pipeline with an error naming it; a pipeline dropped in flight still runs every item.
+
+#[macro_use]
+mod common;
+
+use common::uniform;
+use pptm::ops::{Axpby, Square, SumReduction};
+use pptm::{Error, FusionBuilder, Runtime};
+
+/// α x + β y, in domain `pipe_a`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct BlendA {
+    #[stage(1)]
+    blend: Axpby,
+}
+
+/// α x + β y, in domain `pipe_b`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_b")]
+pub struct BlendB {
+    #[stage(1)]
+    blend: Axpby,
+}
+
+/// x², in domain `pipe_a`, every value checked to be finite.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct SquareA {
+    #[stage(1, finite = true)]
+    square: Square,
+}
+
+/// Σ x², in domain `pipe_b`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_b")]
+pub struct SumSquaresB {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true)]
+    total: SumReduction,
+}
+
+const SIZES: [usize; 4] = [1, 7, 1023, (1 << 20) + 3];
+
+fn blend(a: f32, x: &[f64], b: f32, y: &[f64]) -> Vec<f64> {
+    x.iter()
+        .zip(y)
+        .map(|(&x, &y)| f64::from(a) * x + f64::from(b) * y)
+        .collect()
+}
+
+fn wide(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+fn assert_vec_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}, element {i}: got {g}, f64 reference {w}"
+        );
+    }
+}
+
+/// A chain of dependent steps that alternates domains: u and v take turns as input and output
+/// (read after write at every step, write after read and write after write every other step),
+/// then a reduction in the other domain reads the last.
+fn dependent_steps_across_domains(rt: &Runtime) {
+    let what = rt.describe();
+    for n in SIZES {
+        let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
+        let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut v = rt.upload(&vec![f32::NAN; n]).unwrap();
+        const STEPS: usize = 24;
+        let (mut want, wc) = (wide(&x), wide(&c));
+        let total;
+        {
+            let mut p = rt.pipeline();
+            let (x, c) = (p.input(&xb), p.input(&cb));
+            let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+            // Step 0 reads x; step k reads what step k - 1 wrote.
+            let mut from: pptm::PipeInput<'_> = x;
+            for k in 0..STEPS {
+                let to = if k % 2 == 0 { uo } else { vo };
+                let (a, b) = (0.5f32, 0.25f32 + k as f32 / 64.0);
+                if k % 3 == 0 {
+                    BlendA::push(&mut p, from, c, a, b, to).unwrap();
+                } else {
+                    BlendB::push(&mut p, from, c, a, b, to).unwrap();
+                }
+                want = blend(a, &want, b, &wc);
+                from = to.into();
+            }
+            total = SumSquaresB::push(&mut p, from).unwrap();
+            assert_eq!(p.len(), STEPS + 1);
+            let results = p.wait().unwrap();
+            let got = results.get(total).unwrap();
+            let sum: f64 = want.iter().map(|w| w * w).sum();
+            assert!(
+                (f64::from(got) - sum).abs() <= 1e-5 * sum.max(1e-30),
+                "{what}: Σ of the last step squared, n = {n}: got {got}, f64 reference {sum}"
+            );
+        }
+        // The last step wrote v (STEPS is even: steps 1, 3, ... write v).
+        assert_vec_close(
+            &v.to_vec().unwrap(),
+            &want,
+            &format!("{what}: last step, n = {n}"),
+        );
+    }
+}
+
+/// Write after read across domains: an item of `pipe_b` reads y, then an item of `pipe_a`
+/// overwrites it. The reader must see the old values; and write after write: a third item
+/// (`pipe_b`) overwrites y again, and y ends with its values.
+fn writes_wait_for_earlier_readers_and_writers(rt: &Runtime) {
+    let what = rt.describe();
+    for n in SIZES {
+        let (x, y0) = (uniform(n, -2.0, 2.0), uniform(n, -2.0, 2.0));
+        let xb = rt.upload(&x).unwrap();
+        let mut y = rt.upload(&y0).unwrap();
+        let mut z = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut p = rt.pipeline();
+        let xi = p.input(&xb);
+        let (yo, zo) = (p.output(&mut y), p.output(&mut z));
+        let old = SumSquaresB::push(&mut p, yo).unwrap();
+        BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap(); // y = 2x
+        let mid = SumSquaresB::push(&mut p, yo).unwrap();
+        BlendB::push(&mut p, xi, xi, 3.0, 0.0, yo).unwrap(); // y = 3x
+        BlendA::push(&mut p, yo, xi, 1.0, -1.0, zo).unwrap(); // z = y - x = 2x
+        let r = p.wait().unwrap();
+        let sq = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>();
+        let (x64, y64) = (wide(&x), wide(&y0));
+        for (got, want, which) in [
+            (
+                r.get(old).unwrap(),
+                sq(&y64),
+                "the first read (before any write)",
+            ),
+            (
+                r.get(mid).unwrap(),
+                sq(&blend(1.0, &x64, 1.0, &x64)),
+                "the read between the writes",
+            ),
+        ] {
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5 * want.max(1e-30),
+                "{what}: {which}, n = {n}: got {got}, f64 reference {want}"
+            );
+        }
+        assert_vec_close(
+            &y.to_vec().unwrap(),
+            &blend(3.0, &x64, 0.0, &x64),
+            &format!("{what}: y after the last write, n = {n}"),
+        );
+        assert_vec_close(
+            &z.to_vec().unwrap(),
+            &blend(2.0, &x64, 0.0, &x64),
+            &format!("{what}: z, n = {n}"),
+        );
+    }
+}
+
+/// The first failing item fails the pipeline, named; every item still ran (what it wrote is
+/// there), and the buffers are free again afterwards.
+fn a_failing_item_fails_its_pipeline(rt: &Runtime) {
+    let what = rt.describe();
+    let n = 1023;
+    let mut x = uniform(n, -1.0, 1.0);
+    x[17] = f32::INFINITY;
+    let xb = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&vec![f32::NAN; n]).unwrap();
+    let mut z = rt.upload(&vec![f32::NAN; n]).unwrap();
+    let mut p = rt.pipeline();
+    let xi = p.input(&xb);
+    let (yo, zo) = (p.output(&mut y), p.output(&mut z));
+    BlendB::push(&mut p, xi, xi, 0.5, 0.25, yo).unwrap(); // 0.75 x: inf stays inf
+    SquareA::push(&mut p, yo, zo).unwrap(); // inf² is not finite
+    SumSquaresB::push(&mut p, zo).unwrap();
+    match p.wait() {
+        Err(Error::PipelineItem {
+            item,
+            chain,
+            source,
+        }) => {
+            assert_eq!((item, chain), (1, "SquareA"), "{what}");
+            assert!(
+                matches!(*source, Error::NonFinite { .. }),
+                "{what}: {source}"
+            );
+        }
+        other => panic!("{what}: expected the second item to fail the pipeline, got {other:?}"),
+    }
+    // The failed item's outputs are written all the same.
+    let z = z.to_vec().unwrap();
+    let want = (0.75 * f64::from(x[0])).powi(2);
+    assert!(z[17].is_infinite(), "{what}: z[17] = {}", z[17]);
+    assert!(
+        (f64::from(z[0]) - want).abs() <= 1e-6,
+        "{what}: z[0] = {}, want {want}",
+        z[0]
+    );
+}
+
+/// A pipeline dropped with items in flight runs them all before its buffers are free again.
+fn a_dropped_pipeline_loses_nothing(rt: &Runtime) {
+    let what = rt.describe();
+    let n = (1 << 20) + 3;
+    let x = uniform(n, -1.0, 1.0);
+    let xb = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&vec![f32::NAN; n]).unwrap();
+    let mut z = rt.upload(&vec![f32::NAN; n]).unwrap();
+    {
+        let mut p = rt.pipeline();
+        let xi = p.input(&xb);
+        let (yo, zo) = (p.output(&mut y), p.output(&mut z));
+        for k in 0..8 {
+            let (from, to) = if k % 2 == 0 { (yo, zo) } else { (zo, yo) };
+            let src: pptm::PipeInput<'_> = if k == 0 { xi } else { from.into() };
+            BlendA::push(&mut p, src, xi, 1.0, 1.0, to).unwrap();
+        }
+        // Dropped unwaited.
+    }
+    // Eight steps of y ← y + x from x: 9x, in y (the last step, k = 7, writes y).
+    assert_vec_close(
+        &y.to_vec().unwrap(),
+        &x.iter().map(|&v| 9.0 * f64::from(v)).collect::<Vec<_>>(),
+        &format!("{what}: after the drop"),
+    );
+}
+
+/// Handles are checked: one of another pipeline, and an item that reads what it writes.
+fn bad_handles_are_refused(rt: &Runtime) {
+    let n = 7;
+    let xb = rt.upload(&uniform(n, -1.0, 1.0)).unwrap();
+    let mut y = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut y2 = rt.upload(&vec![0.0f32; n]).unwrap();
+    let short = rt.upload(&[1.0f32; 3]).unwrap();
+    let mut other = rt.pipeline();
+    let foreign = other.output(&mut y2);
+    let mut p = rt.pipeline();
+    let xi = p.input(&xb);
+    let yo = p.output(&mut y);
+    let e = BlendA::push(&mut p, xi, xi, 1.0, 1.0, foreign).unwrap_err();
+    assert!(e.to_string().contains("handle of another pipeline"), "{e}");
+    let e = BlendA::push(&mut p, yo, xi, 1.0, 1.0, yo).unwrap_err();
+    assert!(e.to_string().contains("reads the buffer it writes"), "{e}");
+    assert!(p.is_empty());
+    // Argument checks are submit's: a length that does not fit.
+    let si = p.input(&short);
+    let e = BlendA::push(&mut p, xi, si, 1.0, 1.0, yo).unwrap_err();
+    assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
+    p.wait().unwrap();
+    other.wait().unwrap();
+}
+
+on_every_backend!(
+    dependent_steps_across_domains,
+    writes_wait_for_earlier_readers_and_writers,
+    a_failing_item_fails_its_pipeline,
+    a_dropped_pipeline_loses_nothing,
+    bad_handles_are_refused
+);
