@@ -117,37 +117,43 @@ fn dependent_steps_across_domains(rt: &Runtime) {
     }
 }
 
-/// Write after read across domains: an item of `pipe_b` reads y, then an item of `pipe_a`
-/// overwrites it. The reader must see the old values; and write after write: a third item
-/// (`pipe_b`) overwrites y again, and y ends with its values.
+/// Write after read and write after write across domains, each made to fail if the later item
+/// did not wait: a long item (Σ over 2^24 elements, or their squares stored) keeps the earlier
+/// item's manifold busy, so a later item of the other domain that did not wait for it would run
+/// first. WAR: `pipe_b` reads y, then `pipe_a` overwrites it; the reader must see the old values.
+/// WAW: `pipe_a` writes y, then `pipe_b` overwrites it; y must end with the second values.
 fn writes_wait_for_earlier_readers_and_writers(rt: &Runtime) {
     let what = rt.describe();
+    let big = rt.upload(&uniform(1 << 24, -1.0, 1.0)).unwrap();
+    let mut big_out = rt.upload(&vec![f32::NAN; 1 << 24]).unwrap();
     for n in SIZES {
         let (x, y0) = (uniform(n, -2.0, 2.0), uniform(n, -2.0, 2.0));
         let xb = rt.upload(&x).unwrap();
         let mut y = rt.upload(&y0).unwrap();
         let mut z = rt.upload(&vec![f32::NAN; n]).unwrap();
         let mut p = rt.pipeline();
-        let xi = p.input(&xb);
-        let (yo, zo) = (p.output(&mut y), p.output(&mut z));
+        let (xi, gi) = (p.input(&xb), p.input(&big));
+        let (yo, zo, go) = (p.output(&mut y), p.output(&mut z), p.output(&mut big_out));
+        // WAR: pipe_b busy, then reads y; pipe_a then writes y = 2x.
+        SumSquaresB::push(&mut p, gi).unwrap();
         let old = SumSquaresB::push(&mut p, yo).unwrap();
-        BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap(); // y = 2x
+        BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap();
         let mid = SumSquaresB::push(&mut p, yo).unwrap();
-        BlendB::push(&mut p, xi, xi, 3.0, 0.0, yo).unwrap(); // y = 3x
-        BlendA::push(&mut p, yo, xi, 1.0, -1.0, zo).unwrap(); // z = y - x = 2x
+        // WAW: pipe_a busy, then writes y = 2x again; pipe_b then writes y = 3x.
+        SquareA::push(&mut p, gi, go).unwrap();
+        BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap();
+        BlendB::push(&mut p, xi, xi, 3.0, 0.0, yo).unwrap();
+        // RAW in its own domain after the cross-domain write: z = y - x = 2x.
+        BlendA::push(&mut p, yo, xi, 1.0, -1.0, zo).unwrap();
         let r = p.wait().unwrap();
         let sq = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>();
         let (x64, y64) = (wide(&x), wide(&y0));
         for (got, want, which) in [
-            (
-                r.get(old).unwrap(),
-                sq(&y64),
-                "the first read (before any write)",
-            ),
+            (r.get(old).unwrap(), sq(&y64), "the read before the write"),
             (
                 r.get(mid).unwrap(),
                 sq(&blend(1.0, &x64, 1.0, &x64)),
-                "the read between the writes",
+                "the read after the first write",
             ),
         ] {
             assert!(
