@@ -134,7 +134,9 @@ fn writes_wait_for_earlier_readers_and_writers(rt: &Runtime) {
         let mut p = rt.pipeline();
         let (xi, gi) = (p.input(&xb), p.input(&big));
         let (yo, zo, go) = (p.output(&mut y), p.output(&mut z), p.output(&mut big_out));
-        // WAR: pipe_b busy, then reads y; pipe_a then writes y = 2x.
+        // WAR: pipe_b busy, then reads y; pipe_a, awake (an idle manifold polls slowly), then
+        // writes y = 2x.
+        BlendA::push(&mut p, xi, xi, 1.0, 0.0, zo).unwrap();
         SumSquaresB::push(&mut p, gi).unwrap();
         let old = SumSquaresB::push(&mut p, yo).unwrap();
         BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap();
