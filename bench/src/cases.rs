@@ -233,6 +233,12 @@ pub fn all() -> Vec<Case> {
         cases.push(squared_residual(false, size, n));
         cases.push(squared_residual(true, size, n));
     }
+    // Dependent steps of 4096 elements (each reads what the one before wrote): waited one by
+    // one, and pushed as one pipeline.
+    for (size, stages) in SIZES.into_iter().zip([8usize, 32, 170]) {
+        cases.push(dependent_steps(false, size, stages));
+        cases.push(dependent_steps(true, size, stages));
+    }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
     for (size, (rows, cols)) in
         SIZES
@@ -245,12 +251,14 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 17] = [
+pub const CHAINS: [&str; 19] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
     "squared_residual_own_ops",
     "row_squared_residual",
+    "dependent_steps_waited",
+    "dependent_steps_pipeline",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -362,6 +370,83 @@ fn squared_residual(own_ops: bool, size: &'static str, n: usize) -> Case {
                 value,
                 scale: value,
             }
+        }),
+    }
+}
+
+/// `stages` dependent steps u ← α u + β c over 4096 elements (u and v taking turns, the first
+/// step reading x), each waited before the next is submitted, or all pushed as one pipeline and
+/// waited once (src/own_ops.rs, `Blend`).
+fn dependent_steps(pipelined: bool, size: &'static str, stages: usize) -> Case {
+    use crate::own_ops::Blend;
+    const N: usize = 4096;
+    const ALPHA: f32 = 0.5;
+    const BETA: f32 = 0.25;
+    Case {
+        chain: if pipelined {
+            "dependent_steps_pipeline"
+        } else {
+            "dependent_steps_waited"
+        },
+        domain: Blend::DOMAIN.name,
+        size,
+        shape: format!("{stages} steps of n = {N}"),
+        x: stages as f64,
+        bytes: 12.0 * (N * stages) as f64,
+        flops: 3.0 * (N * stages) as f64,
+        prepare: Box::new(move |rt| {
+            let (x, c) = (
+                rt.upload(&uniform(seed::RES_X, N))?,
+                rt.upload(&uniform(seed::RES_Y, N))?,
+            );
+            let (mut u, mut v) = (rt.alloc::<f32>(N)?, rt.alloc::<f32>(N)?);
+            Ok(Box::new(move |read| {
+                if pipelined {
+                    let mut p = rt.pipeline();
+                    let (xi, ci) = (p.input(&x), p.input(&c));
+                    let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+                    for k in 0..stages {
+                        let (from, to): (pptm::PipeInput<'_>, _) = match k {
+                            0 => (xi, uo),
+                            k if k % 2 == 0 => (vo.into(), uo),
+                            _ => (uo.into(), vo),
+                        };
+                        Blend::push(&mut p, from, ci, ALPHA, BETA, to)?;
+                    }
+                    p.wait()?;
+                } else {
+                    for k in 0..stages {
+                        match k {
+                            0 => Blend::submit(rt, &x, &c, ALPHA, BETA, &mut u)?.wait()?,
+                            k if k % 2 == 0 => {
+                                Blend::submit(rt, &v, &c, ALPHA, BETA, &mut u)?.wait()?
+                            }
+                            _ => Blend::submit(rt, &u, &c, ALPHA, BETA, &mut v)?.wait()?,
+                        }
+                    }
+                }
+                // The last step (stages - 1) wrote u if it is even, v if odd.
+                let last = if stages % 2 == 1 { &u } else { &v };
+                vector(None, last, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let (a, b) = (f64::from(ALPHA), f64::from(BETA));
+            let c = uniform(seed::RES_Y, N);
+            let mut w: Vec<f64> = uniform(seed::RES_X, N)
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+            for _ in 0..stages {
+                for (w, &c) in w.iter_mut().zip(&c) {
+                    *w = a * *w + b * f64::from(c);
+                }
+            }
+            let at = sample_indices(N)
+                .into_iter()
+                .map(|i| (i, w[i], w[i].abs().max(1.0)))
+                .collect();
+            Expect::Elements { at, exact: false }
         }),
     }
 }

@@ -60,3 +60,12 @@ pub struct RowSquaredResidual {
     #[stage(3, reduction = true, per_row = true)]
     total: SumReduction,
 }
+
+/// α x + β y, stored: the step of the dependent-steps cases (`dependent_steps_waited`,
+/// `dependent_steps_pipeline`), each step reading what the one before it wrote.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct Blend {
+    #[stage(1)]
+    blend: Axpby,
+}

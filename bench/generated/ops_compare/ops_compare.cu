@@ -68,6 +68,32 @@ struct pptm_user_own_sum_reducer {
     }
 };
 
+// chain Blend: Axpby (Map pattern)
+// spec hash 608156bde638582db9ee4dd8f7cf23e477d2f23ee1b8633abdece5ee8e85dccd, opcode 0x608156bd
+struct pptm_env_608156bd {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    float* a4;  // out
+    uint64_t a5;  // n
+    __device__ explicit pptm_env_608156bd(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
+};
+struct pptm_body_608156bd {
+    pptm_env_608156bd e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_608156bd(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_608156bd e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_608156bd{e}, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
 // chain RowSquaredResidual: Axpby -> Square -> SumReduction (Rows pattern)
 // spec hash 7fefaafacff1f53a730a044e79b431fe27cbe76cda20dd8e23ac6ed47d51c8b7, opcode 0x7fefaafa
 struct pptm_env_7fefaafa {
@@ -163,6 +189,7 @@ __device__ __forceinline__ double pptm_finish_0170542f(const pptm_desc& d, const
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
+    case 0x608156bdu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend
     case 0x7fefaafau: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // RowSquaredResidual
     case 0x553d6e1eu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidual
     case 0x0170542fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidualOwnOps
@@ -172,6 +199,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
+    case 0x608156bdu: return pptm_run_608156bd(d, b, partial);  // Blend
     case 0x7fefaafau: return pptm_run_7fefaafa(d, b, partial);  // RowSquaredResidual
     case 0x553d6e1eu: return pptm_run_553d6e1e(d, b, partial);  // SquaredResidual
     case 0x0170542fu: return pptm_run_0170542f(d, b, partial);  // SquaredResidualOwnOps
@@ -189,6 +217,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x608156bdu: return true;  // Blend
     case 0x7fefaafau: return true;  // RowSquaredResidual
     default: return false;
     }
@@ -203,6 +232,22 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
+    case 0x608156bdu: {  // Blend
+        const pptm_env_608156bd e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                e.a4[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x7fefaafau: {  // RowSquaredResidual
         const pptm_env_7fefaafa e(d);
         switch (stage) {
