@@ -160,6 +160,8 @@ pub struct Pipeline<'p> {
     rt: &'p Runtime,
     id: u64,
     outputs: Vec<&'p mut Buffer<f32>>,
+    /// Dropped unwaited, each pending ticket waits for its item as it drops (bounded by the
+    /// shutdown timeout), oldest first, before the borrows of the buffers end.
     entries: Vec<Entry>,
     /// Per buffer (its address: borrowed for 'p, it cannot move): who touched it last.
     access: HashMap<usize, Access>,
@@ -366,10 +368,10 @@ impl<'p> Pipeline<'p> {
     /// Waits for every item. The first item that failed fails the pipeline:
     /// [`Error::PipelineItem`] names it (the items after it ran on what it left, so they are not
     /// reported as results). Otherwise every item's result, by [`PipeResults::get`].
-    pub fn wait(mut self) -> Result<PipeResults> {
+    pub fn wait(self) -> Result<PipeResults> {
         let mut values = Vec::with_capacity(self.entries.len());
         let mut first_failure: Option<Error> = None;
-        for (index, e) in std::mem::take(&mut self.entries).into_iter().enumerate() {
+        for (index, e) in self.entries.into_iter().enumerate() {
             // Every item is waited, failed or not: the buffers stay borrowed until the last one.
             match e.pending.wait() {
                 Ok(v) => values.push(v),
@@ -391,16 +393,6 @@ impl<'p> Pipeline<'p> {
                 pipeline: self.id,
                 values,
             }),
-        }
-    }
-}
-
-impl Drop for Pipeline<'_> {
-    fn drop(&mut self) {
-        // Each pending ticket waits for its item as it drops (bounded by the shutdown timeout),
-        // oldest first, before the borrows of the buffers end.
-        for e in std::mem::take(&mut self.entries) {
-            drop(e);
         }
     }
 }
