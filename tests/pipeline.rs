@@ -8,8 +8,8 @@
 mod common;
 
 use common::uniform;
-use pptm::ops::{Axpby, Square, SumReduction};
-use pptm::{Error, FusionBuilder, Runtime};
+use pptm::ops::{Axpby, Gemv, Square, SumReduction};
+use pptm::{BackendKind, Error, FusionBuilder, Runtime, Variant};
 
 /// α x + β y, in domain `pipe_a`.
 #[derive(FusionBuilder)]
@@ -45,7 +45,21 @@ pub struct SumSquaresB {
     total: SumReduction,
 }
 
+/// y = A x, in domain `pipe_a`: every element of y reads the whole of x.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct GemvA {
+    #[stage(1)]
+    gemv: Gemv,
+}
+
 const SIZES: [usize; 4] = [1, 7, 1023, (1 << 20) + 3];
+
+/// Whether items run in plans on the GPU (the persistent manifolds), where a pipeline is one
+/// round trip per domain and dispatch.
+fn plans(rt: &Runtime) -> bool {
+    rt.backend() == BackendKind::Gpu && rt.config().variant == Variant::Fused
+}
 
 fn blend(a: f32, x: &[f64], b: f32, y: &[f64]) -> Vec<f64> {
     x.iter()
@@ -269,7 +283,208 @@ fn bad_handles_are_refused(rt: &Runtime) {
     other.wait().unwrap();
 }
 
+/// Steps of many blocks that read all of what the step before wrote (a GEMV after an elementwise
+/// pass over many blocks, an elementwise pass after a GEMV over many blocks) wait for the whole
+/// step, not only their own tile; steps over the same elements on the same tiles do not.
+fn whole_step_dependencies_between_blocks(rt: &Runtime) {
+    let what = rt.describe();
+    let k = 20_003; // three blocks' worth of elements
+    for m in [1, 7, 1023] {
+        let (x, c) = (uniform(k, -1.0, 1.0), uniform(k, -1.0, 1.0));
+        let a = uniform(m * k, -1.0, 1.0);
+        let d = uniform(m, -1.0, 1.0);
+        let (xb, cb, ab, db) = (
+            rt.upload(&x).unwrap(),
+            rt.upload(&c).unwrap(),
+            rt.upload(&a).unwrap(),
+            rt.upload(&d).unwrap(),
+        );
+        let mut x1 = rt.upload(&vec![f32::NAN; k]).unwrap();
+        let mut x2 = rt.upload(&vec![f32::NAN; k]).unwrap();
+        let mut y = rt.upload(&vec![f32::NAN; m]).unwrap();
+        let mut z = rt.upload(&vec![f32::NAN; m]).unwrap();
+        let total = {
+            let mut p = rt.pipeline();
+            let (xi, ci, ai, di) = (p.input(&xb), p.input(&cb), p.input(&ab), p.input(&db));
+            let (x1o, x2o, yo, zo) = (
+                p.output(&mut x1),
+                p.output(&mut x2),
+                p.output(&mut y),
+                p.output(&mut z),
+            );
+            BlendA::push(&mut p, xi, ci, 0.5, 0.25, x1o).unwrap();
+            BlendA::push(&mut p, x1o, ci, 2.0, -0.5, x2o).unwrap(); // same tiles: no wait
+            GemvA::push(&mut p, x2o, ai, yo).unwrap(); // all of x2
+            BlendA::push(&mut p, yo, di, 1.0, 1.0, zo).unwrap(); // all of y's blocks
+            let total = SumSquaresB::push(&mut p, zo).unwrap(); // another domain
+            p.wait().unwrap().get(total).unwrap()
+        };
+        let x1w = blend(0.5, &wide(&x), 0.25, &wide(&c));
+        let x2w = blend(2.0, &x1w, -0.5, &wide(&c));
+        assert_vec_close(&x2.to_vec().unwrap(), &x2w, &format!("{what}: x2, m = {m}"));
+        let yw: Vec<f64> = (0..m)
+            .map(|i| (0..k).map(|j| f64::from(a[i * k + j]) * x2w[j]).sum())
+            .collect();
+        let scale: Vec<f64> = (0..m)
+            .map(|i| {
+                (0..k)
+                    .map(|j| (f64::from(a[i * k + j]) * x2w[j]).abs())
+                    .sum()
+            })
+            .collect();
+        let yg = y.to_vec().unwrap();
+        for i in 0..m {
+            assert!(
+                (f64::from(yg[i]) - yw[i]).abs() <= 1e-5 * scale[i] + 1e-6,
+                "{what}: y[{i}] of {m}: got {}, f64 reference {}",
+                yg[i],
+                yw[i]
+            );
+        }
+        let zg = z.to_vec().unwrap();
+        let zw: Vec<f64> = (0..m).map(|i| f64::from(yg[i]) + f64::from(d[i])).collect();
+        assert_vec_close(&zg, &zw, &format!("{what}: z, m = {m}"));
+        let sum: f64 = zw.iter().map(|v| v * v).sum();
+        assert!(
+            (f64::from(total) - sum).abs() <= 1e-5 * sum.max(1e-30),
+            "{what}: Σ z², m = {m}: got {total}, f64 reference {sum}"
+        );
+    }
+}
+
+/// A loop of 1000 iterations (2000 dependent items) runs as one round trip on the GPU and gives
+/// what the CPU's 2000 items give.
+fn a_thousand_iterations_on_the_device(rt: &Runtime) {
+    let what = rt.describe();
+    const ITERATIONS: u32 = 1000;
+    for n in [1, 1023, (1 << 16) + 3] {
+        let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
+        let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut v = rt.upload(&x).unwrap();
+        let results = {
+            let mut p = rt.pipeline();
+            let ci = p.input(&cb);
+            let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+            let lp = p
+                .repeat(ITERATIONS, |p| {
+                    BlendA::push(p, vo, ci, 1.0, 0.001, uo)?;
+                    BlendA::push(p, uo, ci, 1.0, 0.001, vo)?;
+                    Ok(())
+                })
+                .unwrap();
+            let r = p.wait().unwrap();
+            assert_eq!(r.iterations(lp).unwrap(), ITERATIONS, "{what}");
+            r
+        };
+        let expected_trips = if plans(rt) {
+            1
+        } else {
+            2 * u64::from(ITERATIONS)
+        };
+        assert_eq!(
+            results.round_trips(),
+            expected_trips,
+            "{what}: host round trips"
+        );
+        let _ = xb;
+        // Each item adds 0.001 c: 2000 of them add 2 c. One iteration more or fewer is 0.002 c
+        // away, which the tolerance (f32 rounding of 2000 additions) tells apart for most c.
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&c)
+            .map(|(&x, &c)| f64::from(x) + 2.0 * f64::from(c))
+            .collect();
+        let got = v.to_vec().unwrap();
+        let mut off = 0usize;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let tol = 2e-4 * (1.0 + w.abs());
+            assert!(
+                (f64::from(*g) - w).abs() <= tol,
+                "{what}: n = {n}, v[{i}] = {g}, f64 reference {w}"
+            );
+            off += usize::from((f64::from(*g) - w).abs() > 1e-3);
+        }
+        assert_eq!(off, 0, "{what}");
+    }
+}
+
+/// A loop that stops when a residual the device computes falls below a tolerance: halving x twice
+/// an iteration, until Σ x² < tol; the iterations match the f64 count, and a cap is obeyed.
+fn loops_stop_on_a_device_residual(rt: &Runtime) {
+    let what = rt.describe();
+    let n = 4099;
+    let x = uniform(n, -1.0, 1.0);
+    let s0: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum();
+    // Σ x² falls 16× an iteration: below tol after 5, and not after 4.
+    let tol = s0 / 16f64.powi(5) * 4.0;
+    for (cap, want_iterations) in [(100u32, 5u32), (3, 3)] {
+        let xb = rt.upload(&x).unwrap();
+        let zero = rt.upload(&vec![0.0f32; n]).unwrap();
+        let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut v = rt.upload(&x).unwrap();
+        let r = {
+            let mut p = rt.pipeline();
+            let zi = p.input(&zero);
+            let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+            let lp = p
+                .repeat_until(cap, tol, |p| {
+                    BlendB::push(p, vo, zi, 0.5, 0.0, uo)?;
+                    BlendB::push(p, uo, zi, 0.5, 0.0, vo)?;
+                    SumSquaresB::push(p, vo)
+                })
+                .unwrap();
+            let r = p.wait().unwrap();
+            r.iterations(lp).unwrap()
+        };
+        assert_eq!(r, want_iterations, "{what}: cap {cap}");
+        let scale = 0.25f64.powi(want_iterations as i32);
+        let want: Vec<f64> = x.iter().map(|&v| f64::from(v) * scale).collect();
+        assert_vec_close(&v.to_vec().unwrap(), &want, &format!("{what}: cap {cap}"));
+        let _ = xb;
+    }
+}
+
+/// Loops are refused where they cannot run as asked: no iteration, an empty body, a loop inside
+/// a loop, and (in plans) items of two domains in one loop.
+fn bad_loops_are_refused(rt: &Runtime) {
+    let n = 7;
+    let xb = rt.upload(&uniform(n, -1.0, 1.0)).unwrap();
+    let mut y = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut y2 = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut p = rt.pipeline();
+    let xi = p.input(&xb);
+    let (yo, y2o) = (p.output(&mut y), p.output(&mut y2));
+    let e = p.repeat(0, |_| Ok(())).unwrap_err();
+    assert!(matches!(e, Error::PipelineLoop { .. }), "{e}");
+    let e = p.repeat(3, |_| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("no item"), "{e}");
+    let e = p
+        .repeat(3, |p| {
+            p.repeat(2, |p| BlendA::push(p, xi, xi, 1.0, 1.0, yo).map(|_| ()))?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("inside a loop"), "{e}");
+    let mixed = p.repeat(2, |p| {
+        BlendA::push(p, xi, xi, 1.0, 1.0, yo)?;
+        BlendB::push(p, yo, xi, 1.0, 1.0, y2o)?;
+        Ok(())
+    });
+    if plans(rt) {
+        let e = mixed.unwrap_err();
+        assert!(e.to_string().contains("one domain"), "{e}");
+    } else {
+        mixed.unwrap();
+    }
+    drop(p);
+}
+
 on_every_backend!(
+    whole_step_dependencies_between_blocks,
+    a_thousand_iterations_on_the_device,
+    loops_stop_on_a_device_residual,
+    bad_loops_are_refused,
     dependent_steps_across_domains,
     writes_wait_for_earlier_readers_and_writers,
     a_failing_item_fails_its_pipeline,

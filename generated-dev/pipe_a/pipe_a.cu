@@ -18,6 +18,7 @@
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"
+#include "pptm/ops/linalg.cuh"
 #include "pptm/ops/subset.cuh"
 
 // chain BlendA: Axpby (Map pattern)
@@ -43,6 +44,41 @@ __device__ __noinline__ uint32_t pptm_run_3df563dd(const pptm_desc& d, const ppt
     const float* const in[2] = {e.a0, e.a1};
     pptm_map_store<2>(in, e.a4, e.a5, pptm_body_3df563dd{e}, b);
     partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
+// chain GemvA: Gemv (Gemv pattern)
+// spec hash 087e758363977809ec205096c42e19fb34efbb42de3dc12e4f69bff385da472e, opcode 0x087e7583
+struct pptm_env_087e7583 {
+    const float* a0;  // x
+    const float* a1;  // a
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_087e7583(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_087e7583 {
+    pptm_env_087e7583 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_087e7583 {
+    pptm_env_087e7583 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = 0.0f;
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        return acc;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        return acc;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_087e7583(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_087e7583 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_087e7583{e}, pptm_epi_087e7583{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -73,6 +109,7 @@ __device__ __noinline__ uint32_t pptm_run_ae2e8146(const pptm_desc& d, const ppt
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x3df563ddu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // BlendA
+    case 0x087e7583u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvA
     case 0xae2e8146u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SquareA
     default: return true;
     }
@@ -81,6 +118,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x3df563ddu: return pptm_run_3df563dd(d, b, partial);  // BlendA
+    case 0x087e7583u: return pptm_run_087e7583(d, b, partial);  // GemvA
     case 0xae2e8146u: return pptm_run_ae2e8146(d, b, partial);  // SquareA
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -95,6 +133,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x3df563ddu: return true;  // BlendA
+    case 0x087e7583u: return true;  // GemvA
     case 0xae2e8146u: return true;  // SquareA
     default: return false;
     }
@@ -120,6 +159,17 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
                 e.a4[i] = s0;
             }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x087e7583u: {  // GemvA
+        const pptm_env_087e7583 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

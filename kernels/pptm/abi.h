@@ -39,6 +39,7 @@
 #define PPTM_ABI_H
 
 #if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
@@ -47,7 +48,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 12u
+#define PPTM_ABI_VERSION 13u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -71,6 +72,20 @@ typedef unsigned long long uint64_t;
  * still has not ended counts as a hang. The host submits these to order items after work on an
  * application's CUDA stream (the stream writes the word: cuStreamWriteValue64). */
 #define PPTM_OP_WAIT_VALUE 2u
+/* A plan (a pipeline's items of this domain, dispatched as one item; see pptm_plan_step below):
+ * args[0] steps, args[1] byte offset of its region in the device plan arena, args[2] byte offset
+ * of its region in the host plan arena, args[3] its id (never 0, unique in the process),
+ * args[4] how long (ns) its waits for other domains report progress to the watchdog, args[5] the
+ * partial slots (f64) its steps of more than one block need. `blocks`:
+ * the most any of its steps runs on. */
+#define PPTM_OP_PLAN 3u
+/* Steps that exist only inside a plan. PLAN_WAIT: every block of the plan waits until the u64 at
+ * args[0] (device memory: another plan's `done` word) equals args[1], reporting progress for at
+ * most the plan's patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
+ * barrier of the plan's blocks, runs them again unless args[1] iterations have run or, with
+ * args[2] = k + 1, step k's value is below the f64 args[3]; its value is the iterations run. */
+#define PPTM_OP_PLAN_WAIT 4u
+#define PPTM_OP_PLAN_LOOP 5u
 /* Fault injection (the host submits these only with the `fault-injection` feature), to prove the
  * watchdog and fault handling: HANG spins on the participating blocks until the host aborts the
  * manifold; SLOW runs for args[0] ns, reporting progress every 100 us (a long legitimate item);
@@ -115,6 +130,64 @@ typedef struct pptm_desc {
     uint32_t blocks; /* compute blocks that run the item, from block 0 (0 or more than the grid: all) */
     uint64_t args[PPTM_DESC_ARGS];
 } pptm_desc;
+
+/* ---- plans (PPTM_OP_PLAN) -------------------------------------------------------------------
+ *
+ * A plan runs many items on one manifold as one queue item: one dispatch, one completion, and
+ * between dependent steps a wait on the device instead of a host round trip.
+ *
+ * Memory. The host writes the steps into its plan arena (mapped pinned memory) and submits the
+ * plan item; the plan's block 0 copies them into the device plan arena (all its threads, many
+ * loads in flight: one PCIe round trip for a few hundred steps) and zeroes the plan's counters,
+ * then publishes `plan_copied` (device state), which the plan's other blocks wait for. Device
+ * region, from args[1]:
+ *     header (128 bytes: [0] the plan's barrier counter) | steps[n] | arrivals[n] | finished[n]
+ *     | done[n] | values[n] (f64) | partials (f64, per step with more than one block)
+ * Host region, from args[2]: steps[n] | results[n + 1] (pptm_plan_result; results[n] sums the
+ * plan up: the first failure by time, its status and its step as the value, -1 when none; the
+ * plan's start and end). The host reuses either
+ * region only once every plan that refers to it has completed.
+ *
+ * Order. Every block of the plan (0 .. blocks-1) walks the steps in order and runs its share of
+ * each step it takes part in (blocks 0 .. step blocks - 1). Before a step:
+ *   PPTM_SYNC_NONE     nothing: the step reads nothing an earlier step wrote, or reads it only
+ *                      where the same block wrote it (the host proved the tiles line up);
+ *   PPTM_SYNC_DEPS     each listed step has finished (its `finished` word reached 1, or the
+ *                      running loop's iteration + 1 for a step of the loop: PPTM_DEP_IN_LOOP);
+ *   PPTM_SYNC_BARRIER  every block of the plan has finished every earlier step.
+ * A step's last arriving block combines the partials, stores the step's value and result, and
+ * publishes `finished` (release, gpu scope) and stores the plan id into `done` (release), which
+ * another domain's PLAN_WAIT step acquires (a PLAN_LOOP step does so once the loop has ended). Only the plan's own completion is
+ * written at system scope, after one system fence. A failed step (a status other than OK) does
+ * not stop the plan: the host reports the first one. */
+#define PPTM_SYNC_NONE 0u
+#define PPTM_SYNC_DEPS 1u
+#define PPTM_SYNC_BARRIER 2u
+#define PPTM_PLAN_DEPS 4u
+#define PPTM_DEP_IN_LOOP 0x80000000u
+#define PPTM_DEP_NONE 0xFFFFFFFFu
+#define PPTM_PLAN_HEADER_BYTES 128u
+
+/* One step of a plan (192 bytes). */
+typedef struct pptm_plan_step {
+    pptm_desc desc;                  /* the item as it would be submitted alone, or PLAN_WAIT/PLAN_LOOP */
+    uint32_t sync;                   /* PPTM_SYNC_* */
+    uint32_t reserved1;
+    uint32_t partials;               /* first of its partial slots (f64) in the region's partials */
+    uint32_t reserved0;
+    uint32_t deps[PPTM_PLAN_DEPS];   /* with PPTM_SYNC_DEPS: earlier steps (| PPTM_DEP_IN_LOOP), or PPTM_DEP_NONE */
+    uint32_t reserved[8];
+} pptm_plan_step;
+
+/* What a step left (32 bytes), in the host region, written at the step's end (the last loop
+ * iteration's stays). Visible to the host once the plan has completed. */
+typedef struct pptm_plan_result {
+    uint32_t status; /* PPTM_STATUS_* */
+    uint32_t paths;  /* PPTM_PATH_* */
+    double value;    /* the step's scalar (a reducing chain), the iterations of a PLAN_LOOP, else 0 */
+    uint64_t start;  /* %globaltimer when block 0 took the step */
+    uint64_t end;    /* %globaltimer when its last block finished it */
+} pptm_plan_result;
 
 /* One submission slot (256 bytes): a pptm_desc, one tagged word per u32 (see above). Also the
  * layout of a stage-ring slot in device memory. */
@@ -163,6 +236,8 @@ typedef struct pptm_device_state {
     uint64_t decision; /* the fetcher's start decision for every block: 1 run, 2 cancelled */
     uint64_t resident; /* blocks that have entered the kernel (start handshake) */
     uint64_t pad_resident[14];
+    uint64_t plan_copied; /* seq + 1 of the latest plan item whose steps block 0 copied in (release.gpu) */
+    uint64_t pad_plan_copied[15];
     pptm_sq_slot stage[PPTM_STAGE_SLOTS]; /* item seq, tagged, at stage[seq % PPTM_STAGE_SLOTS] */
     uint64_t started_ns[PPTM_STAGE_SLOTS]; /* %globaltimer when block 0 took item seq (its arrival releases it) */
     double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
@@ -187,6 +262,12 @@ typedef struct pptm_manifold_params {
      * the same fence), so an application's stream can wait for an item (cuStreamWaitValue64). */
     uint64_t* signal;
     uint64_t signal_base;
+    /* The plan arenas (PPTM_OP_PLAN): the host's (mapped pinned memory, its device address) and
+     * the device's, with their sizes in bytes. */
+    uint8_t* plan_host;
+    uint8_t* plan_dev;
+    uint64_t plan_host_bytes;
+    uint64_t plan_dev_bytes;
 } pptm_manifold_params;
 
 /* Fused-launched mode (Variant::FusedLaunched): the same fused variant run by one ordinary kernel

@@ -167,6 +167,7 @@ struct pptm_loop_smem {
         pptm_desc desc;  // the item this block runs
         uint32_t desc_words[PPTM_SQ_SLOT_WORDS];
     };
+    __align__(16) pptm_plan_step step;  // in a plan: the step this block runs (read in 16-byte pieces)
     double red[PPTM_WARPS];  // block-reduction scratch
     double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
@@ -335,6 +336,273 @@ __device__ __noinline__ uint32_t pptm_run_wait(const pptm_manifold_params& P, co
     return status;
 }
 
+// ---- plans (PPTM_OP_PLAN; layout and order rules in pptm/abi.h) --------------------------------
+
+#define PPTM_PLAN_MAX_STEPS (1ull << 24)
+
+__device__ __forceinline__ void pptm_ld_sys_v2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+
+// Where a plan's pieces are. Every block computes the same from the descriptor.
+struct pptm_plan_view {
+    uint8_t* dev;             // region in the device arena: header, then the rest
+    const uint8_t* host;      // region in the host arena (its device address)
+    pptm_plan_step* steps;
+    uint64_t* arrivals;
+    uint64_t* finished;
+    uint64_t* done;
+    double* values;
+    double* partials;
+    pptm_plan_result* results;
+    uint64_t n;
+};
+
+// The plan's regions fit their arenas and are 16-byte aligned; otherwise the plan does not run.
+__device__ __forceinline__ bool pptm_plan_view_of(const pptm_manifold_params& P, const pptm_desc& d, pptm_plan_view& v) {
+    const uint64_t n = d.args[0], doff = d.args[1], hoff = d.args[2], parts = d.args[5];
+    if (n == 0 || n > PPTM_PLAN_MAX_STEPS || parts > (1ull << 32) || ((doff | hoff) & 15u) != 0 || d.args[3] == 0)
+        return false;
+    const uint64_t dev_bytes = PPTM_PLAN_HEADER_BYTES + n * (sizeof(pptm_plan_step) + 32u) + parts * 8u;
+    const uint64_t host_bytes = n * sizeof(pptm_plan_step) + (n + 1) * sizeof(pptm_plan_result);
+    if (doff > P.plan_dev_bytes || dev_bytes > P.plan_dev_bytes - doff) return false;
+    if (hoff > P.plan_host_bytes || host_bytes > P.plan_host_bytes - hoff) return false;
+    v.n = n;
+    v.dev = P.plan_dev + doff;
+    v.host = P.plan_host + hoff;
+    v.steps = reinterpret_cast<pptm_plan_step*>(v.dev + PPTM_PLAN_HEADER_BYTES);
+    v.arrivals = reinterpret_cast<uint64_t*>(v.steps + n);
+    v.finished = v.arrivals + n;
+    v.done = v.finished + n;
+    v.values = reinterpret_cast<double*>(v.done + n);
+    v.partials = v.values + n;
+    v.results = reinterpret_cast<pptm_plan_result*>(P.plan_host + hoff + n * sizeof(pptm_plan_step));
+    return true;
+}
+
+// Block 0 of a plan: copies the steps from the host arena into the device arena, every thread with
+// four 16-byte loads in flight (a plan of 170 steps, 32 KB, takes about one PCIe round trip), and
+// zeroes the barrier, arrival and finished counters. The host wrote the steps before it submitted
+// the item; the fetcher's acquire of the slot and this block's acquire of the stage slot order
+// those writes before these loads.
+__device__ __noinline__ void pptm_plan_copy_in(const pptm_plan_view& v) {
+    constexpr int U = 4;
+    const uint64_t* src = reinterpret_cast<const uint64_t*>(v.host);
+    uint64_t* dst = reinterpret_cast<uint64_t*>(v.steps);
+    const uint64_t pairs = v.n * sizeof(pptm_plan_step) / 16u;
+    for (uint64_t i = threadIdx.x; i < pairs; i += U * PPTM_BLOCK_THREADS) {
+        uint64_t a[U], b[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (i + u * PPTM_BLOCK_THREADS < pairs) pptm_ld_sys_v2(src + 2 * (i + u * PPTM_BLOCK_THREADS), a[u], b[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (i + u * PPTM_BLOCK_THREADS < pairs) {
+                dst[2 * (i + u * PPTM_BLOCK_THREADS)] = a[u];
+                dst[2 * (i + u * PPTM_BLOCK_THREADS) + 1] = b[u];
+            }
+    }
+    uint64_t* header = reinterpret_cast<uint64_t*>(v.dev);
+    for (uint32_t i = threadIdx.x; i < PPTM_PLAN_HEADER_BYTES / 8u; i += PPTM_BLOCK_THREADS) header[i] = 0;
+    for (uint64_t i = threadIdx.x; i < 2 * v.n; i += PPTM_BLOCK_THREADS) v.arrivals[i] = 0;  // arrivals, finished
+}
+
+// Thread 0 waits until *word >= target (or, with `equal`, == target); the block meets it after.
+// Returns false, in every thread, when the host aborted the manifold meanwhile. `patience`: for
+// how long (ns) the wait reports progress to the watchdog; 0 for waits on this plan's own blocks,
+// which make progress themselves.
+__device__ __forceinline__ bool pptm_plan_wait(const pptm_manifold_params& P, pptm_loop_smem& sh, const uint64_t* word,
+                                               uint64_t target, bool equal, uint64_t patience, const pptm_block_ctx& ctx) {
+    if (threadIdx.x == 0) {
+        sh.abort = 0;
+        uint64_t start = 0;
+        for (uint32_t polls = 0;; ++polls) {
+            const uint64_t w = pptm_ld_acquire_gpu(word);
+            if (equal ? w == target : w >= target) break;
+            if ((polls & 15u) == 15u) {
+                if (pptm_ld_relaxed_gpu(&P.state->abort) != 0) {
+                    sh.abort = 1;
+                    break;
+                }
+                if (patience != 0) {
+                    const uint64_t now = pptm_globaltimer();
+                    if (start == 0) start = now;
+                    if (now - start < patience) pptm_tick(ctx);
+                    if (now - start > 50000u) pptm_sleep(1000u);
+                } else if (polls > 4096) {
+                    pptm_sleep(200u);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return sh.abort == 0;
+}
+
+// Every block of the plan arrives (after its threads' stores) and waits for all: the barrier-th
+// barrier of this plan completes when the counter reaches barrier * plan_blocks.
+__device__ __forceinline__ bool pptm_plan_barrier(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t* counter,
+                                                  uint64_t barrier, uint32_t plan_blocks, const pptm_block_ctx& ctx) {
+    __syncthreads();
+    if (plan_blocks == 1) return true;  // the block's own barrier above orders everything
+    if (threadIdx.x == 0) pptm_atom_add_acq_rel_gpu(counter, 1);
+    return pptm_plan_wait(P, sh, counter, barrier * plan_blocks, false, 0, ctx);
+}
+
+// Thread 0 stores a step's result into the host arena (posted writes: the plan's completion fence
+// makes them visible).
+__device__ __forceinline__ void pptm_plan_result_store(pptm_plan_result* r, uint32_t status, uint32_t paths, double value,
+                                                       uint64_t end) {
+    uint64_t* w = reinterpret_cast<uint64_t*>(r);
+    pptm_st_relaxed_sys(w + 0, ((uint64_t)paths << 32) | status);
+    pptm_st_relaxed_sys(w + 1, (uint64_t)__double_as_longlong(value));
+    pptm_st_relaxed_sys(w + 3, end);
+}
+
+// Runs this block's part of a plan item (every thread of blocks 0 .. plan_blocks - 1). Returns
+// PPTM_STATUS_OK, PPTM_STATUS_BAD_ARGUMENT (the plan does not fit its arenas: nothing ran) or
+// PPTM_STATUS_ABORTED; the steps' own statuses go to their results.
+__device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pptm_loop_smem& sh, uint64_t seq, uint32_t me,
+                                               uint32_t plan_blocks) {
+    pptm_plan_view v;
+    if (!pptm_plan_view_of(P, sh.desc, v)) return PPTM_STATUS_BAD_ARGUMENT;
+    const uint64_t id = sh.desc.args[3], patience = sh.desc.args[4];
+    const pptm_block_ctx plan_ctx = {me, plan_blocks, sh.red};
+    if (me == 0) {
+        pptm_plan_copy_in(v);
+        __syncthreads();
+        if (threadIdx.x == 0) pptm_st_release_gpu(&P.state->plan_copied, seq + 1);
+    } else if (!pptm_plan_wait(P, sh, &P.state->plan_copied, seq + 1, false, 0, plan_ctx)) {
+        return PPTM_STATUS_ABORTED;
+    }
+    uint64_t* const barrier_counter = reinterpret_cast<uint64_t*>(v.dev);
+    uint64_t barriers = 0;
+    uint32_t it = 0;  // iteration of the loop being run (0 outside loops)
+    for (uint64_t k = 0; k < v.n;) {
+        __syncthreads();  // every thread is done with the previous step's copy in sh.step
+        if (threadIdx.x < sizeof(pptm_plan_step) / 16u) {
+            const float* from = reinterpret_cast<const float*>(v.steps + k) + 4 * threadIdx.x;
+            reinterpret_cast<pptm_f4*>(&sh.step)[threadIdx.x] = pptm_ld_cg_f4(from);
+        }
+        __syncthreads();
+        const uint32_t op = sh.step.desc.opcode;
+        if (op == PPTM_OP_PLAN_LOOP) {
+            // Everything before it, this iteration's body included, has finished on every block.
+            if (!pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx)) return PPTM_STATUS_ABORTED;
+            const uint64_t first = sh.step.desc.args[0], cond = sh.step.desc.args[2];
+            bool again = it + 1 < sh.step.desc.args[1] && first <= k;
+            if (again && cond != 0 && cond <= k)
+                again = !(pptm_ld_cg_f64(&v.values[cond - 1]) < __longlong_as_double(sh.step.desc.args[3]));
+            if (again) {
+                ++it;
+                k = first;
+                continue;
+            }
+            if (me == 0 && threadIdx.x == 0) {
+                const uint64_t now = pptm_globaltimer();
+                pptm_st_relaxed_sys(&v.results[k].start, now);
+                pptm_plan_result_store(&v.results[k], PPTM_STATUS_OK, 0u, (double)(it + 1), now);
+                pptm_st_release_gpu(&v.done[k], id);
+                pptm_st_release_gpu(&v.finished[k], 1);
+            }
+            it = 0;
+            ++k;
+            continue;
+        }
+        if (sh.step.sync == PPTM_SYNC_BARRIER &&
+            !pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx))
+            return PPTM_STATUS_ABORTED;
+        const uint32_t blocks = pptm_item_blocks(sh.step.desc.blocks, plan_blocks);
+        if (me >= blocks) {
+            ++k;
+            continue;
+        }
+        if (sh.step.sync == PPTM_SYNC_DEPS) {
+            for (uint32_t j = 0; j < PPTM_PLAN_DEPS; ++j) {
+                const uint32_t dep = sh.step.deps[j];
+                const uint64_t idx = dep & ~PPTM_DEP_IN_LOOP;
+                if (dep == PPTM_DEP_NONE || idx >= k) continue;
+                const uint64_t target = (dep & PPTM_DEP_IN_LOOP) ? it + 1 : 1;
+                if (!pptm_plan_wait(P, sh, &v.finished[idx], target, false, 0, plan_ctx)) return PPTM_STATUS_ABORTED;
+            }
+        }
+        if (me == 0 && threadIdx.x == 0) pptm_st_relaxed_sys(&v.results[k].start, pptm_globaltimer());
+        if (op == PPTM_OP_PLAN_WAIT) {
+            // Another domain's plan publishes a step: every block of this plan waits for it.
+            const uint64_t* word = reinterpret_cast<const uint64_t*>(sh.step.desc.args[0]);
+            if (((uint64_t)word & 7u) == 0 && word != nullptr) {
+                if (!pptm_plan_wait(P, sh, word, sh.step.desc.args[1], true, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
+            }
+            if (me == 0 && threadIdx.x == 0) {
+                const uint32_t st = ((uint64_t)word & 7u) == 0 && word != nullptr ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT;
+                pptm_plan_result_store(&v.results[k], st, 0u, 0.0, pptm_globaltimer());
+                pptm_st_release_gpu(&v.finished[k], it + 1);
+            }
+            ++k;
+            continue;
+        }
+        const pptm_block_ctx ctx = {me, blocks, sh.red};
+        uint32_t status = PPTM_STATUS_BAD_OPCODE;
+        double partial = 0.0;
+        if (op >= PPTM_OP_FIRST_VARIANT)
+            status = pptm_variant_args_ok(sh.step.desc) ? pptm_run_variant(sh.step.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
+        if (status == PPTM_STATUS_ABORTED) return PPTM_STATUS_ABORTED;
+        __syncthreads();  // every thread's stores and finite checks, before thread 0 arrives
+        uint32_t paths = 0;
+        if (threadIdx.x == 0) {
+            paths = pptm_paths;
+            pptm_paths = 0u;
+            const uint32_t bad = pptm_nonfinite;
+            pptm_nonfinite = 0u;
+            if (blocks == 1) {
+                sh.own = partial;
+                sh.last = 1;
+                sh.nonfinite = bad;
+            } else {
+                v.partials[sh.step.partials + me] = partial;
+                const uint64_t prior = pptm_atom_add_acq_rel_gpu(&v.arrivals[k], 1ull | ((uint64_t)bad << 32));
+                sh.last = (uint32_t)prior == blocks - 1;
+                sh.nonfinite = bad | (uint32_t)(prior >> 32);
+            }
+        }
+        __syncthreads();
+        if (sh.last) {
+            double value = 0.0;
+            if (status == PPTM_STATUS_OK)
+                value = pptm_finish_variant(sh.step.desc, blocks == 1 ? &sh.own : v.partials + sh.step.partials, blocks, sh.red);
+            if (threadIdx.x == 0) {
+                if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
+                pptm_nonfinite = 0u;
+                reinterpret_cast<volatile double*>(v.values)[k] = value;
+                pptm_plan_result_store(&v.results[k], status, paths, value, pptm_globaltimer());
+                if (blocks > 1) v.arrivals[k] = 0;  // every block of this run of the step has arrived
+                // The plan's first failure (by time), which a later loop iteration's result would hide.
+                if (status != PPTM_STATUS_OK)
+                    atomicCAS(reinterpret_cast<unsigned long long*>(v.dev) + 1, 0ull,
+                              (unsigned long long)((k + 1) | ((uint64_t)status << 32)));
+                pptm_st_release_gpu(&v.done[k], id);
+                pptm_st_release_gpu(&v.finished[k], it + 1);
+            }
+        }
+        pptm_tick(plan_ctx);
+        ++k;
+    }
+    __syncthreads();
+    return PPTM_STATUS_OK;
+}
+
+// The plan's summary, results[n], by thread 0 of the item's last arriving block (every block's
+// steps are done, and their stores acquired by its arrival): the first failure (status, and the
+// step as the value; -1 when none), the plan's start and end.
+__device__ __forceinline__ void pptm_plan_summary(const pptm_manifold_params& P, const pptm_desc& d, uint64_t start) {
+    pptm_plan_view v;
+    if (!pptm_plan_view_of(P, d, v)) return;
+    const uint64_t failed = pptm_ld_relaxed_gpu(reinterpret_cast<const uint64_t*>(v.dev) + 1);
+    pptm_plan_result* r = &v.results[v.n];
+    pptm_st_relaxed_sys(&r->start, start);
+    pptm_plan_result_store(r, (uint32_t)(failed >> 32), 0u, failed == 0 ? -1.0 : (double)((uint32_t)failed - 1), pptm_globaltimer());
+}
+
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
@@ -381,6 +649,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             status = pptm_run_debug(P, sh.desc, ctx);
         else if (op == PPTM_OP_WAIT_VALUE)
             status = pptm_run_wait(P, sh.desc, ctx);
+        else if (op == PPTM_OP_PLAN)
+            status = pptm_run_plan(P, sh, seq, me, blocks);
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
@@ -445,7 +715,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 PPTM_TRACE(seq, 6, pptm_globaltimer());
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
-                if (status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) pptm_fence_acq_rel_sys();
+                if (status == PPTM_STATUS_OK && op == PPTM_OP_PLAN) pptm_plan_summary(P, sh.desc, start);
+                // A plan's steps write memory, and their results went to the host arena.
+                if ((status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) || op == PPTM_OP_PLAN) pptm_fence_acq_rel_sys();
                 PPTM_TRACE(seq, 7, pptm_globaltimer());
                 if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
                 pptm_nonfinite = 0u;

@@ -99,6 +99,17 @@ pub enum Error {
     #[error("the submission queue is full ({capacity} items in flight)")]
     QueueFull { capacity: usize },
 
+    /// A pipeline's items of one domain need more plan memory than the manifold has: raise
+    /// `Config::plan_arena_bytes`, or wait on the pipeline in parts.
+    #[error(
+        "the pipeline's plan needs {bytes} bytes of plan arena, more than Config::plan_arena_bytes ({capacity}); raise it or wait on the pipeline in parts"
+    )]
+    PlanTooLarge { bytes: u64, capacity: u64 },
+
+    /// A pipeline loop that pptm cannot run as asked; the reason says why and what to do.
+    #[error("pipeline loop: {reason}")]
+    PipelineLoop { reason: String },
+
     /// A wait ran out of time. A ticket that timed out can be waited on again.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

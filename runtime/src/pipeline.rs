@@ -20,16 +20,22 @@
 //! A pipeline that is dropped unwaited waits for its items first, as a ticket does, so the buffers
 //! it borrows are never released while the device may still use them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::buffer::Buffer;
-use crate::chain::{Arg, Chain, ChainOutput, InputBuffer};
+use crate::chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer};
 use crate::error::{Error, Result};
-use crate::gpu::{Cell, Manifold};
-use crate::runtime::Runtime;
+use crate::gpu::Manifold;
+use crate::gpu::abi::{
+    PPTM_DEP_IN_LOOP, PPTM_OP_PLAN, PPTM_OP_PLAN_LOOP, PPTM_OP_PLAN_WAIT, PPTM_PLAN_DEPS,
+    PPTM_STATUS_OK, PPTM_SYNC_BARRIER, PPTM_SYNC_DEPS, pptm_desc, pptm_plan_step,
+};
+use crate::gpu::plan::{self, Region};
+use crate::guard::GuardNote;
+use crate::runtime::{PlannedItem, Routed, Runtime, SubmitMode, Tile};
 use crate::ticket::Ticket;
 
 /// Tells pipelines apart, so a handle of one cannot be used in another.
@@ -99,13 +105,6 @@ enum Pending {
 }
 
 impl Pending {
-    fn in_flight(&self) -> Option<(&Arc<Manifold>, &Arc<Cell>)> {
-        match self {
-            Pending::Scalar(t) => t.in_flight(),
-            Pending::Vector(t) => t.in_flight(),
-        }
-    }
-
     fn wait(self) -> Result<f32> {
         match self {
             Pending::Scalar(t) => t.wait(),
@@ -142,6 +141,14 @@ impl PipeOutputType for () {
     fn from_value(_: f32) -> Self {}
 }
 
+/// A loop of a pipeline ([`Pipeline::repeat`], [`Pipeline::repeat_until`]): how many iterations
+/// ran is [`PipeResults::iterations`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipeLoop {
+    pipeline: u64,
+    index: usize,
+}
+
 /// Who last touched a buffer: the item that wrote it last, and the items that read it since.
 #[derive(Default)]
 struct Access {
@@ -149,10 +156,72 @@ struct Access {
     readers: Vec<usize>,
 }
 
+/// Where an item's result will come from.
+enum State {
+    /// Known: the item ran at its push (the CPU backend, the launched variants), or its plan
+    /// completed.
+    Done(Result<f32>),
+    /// Step `step` of plan `plan`.
+    Planned {
+        plan: usize,
+        step: usize,
+        guard: Option<GuardNote>,
+    },
+}
+
 struct Entry {
     chain: &'static str,
-    pending: Pending,
+    state: State,
 }
+
+/// What the pipeline knows of one step of a plan, beyond the step itself.
+#[derive(Clone, Copy)]
+struct StepMeta {
+    tile: Option<Tile>,
+    blocks: u32,
+    /// The loop step that closes the loop this step is in.
+    loop_end: Option<usize>,
+    /// A PLAN_WAIT step: the plan and step whose `done` word it waits for.
+    wait_on: Option<(usize, usize)>,
+}
+
+/// One domain's items of one dispatch: a plan (gpu/plan.rs).
+struct Plan {
+    code: &'static DomainCode,
+    id: u64,
+    steps: Vec<pptm_plan_step>,
+    meta: Vec<StepMeta>,
+    /// Partial slots its steps of several blocks need.
+    partials: u32,
+    /// Blocks it runs on: the most any step asks for (0: every block).
+    blocks: u32,
+    /// Steps of other plans it waits for already.
+    waits: HashSet<(usize, usize)>,
+    /// The first step of the loop being recorded into it.
+    loop_first: Option<usize>,
+    flight: Option<Flight>,
+}
+
+/// A dispatched plan.
+struct Flight {
+    manifold: Arc<Manifold>,
+    region: Region,
+    /// Until resolved.
+    ticket: Option<Ticket<'static, ()>>,
+    /// Whether its regions may be given back: it completed, or its manifold stopped.
+    settled: bool,
+}
+
+/// The loop being recorded.
+struct OpenLoop {
+    /// The plan its items go to, once the first is pushed.
+    plan: Option<usize>,
+    /// Whether its items ran at their push (CPU backend, launched variants).
+    immediate: bool,
+}
+
+/// Plan ids: never 0, unique in the process (a plan's `done` words hold its id).
+static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Items submitted in order, each free to read what an earlier one wrote, resolved together: see
 /// the module documentation and [`Runtime::pipeline`].
@@ -160,20 +229,25 @@ pub struct Pipeline<'p> {
     rt: &'p Runtime,
     id: u64,
     outputs: Vec<&'p mut Buffer<f32>>,
-    /// Dropped unwaited, each pending ticket waits for its item as it drops (bounded by the
-    /// shutdown timeout), oldest first, before the borrows of the buffers end.
     entries: Vec<Entry>,
     /// Per buffer (its address: borrowed for 'p, it cannot move): who touched it last.
     access: HashMap<usize, Access>,
+    plans: Vec<Plan>,
+    /// Plans not yet dispatched, by domain key.
+    open: HashMap<&'static str, usize>,
+    looping: Option<OpenLoop>,
+    /// Queue items (plans) submitted and items run at their push: the host's round trips.
+    round_trips: u64,
 }
 
 impl std::fmt::Debug for Pipeline<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Pipeline({} items, {} output buffers)",
+            "Pipeline({} items, {} output buffers, {} plans)",
             self.entries.len(),
-            self.outputs.len()
+            self.outputs.len(),
+            self.plans.len()
         )
     }
 }
@@ -200,8 +274,18 @@ impl Runtime {
             outputs: Vec::new(),
             entries: Vec::new(),
             access: HashMap::new(),
+            plans: Vec::new(),
+            open: HashMap::new(),
+            looping: None,
+            round_trips: 0,
         }
     }
+}
+
+/// Whether every element of a buffer of `len` elements that item `b` touches was touched by the
+/// same block in item `a`: both are map-pattern items with equal tiles over `len` elements.
+fn tiles_line_up(a: Option<Tile>, b: Option<Tile>, len: usize) -> bool {
+    matches!((a, b), (Some(a), Some(b)) if a == b && a.aligned && a.elements == len)
 }
 
 impl<'p> Pipeline<'p> {
@@ -237,9 +321,9 @@ impl<'p> Pipeline<'p> {
         self.entries.is_empty()
     }
 
-    /// Submits one item of chain `C` after every item pushed before it (what the generated
-    /// `push` calls). Typed errors as `submit`'s, and [`Error::BadArguments`] for a handle of
-    /// another pipeline or an item that reads the buffer it writes.
+    /// Adds one item of chain `C` after every item pushed before it (what the generated `push`
+    /// calls). Typed errors as `submit`'s, and [`Error::BadArguments`] for a handle of another
+    /// pipeline or an item that reads the buffer it writes.
     pub fn push_chain<C>(&mut self, args: Vec<PipeArg<'p>>) -> Result<PipeItem<C::Output>>
     where
         C: Chain,
@@ -249,11 +333,11 @@ impl<'p> Pipeline<'p> {
             chain: C::NAME,
             reason,
         };
-        // Which output buffer each argument names, and the buffers (by address) it reads and
-        // writes, for the hazards.
+        // Which output buffer each argument names, and the buffers (address, length) it reads
+        // and writes, for the hazards.
         let mut written: Option<usize> = None;
         let mut read_outputs: Vec<usize> = Vec::new();
-        let mut reads: Vec<usize> = Vec::new();
+        let mut reads: Vec<(usize, usize)> = Vec::new();
         for a in &args {
             let (name, pipeline) = match a {
                 PipeArg::Input(n, i) => (n, i.pipeline),
@@ -267,10 +351,10 @@ impl<'p> Pipeline<'p> {
             }
             match a {
                 PipeArg::Input(_, PipeInput { source, .. }) => match *source {
-                    Source::Shared(b) => reads.push(b.address()),
+                    Source::Shared(b) => reads.push((b.address(), b.len())),
                     Source::Output(k) => {
                         read_outputs.push(k);
-                        reads.push(address(self.outputs[k]));
+                        reads.push((address(self.outputs[k]), self.outputs[k].len()));
                     }
                 },
                 PipeArg::Output(_, o) => written = Some(o.index),
@@ -286,31 +370,40 @@ impl<'p> Pipeline<'p> {
                     .into(),
             ));
         }
-        let writes: Vec<usize> = written
-            .map(|w| address(self.outputs[w]))
+        let writes: Vec<(usize, usize)> = written
+            .map(|w| (address(self.outputs[w]), self.outputs[w].len()))
             .into_iter()
             .collect();
 
-        // The earlier items this one must follow: the last writer of what it reads or writes, and
-        // the readers since of what it writes.
-        let mut after: Vec<usize> = Vec::new();
-        for a in reads.iter().chain(&writes) {
-            if let Some(acc) = self.access.get(a) {
-                after.extend(acc.writer);
+        // The earlier items this one must follow, each with the length of the buffer that makes
+        // it a hazard: the last writer of what it reads or writes, and the readers since of what
+        // it writes.
+        let mut after: Vec<(usize, usize)> = Vec::new();
+        for (a, len) in reads.iter().chain(&writes) {
+            if let Some(w) = self.access.get(a).and_then(|acc| acc.writer) {
+                after.push((w, *len));
             }
         }
-        for a in &writes {
+        for (a, len) in &writes {
             if let Some(acc) = self.access.get(a) {
-                after.extend(&acc.readers);
+                after.extend(acc.readers.iter().map(|&r| (r, *len)));
             }
         }
-        after.sort_unstable();
-        after.dedup();
-        let follow: Vec<(Arc<Manifold>, Arc<Cell>)> = after
-            .iter()
-            .filter_map(|&j| self.entries[j].pending.in_flight())
-            .map(|(m, c)| (m.clone(), c.clone()))
-            .collect();
+
+        // Items bound for a manifold are recorded into their domain's plan; any other item
+        // runs now, after everything recorded before it.
+        let planned = self.rt.running_manifold(C::DOMAIN)?.is_some();
+        if !planned {
+            if self.looping.as_ref().is_some_and(|l| l.plan.is_some()) {
+                return Err(Error::PipelineLoop {
+                    reason: format!(
+                        "`{}` would run on the host's side of the loop while its other items run in a plan on the GPU; a loop's items must all run in one domain",
+                        C::NAME
+                    ),
+                });
+            }
+            self.settle()?;
+        }
 
         // The arguments as `submit` takes them: shared borrows of what is read, the one mutable
         // borrow of what is written.
@@ -341,19 +434,30 @@ impl<'p> Pipeline<'p> {
                 PipeArg::Dim(n, v) => Arg::Dim(n, v),
             });
         }
-        let ticket = self.rt.submit_impl::<C>(submit_args, true, &follow)?;
-        // The pipeline holds the buffers' borrows until every item has resolved (`wait`, or its
-        // Drop): the ticket need not.
-        let pending = C::Output::erase(ticket.detach()).0;
+        // (A ticket of an item that ran is resolved already: the pipeline holds the borrows.)
+        let routed = match self.rt.submit_impl::<C>(submit_args, SubmitMode::Plan)? {
+            Routed::Ran(ticket) => Ok(C::Output::erase(ticket.detach()).0.wait()),
+            Routed::Planned(item) => Err(item),
+        };
+        let state = match routed {
+            Ok(result) => {
+                if let Some(l) = self.looping.as_mut() {
+                    l.immediate = true;
+                }
+                self.round_trips += 1;
+                State::Done(result)
+            }
+            Err(item) => self.record(C::NAME, item, &after)?,
+        };
         let index = self.entries.len();
         self.entries.push(Entry {
             chain: C::NAME,
-            pending,
+            state,
         });
-        for a in reads {
+        for (a, _) in reads {
             self.access.entry(a).or_default().readers.push(index);
         }
-        for a in writes {
+        for (a, _) in writes {
             let acc = self.access.entry(a).or_default();
             acc.writer = Some(index);
             acc.readers.clear();
@@ -365,17 +469,483 @@ impl<'p> Pipeline<'p> {
         })
     }
 
+    /// Records an item into its domain's open plan, after the waits its hazards call for.
+    fn record(
+        &mut self,
+        chain: &'static str,
+        item: PlannedItem,
+        after: &[(usize, usize)],
+    ) -> Result<State> {
+        let p = match self.open.get(item.code.key) {
+            Some(&p) => p,
+            None => {
+                self.plans.push(Plan {
+                    code: item.code,
+                    id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+                    steps: Vec::new(),
+                    meta: Vec::new(),
+                    partials: 0,
+                    blocks: 1,
+                    waits: HashSet::new(),
+                    loop_first: None,
+                    flight: None,
+                });
+                self.open.insert(item.code.key, self.plans.len() - 1);
+                self.plans.len() - 1
+            }
+        };
+        if let Some(l) = self.looping.as_mut() {
+            match l.plan {
+                _ if l.immediate => {
+                    return Err(Error::PipelineLoop {
+                        reason: format!(
+                            "`{chain}` would run in a plan on the GPU while the loop's other items ran on the host's side; a loop's items must all run in one domain"
+                        ),
+                    });
+                }
+                None => {
+                    l.plan = Some(p);
+                    self.plans[p].loop_first = Some(self.plans[p].steps.len());
+                }
+                Some(lp) if lp != p => {
+                    return Err(Error::PipelineLoop {
+                        reason: format!(
+                            "`{chain}` is of domain `{}`, the loop's first item of domain `{}`; a loop's items must all run in one domain",
+                            item.code.name, self.plans[lp].code.name
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        // What this step waits for: earlier steps of its plan (unless the tiles line up, or
+        // both ran on block 0 alone), and steps of other domains' plans (a wait step before it).
+        let mut deps: Vec<u32> = Vec::new();
+        let mut cross: Vec<(usize, usize)> = Vec::new();
+        for &(j, len) in after {
+            let State::Planned {
+                plan: pj, step: sj, ..
+            } = self.entries[j].state
+            else {
+                continue; // ran already
+            };
+            let other = &self.plans[pj];
+            let target = other.meta[sj].loop_end.unwrap_or(sj);
+            if pj == p {
+                let m = other.meta[sj];
+                if m.loop_end.is_some()
+                    || tiles_line_up(m.tile, item.tile, len)
+                    || (m.blocks == 1 && item.desc.blocks == 1)
+                {
+                    continue;
+                }
+                let in_loop = other.loop_first.is_some_and(|f| sj >= f);
+                deps.push(sj as u32 | if in_loop { PPTM_DEP_IN_LOOP } else { 0 });
+            } else if other.code.key == item.code.key {
+                continue; // an earlier plan of this domain: its queue runs them in order
+            } else if other
+                .flight
+                .as_ref()
+                .is_some_and(|f| f.ticket.as_ref().is_none_or(|t| t.is_ready()))
+            {
+                continue; // completed
+            } else {
+                cross.push((pj, target));
+            }
+        }
+        cross.sort_unstable();
+        cross.dedup();
+        for w in cross {
+            if !self.plans[p].waits.insert(w) {
+                continue;
+            }
+            let other_id = self.plans[w.0].id;
+            let plan = &mut self.plans[p];
+            let mut desc = pptm_desc {
+                opcode: PPTM_OP_PLAN_WAIT,
+                blocks: 0,
+                ..Default::default()
+            };
+            desc.args[1] = other_id; // args[0], the word, once both plans have their regions
+            plan.steps.push(plan::step(desc));
+            plan.meta.push(StepMeta {
+                tile: None,
+                blocks: 0,
+                loop_end: None,
+                wait_on: Some(w),
+            });
+            plan.blocks = 0;
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let plan = &mut self.plans[p];
+        let mut step = plan::step(item.desc);
+        if deps.len() > PPTM_PLAN_DEPS as usize {
+            step.sync = PPTM_SYNC_BARRIER;
+        } else if !deps.is_empty() {
+            step.sync = PPTM_SYNC_DEPS;
+            step.deps[..deps.len()].copy_from_slice(&deps);
+        }
+        if item.desc.blocks != 1 {
+            step.partials = plan.partials;
+            let slots = if item.desc.blocks == 0 {
+                crate::gpu::abi::PPTM_MAX_BLOCKS
+            } else {
+                item.desc.blocks
+            };
+            plan.partials = plan.partials.saturating_add(slots);
+        }
+        if plan.blocks != 0 {
+            plan.blocks = if item.desc.blocks == 0 {
+                0
+            } else {
+                plan.blocks.max(item.desc.blocks)
+            };
+        }
+        plan.steps.push(step);
+        plan.meta.push(StepMeta {
+            tile: item.tile,
+            blocks: item.desc.blocks,
+            loop_end: None,
+            wait_on: None,
+        });
+        let _ = chain;
+        Ok(State::Planned {
+            plan: p,
+            step: plan.steps.len() - 1,
+            guard: item.guard,
+        })
+    }
+
+    /// Runs `body`'s items `times` times over: on the GPU as one loop inside the plan, with no
+    /// host round trip between iterations. The items must all be of one domain, and a loop may
+    /// not hold another. What they compute after the last iteration is what the pipeline
+    /// returns for them.
+    pub fn repeat(
+        &mut self,
+        times: u32,
+        mut body: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<PipeLoop> {
+        self.run_loop(times, None, &mut |p| body(p).map(|()| None))
+    }
+
+    /// As [`Pipeline::repeat`], stopping early after the first iteration in which `residual`
+    /// (an item `body` pushes, whose value the loop reads on the device) comes out below
+    /// `below`. At most `max_times` iterations.
+    pub fn repeat_until(
+        &mut self,
+        max_times: u32,
+        below: f64,
+        mut body: impl FnMut(&mut Self) -> Result<PipeItem<f32>>,
+    ) -> Result<PipeLoop> {
+        self.run_loop(max_times, Some(below), &mut |p| body(p).map(Some))
+    }
+
+    fn run_loop(
+        &mut self,
+        times: u32,
+        below: Option<f64>,
+        body: &mut dyn FnMut(&mut Self) -> Result<Option<PipeItem<f32>>>,
+    ) -> Result<PipeLoop> {
+        let refuse = |reason: &str| Error::PipelineLoop {
+            reason: reason.into(),
+        };
+        if times == 0 {
+            return Err(refuse(
+                "a loop runs at least once: times must be at least 1",
+            ));
+        }
+        if self.looping.is_some() {
+            return Err(refuse(
+                "a loop inside a loop is not supported; unroll the inner one",
+            ));
+        }
+        let first = self.entries.len();
+        self.looping = Some(OpenLoop {
+            plan: None,
+            immediate: false,
+        });
+        let returned = body(self);
+        let opened = self.looping.take().expect("set above");
+        // Closed here whatever happens next (on an error, what the body recorded stays, as
+        // items after one another).
+        let loop_first = opened.plan.and_then(|p| self.plans[p].loop_first.take());
+        let residual = returned?;
+        let count = self.entries.len() - first;
+        if count == 0 {
+            return Err(refuse("the loop's body pushed no item"));
+        }
+        let cond = match residual {
+            Some(item)
+                if item.pipeline != self.id || !(first..first + count).contains(&item.index) =>
+            {
+                return Err(refuse(
+                    "the residual must be an item the loop's body pushed in this pipeline",
+                ));
+            }
+            Some(item) => Some(item.index),
+            None => None,
+        };
+        let below = below.unwrap_or(f64::NAN);
+        let state = if let Some(p) = opened.plan {
+            // One loop step closes the body in the plan; the device runs the iterations.
+            let plan = &mut self.plans[p];
+            let first_step = loop_first.expect("set by the loop's first item");
+            let cond_step = match cond.map(|c| &self.entries[c].state) {
+                Some(State::Planned { step, .. }) => *step as u64 + 1,
+                _ => 0,
+            };
+            let mut desc = pptm_desc {
+                opcode: PPTM_OP_PLAN_LOOP,
+                blocks: 0,
+                ..Default::default()
+            };
+            desc.args[0] = first_step as u64;
+            desc.args[1] = u64::from(times);
+            desc.args[2] = cond_step;
+            desc.args[3] = below.to_bits();
+            let end = plan.steps.len();
+            plan.steps.push(plan::step(desc));
+            plan.meta.push(StepMeta {
+                tile: None,
+                blocks: 0,
+                loop_end: None,
+                wait_on: None,
+            });
+            for m in &mut plan.meta[first_step..end] {
+                m.loop_end = Some(end);
+            }
+            plan.blocks = if plan.blocks == 0 { 0 } else { plan.blocks };
+            State::Planned {
+                plan: p,
+                step: end,
+                guard: None,
+            }
+        } else {
+            // The items ran at their push: run the body again until done, keeping the last
+            // iteration's results in the first iteration's entries.
+            let stop = |entries: &[Entry]| {
+                cond.is_some_and(
+                    |c| matches!(entries[c].state, State::Done(Ok(v)) if f64::from(v) < below),
+                )
+            };
+            let mut iterations = 1u32;
+            while iterations < times && !stop(&self.entries) {
+                let base = self.entries.len();
+                self.looping = Some(OpenLoop {
+                    plan: None,
+                    immediate: true,
+                });
+                let again = body(self);
+                self.looping = None;
+                again?;
+                if self.entries.len() - base != count {
+                    return Err(refuse(
+                        "the loop's body pushed a different number of items in a later iteration",
+                    ));
+                }
+                for (k, e) in self.entries.drain(base..).enumerate().collect::<Vec<_>>() {
+                    self.entries[first + k].state = e.state;
+                }
+                for acc in self.access.values_mut() {
+                    let remap = |i: &mut usize| {
+                        if *i >= base {
+                            *i = first + (*i - base);
+                        }
+                    };
+                    acc.writer.as_mut().map(remap);
+                    acc.readers.iter_mut().for_each(remap);
+                    acc.readers.sort_unstable();
+                    acc.readers.dedup();
+                }
+                iterations += 1;
+            }
+            State::Done(Ok(iterations as f32))
+        };
+        let index = self.entries.len();
+        self.entries.push(Entry {
+            chain: "loop",
+            state,
+        });
+        Ok(PipeLoop {
+            pipeline: self.id,
+            index,
+        })
+    }
+
+    /// Dispatches the items recorded so far (one plan per domain), without waiting for them.
+    /// [`Pipeline::wait`] does this itself; call it to let the GPU start while the host pushes
+    /// more. Items pushed after it go to new plans, which follow these.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.open.is_empty() {
+            return Ok(());
+        }
+        if self.looping.is_some() {
+            return Err(Error::PipelineLoop {
+                reason: "flush inside a loop's body".into(),
+            });
+        }
+        let batch: Vec<usize> = {
+            let mut b: Vec<usize> = self.open.drain().map(|(_, p)| p).collect();
+            b.sort_unstable();
+            b
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Every plan's regions first: a wait step needs the address of another plan's words.
+        let deadline = std::time::Instant::now() + self.rt.config().submit_timeout;
+        for &p in &batch {
+            let plan = &self.plans[p];
+            let m = self
+                .rt
+                .running_manifold(plan.code)?
+                .ok_or(Error::ShutDown)?;
+            let n = plan.steps.len() as u64;
+            let region = m.plans.reserve(
+                plan::host_bytes(n),
+                plan::dev_bytes(n, u64::from(plan.partials)),
+                deadline,
+            )?;
+            self.plans[p].flight = Some(Flight {
+                manifold: m,
+                region,
+                ticket: None,
+                settled: false,
+            });
+        }
+        let patience = self
+            .rt
+            .config()
+            .stream_patience
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        for &p in &batch {
+            let mut steps = std::mem::take(&mut self.plans[p].steps);
+            for (s, m) in steps.iter_mut().zip(&self.plans[p].meta) {
+                if let Some((pj, sj)) = m.wait_on {
+                    let other = &self.plans[pj];
+                    let f = other.flight.as_ref().expect("dispatched before or now");
+                    let n = other.meta.len() as u64;
+                    s.desc.args[0] = f
+                        .manifold
+                        .plans
+                        .dev_address(f.region.dev + plan::done_offset(n, sj as u64));
+                }
+            }
+            let plan = &self.plans[p];
+            let f = plan.flight.as_ref().expect("reserved above");
+            if !plan::write_steps(&f.manifold, f.region, &steps) {
+                return Err(Error::Device {
+                    chain: "pipeline plan",
+                    status: crate::gpu::abi::PPTM_STATUS_BAD_ARGUMENT,
+                    meaning: "the plan's region lies outside the host plan arena",
+                });
+            }
+            let mut desc = pptm_desc {
+                opcode: PPTM_OP_PLAN,
+                blocks: plan.blocks,
+                ..Default::default()
+            };
+            desc.args[0] = steps.len() as u64;
+            desc.args[1] = f.region.dev;
+            desc.args[2] = f.region.host;
+            desc.args[3] = plan.id;
+            desc.args[4] = patience;
+            desc.args[5] = u64::from(plan.partials);
+            let cell = self.rt.push_plan(plan.code, &f.manifold, &desc)?;
+            let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
+            self.plans[p].flight.as_mut().expect("reserved").ticket = Some(ticket);
+            self.plans[p].steps = steps;
+            self.round_trips += 1;
+        }
+        Ok(())
+    }
+
+    /// Dispatches what is recorded and waits for every plan in flight; their items' results
+    /// become known.
+    fn settle(&mut self) -> Result<()> {
+        self.flush()?;
+        for p in 0..self.plans.len() {
+            let Some(ticket) = self.plans[p].flight.as_mut().and_then(|f| f.ticket.take()) else {
+                continue;
+            };
+            let outcome = ticket.wait();
+            self.plans[p].flight.as_mut().expect("dispatched").settled = true;
+            self.resolve_plan(p, outcome);
+        }
+        Ok(())
+    }
+
+    /// Turns a completed plan's results into its items' results.
+    fn resolve_plan(&mut self, p: usize, outcome: Result<()>) {
+        let plan = &self.plans[p];
+        let f = plan.flight.as_ref().expect("dispatched");
+        let n = plan.steps.len() as u64;
+        let summary = plan::read_result(&f.manifold, f.region, n, n);
+        let mut failure = outcome.err();
+        for e in self.entries.iter_mut() {
+            let State::Planned {
+                plan: ep,
+                step,
+                guard,
+            } = &mut e.state
+            else {
+                continue;
+            };
+            if *ep != p {
+                continue;
+            }
+            let result = match (
+                &mut failure,
+                plan::read_result(&f.manifold, f.region, n, *step as u64),
+            ) {
+                // The plan failed as a whole (its manifold stopped, a hang): the first of its
+                // items reports why, the others that they did not complete.
+                (Some(_), _) => Err(failure.take().expect("some")),
+                (None, None) => Err(Error::Device {
+                    chain: e.chain,
+                    status: crate::gpu::abi::PPTM_STATUS_BAD_ARGUMENT,
+                    meaning: "the plan's results lie outside the host plan arena",
+                }),
+                (None, Some(r)) => {
+                    // A failure an earlier loop iteration saw, which a later one's result hides.
+                    let status = match summary {
+                        Some(s) if s.status != PPTM_STATUS_OK && s.value as u64 == *step as u64 => {
+                            s.status
+                        }
+                        _ => r.status,
+                    };
+                    let c = Completion {
+                        status,
+                        value: r.value,
+                        device_ns: Some(r.end.saturating_sub(r.start)),
+                        paths: Some(crate::ticket::ProductPaths::from_bits(r.paths)),
+                    };
+                    let out = crate::ticket::resolve(e.chain, plan.code.name, &Ok(c));
+                    if let (Ok(c), Some(g)) = (&out, guard.take()) {
+                        g.book.record(&g, c.value);
+                    }
+                    out.map(|c| c.value as f32)
+                }
+            };
+            e.state = State::Done(result);
+        }
+        // Items of a failed plan after the first: they did not complete either.
+        let _ = failure;
+    }
+
     /// Waits for every item. The first item that failed fails the pipeline:
     /// [`Error::PipelineItem`] names it (the items after it ran on what it left, so they are not
     /// reported as results). Otherwise every item's result, by [`PipeResults::get`].
-    pub fn wait(self) -> Result<PipeResults> {
+    pub fn wait(mut self) -> Result<PipeResults> {
+        let settled = self.settle();
         let mut values = Vec::with_capacity(self.entries.len());
-        let mut first_failure: Option<Error> = None;
-        for (index, e) in self.entries.into_iter().enumerate() {
-            // Every item is waited, failed or not: the buffers stay borrowed until the last one.
-            match e.pending.wait() {
-                Ok(v) => values.push(v),
-                Err(source) => {
+        let mut first_failure: Option<Error> = settled.err();
+        for (index, e) in std::mem::take(&mut self.entries).into_iter().enumerate() {
+            match e.state {
+                State::Done(Ok(v)) => values.push(v),
+                State::Done(Err(source)) => {
                     values.push(f32::NAN);
                     if first_failure.is_none() {
                         first_failure = Some(Error::PipelineItem {
@@ -385,6 +955,7 @@ impl<'p> Pipeline<'p> {
                         });
                     }
                 }
+                State::Planned { .. } => values.push(f32::NAN),
             }
         }
         match first_failure {
@@ -392,7 +963,42 @@ impl<'p> Pipeline<'p> {
             None => Ok(PipeResults {
                 pipeline: self.id,
                 values,
+                round_trips: self.round_trips,
             }),
+        }
+    }
+}
+
+impl Drop for Pipeline<'_> {
+    /// Dropped unwaited, the pipeline dispatches what it recorded and waits for it (bounded by
+    /// the shutdown timeout, as a ticket's drop), so the buffers it borrows are never released
+    /// while the device may use them. A plan's regions go back to its manifold's arenas only once
+    /// every plan of the pipeline has settled (one may wait on another's words).
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::error!("dropping a pipeline: its last items could not be dispatched: {e}");
+        }
+        for plan in &mut self.plans {
+            let Some(f) = plan.flight.as_mut() else {
+                continue;
+            };
+            if let Some(mut t) = f.ticket.take() {
+                let timeout = f.manifold.shutdown_timeout();
+                f.settled = !matches!(t.wait_timeout(timeout), Err(Error::Timeout(_)));
+                if !f.settled {
+                    tracing::error!(
+                        "dropped a pipeline whose plan did not finish in time; its plan memory stays reserved"
+                    );
+                    std::mem::forget(t);
+                }
+            }
+        }
+        for plan in &self.plans {
+            if let Some(f) = &plan.flight
+                && f.settled
+            {
+                f.manifold.plans.release(f.region);
+            }
         }
     }
 }
@@ -402,6 +1008,7 @@ impl<'p> Pipeline<'p> {
 pub struct PipeResults {
     pipeline: u64,
     values: Vec<f32>,
+    round_trips: u64,
 }
 
 impl PipeResults {
@@ -415,6 +1022,24 @@ impl PipeResults {
             });
         }
         Ok(R::from_value(self.values[item.index]))
+    }
+
+    /// How many iterations `lp` ran ([`Error::BadArguments`] for a loop of another pipeline).
+    pub fn iterations(&self, lp: PipeLoop) -> Result<u32> {
+        if lp.pipeline != self.pipeline {
+            return Err(Error::BadArguments {
+                chain: "pipeline",
+                reason: "the loop belongs to another pipeline".into(),
+            });
+        }
+        Ok(self.values[lp.index] as u32)
+    }
+
+    /// Times the host handed work to the device and learnt of its end: one per plan (a domain's
+    /// items of one dispatch, whatever their number and however many times their loops ran),
+    /// and one per item run at its push (the CPU backend, the launched variants).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips
     }
 }
 

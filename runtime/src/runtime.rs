@@ -62,6 +62,63 @@ pub enum Injection {
     MisalignedArgument,
 }
 
+/// How `submit_impl` takes an item.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SubmitMode {
+    /// Waits for a free queue slot.
+    Blocking,
+    /// [`Error::QueueFull`] instead of waiting.
+    Try,
+    /// Records it for a pipeline's plan when it would go to a manifold.
+    Plan,
+}
+
+impl From<bool> for SubmitMode {
+    fn from(blocking: bool) -> Self {
+        if blocking {
+            SubmitMode::Blocking
+        } else {
+            SubmitMode::Try
+        }
+    }
+}
+
+/// What `submit_impl` did with an item.
+pub(crate) enum Routed<'a, R: crate::chain::ChainOutput> {
+    /// Submitted, or run already (the CPU backend, the launched variants).
+    Ran(Ticket<'a, R>),
+    /// Recorded for a plan (`SubmitMode::Plan`).
+    Planned(PlannedItem),
+}
+
+impl<'a, R: crate::chain::ChainOutput> Routed<'a, R> {
+    fn into_ticket(self) -> Ticket<'a, R> {
+        match self {
+            Routed::Ran(t) => t,
+            Routed::Planned(_) => unreachable!("only SubmitMode::Plan records"),
+        }
+    }
+}
+
+/// An item a pipeline records for a plan: its descriptor, and what the plan needs to know.
+pub(crate) struct PlannedItem {
+    pub code: &'static DomainCode,
+    pub desc: pptm_desc,
+    pub guard: Option<GuardNote>,
+    /// For a chain of the map pattern, how its elements fall to blocks.
+    pub tile: Option<Tile>,
+}
+
+/// How a map-pattern item spreads its elements over blocks: two items with equal tiles give each
+/// element, in every buffer of that many elements, to the same block (the patterns stride the
+/// same way over the same count; 16-byte loads only when every buffer is aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tile {
+    pub elements: usize,
+    pub blocks: u32,
+    pub aligned: bool,
+}
+
 /// Runtime settings. `Config::default()` suits most uses.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -105,6 +162,10 @@ pub struct Config {
     /// `None`: resident until shutdown (such calls must then go inside [`Runtime::quiesce`]).
     /// Default 100 ms, or `PPTM_PARK_MS` (`0`: never). Persistent-manifold variant only.
     pub park_when_idle: Option<Duration>,
+    /// Bytes of each manifold's two plan arenas (one in pinned host memory, one on the device),
+    /// where pipelines' plans live while they run: about 230 bytes a step, plus 8 a block for a
+    /// step of several blocks. Default 4 MiB (some 15,000 steps in flight per domain).
+    pub plan_arena_bytes: usize,
     /// How long an item may wait on the GPU for an application stream
     /// ([`Runtime::wait_for_stream`]) before the watchdog may take the wait for a hang. Default
     /// 10 s.
@@ -129,6 +190,7 @@ impl Default for Config {
             domain_sms: Vec::new(),
             variant: Variant::Fused,
             stream_patience: Duration::from_secs(10),
+            plan_arena_bytes: 4 << 20,
             park_when_idle: ms_from_env("PPTM_PARK_MS")
                 .map_or(Some(Duration::from_millis(100)), |ms| {
                     (ms > 0).then(|| Duration::from_millis(ms))
@@ -164,6 +226,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "fetch_pollers = {} is not in 1..=8",
                 self.fetch_pollers
+            )));
+        }
+        if !(64 << 10..=1 << 34).contains(&self.plan_arena_bytes) {
+            return Err(Error::Config(format!(
+                "plan_arena_bytes = {} is not in 64 KiB ..= 16 GiB",
+                self.plan_arena_bytes
             )));
         }
         if self.max_sms == Some(0) {
@@ -1139,7 +1207,7 @@ impl Runtime {
     /// Submits a chain; waits for a free slot when the queue is full. The generated
     /// `Chain::submit(&rt, ...)` calls this with the right arguments.
     pub fn submit_chain<'a, C: Chain>(&self, args: Vec<Arg<'a>>) -> Result<Ticket<'a, C::Output>> {
-        self.submit_impl::<C>(args, true, &[])
+        self.submit_impl::<C>(args, true).map(Routed::into_ticket)
     }
 
     /// As [`Runtime::submit_chain`], but [`Error::QueueFull`] instead of waiting.
@@ -1147,7 +1215,7 @@ impl Runtime {
         &self,
         args: Vec<Arg<'a>>,
     ) -> Result<Ticket<'a, C::Output>> {
-        self.submit_impl::<C>(args, false, &[])
+        self.submit_impl::<C>(args, false).map(Routed::into_ticket)
     }
 
     /// Submits an item that does nothing, through the full dispatch path of the manifold hosting
@@ -1283,15 +1351,16 @@ impl Runtime {
         self.guards.reset(C::OPCODE)
     }
 
-    /// Submits one item of chain `C`. `after`: items (manifold, queue cell) of other domains it
-    /// must follow on the GPU (a pipeline's cross-domain hazards); items of its own domain run in
-    /// submission order anyway.
+    /// Submits one item of chain `C`, or, for a pipeline (`Plan` mode), records it: an item
+    /// bound for a running manifold comes back as a [`Routed::Planned`] descriptor, which the
+    /// pipeline dispatches with others in one plan; any other item runs now.
     pub(crate) fn submit_impl<'a, C: Chain>(
         &self,
         args: Vec<Arg<'a>>,
-        blocking: bool,
-        after: &[(Arc<Manifold>, Arc<crate::gpu::Cell>)],
-    ) -> Result<Ticket<'a, C::Output>> {
+        mode: impl Into<SubmitMode>,
+    ) -> Result<Routed<'a, C::Output>> {
+        let mode = mode.into();
+        let blocking = !matches!(mode, SubmitMode::Try);
         let ir = C::ir()?;
         let (slots, sizes) = self.validate::<C>(ir, args)?;
         // A guarded chain's level for this shape, and what its ticket records on completion.
@@ -1316,12 +1385,15 @@ impl Runtime {
         match route {
             Route::Cpu => {
                 let c = crate::cpu::run(C::NAME, ir, slots, &sizes, level)?;
-                Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard))
+                Ok(Routed::Ran(
+                    Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard),
+                ))
             }
             route => {
                 let mut words = C::Args::zeroed();
                 let desc_words: &mut [u64] =
                     bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
+                let mut aligned = true;
                 for ((word, arg), slot) in desc_words.iter_mut().zip(&slots).zip(&ir.args) {
                     *word = match (arg, slot.kind) {
                         (_, ArgKind::Len) => sizes[slot.dim.expect("len slot")] as u64,
@@ -1332,6 +1404,9 @@ impl Runtime {
                         (Some(Arg::U32(_, v)), _) => u64::from(*v),
                         (Some(Arg::Dim(..)) | None, _) => unreachable!("validated"),
                     };
+                    if matches!(arg, Some(Arg::Input(..) | Arg::Output(..))) {
+                        aligned &= word.is_multiple_of(16);
+                    }
                 }
                 let mut desc = pptm_desc {
                     opcode: C::OPCODE,
@@ -1340,19 +1415,25 @@ impl Runtime {
                 };
                 desc.args[..desc_words.len()].copy_from_slice(desc_words);
                 match route {
+                    Route::Manifold(r) if matches!(mode, SubmitMode::Plan) => {
+                        drop(r);
+                        let tile = (ir.plan.pattern == pptm_spec::Pattern::Map).then(|| Tile {
+                            elements: ir.flow_elements(0, &sizes),
+                            blocks: desc.blocks,
+                            aligned,
+                        });
+                        Ok(Routed::Planned(PlannedItem {
+                            code: C::DOMAIN,
+                            desc,
+                            guard,
+                            tile,
+                        }))
+                    }
                     Route::Manifold(r) => {
-                        for (other, cell) in after {
-                            if !Arc::ptr_eq(other, &r.manifold) {
-                                r.manifold.follow_item(
-                                    other,
-                                    cell,
-                                    blocking,
-                                    self.config.stream_patience,
-                                )?;
-                            }
-                        }
                         let cell = self.push(&r.manifold, &desc, blocking, C::NAME)?;
-                        Ok(Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard))
+                        Ok(Routed::Ran(
+                            Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard),
+                        ))
                     }
                     Route::Launch(l) => {
                         let c = match self.config.variant {
@@ -1362,12 +1443,46 @@ impl Runtime {
                             }
                             Variant::Fused | Variant::FusedLaunched => l.run(&desc, C::NAME)?,
                         };
-                        Ok(Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard))
+                        Ok(Routed::Ran(
+                            Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard),
+                        ))
                     }
                     Route::Cpu => unreachable!("handled above"),
                 }
             }
         }
+    }
+
+    /// The running manifold of `code`'s domain (launched, or relaunched after parking, if need
+    /// be). `None` when the domain runs elsewhere (the CPU backend, a launched variant).
+    pub(crate) fn running_manifold(
+        &self,
+        code: &'static DomainCode,
+    ) -> Result<Option<Arc<Manifold>>> {
+        if self.launched() {
+            return Ok(None);
+        }
+        Ok(self.manifold(code)?.map(|r| r.manifold.clone()))
+    }
+
+    /// Pushes a pipeline's plan item to `m`, which must still be `code`'s running manifold (its
+    /// plan regions were reserved there).
+    pub(crate) fn push_plan(
+        &self,
+        code: &'static DomainCode,
+        m: &Arc<Manifold>,
+        desc: &pptm_desc,
+    ) -> Result<Arc<crate::gpu::Cell>> {
+        let Some(r) = self.manifold(code)? else {
+            return Err(Error::ShutDown);
+        };
+        if !Arc::ptr_eq(&r.manifold, m) {
+            return Err(Error::ManifoldStopped {
+                domain: code.name,
+                reason: "it was relaunched while the pipeline was being dispatched; submit the pipeline again".into(),
+            });
+        }
+        self.push(&r.manifold, desc, true, "pipeline plan")
     }
 
     /// Pushes one item to a running manifold (borrowed through a [`Resident`]), after the waits

@@ -166,15 +166,6 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         }
     }
 
-    /// The manifold and queue cell of an item still in flight on one (`None` once resolved, on
-    /// the CPU backend and for the launched variants, whose items finish inside `submit`).
-    pub(crate) fn in_flight(&self) -> Option<(&Arc<Manifold>, &Arc<Cell>)> {
-        match &self.state {
-            State::Pending { manifold, cell } => Some((manifold, cell)),
-            _ => None,
-        }
-    }
-
     /// Makes the ticket report its item's guard value to the runtime's guard when it completes.
     pub(crate) fn with_guard(mut self, note: Option<GuardNote>) -> Self {
         self.guard = note;
@@ -282,7 +273,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     }
 }
 
-fn resolve(
+pub(crate) fn resolve(
     chain: &'static str,
     domain: &'static str,
     r: &std::result::Result<Completion, Failure>,

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 12;
+pub const PPTM_ABI_VERSION: u32 = 13;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -11,6 +11,9 @@ pub const PPTM_MAX_POLLERS: u32 = 8;
 pub const PPTM_OP_NOOP: u32 = 0;
 pub const PPTM_OP_SHUTDOWN: u32 = 1;
 pub const PPTM_OP_WAIT_VALUE: u32 = 2;
+pub const PPTM_OP_PLAN: u32 = 3;
+pub const PPTM_OP_PLAN_WAIT: u32 = 4;
+pub const PPTM_OP_PLAN_LOOP: u32 = 5;
 pub const PPTM_OP_DEBUG_HANG: u32 = 8;
 pub const PPTM_OP_DEBUG_SLOW: u32 = 9;
 pub const PPTM_OP_DEBUG_FAULT: u32 = 10;
@@ -25,6 +28,13 @@ pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 pub const PPTM_STATUS_BAD_ARGUMENT: u32 = 2;
 pub const PPTM_STATUS_ABORTED: u32 = 3;
 pub const PPTM_STATUS_NON_FINITE: u32 = 4;
+pub const PPTM_SYNC_NONE: u32 = 0;
+pub const PPTM_SYNC_DEPS: u32 = 1;
+pub const PPTM_SYNC_BARRIER: u32 = 2;
+pub const PPTM_PLAN_DEPS: u32 = 4;
+pub const PPTM_DEP_IN_LOOP: u32 = 2147483648;
+pub const PPTM_DEP_NONE: u32 = 4294967295;
+pub const PPTM_PLAN_HEADER_BYTES: u32 = 128;
 pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -40,6 +50,60 @@ const _: () = {
     ["Offset of field: pptm_desc::opcode"][::core::mem::offset_of!(pptm_desc, opcode) - 0usize];
     ["Offset of field: pptm_desc::blocks"][::core::mem::offset_of!(pptm_desc, blocks) - 4usize];
     ["Offset of field: pptm_desc::args"][::core::mem::offset_of!(pptm_desc, args) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct pptm_plan_step {
+    pub desc: pptm_desc,
+    pub sync: u32,
+    pub reserved1: u32,
+    pub partials: u32,
+    pub reserved0: u32,
+    pub deps: [u32; 4usize],
+    pub reserved: [u32; 8usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pptm_plan_step"][::core::mem::size_of::<pptm_plan_step>() - 192usize];
+    ["Alignment of pptm_plan_step"][::core::mem::align_of::<pptm_plan_step>() - 8usize];
+    ["Offset of field: pptm_plan_step::desc"]
+        [::core::mem::offset_of!(pptm_plan_step, desc) - 0usize];
+    ["Offset of field: pptm_plan_step::sync"]
+        [::core::mem::offset_of!(pptm_plan_step, sync) - 128usize];
+    ["Offset of field: pptm_plan_step::reserved1"]
+        [::core::mem::offset_of!(pptm_plan_step, reserved1) - 132usize];
+    ["Offset of field: pptm_plan_step::partials"]
+        [::core::mem::offset_of!(pptm_plan_step, partials) - 136usize];
+    ["Offset of field: pptm_plan_step::reserved0"]
+        [::core::mem::offset_of!(pptm_plan_step, reserved0) - 140usize];
+    ["Offset of field: pptm_plan_step::deps"]
+        [::core::mem::offset_of!(pptm_plan_step, deps) - 144usize];
+    ["Offset of field: pptm_plan_step::reserved"]
+        [::core::mem::offset_of!(pptm_plan_step, reserved) - 160usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct pptm_plan_result {
+    pub status: u32,
+    pub paths: u32,
+    pub value: f64,
+    pub start: u64,
+    pub end: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pptm_plan_result"][::core::mem::size_of::<pptm_plan_result>() - 32usize];
+    ["Alignment of pptm_plan_result"][::core::mem::align_of::<pptm_plan_result>() - 8usize];
+    ["Offset of field: pptm_plan_result::status"]
+        [::core::mem::offset_of!(pptm_plan_result, status) - 0usize];
+    ["Offset of field: pptm_plan_result::paths"]
+        [::core::mem::offset_of!(pptm_plan_result, paths) - 4usize];
+    ["Offset of field: pptm_plan_result::value"]
+        [::core::mem::offset_of!(pptm_plan_result, value) - 8usize];
+    ["Offset of field: pptm_plan_result::start"]
+        [::core::mem::offset_of!(pptm_plan_result, start) - 16usize];
+    ["Offset of field: pptm_plan_result::end"]
+        [::core::mem::offset_of!(pptm_plan_result, end) - 24usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -110,6 +174,8 @@ pub struct pptm_device_state {
     pub decision: u64,
     pub resident: u64,
     pub pad_resident: [u64; 14usize],
+    pub plan_copied: u64,
+    pub pad_plan_copied: [u64; 15usize],
     pub stage: [pptm_sq_slot; 64usize],
     pub started_ns: [u64; 64usize],
     pub partials: [f64; 1024usize],
@@ -118,7 +184,7 @@ pub struct pptm_device_state {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 38272usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 38400usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
@@ -134,16 +200,20 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, resident) - 648usize];
     ["Offset of field: pptm_device_state::pad_resident"]
         [::core::mem::offset_of!(pptm_device_state, pad_resident) - 656usize];
+    ["Offset of field: pptm_device_state::plan_copied"]
+        [::core::mem::offset_of!(pptm_device_state, plan_copied) - 768usize];
+    ["Offset of field: pptm_device_state::pad_plan_copied"]
+        [::core::mem::offset_of!(pptm_device_state, pad_plan_copied) - 776usize];
     ["Offset of field: pptm_device_state::stage"]
-        [::core::mem::offset_of!(pptm_device_state, stage) - 768usize];
+        [::core::mem::offset_of!(pptm_device_state, stage) - 896usize];
     ["Offset of field: pptm_device_state::started_ns"]
-        [::core::mem::offset_of!(pptm_device_state, started_ns) - 17152usize];
+        [::core::mem::offset_of!(pptm_device_state, started_ns) - 17280usize];
     ["Offset of field: pptm_device_state::partials"]
-        [::core::mem::offset_of!(pptm_device_state, partials) - 17664usize];
+        [::core::mem::offset_of!(pptm_device_state, partials) - 17792usize];
     ["Offset of field: pptm_device_state::smid"]
-        [::core::mem::offset_of!(pptm_device_state, smid) - 25856usize];
+        [::core::mem::offset_of!(pptm_device_state, smid) - 25984usize];
     ["Offset of field: pptm_device_state::beat"]
-        [::core::mem::offset_of!(pptm_device_state, beat) - 30080usize];
+        [::core::mem::offset_of!(pptm_device_state, beat) - 30208usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {
@@ -169,10 +239,14 @@ pub struct pptm_manifold_params {
     pub reserved: u32,
     pub signal: *mut u64,
     pub signal_base: u64,
+    pub plan_host: *mut u8,
+    pub plan_dev: *mut u8,
+    pub plan_host_bytes: u64,
+    pub plan_dev_bytes: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 72usize];
+    ["Size of pptm_manifold_params"][::core::mem::size_of::<pptm_manifold_params>() - 104usize];
     ["Alignment of pptm_manifold_params"][::core::mem::align_of::<pptm_manifold_params>() - 8usize];
     ["Offset of field: pptm_manifold_params::sq"]
         [::core::mem::offset_of!(pptm_manifold_params, sq) - 0usize];
@@ -198,6 +272,14 @@ const _: () = {
         [::core::mem::offset_of!(pptm_manifold_params, signal) - 56usize];
     ["Offset of field: pptm_manifold_params::signal_base"]
         [::core::mem::offset_of!(pptm_manifold_params, signal_base) - 64usize];
+    ["Offset of field: pptm_manifold_params::plan_host"]
+        [::core::mem::offset_of!(pptm_manifold_params, plan_host) - 72usize];
+    ["Offset of field: pptm_manifold_params::plan_dev"]
+        [::core::mem::offset_of!(pptm_manifold_params, plan_dev) - 80usize];
+    ["Offset of field: pptm_manifold_params::plan_host_bytes"]
+        [::core::mem::offset_of!(pptm_manifold_params, plan_host_bytes) - 88usize];
+    ["Offset of field: pptm_manifold_params::plan_dev_bytes"]
+        [::core::mem::offset_of!(pptm_manifold_params, plan_dev_bytes) - 96usize];
 };
 impl Default for pptm_manifold_params {
     fn default() -> Self {

@@ -45,6 +45,8 @@ const _: () = {
 struct DeviceState {
     device: Arc<Device>,
     ptr: sys::CUdeviceptr,
+    /// The device plan arena (gpu/plan.rs); 0 when none was allocated.
+    plan: sys::CUdeviceptr,
     leak: AtomicBool,
 }
 
@@ -52,6 +54,9 @@ impl Drop for DeviceState {
     fn drop(&mut self) {
         if !self.leak.load(Ordering::Relaxed) {
             self.device.free(self.ptr);
+            if self.plan != 0 {
+                self.device.free(self.plan);
+            }
         }
     }
 }
@@ -109,6 +114,8 @@ pub(crate) struct Manifold {
     /// reference is the last: a watchdog that held the last one would free the manifold's driver
     /// objects on its own thread, perhaps while the process exits (exit.rs).
     watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Where its plans live (gpu/plan.rs).
+    pub(crate) plans: super::plan::Arenas,
     // Dropped last: the device owns the kernel's code.
     device: Arc<Device>,
 }
@@ -173,17 +180,24 @@ impl Manifold {
         let grid = compute + 1;
 
         tracing::debug!(domain, grid, per_sm, "allocating rings and state");
-        let rings = MappedHost::new(device, queue::bytes_for(cfg.queue_slots))?;
+        // The rings, then the host plan arena, in one mapped allocation.
+        let plan_bytes = cfg.plan_arena_bytes;
+        let tail = queue::tail_offset(cfg.queue_slots);
+        let rings = MappedHost::new(device, tail + plan_bytes)?;
         let sq_dev = rings.dev;
         let cq_dev = rings.dev + queue::cq_offset(cfg.queue_slots) as u64;
         let control_dev = rings.dev + queue::control_offset(cfg.queue_slots) as u64;
-        let queue = Queue::new(Box::new(rings), cfg.queue_slots);
+        let plan_host_dev = rings.dev + tail as u64;
+        let queue = Queue::with_tail(Box::new(rings), cfg.queue_slots, plan_bytes);
         let state_bytes = std::mem::size_of::<pptm_device_state>();
-        let state = DeviceState {
+        let mut state = DeviceState {
             device: device.clone(),
             ptr: device.alloc(state_bytes, 0)?,
+            plan: 0,
             leak: AtomicBool::new(false),
         };
+        state.plan = device.alloc(plan_bytes, 0)?;
+        let plan_dev = state.plan;
         let stream = Stream::new(device)?;
         let signal = signals.domain_line(domain)?;
 
@@ -200,6 +214,10 @@ impl Manifold {
             reserved: 0,
             signal: signal.device_ptr as *mut _,
             signal_base: signal.base,
+            plan_host: plan_host_dev as *mut _,
+            plan_dev: state.plan as *mut _,
+            plan_host_bytes: plan_bytes as u64,
+            plan_dev_bytes: plan_bytes as u64,
         };
         let mut args: [*mut c_void; 1] = [(&mut params as *mut pptm_manifold_params).cast()];
         device.bind()?;
@@ -287,6 +305,7 @@ impl Manifold {
             signals: signals.clone(),
             gates_seen: Mutex::new((0, HashMap::new())),
             gates_version: Default::default(),
+            plans: super::plan::Arenas::new(plan_dev, plan_bytes as u64),
             device: device.clone(),
         });
         if let Some(deadline) = cfg.watchdog {
@@ -337,6 +356,15 @@ impl Manifold {
                 }
             }
         }
+    }
+
+    /// `words` u64 words of the host plan arena from byte `offset` (None beyond it).
+    pub(crate) fn plan_host_words(
+        &self,
+        offset: u64,
+        words: usize,
+    ) -> Option<&[std::sync::atomic::AtomicU64]> {
+        self.queue.tail_words(usize::try_from(offset).ok()?, words)
     }
 
     /// Waits until `cell` has its result (or `deadline` passes). Spins first, for latency; then
@@ -744,34 +772,6 @@ impl Manifold {
         }
         seen.0 = version;
         self.gates_version.store(version, Ordering::Release);
-        Ok(())
-    }
-
-    /// Makes this manifold's next item wait on the GPU until item `cell` of `other` (another
-    /// domain's manifold) has completed, or `other` has stopped without running it (its domain
-    /// line is raised past its items then, so nothing waits forever; the failure is reported by
-    /// that item). A pipeline orders items of different domains with it. Nothing is pushed when
-    /// the item is known to be done.
-    pub fn follow_item(
-        &self,
-        other: &Manifold,
-        cell: &Cell,
-        blocking: bool,
-        patience: Duration,
-    ) -> Result<()> {
-        if cell.result().is_some() {
-            return Ok(());
-        }
-        let mut desc = pptm_desc {
-            opcode: PPTM_OP_WAIT_VALUE,
-            blocks: 1,
-            ..Default::default()
-        };
-        desc.args[0] = other.signal.device_ptr;
-        desc.args[1] = other.signal.base + cell.seq + 1;
-        desc.args[2] = patience.as_nanos().min(u128::from(u64::MAX)) as u64;
-        // As a stream gate's wait: a failure shows in the items after it.
-        drop(self.submit(&desc, blocking, "wait for an item of another domain")?);
         Ok(())
     }
 

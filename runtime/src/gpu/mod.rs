@@ -8,6 +8,7 @@ pub(crate) mod exit;
 pub(crate) mod graphs;
 pub(crate) mod launched;
 pub(crate) mod manifold;
+pub(crate) mod plan;
 pub(crate) mod queue;
 #[cfg(all(test, loom))]
 mod queue_loom;

@@ -41,6 +41,12 @@ pub(crate) fn bytes_for(slots: u32) -> usize {
     control_offset(slots) + std::mem::size_of::<pptm_host_control>()
 }
 
+/// Byte offset, after the rings and control words, of the memory a manifold keeps beside them in
+/// the same allocation (its host plan arena, gpu/plan.rs).
+pub(crate) fn tail_offset(slots: u32) -> usize {
+    bytes_for(slots).next_multiple_of(256)
+}
+
 /// Byte offset of the CQ in the ring memory.
 pub(crate) fn cq_offset(slots: u32) -> usize {
     slots as usize * std::mem::size_of::<pptm_sq_slot>()
@@ -109,6 +115,8 @@ struct Producer {
 
 pub(crate) struct Queue {
     memory: Box<dyn RingMemory>,
+    /// Bytes of the memory after `tail_offset(slots)` (the host plan arena).
+    tail_bytes: usize,
     slots: u32,
     log2: u32,
     producer: Mutex<Producer>,
@@ -117,7 +125,13 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// `slots` must be a power of two; `memory` must hold `bytes_for(slots)` zeroed bytes.
+    #[cfg(any(test, loom))]
     pub fn new(memory: Box<dyn RingMemory>, slots: u32) -> Self {
+        Self::with_tail(memory, slots, 0)
+    }
+
+    /// As `new`, with `tail_bytes` more bytes after `tail_offset(slots)` in `memory`.
+    pub fn with_tail(memory: Box<dyn RingMemory>, slots: u32, tail_bytes: usize) -> Self {
         assert!(
             slots.is_power_of_two(),
             "queue slots must be a power of two"
@@ -129,6 +143,7 @@ impl Queue {
         );
         Queue {
             memory,
+            tail_bytes,
             slots,
             log2: slots.trailing_zeros(),
             producer: Mutex::new(Producer {
@@ -158,6 +173,26 @@ impl Queue {
                 words,
             )
         }
+    }
+
+    /// `words` u64 words of the tail from byte `offset` (8-byte aligned), or None beyond it.
+    pub fn tail_words(&self, offset: usize, words: usize) -> Option<&[AtomicU64]> {
+        let end = words.checked_mul(8)?.checked_add(offset)?;
+        if !offset.is_multiple_of(8) || end > self.tail_bytes {
+            return None;
+        }
+        // SAFETY: in bounds of the tail (checked above), which lives in the same allocation as the
+        // rings for as long as `self`; 8-byte aligned (the tail starts 256-byte aligned); the
+        // device and the host access these words only as whole u64 words.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                self.memory
+                    .base()
+                    .add(tail_offset(self.slots) + offset)
+                    .cast::<AtomicU64>(),
+                words,
+            )
+        })
     }
 
     fn cq_words(&self, slot: usize) -> &[AtomicU64; 8] {
