@@ -80,7 +80,9 @@ typedef unsigned long long uint64_t;
  * the most any of its steps runs on. */
 #define PPTM_OP_PLAN 3u
 /* Steps that exist only inside a plan. PLAN_WAIT: every block of the plan waits until the u64 at
- * args[0] (device memory: another plan's `done` word) equals args[1], reporting progress for at
+ * args[0] (device memory: another plan's `done` word, or a manifold's signal word) reaches args[1]
+ * (plan ids grow, so a `done` word reaches its plan's id only once that step is done), reporting
+ * progress for at
  * most the plan's patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
  * barrier of the plan's blocks, runs them again unless args[1] iterations have run or, with
  * args[2] = k + 1, step k's value is below the f64 args[3]; its value is the iterations run. */
@@ -141,8 +143,12 @@ typedef struct pptm_desc {
  * loads in flight: one PCIe round trip for a few hundred steps) and zeroes the plan's counters,
  * then publishes `plan_copied` (device state), which the plan's other blocks wait for. Device
  * region, from args[1]:
- *     header (128 bytes: [0] the plan's barrier counter) | steps[n] | arrivals[n] | finished[n]
- *     | done[n] | values[n] (f64) | partials (f64, per step with more than one block)
+ *     header (128 bytes: [0] the plan's barrier counter, [1] its first failure) | steps[n]
+ *     | arrivals[n] | finished[n] | done[n] | results[n] (pptm_plan_result) | partials (f64, per
+ *     step with more than one block)
+ * The steps' results are kept in device memory while the plan runs (a loop's condition reads a
+ * value there) and copied to the host region by the plan's last block, before the system fence
+ * of its completion.
  * Host region, from args[2]: steps[n] | results[n + 1] (pptm_plan_result; results[n] sums the
  * plan up: the first failure by time, its status and its step as the value, -1 when none; the
  * plan's start and end). The host reuses either
@@ -156,8 +162,9 @@ typedef struct pptm_desc {
  *                      running loop's iteration + 1 for a step of the loop: PPTM_DEP_IN_LOOP);
  *   PPTM_SYNC_BARRIER  every block of the plan has finished every earlier step.
  * A step's last arriving block combines the partials, stores the step's value and result, and
- * publishes `finished` (release, gpu scope) and stores the plan id into `done` (release), which
- * another domain's PLAN_WAIT step acquires (a PLAN_LOOP step does so once the loop has ended). Only the plan's own completion is
+ * publishes, as its flags ask, `finished` (release, gpu scope) and the plan id in `done`
+ * (release), which another domain's PLAN_WAIT step acquires (a PLAN_LOOP step publishes once the
+ * loop has ended). Only the plan's own completion is
  * written at system scope, after one system fence. A failed step (a status other than OK) does
  * not stop the plan: the host reports the first one. */
 #define PPTM_SYNC_NONE 0u
@@ -167,12 +174,17 @@ typedef struct pptm_desc {
 #define PPTM_DEP_IN_LOOP 0x80000000u
 #define PPTM_DEP_NONE 0xFFFFFFFFu
 #define PPTM_PLAN_HEADER_BYTES 128u
+/* Step flags: a later step of the plan waits for this one's `finished` word (PPTM_SYNC_DEPS), or
+ * another domain's plan for its `done` word. Unflagged steps publish neither: a one-block step
+ * then ends with no fence at all. */
+#define PPTM_STEP_FINISHED 1u
+#define PPTM_STEP_DONE 2u
 
 /* One step of a plan (192 bytes). */
 typedef struct pptm_plan_step {
     pptm_desc desc;                  /* the item as it would be submitted alone, or PLAN_WAIT/PLAN_LOOP */
     uint32_t sync;                   /* PPTM_SYNC_* */
-    uint32_t reserved1;
+    uint32_t flags;                  /* PPTM_STEP_*: what it publishes when it has finished */
     uint32_t partials;               /* first of its partial slots (f64) in the region's partials */
     uint32_t reserved0;
     uint32_t deps[PPTM_PLAN_DEPS];   /* with PPTM_SYNC_DEPS: earlier steps (| PPTM_DEP_IN_LOOP), or PPTM_DEP_NONE */

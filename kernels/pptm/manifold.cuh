@@ -167,7 +167,8 @@ struct pptm_loop_smem {
         pptm_desc desc;  // the item this block runs
         uint32_t desc_words[PPTM_SQ_SLOT_WORDS];
     };
-    __align__(16) pptm_plan_step step;  // in a plan: the step this block runs (read in 16-byte pieces)
+    // In a plan: the step this block runs, and the next one, prefetched while it runs.
+    __align__(16) pptm_plan_step steps[2];
     double red[PPTM_WARPS];  // block-reduction scratch
     double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
@@ -352,9 +353,9 @@ struct pptm_plan_view {
     uint64_t* arrivals;
     uint64_t* finished;
     uint64_t* done;
-    double* values;
+    pptm_plan_result* results_dev;  // while the plan runs
     double* partials;
-    pptm_plan_result* results;
+    pptm_plan_result* results;      // the host's copy
     uint64_t n;
 };
 
@@ -363,7 +364,7 @@ __device__ __forceinline__ bool pptm_plan_view_of(const pptm_manifold_params& P,
     const uint64_t n = d.args[0], doff = d.args[1], hoff = d.args[2], parts = d.args[5];
     if (n == 0 || n > PPTM_PLAN_MAX_STEPS || parts > (1ull << 32) || ((doff | hoff) & 15u) != 0 || d.args[3] == 0)
         return false;
-    const uint64_t dev_bytes = PPTM_PLAN_HEADER_BYTES + n * (sizeof(pptm_plan_step) + 32u) + parts * 8u;
+    const uint64_t dev_bytes = PPTM_PLAN_HEADER_BYTES + n * (sizeof(pptm_plan_step) + 24u + sizeof(pptm_plan_result)) + parts * 8u;
     const uint64_t host_bytes = n * sizeof(pptm_plan_step) + (n + 1) * sizeof(pptm_plan_result);
     if (doff > P.plan_dev_bytes || dev_bytes > P.plan_dev_bytes - doff) return false;
     if (hoff > P.plan_host_bytes || host_bytes > P.plan_host_bytes - hoff) return false;
@@ -374,8 +375,8 @@ __device__ __forceinline__ bool pptm_plan_view_of(const pptm_manifold_params& P,
     v.arrivals = reinterpret_cast<uint64_t*>(v.steps + n);
     v.finished = v.arrivals + n;
     v.done = v.finished + n;
-    v.values = reinterpret_cast<double*>(v.done + n);
-    v.partials = v.values + n;
+    v.results_dev = reinterpret_cast<pptm_plan_result*>(v.done + n);
+    v.partials = reinterpret_cast<double*>(v.results_dev + n);
     v.results = reinterpret_cast<pptm_plan_result*>(P.plan_host + hoff + n * sizeof(pptm_plan_step));
     return true;
 }
@@ -449,14 +450,14 @@ __device__ __forceinline__ bool pptm_plan_barrier(const pptm_manifold_params& P,
     return pptm_plan_wait(P, sh, counter, barrier * plan_blocks, false, 0, ctx);
 }
 
-// Thread 0 stores a step's result into the host arena (posted writes: the plan's completion fence
-// makes them visible).
+// Thread 0 stores a step's result in the plan's device region (the plan's last block copies the
+// results to the host at its end).
 __device__ __forceinline__ void pptm_plan_result_store(pptm_plan_result* r, uint32_t status, uint32_t paths, double value,
                                                        uint64_t end) {
-    uint64_t* w = reinterpret_cast<uint64_t*>(r);
-    pptm_st_relaxed_sys(w + 0, ((uint64_t)paths << 32) | status);
-    pptm_st_relaxed_sys(w + 1, (uint64_t)__double_as_longlong(value));
-    pptm_st_relaxed_sys(w + 3, end);
+    volatile uint64_t* w = reinterpret_cast<volatile uint64_t*>(r);
+    w[0] = ((uint64_t)paths << 32) | status;
+    w[1] = (uint64_t)__double_as_longlong(value);
+    w[3] = end;
 }
 
 // Runs this block's part of a plan item (every thread of blocks 0 .. plan_blocks - 1). Returns
@@ -477,22 +478,36 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
     }
     uint64_t* const barrier_counter = reinterpret_cast<uint64_t*>(v.dev);
     uint64_t barriers = 0;
-    uint32_t it = 0;  // iteration of the loop being run (0 outside loops)
+    uint32_t it = 0;          // iteration of the loop being run (0 outside loops)
+    uint32_t cur = 0;         // the buffer of sh.steps holding step k
+    uint64_t prefetched = ~0ull;  // the step the other buffer holds (copies in flight), if any
     for (uint64_t k = 0; k < v.n;) {
-        __syncthreads();  // every thread is done with the previous step's copy in sh.step
-        if (threadIdx.x < sizeof(pptm_plan_step) / 16u) {
+        __syncthreads();  // every thread is done with the step in the buffer about to be refilled
+        if (prefetched != ~0ull) pptm_cp_async_wait_all();  // (also before the buffer is refilled)
+        if (prefetched == k) {
+            cur ^= 1u;
+        } else if (threadIdx.x < sizeof(pptm_plan_step) / 16u) {
             const float* from = reinterpret_cast<const float*>(v.steps + k) + 4 * threadIdx.x;
-            reinterpret_cast<pptm_f4*>(&sh.step)[threadIdx.x] = pptm_ld_cg_f4(from);
+            reinterpret_cast<pptm_f4*>(&sh.steps[cur])[threadIdx.x] = pptm_ld_cg_f4(from);
+        }
+        // The next step's descriptor, while this one runs: an L2 round trip off the hand-off.
+        prefetched = ~0ull;
+        if (k + 1 < v.n) {
+            if (threadIdx.x < sizeof(pptm_plan_step) / 16u)
+                pptm_cp_async_16(reinterpret_cast<pptm_f4*>(&sh.steps[cur ^ 1u]) + threadIdx.x,
+                                 reinterpret_cast<const pptm_f4*>(v.steps + k + 1) + threadIdx.x, 16);
+            prefetched = k + 1;
         }
         __syncthreads();
-        const uint32_t op = sh.step.desc.opcode;
+        const pptm_plan_step& st = sh.steps[cur];
+        const uint32_t op = st.desc.opcode;
         if (op == PPTM_OP_PLAN_LOOP) {
             // Everything before it, this iteration's body included, has finished on every block.
             if (!pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx)) return PPTM_STATUS_ABORTED;
-            const uint64_t first = sh.step.desc.args[0], cond = sh.step.desc.args[2];
-            bool again = it + 1 < sh.step.desc.args[1] && first <= k;
+            const uint64_t first = st.desc.args[0], cond = st.desc.args[2];
+            bool again = it + 1 < st.desc.args[1] && first <= k;
             if (again && cond != 0 && cond <= k)
-                again = !(pptm_ld_cg_f64(&v.values[cond - 1]) < __longlong_as_double(sh.step.desc.args[3]));
+                again = !(pptm_ld_cg_f64(&v.results_dev[cond - 1].value) < __longlong_as_double(st.desc.args[3]));
             if (again) {
                 ++it;
                 k = first;
@@ -500,43 +515,41 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             }
             if (me == 0 && threadIdx.x == 0) {
                 const uint64_t now = pptm_globaltimer();
-                pptm_st_relaxed_sys(&v.results[k].start, now);
-                pptm_plan_result_store(&v.results[k], PPTM_STATUS_OK, 0u, (double)(it + 1), now);
-                pptm_st_release_gpu(&v.done[k], id);
-                pptm_st_release_gpu(&v.finished[k], 1);
+                reinterpret_cast<volatile uint64_t*>(&v.results_dev[k].start)[0] = now;
+                pptm_plan_result_store(&v.results_dev[k], PPTM_STATUS_OK, 0u, (double)(it + 1), now);
+                if (st.flags & PPTM_STEP_DONE) pptm_st_release_gpu(&v.done[k], id);
+                if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], 1);
             }
             it = 0;
             ++k;
             continue;
         }
-        if (sh.step.sync == PPTM_SYNC_BARRIER &&
-            !pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx))
+        if (st.sync == PPTM_SYNC_BARRIER && !pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx))
             return PPTM_STATUS_ABORTED;
-        const uint32_t blocks = pptm_item_blocks(sh.step.desc.blocks, plan_blocks);
+        const uint32_t blocks = pptm_item_blocks(st.desc.blocks, plan_blocks);
         if (me >= blocks) {
             ++k;
             continue;
         }
-        if (sh.step.sync == PPTM_SYNC_DEPS) {
+        if (st.sync == PPTM_SYNC_DEPS) {
             for (uint32_t j = 0; j < PPTM_PLAN_DEPS; ++j) {
-                const uint32_t dep = sh.step.deps[j];
+                const uint32_t dep = st.deps[j];
                 const uint64_t idx = dep & ~PPTM_DEP_IN_LOOP;
                 if (dep == PPTM_DEP_NONE || idx >= k) continue;
                 const uint64_t target = (dep & PPTM_DEP_IN_LOOP) ? it + 1 : 1;
                 if (!pptm_plan_wait(P, sh, &v.finished[idx], target, false, 0, plan_ctx)) return PPTM_STATUS_ABORTED;
             }
         }
-        if (me == 0 && threadIdx.x == 0) pptm_st_relaxed_sys(&v.results[k].start, pptm_globaltimer());
+        if (me == 0 && threadIdx.x == 0) reinterpret_cast<volatile uint64_t*>(&v.results_dev[k].start)[0] = pptm_globaltimer();
         if (op == PPTM_OP_PLAN_WAIT) {
-            // Another domain's plan publishes a step: every block of this plan waits for it.
-            const uint64_t* word = reinterpret_cast<const uint64_t*>(sh.step.desc.args[0]);
-            if (((uint64_t)word & 7u) == 0 && word != nullptr) {
-                if (!pptm_plan_wait(P, sh, word, sh.step.desc.args[1], true, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
-            }
+            // Another domain's plan publishes a step (or a manifold an item): every block of this
+            // plan waits for it.
+            const uint64_t* word = reinterpret_cast<const uint64_t*>(st.desc.args[0]);
+            const bool ok = ((uint64_t)word & 7u) == 0 && word != nullptr;
+            if (ok && !pptm_plan_wait(P, sh, word, st.desc.args[1], false, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
             if (me == 0 && threadIdx.x == 0) {
-                const uint32_t st = ((uint64_t)word & 7u) == 0 && word != nullptr ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT;
-                pptm_plan_result_store(&v.results[k], st, 0u, 0.0, pptm_globaltimer());
-                pptm_st_release_gpu(&v.finished[k], it + 1);
+                pptm_plan_result_store(&v.results_dev[k], ok ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT, 0u, 0.0, pptm_globaltimer());
+                if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);
             }
             ++k;
             continue;
@@ -545,7 +558,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
         uint32_t status = PPTM_STATUS_BAD_OPCODE;
         double partial = 0.0;
         if (op >= PPTM_OP_FIRST_VARIANT)
-            status = pptm_variant_args_ok(sh.step.desc) ? pptm_run_variant(sh.step.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
+            status = pptm_variant_args_ok(st.desc) ? pptm_run_variant(st.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
         if (status == PPTM_STATUS_ABORTED) return PPTM_STATUS_ABORTED;
         __syncthreads();  // every thread's stores and finite checks, before thread 0 arrives
         uint32_t paths = 0;
@@ -559,7 +572,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
                 sh.last = 1;
                 sh.nonfinite = bad;
             } else {
-                v.partials[sh.step.partials + me] = partial;
+                v.partials[st.partials + me] = partial;
                 const uint64_t prior = pptm_atom_add_acq_rel_gpu(&v.arrivals[k], 1ull | ((uint64_t)bad << 32));
                 sh.last = (uint32_t)prior == blocks - 1;
                 sh.nonfinite = bad | (uint32_t)(prior >> 32);
@@ -569,38 +582,49 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
         if (sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK)
-                value = pptm_finish_variant(sh.step.desc, blocks == 1 ? &sh.own : v.partials + sh.step.partials, blocks, sh.red);
+                value = pptm_finish_variant(st.desc, blocks == 1 ? &sh.own : v.partials + st.partials, blocks, sh.red);
             if (threadIdx.x == 0) {
                 if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
                 pptm_nonfinite = 0u;
-                reinterpret_cast<volatile double*>(v.values)[k] = value;
-                pptm_plan_result_store(&v.results[k], status, paths, value, pptm_globaltimer());
+                pptm_plan_result_store(&v.results_dev[k], status, paths, value, pptm_globaltimer());
                 if (blocks > 1) v.arrivals[k] = 0;  // every block of this run of the step has arrived
                 // The plan's first failure (by time), which a later loop iteration's result would hide.
                 if (status != PPTM_STATUS_OK)
                     atomicCAS(reinterpret_cast<unsigned long long*>(v.dev) + 1, 0ull,
                               (unsigned long long)((k + 1) | ((uint64_t)status << 32)));
-                pptm_st_release_gpu(&v.done[k], id);
-                pptm_st_release_gpu(&v.finished[k], it + 1);
+                if (st.flags & PPTM_STEP_DONE) pptm_st_release_gpu(&v.done[k], id);
+                if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);
             }
         }
-        pptm_tick(plan_ctx);
+        if ((k & 15u) == 0) pptm_tick(plan_ctx);  // progress for the watchdog, off most hand-offs
         ++k;
     }
+    pptm_cp_async_wait_all();  // a prefetch past the last loop exit, if any
     __syncthreads();
     return PPTM_STATUS_OK;
 }
 
-// The plan's summary, results[n], by thread 0 of the item's last arriving block (every block's
-// steps are done, and their stores acquired by its arrival): the first failure (status, and the
-// step as the value; -1 when none), the plan's start and end.
-__device__ __forceinline__ void pptm_plan_summary(const pptm_manifold_params& P, const pptm_desc& d, uint64_t start) {
+// The plan's results, copied to the host region by every thread of the item's last arriving block
+// (every block's steps are done, and their stores acquired by its arrival), and its summary,
+// results[n], by thread 0: the first failure (status, and the step as the value; -1 when none),
+// the plan's start and end. The completion's system fence orders them before the entry.
+__device__ __forceinline__ void pptm_plan_copy_out(const pptm_manifold_params& P, const pptm_desc& d, uint64_t start) {
     pptm_plan_view v;
     if (!pptm_plan_view_of(P, d, v)) return;
-    const uint64_t failed = pptm_ld_relaxed_gpu(reinterpret_cast<const uint64_t*>(v.dev) + 1);
-    pptm_plan_result* r = &v.results[v.n];
-    pptm_st_relaxed_sys(&r->start, start);
-    pptm_plan_result_store(r, (uint32_t)(failed >> 32), 0u, failed == 0 ? -1.0 : (double)((uint32_t)failed - 1), pptm_globaltimer());
+    const uint64_t* from = reinterpret_cast<const uint64_t*>(v.results_dev);
+    uint64_t* to = reinterpret_cast<uint64_t*>(v.results);
+    for (uint64_t i = threadIdx.x; i < v.n * (sizeof(pptm_plan_result) / 8u); i += PPTM_BLOCK_THREADS)
+        pptm_st_relaxed_sys(to + i, pptm_ld_relaxed_gpu(from + i));
+    if (threadIdx.x == 0) {
+        const uint64_t failed = pptm_ld_relaxed_gpu(reinterpret_cast<const uint64_t*>(v.dev) + 1);
+        uint64_t* r = reinterpret_cast<uint64_t*>(&v.results[v.n]);
+        const double step = failed == 0 ? -1.0 : (double)((uint32_t)failed - 1);
+        pptm_st_relaxed_sys(r + 0, failed >> 32);
+        pptm_st_relaxed_sys(r + 1, (uint64_t)__double_as_longlong(step));
+        pptm_st_relaxed_sys(r + 2, start);
+        pptm_st_relaxed_sys(r + 3, pptm_globaltimer());
+    }
+    __syncthreads();
 }
 
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
@@ -711,11 +735,11 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             double value = 0.0;
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
                 value = pptm_finish_variant(sh.desc, blocks == 1 ? &sh.own : S->partials, blocks, sh.red);
+            if (status == PPTM_STATUS_OK && op == PPTM_OP_PLAN) pptm_plan_copy_out(P, sh.desc, start);
             if (threadIdx.x == 0) {
                 PPTM_TRACE(seq, 6, pptm_globaltimer());
                 // Results in device memory must be visible to the host's copies before it learns
                 // the item is done; a scalar result travels in the (tagged) entry itself.
-                if (status == PPTM_STATUS_OK && op == PPTM_OP_PLAN) pptm_plan_summary(P, sh.desc, start);
                 // A plan's steps write memory, and their results went to the host arena.
                 if ((status == PPTM_STATUS_OK && pptm_variant_writes_memory(op)) || op == PPTM_OP_PLAN) pptm_fence_acq_rel_sys();
                 PPTM_TRACE(seq, 7, pptm_globaltimer());

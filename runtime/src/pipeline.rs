@@ -31,7 +31,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Manifold;
 use crate::gpu::abi::{
     PPTM_DEP_IN_LOOP, PPTM_OP_PLAN, PPTM_OP_PLAN_LOOP, PPTM_OP_PLAN_WAIT, PPTM_PLAN_DEPS,
-    PPTM_STATUS_OK, PPTM_SYNC_BARRIER, PPTM_SYNC_DEPS, pptm_desc, pptm_plan_step,
+    PPTM_STATUS_OK, PPTM_STEP_DONE, PPTM_STEP_FINISHED, PPTM_SYNC_BARRIER, PPTM_SYNC_DEPS,
+    pptm_desc, pptm_plan_step,
 };
 use crate::gpu::plan::{self, Region};
 use crate::guard::GuardNote;
@@ -172,6 +173,8 @@ enum State {
 struct Entry {
     chain: &'static str,
     state: State,
+    /// A plan step's start and end (%globaltimer ns, the last loop iteration's).
+    span: Option<(u64, u64)>,
 }
 
 /// What the pipeline knows of one step of a plan, beyond the step itself.
@@ -185,6 +188,14 @@ struct StepMeta {
     wait_on: Option<(usize, usize)>,
 }
 
+/// What a wait step waits for: a step of a plan not yet dispatched (its `done` word), or the
+/// completion of a plan in flight (its manifold's domain line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Wait {
+    Step(usize),
+    Completion(u64),
+}
+
 /// One domain's items of one dispatch: a plan (gpu/plan.rs).
 struct Plan {
     code: &'static DomainCode,
@@ -195,8 +206,8 @@ struct Plan {
     partials: u32,
     /// Blocks it runs on: the most any step asks for (0: every block).
     blocks: u32,
-    /// Steps of other plans it waits for already.
-    waits: HashSet<(usize, usize)>,
+    /// What of other plans it waits for already.
+    waits: HashSet<(usize, Wait)>,
     /// The first step of the loop being recorded into it.
     loop_first: Option<usize>,
     flight: Option<Flight>,
@@ -453,6 +464,7 @@ impl<'p> Pipeline<'p> {
         self.entries.push(Entry {
             chain: C::NAME,
             state,
+            span: None,
         });
         for (a, _) in reads {
             self.access.entry(a).or_default().readers.push(index);
@@ -521,7 +533,7 @@ impl<'p> Pipeline<'p> {
         // What this step waits for: earlier steps of its plan (unless the tiles line up, or
         // both ran on block 0 alone), and steps of other domains' plans (a wait step before it).
         let mut deps: Vec<u32> = Vec::new();
-        let mut cross: Vec<(usize, usize)> = Vec::new();
+        let mut cross: Vec<(usize, Wait)> = Vec::new();
         for &(j, len) in after {
             let State::Planned {
                 plan: pj, step: sj, ..
@@ -543,42 +555,60 @@ impl<'p> Pipeline<'p> {
                 deps.push(sj as u32 | if in_loop { PPTM_DEP_IN_LOOP } else { 0 });
             } else if other.code.key == item.code.key {
                 continue; // an earlier plan of this domain: its queue runs them in order
-            } else if other
-                .flight
-                .as_ref()
-                .is_some_and(|f| f.ticket.as_ref().is_none_or(|t| t.is_ready()))
-            {
-                continue; // completed
             } else {
-                cross.push((pj, target));
+                match other.flight.as_ref() {
+                    None => cross.push((pj, Wait::Step(target))),
+                    Some(f) => match f.ticket.as_ref() {
+                        // In flight: wait for the whole plan to complete.
+                        Some(t) if !t.is_ready() => {
+                            let seq = t.seq().expect("a plan's ticket is pending");
+                            cross.push((pj, Wait::Completion(seq)));
+                        }
+                        _ => continue, // completed
+                    },
+                }
             }
         }
         cross.sort_unstable();
         cross.dedup();
-        for w in cross {
-            if !self.plans[p].waits.insert(w) {
+        for (pj, w) in cross {
+            if !self.plans[p].waits.insert((pj, w)) {
                 continue;
             }
-            let other_id = self.plans[w.0].id;
-            let plan = &mut self.plans[p];
             let mut desc = pptm_desc {
                 opcode: PPTM_OP_PLAN_WAIT,
                 blocks: 0,
                 ..Default::default()
             };
-            desc.args[1] = other_id; // args[0], the word, once both plans have their regions
+            let wait_on = match w {
+                Wait::Step(sj) => {
+                    // args[0], the word, once both plans have their regions (`flush`).
+                    desc.args[1] = self.plans[pj].id;
+                    self.plans[pj].steps[sj].flags |= PPTM_STEP_DONE;
+                    Some((pj, sj))
+                }
+                Wait::Completion(seq) => {
+                    let f = self.plans[pj].flight.as_ref().expect("in flight");
+                    (desc.args[0], desc.args[1]) = f.manifold.completion_word(seq);
+                    None
+                }
+            };
+            let plan = &mut self.plans[p];
             plan.steps.push(plan::step(desc));
             plan.meta.push(StepMeta {
                 tile: None,
                 blocks: 0,
                 loop_end: None,
-                wait_on: Some(w),
+                wait_on,
             });
             plan.blocks = 0;
         }
         deps.sort_unstable();
         deps.dedup();
         let plan = &mut self.plans[p];
+        for &d in &deps {
+            plan.steps[(d & !PPTM_DEP_IN_LOOP) as usize].flags |= PPTM_STEP_FINISHED;
+        }
         let mut step = plan::step(item.desc);
         if deps.len() > PPTM_PLAN_DEPS as usize {
             step.sync = PPTM_SYNC_BARRIER;
@@ -766,6 +796,7 @@ impl<'p> Pipeline<'p> {
         self.entries.push(Entry {
             chain: "loop",
             state,
+            span: None,
         });
         Ok(PipeLoop {
             pipeline: self.id,
@@ -793,9 +824,26 @@ impl<'p> Pipeline<'p> {
         if batch.is_empty() {
             return Ok(());
         }
+        let dispatched = self.dispatch(&batch);
+        if dispatched.is_err() {
+            // Plans that did not go out give their regions back; their items stay unresolved,
+            // and `wait` reports this error.
+            for &p in &batch {
+                let plan = &mut self.plans[p];
+                if plan.flight.as_ref().is_some_and(|f| f.ticket.is_none()) {
+                    let f = plan.flight.take().expect("checked");
+                    f.manifold.plans.release(f.region);
+                }
+            }
+        }
+        dispatched
+    }
+
+    /// Reserves, writes and submits the plans of `batch`.
+    fn dispatch(&mut self, batch: &[usize]) -> Result<()> {
         // Every plan's regions first: a wait step needs the address of another plan's words.
         let deadline = std::time::Instant::now() + self.rt.config().submit_timeout;
-        for &p in &batch {
+        for &p in batch {
             let plan = &self.plans[p];
             let m = self
                 .rt
@@ -820,7 +868,7 @@ impl<'p> Pipeline<'p> {
             .stream_patience
             .as_nanos()
             .min(u128::from(u64::MAX)) as u64;
-        for &p in &batch {
+        for &p in batch {
             let mut steps = std::mem::take(&mut self.plans[p].steps);
             for (s, m) in steps.iter_mut().zip(&self.plans[p].meta) {
                 if let Some((pj, sj)) = m.wait_on {
@@ -909,6 +957,7 @@ impl<'p> Pipeline<'p> {
                     meaning: "the plan's results lie outside the host plan arena",
                 }),
                 (None, Some(r)) => {
+                    e.span = Some((r.start, r.end));
                     // A failure an earlier loop iteration saw, which a later one's result hides.
                     let status = match summary {
                         Some(s) if s.status != PPTM_STATUS_OK && s.value as u64 == *step as u64 => {
@@ -942,6 +991,7 @@ impl<'p> Pipeline<'p> {
         let settled = self.settle();
         let mut values = Vec::with_capacity(self.entries.len());
         let mut first_failure: Option<Error> = settled.err();
+        let spans: Vec<Option<(u64, u64)>> = self.entries.iter().map(|e| e.span).collect();
         for (index, e) in std::mem::take(&mut self.entries).into_iter().enumerate() {
             match e.state {
                 State::Done(Ok(v)) => values.push(v),
@@ -963,6 +1013,7 @@ impl<'p> Pipeline<'p> {
             None => Ok(PipeResults {
                 pipeline: self.id,
                 values,
+                spans,
                 round_trips: self.round_trips,
             }),
         }
@@ -1003,11 +1054,34 @@ impl Drop for Pipeline<'_> {
     }
 }
 
+/// A waited pipeline's time on the GPU ([`PipeResults::device_time`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTime {
+    /// From the first item's start to the last item's end.
+    pub span: std::time::Duration,
+    /// The sum of the items' own times (start to end of each).
+    pub items: std::time::Duration,
+    /// Items that ran in plans.
+    pub count: usize,
+}
+
+impl DeviceTime {
+    /// The mean time between one item's end and the next one's start: (span − items) over
+    /// count − 1 hand-offs (zero for one item).
+    pub fn mean_handoff(&self) -> std::time::Duration {
+        match self.count {
+            0 | 1 => std::time::Duration::ZERO,
+            n => self.span.saturating_sub(self.items) / (n as u32 - 1),
+        }
+    }
+}
+
 /// Every item's result of a waited pipeline.
 #[derive(Debug, Clone)]
 pub struct PipeResults {
     pipeline: u64,
     values: Vec<f32>,
+    spans: Vec<Option<(u64, u64)>>,
     round_trips: u64,
 }
 
@@ -1033,6 +1107,29 @@ impl PipeResults {
             });
         }
         Ok(self.values[lp.index] as u32)
+    }
+
+    /// Where `item` ran in a plan: its start and end on the GPU's clock (%globaltimer, ns; the
+    /// last iteration's for an item of a loop). `None` for an item that ran at its push.
+    pub fn device_span<R>(&self, item: PipeItem<R>) -> Option<(u64, u64)> {
+        (item.pipeline == self.pipeline)
+            .then(|| self.spans.get(item.index).copied().flatten())
+            .flatten()
+    }
+
+    /// The plans' time on the GPU, from the first item's start to the last one's end, and the
+    /// part of it that items ran (the sum of their spans): the rest went to the hand-offs
+    /// between them. `None` when no item ran in a plan.
+    pub fn device_time(&self) -> Option<DeviceTime> {
+        let spans: Vec<(u64, u64)> = self.spans.iter().flatten().copied().collect();
+        let first = spans.iter().map(|s| s.0).min()?;
+        let last = spans.iter().map(|s| s.1).max()?;
+        let busy: u64 = spans.iter().map(|s| s.1.saturating_sub(s.0)).sum();
+        Some(DeviceTime {
+            span: std::time::Duration::from_nanos(last.saturating_sub(first)),
+            items: std::time::Duration::from_nanos(busy),
+            count: spans.len(),
+        })
     }
 
     /// Times the host handed work to the device and learnt of its end: one per plan (a domain's

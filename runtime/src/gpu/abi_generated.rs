@@ -35,6 +35,8 @@ pub const PPTM_PLAN_DEPS: u32 = 4;
 pub const PPTM_DEP_IN_LOOP: u32 = 2147483648;
 pub const PPTM_DEP_NONE: u32 = 4294967295;
 pub const PPTM_PLAN_HEADER_BYTES: u32 = 128;
+pub const PPTM_STEP_FINISHED: u32 = 1;
+pub const PPTM_STEP_DONE: u32 = 2;
 pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -56,7 +58,7 @@ const _: () = {
 pub struct pptm_plan_step {
     pub desc: pptm_desc,
     pub sync: u32,
-    pub reserved1: u32,
+    pub flags: u32,
     pub partials: u32,
     pub reserved0: u32,
     pub deps: [u32; 4usize],
@@ -70,8 +72,8 @@ const _: () = {
         [::core::mem::offset_of!(pptm_plan_step, desc) - 0usize];
     ["Offset of field: pptm_plan_step::sync"]
         [::core::mem::offset_of!(pptm_plan_step, sync) - 128usize];
-    ["Offset of field: pptm_plan_step::reserved1"]
-        [::core::mem::offset_of!(pptm_plan_step, reserved1) - 132usize];
+    ["Offset of field: pptm_plan_step::flags"]
+        [::core::mem::offset_of!(pptm_plan_step, flags) - 132usize];
     ["Offset of field: pptm_plan_step::partials"]
         [::core::mem::offset_of!(pptm_plan_step, partials) - 136usize];
     ["Offset of field: pptm_plan_step::reserved0"]

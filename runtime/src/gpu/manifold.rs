@@ -358,6 +358,12 @@ impl Manifold {
         }
     }
 
+    /// The device word that reaches the returned value once item `seq` has completed (its domain
+    /// line, gpu/signals.rs), for a wait on the GPU.
+    pub(crate) fn completion_word(&self, seq: u64) -> (u64, u64) {
+        (self.signal.device_ptr, self.signal.base + seq + 1)
+    }
+
     /// `words` u64 words of the host plan arena from byte `offset` (None beyond it).
     pub(crate) fn plan_host_words(
         &self,

@@ -17,8 +17,8 @@ use crate::error::{Error, Result};
 
 const STEP_BYTES: u64 = std::mem::size_of::<pptm_plan_step>() as u64;
 const RESULT_BYTES: u64 = std::mem::size_of::<pptm_plan_result>() as u64;
-/// Per step in the device region after the steps: arrivals, finished, done, values.
-const COUNTER_BYTES: u64 = 32;
+/// Per step in the device region after the steps: arrivals, finished, done, and its result.
+const COUNTER_BYTES: u64 = 24 + RESULT_BYTES;
 
 /// Bytes of a plan's host region: its steps and one result per step, plus the summary.
 pub(crate) fn host_bytes(steps: u64) -> u64 {
@@ -130,7 +130,7 @@ fn step_words(s: &pptm_plan_step) -> [u64; STEP_BYTES as usize / 8] {
     let mut w = [0u64; STEP_BYTES as usize / 8];
     w[0] = pair(s.desc.opcode, s.desc.blocks);
     w[1..16].copy_from_slice(&s.desc.args);
-    w[16] = pair(s.sync, s.reserved1);
+    w[16] = pair(s.sync, s.flags);
     w[17] = pair(s.partials, s.reserved0);
     w[18] = pair(s.deps[0], s.deps[1]);
     w[19] = pair(s.deps[2], s.deps[3]);
@@ -183,7 +183,7 @@ mod tests {
         assert_eq!(STEP_BYTES, 192);
         assert_eq!(RESULT_BYTES, 32);
         assert_eq!(host_bytes(1), 192 + 64);
-        assert_eq!(dev_bytes(2, 3), 128 + 2 * 224 + 24);
+        assert_eq!(dev_bytes(2, 3), 128 + 2 * (192 + 56) + 24);
         // steps, then arrivals and finished (2n words), then done.
         assert_eq!(done_offset(3, 0), 128 + 3 * 192 + 6 * 8);
         assert_eq!(done_offset(3, 2), done_offset(3, 0) + 16);
