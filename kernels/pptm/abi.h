@@ -80,8 +80,9 @@ typedef unsigned long long uint64_t;
  * the most any of its steps runs on. */
 #define PPTM_OP_PLAN 3u
 /* Steps that exist only inside a plan. PLAN_WAIT: every block of the plan waits until the u64 at
- * args[0] (device memory: another plan's `done` word, or a manifold's signal word) reaches args[1]
- * (plan ids grow, so a `done` word reaches its plan's id only once that step is done), reporting
+ * args[0] (device memory) holds args[1] (args[2] = 1: another plan's `done` word, which holds
+ * that plan's id once the step is done; ids are unique, while a region's words keep the ids of
+ * plans that used it before) or at least args[1] (args[2] = 0: a manifold's signal word), reporting
  * progress for at
  * most the plan's patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
  * barrier of the plan's blocks, runs them again unless args[1] iterations have run or, with

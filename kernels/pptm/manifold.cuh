@@ -546,7 +546,8 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             // plan waits for it.
             const uint64_t* word = reinterpret_cast<const uint64_t*>(st.desc.args[0]);
             const bool ok = ((uint64_t)word & 7u) == 0 && word != nullptr;
-            if (ok && !pptm_plan_wait(P, sh, word, st.desc.args[1], false, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
+            const bool equal = st.desc.args[2] != 0;
+            if (ok && !pptm_plan_wait(P, sh, word, st.desc.args[1], equal, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
             if (me == 0 && threadIdx.x == 0) {
                 pptm_plan_result_store(&v.results_dev[k], ok ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT, 0u, 0.0, pptm_globaltimer());
                 if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);

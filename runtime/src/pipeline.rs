@@ -20,7 +20,7 @@
 //! A pipeline that is dropped unwaited waits for its items first, as a ticket does, so the buffers
 //! it borrows are never released while the device may still use them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -206,8 +206,8 @@ struct Plan {
     partials: u32,
     /// Blocks it runs on: the most any step asks for (0: every block).
     blocks: u32,
-    /// What of other plans it waits for already.
-    waits: HashSet<(usize, Wait)>,
+    /// What of other plans it waits for already, and on how many blocks (`u32::MAX`: all).
+    waits: HashMap<(usize, Wait), u32>,
     /// The first step of the loop being recorded into it.
     loop_first: Option<usize>,
     flight: Option<Flight>,
@@ -498,7 +498,7 @@ impl<'p> Pipeline<'p> {
                     meta: Vec::new(),
                     partials: 0,
                     blocks: 1,
-                    waits: HashSet::new(),
+                    waits: HashMap::new(),
                     loop_first: None,
                     flight: None,
                 });
@@ -571,19 +571,28 @@ impl<'p> Pipeline<'p> {
         }
         cross.sort_unstable();
         cross.dedup();
+        // A wait step runs on the blocks of the step that needs it (each block walks every step
+        // in order, so a block past it has waited); a later step on more blocks waits again.
+        let covers = |blocks: u32| if blocks == 0 { u32::MAX } else { blocks };
         for (pj, w) in cross {
-            if !self.plans[p].waits.insert((pj, w)) {
-                continue;
+            let need = covers(item.desc.blocks);
+            match self.plans[p].waits.get(&(pj, w)) {
+                Some(&have) if have >= need => continue,
+                _ => {
+                    self.plans[p].waits.insert((pj, w), need);
+                }
             }
             let mut desc = pptm_desc {
                 opcode: PPTM_OP_PLAN_WAIT,
-                blocks: 0,
+                blocks: item.desc.blocks,
                 ..Default::default()
             };
             let wait_on = match w {
                 Wait::Step(sj) => {
-                    // args[0], the word, once both plans have their regions (`flush`).
+                    // args[0], the word, once both plans have their regions (`flush`). Equal to
+                    // the id: a region's `done` words keep the ids of the plans before it.
                     desc.args[1] = self.plans[pj].id;
+                    desc.args[2] = 1;
                     self.plans[pj].steps[sj].flags |= PPTM_STEP_DONE;
                     Some((pj, sj))
                 }
@@ -597,11 +606,10 @@ impl<'p> Pipeline<'p> {
             plan.steps.push(plan::step(desc));
             plan.meta.push(StepMeta {
                 tile: None,
-                blocks: 0,
+                blocks: item.desc.blocks,
                 loop_end: None,
                 wait_on,
             });
-            plan.blocks = 0;
         }
         deps.sort_unstable();
         deps.dedup();
