@@ -647,7 +647,6 @@ impl<'p> Pipeline<'p> {
             loop_end: None,
             wait_on: None,
         });
-        let _ = chain;
         Ok(State::Planned {
             plan: p,
             step: plan.steps.len() - 1,
@@ -753,7 +752,6 @@ impl<'p> Pipeline<'p> {
             for m in &mut plan.meta[first_step..end] {
                 m.loop_end = Some(end);
             }
-            plan.blocks = if plan.blocks == 0 { 0 } else { plan.blocks };
             State::Planned {
                 plan: p,
                 step: end,
@@ -940,6 +938,7 @@ impl<'p> Pipeline<'p> {
         let n = plan.steps.len() as u64;
         let summary = plan::read_result(&f.manifold, f.region, n, n);
         let mut failure = outcome.err();
+        let why = failure.as_ref().map(ToString::to_string);
         for e in self.entries.iter_mut() {
             let State::Planned {
                 plan: ep,
@@ -954,17 +953,22 @@ impl<'p> Pipeline<'p> {
             }
             let result = match (
                 &mut failure,
+                &why,
                 plan::read_result(&f.manifold, f.region, n, *step as u64),
             ) {
                 // The plan failed as a whole (its manifold stopped, a hang): the first of its
                 // items reports why, the others that they did not complete.
-                (Some(_), _) => Err(failure.take().expect("some")),
-                (None, None) => Err(Error::Device {
+                (Some(_), _, _) => Err(failure.take().expect("some")),
+                (None, Some(why), _) => Err(Error::ManifoldStopped {
+                    domain: plan.code.name,
+                    reason: format!("the plan this item was part of did not complete: {why}"),
+                }),
+                (None, None, None) => Err(Error::Device {
                     chain: e.chain,
                     status: crate::gpu::abi::PPTM_STATUS_BAD_ARGUMENT,
                     meaning: "the plan's results lie outside the host plan arena",
                 }),
-                (None, Some(r)) => {
+                (None, None, Some(r)) => {
                     e.span = Some((r.start, r.end));
                     // A failure an earlier loop iteration saw, which a later one's result hides.
                     let status = match summary {
@@ -988,8 +992,6 @@ impl<'p> Pipeline<'p> {
             };
             e.state = State::Done(result);
         }
-        // Items of a failed plan after the first: they did not complete either.
-        let _ = failure;
     }
 
     /// Waits for every item. The first item that failed fails the pipeline:

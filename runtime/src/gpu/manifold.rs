@@ -369,7 +369,7 @@ impl Manifold {
         &self,
         offset: u64,
         words: usize,
-    ) -> Option<&[std::sync::atomic::AtomicU64]> {
+    ) -> Option<&[crate::sync::atomic::AtomicU64]> {
         self.queue.tail_words(usize::try_from(offset).ok()?, words)
     }
 

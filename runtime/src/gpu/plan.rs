@@ -6,7 +6,7 @@
 //! device arena. A region is reserved in each arena per plan and given back once every plan that
 //! refers to it (another domain's plan may wait on its `done` words) has completed.
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
