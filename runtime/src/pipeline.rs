@@ -847,14 +847,21 @@ impl<'p> Pipeline<'p> {
 
     /// Reserves, writes and submits the plans of `batch`.
     fn dispatch(&mut self, batch: &[usize]) -> Result<()> {
+        // Under the runtime's gate: no manifold of the batch can be drained or relaunched (a
+        // re-partition for another thread's new domain) between its plans' reservations and
+        // their pushes.
+        let codes: Vec<&'static DomainCode> = batch.iter().map(|&p| self.plans[p].code).collect();
+        let rt = self.rt;
+        rt.with_running(&codes, |manifolds| self.dispatch_on(batch, manifolds))
+    }
+
+    /// `dispatch`, with `manifolds[i]` the running manifold of `batch[i]`'s domain.
+    fn dispatch_on(&mut self, batch: &[usize], manifolds: &[Arc<Manifold>]) -> Result<()> {
         // Every plan's regions first: a wait step needs the address of another plan's words.
         let deadline = std::time::Instant::now() + self.rt.config().submit_timeout;
-        for &p in batch {
+        for (&p, m) in batch.iter().zip(manifolds) {
             let plan = &self.plans[p];
-            let m = self
-                .rt
-                .running_manifold(plan.code)?
-                .ok_or(Error::ShutDown)?;
+            let m = m.clone();
             let n = plan.steps.len() as u64;
             let region = m.plans.reserve(
                 plan::host_bytes(n),
@@ -907,7 +914,7 @@ impl<'p> Pipeline<'p> {
             desc.args[3] = plan.id;
             desc.args[4] = patience;
             desc.args[5] = u64::from(plan.partials);
-            let cell = self.rt.push_plan(plan.code, &f.manifold, &desc)?;
+            let cell = self.rt.push_plan(&f.manifold, &desc)?;
             let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
             self.plans[p].flight.as_mut().expect("reserved").ticket = Some(ticket);
             self.plans[p].steps = steps;

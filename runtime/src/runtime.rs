@@ -1465,24 +1465,61 @@ impl Runtime {
         Ok(self.manifold(code)?.map(|r| r.manifold.clone()))
     }
 
-    /// Pushes a pipeline's plan item to `m`, which must still be `code`'s running manifold (its
-    /// plan regions were reserved there).
-    pub(crate) fn push_plan(
+    /// Runs `f` with the running manifolds of `codes` (started first where need be), holding the
+    /// gate that re-partitions, quiesce and shutdown take alone: none of them can drain or
+    /// relaunch a manifold until `f` returns. A pipeline dispatches its plans inside, so that a
+    /// plan that waits on another's step never meets a manifold relaunched between the two.
+    pub(crate) fn with_running<R>(
         &self,
-        code: &'static DomainCode,
-        m: &Arc<Manifold>,
-        desc: &pptm_desc,
-    ) -> Result<Arc<crate::gpu::Cell>> {
-        let Some(r) = self.manifold(code)? else {
+        codes: &[&'static DomainCode],
+        f: impl FnOnce(&[Arc<Manifold>]) -> Result<R>,
+    ) -> Result<R> {
+        let Backend::Gpu {
+            fleet, quiescer, ..
+        } = &self.backend
+        else {
             return Err(Error::ShutDown);
         };
-        if !Arc::ptr_eq(&r.manifold, m) {
-            return Err(Error::ManifoldStopped {
-                domain: code.name,
-                reason: "it was relaunched while the pipeline was being dispatched; submit the pipeline again".into(),
-            });
+        loop {
+            for &code in codes {
+                if self.manifold(code)?.is_none() {
+                    return Err(Error::ShutDown);
+                }
+            }
+            let shared = match fleet.gate.try_read() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if inside_quiesce(quiescer) {
+                        return Err(Error::Quiesced);
+                    }
+                    fleet.gate.read().unwrap_or_else(|e| e.into_inner())
+                }
+            };
+            let found: Option<Vec<Arc<Manifold>>> = {
+                let m = fleet.manifolds.lock().unwrap_or_else(|e| e.into_inner());
+                codes
+                    .iter()
+                    .map(|c| m.get(c.key).filter(|x| !x.was_aborted()).cloned())
+                    .collect()
+            };
+            if let Some(ms) = found {
+                let out = f(&ms);
+                drop(shared);
+                return out;
+            }
+            // Drained or aborted between the start and the look (another thread re-partitioned):
+            // start them again.
         }
-        self.push(&r.manifold, desc, true, "pipeline plan")
+    }
+
+    /// Pushes a pipeline's plan item to `m` (inside [`Runtime::with_running`]).
+    pub(crate) fn push_plan(
+        &self,
+        m: &Manifold,
+        desc: &pptm_desc,
+    ) -> Result<Arc<crate::gpu::Cell>> {
+        self.push(m, desc, true, "pipeline plan")
     }
 
     /// Pushes one item to a running manifold (borrowed through a [`Resident`]), after the waits
