@@ -225,10 +225,9 @@ struct Flight {
 
 /// The loop being recorded.
 struct OpenLoop {
-    /// The plan its items go to, once the first is pushed.
+    /// The plan its items go to, once the first is pushed (None while none is, and on a runtime
+    /// whose items run at their push).
     plan: Option<usize>,
-    /// Whether its items ran at their push (CPU backend, launched variants).
-    immediate: bool,
 }
 
 /// Plan ids: never 0, unique in the process (a plan's `done` words hold its id).
@@ -401,21 +400,6 @@ impl<'p> Pipeline<'p> {
             }
         }
 
-        // Items bound for a manifold are recorded into their domain's plan; any other item
-        // runs now, after everything recorded before it.
-        let planned = self.rt.running_manifold(C::DOMAIN)?.is_some();
-        if !planned {
-            if self.looping.as_ref().is_some_and(|l| l.plan.is_some()) {
-                return Err(Error::PipelineLoop {
-                    reason: format!(
-                        "`{}` would run on the host's side of the loop while its other items run in a plan on the GPU; a loop's items must all run in one domain",
-                        C::NAME
-                    ),
-                });
-            }
-            self.settle()?;
-        }
-
         // The arguments as `submit` takes them: shared borrows of what is read, the one mutable
         // borrow of what is written.
         let mut shared: HashMap<usize, &Buffer<f32>> = HashMap::new();
@@ -451,10 +435,9 @@ impl<'p> Pipeline<'p> {
             Routed::Planned(item) => Err(item),
         };
         let state = match routed {
+            // The runtime runs items at their push (the CPU backend, the launched variants): it
+            // never records plans, so nothing recorded comes before this item.
             Ok(result) => {
-                if let Some(l) = self.looping.as_mut() {
-                    l.immediate = true;
-                }
                 self.round_trips += 1;
                 State::Done(result)
             }
@@ -508,13 +491,6 @@ impl<'p> Pipeline<'p> {
         };
         if let Some(l) = self.looping.as_mut() {
             match l.plan {
-                _ if l.immediate => {
-                    return Err(Error::PipelineLoop {
-                        reason: format!(
-                            "`{chain}` would run in a plan on the GPU while the loop's other items ran on the host's side; a loop's items must all run in one domain"
-                        ),
-                    });
-                }
                 None => {
                     l.plan = Some(p);
                     self.plans[p].loop_first = Some(self.plans[p].steps.len());
@@ -698,10 +674,7 @@ impl<'p> Pipeline<'p> {
             ));
         }
         let first = self.entries.len();
-        self.looping = Some(OpenLoop {
-            plan: None,
-            immediate: false,
-        });
+        self.looping = Some(OpenLoop { plan: None });
         let returned = body(self);
         let opened = self.looping.take().expect("set above");
         // Closed here whatever happens next (on an error, what the body recorded stays, as
@@ -768,10 +741,7 @@ impl<'p> Pipeline<'p> {
             let mut iterations = 1u32;
             while iterations < times && !stop(&self.entries) {
                 let base = self.entries.len();
-                self.looping = Some(OpenLoop {
-                    plan: None,
-                    immediate: true,
-                });
+                self.looping = Some(OpenLoop { plan: None });
                 let again = body(self);
                 self.looping = None;
                 again?;
@@ -914,7 +884,7 @@ impl<'p> Pipeline<'p> {
             desc.args[3] = plan.id;
             desc.args[4] = patience;
             desc.args[5] = u64::from(plan.partials);
-            let cell = self.rt.push_plan(&f.manifold, &desc)?;
+            let cell = self.rt.push(&f.manifold, &desc, true, "pipeline plan")?;
             let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
             self.plans[p].flight.as_mut().expect("reserved").ticket = Some(ticket);
             self.plans[p].steps = steps;

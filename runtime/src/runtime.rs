@@ -420,6 +420,25 @@ fn codes(shares: &[Share]) -> Vec<&'static DomainCode> {
 
 /// Whether this thread is running [`Runtime::quiesce`]'s closure (it holds the gate alone, so it
 /// must neither submit nor take the gate again).
+/// The fleet's gate, shared (what every submission holds while it pushes). Uncontended on the
+/// submission path; only when the gate is held alone (a re-partition, shutdown or quiesce) does it
+/// ask whether this very thread holds it inside quiesce's closure, where waiting would never end.
+fn shared_gate<'g>(
+    gate: &'g RwLock<()>,
+    quiescer: &Mutex<Option<std::thread::ThreadId>>,
+) -> Result<RwLockReadGuard<'g, ()>> {
+    match gate.try_read() {
+        Ok(g) => Ok(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Ok(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            if inside_quiesce(quiescer) {
+                return Err(Error::Quiesced);
+            }
+            Ok(gate.read().unwrap_or_else(|e| e.into_inner()))
+        }
+    }
+}
+
 fn inside_quiesce(quiescer: &Mutex<Option<std::thread::ThreadId>>) -> bool {
     *quiescer.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
 }
@@ -665,19 +684,7 @@ impl Runtime {
         } = &**fleet;
         loop {
             {
-                // Uncontended on the submission path; only when the gate is held alone (a
-                // re-partition, shutdown or quiesce) does it ask whether this very thread holds
-                // it inside quiesce's closure, where waiting would never end.
-                let shared = match gate.try_read() {
-                    Ok(g) => g,
-                    Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                    Err(std::sync::TryLockError::WouldBlock) => {
-                        if inside_quiesce(quiescer) {
-                            return Err(Error::Quiesced);
-                        }
-                        gate.read().unwrap_or_else(|e| e.into_inner())
-                    }
-                };
+                let shared = shared_gate(gate, quiescer)?;
                 let m = manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(existing) = m.get(code.key) {
                     // One the watchdog aborted has returned: a new one takes its place. Any other
@@ -1453,18 +1460,6 @@ impl Runtime {
         }
     }
 
-    /// The running manifold of `code`'s domain (launched, or relaunched after parking, if need
-    /// be). `None` when the domain runs elsewhere (the CPU backend, a launched variant).
-    pub(crate) fn running_manifold(
-        &self,
-        code: &'static DomainCode,
-    ) -> Result<Option<Arc<Manifold>>> {
-        if self.launched() {
-            return Ok(None);
-        }
-        Ok(self.manifold(code)?.map(|r| r.manifold.clone()))
-    }
-
     /// Runs `f` with the running manifolds of `codes` (started first where need be), holding the
     /// gate that re-partitions, quiesce and shutdown take alone: none of them can drain or
     /// relaunch a manifold until `f` returns. A pipeline dispatches its plans inside, so that a
@@ -1486,16 +1481,7 @@ impl Runtime {
                     return Err(Error::ShutDown);
                 }
             }
-            let shared = match fleet.gate.try_read() {
-                Ok(g) => g,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    if inside_quiesce(quiescer) {
-                        return Err(Error::Quiesced);
-                    }
-                    fleet.gate.read().unwrap_or_else(|e| e.into_inner())
-                }
-            };
+            let shared = shared_gate(&fleet.gate, quiescer)?;
             let found: Option<Vec<Arc<Manifold>>> = {
                 let m = fleet.manifolds.lock().unwrap_or_else(|e| e.into_inner());
                 codes
@@ -1513,18 +1499,10 @@ impl Runtime {
         }
     }
 
-    /// Pushes a pipeline's plan item to `m` (inside [`Runtime::with_running`]).
-    pub(crate) fn push_plan(
-        &self,
-        m: &Manifold,
-        desc: &pptm_desc,
-    ) -> Result<Arc<crate::gpu::Cell>> {
-        self.push(m, desc, true, "pipeline plan")
-    }
-
-    /// Pushes one item to a running manifold (borrowed through a [`Resident`]), after the waits
-    /// for application streams it must follow ([`Runtime::wait_for_stream`]).
-    fn push(
+    /// Pushes one item to a running manifold (borrowed through a [`Resident`], or inside
+    /// [`Runtime::with_running`]), after the waits for application streams it must follow
+    /// ([`Runtime::wait_for_stream`]).
+    pub(crate) fn push(
         &self,
         m: &Manifold,
         desc: &pptm_desc,
