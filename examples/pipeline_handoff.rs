@@ -6,6 +6,8 @@
 //!     the stages' own time, the mean hand-off between two dependent stages, and the host's share
 //!     (dispatch until results, minus the span: submission until the first stage starts, plus the
 //!     last stage's end until the results are on the host);
+//!   * the same pipelines kept (`wait_and_keep`) and run again: no pushes, their plans' steps
+//!     resident on the device;
 //!   * a 1000-iteration loop on the device (two dependent steps an iteration) with the host's
 //!     round trips it took, checked against f64.
 //!
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use pptm::ops::{Axpby, Gemv};
 use pptm::timing::Stats;
-use pptm::{BackendKind, Buffer, FusionBuilder, PipeInput, Runtime};
+use pptm::{BackendKind, Buffer, FusionBuilder, PipeInput, Pipeline, Runtime};
 use rand::Rng;
 
 /// u ← α x + β c: one elementwise stage.
@@ -111,42 +113,27 @@ fn finish(mut p: pptm::Pipeline<'_>, started: Instant) -> pptm::Result<Run> {
     })
 }
 
-/// `stages` elementwise steps u ← α u + β c (u and v taking turns, the first reading x).
-fn elementwise(
-    rt: &Runtime,
-    stages: usize,
-    x: &Buffer<f32>,
-    c: &Buffer<f32>,
-    u: &mut Buffer<f32>,
-    v: &mut Buffer<f32>,
-) -> pptm::Result<Run> {
-    let started = Instant::now();
-    let mut p = rt.pipeline();
-    let (xi, ci) = (p.input(x), p.input(c));
-    let (uo, vo) = (p.output(u), p.output(v));
-    for k in 0..stages {
-        let (from, to): (PipeInput<'_>, _) = match k {
-            0 => (xi, uo),
-            k if k % 2 == 0 => (vo.into(), uo),
-            _ => (uo.into(), vo),
-        };
-        Step::push(&mut p, from, ci, ALPHA, BETA, to)?;
-    }
-    finish(p, started)
+/// The two kinds of stage.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// u ← α u + β c over 4096 elements.
+    Elementwise,
+    /// u ← A u, A 256 x 256.
+    Gemv,
 }
 
-/// `stages` GEMVs x ← A x (two vectors taking turns).
-fn gemvs(
-    rt: &Runtime,
+/// Pushes `stages` dependent stages: u and v taking turns as output, the first reading `x`, each
+/// later one what the one before wrote. `operand`: c (elementwise) or A (GEMV).
+fn push_stages<'p>(
+    p: &mut Pipeline<'p>,
+    kind: Kind,
     stages: usize,
-    a: &Buffer<f32>,
-    x: &Buffer<f32>,
-    u: &mut Buffer<f32>,
-    v: &mut Buffer<f32>,
-) -> pptm::Result<Run> {
-    let started = Instant::now();
-    let mut p = rt.pipeline();
-    let (ai, xi) = (p.input(a), p.input(x));
+    x: &'p Buffer<f32>,
+    operand: &'p Buffer<f32>,
+    u: &'p mut Buffer<f32>,
+    v: &'p mut Buffer<f32>,
+) -> pptm::Result<()> {
+    let (xi, oi) = (p.input(x), p.input(operand));
     let (uo, vo) = (p.output(u), p.output(v));
     for k in 0..stages {
         let (from, to): (PipeInput<'_>, _) = match k {
@@ -154,9 +141,63 @@ fn gemvs(
             k if k % 2 == 0 => (vo.into(), uo),
             _ => (uo.into(), vo),
         };
-        Product::push(&mut p, from, ai, to)?;
+        match kind {
+            Kind::Elementwise => Step::push(p, from, oi, ALPHA, BETA, to).map(|_| ())?,
+            Kind::Gemv => Product::push(p, from, oi, to).map(|_| ())?,
+        }
     }
-    finish(p, started)
+    Ok(())
+}
+
+/// The stages built as a pipeline, dispatched and waited, `reps` times over (with warm-up).
+fn time_built(
+    rt: &Runtime,
+    reps: usize,
+    kind: Kind,
+    stages: usize,
+    bufs: (
+        &Buffer<f32>,
+        &Buffer<f32>,
+        &mut Buffer<f32>,
+        &mut Buffer<f32>,
+    ),
+) -> pptm::Result<Timing> {
+    let (x, operand, u, v) = bufs;
+    time(reps, || {
+        let started = Instant::now();
+        let mut p = rt.pipeline();
+        push_stages(&mut p, kind, stages, x, operand, u, v)?;
+        finish(p, started)
+    })
+}
+
+/// The stages built once and kept (`wait_and_keep`), then run again `reps` times over: no pushes,
+/// the plan's steps resident on the device.
+fn time_kept(
+    rt: &Runtime,
+    reps: usize,
+    kind: Kind,
+    stages: usize,
+    bufs: (
+        &Buffer<f32>,
+        &Buffer<f32>,
+        &mut Buffer<f32>,
+        &mut Buffer<f32>,
+    ),
+) -> pptm::Result<Timing> {
+    let (x, operand, u, v) = bufs;
+    let mut p = rt.pipeline();
+    push_stages(&mut p, kind, stages, x, operand, u, v)?;
+    let (_, mut kept) = p.wait_and_keep()?;
+    time(reps, || {
+        let started = Instant::now();
+        let results = kept.run()?;
+        Ok(Run {
+            results,
+            pushed: Duration::ZERO,
+            dispatched: started.elapsed(),
+        })
+    })
 }
 
 /// The worst error of `got` against `want`, relative to max(|want|, floor).
@@ -196,25 +237,36 @@ fn main() -> Result<(), Box<dyn Error>> {
         "host share"
     );
     for stages in [8usize, 32, 170] {
-        // Elementwise, checked against f64.
-        u.write(&vec![f32::NAN; N])?;
-        v.write(&vec![f32::NAN; N])?;
-        let t = time(reps, || elementwise(&rt, stages, &xb, &cb, &mut u, &mut v))?;
+        // Elementwise, checked against f64: built each time, then kept and run again.
         let mut w: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
         for _ in 0..stages {
             for (w, &c) in w.iter_mut().zip(&c) {
                 *w = f64::from(ALPHA) * *w + f64::from(BETA) * f64::from(c);
             }
         }
-        let last = if stages % 2 == 1 { &u } else { &v };
-        let err = worst(&last.to_vec()?, &w, 1e-3);
-        failures += usize::from(err > 1e-5);
-        report(&format!("{stages} x 4096 elementwise"), &t, gpu, err);
+        for kept in [false, true] {
+            u.write(&vec![f32::NAN; N])?;
+            v.write(&vec![f32::NAN; N])?;
+            let timer = if kept { time_kept } else { time_built };
+            let t = timer(
+                &rt,
+                reps,
+                Kind::Elementwise,
+                stages,
+                (&xb, &cb, &mut u, &mut v),
+            )?;
+            let last = if stages % 2 == 1 { &u } else { &v };
+            let err = worst(&last.to_vec()?, &w, 1e-3);
+            failures += usize::from(err > 1e-5);
+            let what = if kept {
+                "  kept, run again"
+            } else {
+                "x 4096 elementwise"
+            };
+            report(&format!("{stages} {what}"), &t, gpu, err);
+        }
 
         // GEMVs, checked against f64.
-        gu.write(&vec![f32::NAN; GEMV_N])?;
-        gv.write(&vec![f32::NAN; GEMV_N])?;
-        let t = time(reps, || gemvs(&rt, stages, &ab, &g0b, &mut gu, &mut gv))?;
         let mut w: Vec<f64> = g0.iter().map(|&v| f64::from(v)).collect();
         for _ in 0..stages {
             w = (0..GEMV_N)
@@ -226,15 +278,21 @@ fn main() -> Result<(), Box<dyn Error>> {
                 .collect();
         }
         let norm = w.iter().map(|v| v.abs()).fold(0.0, f64::max);
-        let last = if stages % 2 == 1 { &gu } else { &gv };
-        let err = worst(&last.to_vec()?, &w, norm);
-        failures += usize::from(err > 1e-3);
-        report(
-            &format!("{stages} x GEMV {GEMV_N} x {GEMV_N}"),
-            &t,
-            gpu,
-            err,
-        );
+        for kept in [false, true] {
+            gu.write(&vec![f32::NAN; GEMV_N])?;
+            gv.write(&vec![f32::NAN; GEMV_N])?;
+            let timer = if kept { time_kept } else { time_built };
+            let t = timer(&rt, reps, Kind::Gemv, stages, (&g0b, &ab, &mut gu, &mut gv))?;
+            let last = if stages % 2 == 1 { &gu } else { &gv };
+            let err = worst(&last.to_vec()?, &w, norm);
+            failures += usize::from(err > 1e-3);
+            let what = if kept {
+                "  kept, run again".to_string()
+            } else {
+                format!("x GEMV {GEMV_N} x {GEMV_N}")
+            };
+            report(&format!("{stages} {what}"), &t, gpu, err);
+        }
     }
 
     // A loop of 1000 iterations on the device: two dependent steps an iteration.

@@ -517,19 +517,34 @@ fn accuracy_properties(rt: &Runtime, c: &AccuracyCase) -> Result<(), TestCaseErr
     );
     if let Some(t) = check_outcome("AccuracyPipeline", got, &w)? {
         let v = t.wait().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let (mut want, mut scale) = (0.0f64, 0.0f64);
-        for i in 0..n {
-            let (o, p, w) = (
-                f64::from(c.obs[i]),
-                f64::from(c.pred[i]),
-                f64::from(c.prec[i]),
-            );
-            want += -0.5 * w * (o - p) * (o - p);
-            scale += 0.5 * w.abs() * (o.abs() + p.abs()).powi(2);
-        }
+        // The reference as written, and as a device that flushes subnormal inputs to zero sees
+        // it: a subnormal precision times a squared error of 10^12 is a term far above the
+        // slack `assert_near` gives flushed values, and either answer is right.
+        let reference = |flush: bool| {
+            let f = |v: f32| {
+                if flush && v.is_subnormal() {
+                    0.0
+                } else {
+                    f64::from(v)
+                }
+            };
+            let (mut want, mut scale) = (0.0f64, 0.0f64);
+            for i in 0..n {
+                let (o, p, w) = (f(c.obs[i]), f(c.pred[i]), f(c.prec[i]));
+                want += -0.5 * w * (o - p) * (o - p);
+                scale += 0.5 * w.abs() * (o.abs() + p.abs()).powi(2);
+            }
+            (want, scale)
+        };
         if is_moderate(&c.obs) && is_moderate(&c.pred) && is_moderate(&c.prec) {
+            let (want, scale) = reference(false);
             prop_assert!(comparable(want, scale), "moderate values stay comparable");
-            assert_near("AccuracyPipeline", v, want, scale, common::REL_TOL, n)?;
+            let (flushed, flushed_scale) = reference(true);
+            let near =
+                |want, scale| assert_near("AccuracyPipeline", v, want, scale, common::REL_TOL, n);
+            if near(flushed, flushed_scale).is_err() {
+                near(want, scale)?;
+            }
         }
     }
     Ok(())

@@ -480,7 +480,129 @@ fn bad_loops_are_refused(rt: &Runtime) {
     drop(p);
 }
 
+/// A kept pipeline runs again and again (resident plans on the GPU, its pushes again elsewhere):
+/// a step in `pipe_b`, a dependent one in `pipe_a`, a loop in `pipe_a`, and a reduction in
+/// `pipe_b` of what the loop left. Between runs the input is rewritten and the outputs poisoned
+/// through the kept pipeline; each run matches f64 for its own input.
+fn kept_pipelines_run_again(rt: &Runtime) {
+    let what = rt.describe();
+    const LOOPS: u32 = 3;
+    for n in SIZES {
+        let c = uniform(n, -1.0, 1.0);
+        let cb = rt.upload(&c).unwrap();
+        let mut xb = rt.upload(&uniform(n, -1.0, 1.0)).unwrap();
+        let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut v = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut p = rt.pipeline();
+        let ci = p.input(&cb);
+        let (xo, uo, vo) = (p.output(&mut xb), p.output(&mut u), p.output(&mut v));
+        BlendB::push(&mut p, xo, ci, 0.5, 0.25, vo).unwrap();
+        BlendA::push(&mut p, vo, ci, 0.5, 0.25, uo).unwrap();
+        let lp = p
+            .repeat(LOOPS, |p| {
+                BlendA::push(p, uo, ci, 0.5, 0.25, vo)?;
+                BlendA::push(p, vo, ci, 0.5, 0.25, uo)?;
+                Ok(())
+            })
+            .unwrap();
+        let total = SumSquaresB::push(&mut p, uo).unwrap();
+        let check = |r: &pptm::PipeResults, x: &[f32], u: &[f32], v: &[f32], run: usize| {
+            let wc = wide(&c);
+            let mut wv = blend(0.5, &wide(x), 0.25, &wc);
+            let mut wu = blend(0.5, &wv, 0.25, &wc);
+            for _ in 0..LOOPS {
+                wv = blend(0.5, &wu, 0.25, &wc);
+                wu = blend(0.5, &wv, 0.25, &wc);
+            }
+            let sum: f64 = wu.iter().map(|w| w * w).sum();
+            let got = r.get(total).unwrap();
+            assert!(
+                (f64::from(got) - sum).abs() <= 1e-5 * sum.max(1e-30),
+                "{what}: run {run}, n = {n}: Σ u² {got}, f64 reference {sum}"
+            );
+            assert_eq!(r.iterations(lp).unwrap(), LOOPS, "{what}: run {run}");
+            assert_vec_close(u, &wu, &format!("{what}: run {run}, u, n = {n}"));
+            assert_vec_close(v, &wv, &format!("{what}: run {run}, v, n = {n}"));
+            // Two plans (one a domain) on the manifolds; every item, every iteration, elsewhere.
+            let trips = if plans(rt) {
+                2
+            } else {
+                3 + 2 * u64::from(LOOPS)
+            };
+            assert_eq!(
+                r.round_trips(),
+                trips,
+                "{what}: run {run}: host round trips"
+            );
+        };
+        let (first, mut kept) = p.wait_and_keep().unwrap();
+        let read = |k: &pptm::KeptPipeline<'_>, o| k.buffer(o).unwrap().to_vec().unwrap();
+        check(
+            &first,
+            &read(&kept, xo),
+            &read(&kept, uo),
+            &read(&kept, vo),
+            0,
+        );
+        for run in 1..4 {
+            let x = uniform(n, -1.0, 1.0);
+            kept.buffer_mut(xo).unwrap().write(&x).unwrap();
+            kept.buffer_mut(uo)
+                .unwrap()
+                .write(&vec![f32::NAN; n])
+                .unwrap();
+            kept.buffer_mut(vo)
+                .unwrap()
+                .write(&vec![f32::NAN; n])
+                .unwrap();
+            let r = kept.run().unwrap();
+            check(&r, &x, &read(&kept, uo), &read(&kept, vo), run);
+        }
+        // A handle of another pipeline is refused.
+        let mut w = rt.upload(&vec![0.0f32; n]).unwrap();
+        let mut other = rt.pipeline();
+        let wo = other.output(&mut w);
+        assert!(matches!(kept.buffer(wo), Err(Error::BadArguments { .. })));
+        drop(other);
+    }
+}
+
+/// A pipeline flushed before cannot be kept where flushing dispatched plans (its later plans
+/// would wait for a dispatch a run does not repeat): a typed error, and what it dispatched still
+/// runs. Where items run at their push, a flush dispatches nothing and the pipeline is kept.
+fn flushed_pipelines_are_not_kept(rt: &Runtime) {
+    let n = 1023;
+    let x = uniform(n, -1.0, 1.0);
+    let xb = rt.upload(&x).unwrap();
+    let mut y = rt.upload(&vec![f32::NAN; n]).unwrap();
+    {
+        let mut p = rt.pipeline();
+        let (xi, yo) = (p.input(&xb), p.output(&mut y));
+        BlendA::push(&mut p, xi, xi, 1.0, 1.0, yo).unwrap();
+        p.flush().unwrap();
+        match p.wait_and_keep() {
+            Err(e) => {
+                assert!(plans(rt), "{}: {e}", rt.describe());
+                assert!(matches!(e, Error::BadArguments { .. }), "{e}");
+                assert!(e.to_string().contains("flushed"), "{e}");
+            }
+            Ok((_, mut kept)) => {
+                assert!(!plans(rt), "{}: a flushed pipeline was kept", rt.describe());
+                kept.buffer_mut(yo)
+                    .unwrap()
+                    .write(&vec![f32::NAN; n])
+                    .unwrap();
+                kept.run().unwrap();
+            }
+        }
+    }
+    let want: Vec<f64> = wide(&x).iter().map(|x| 2.0 * x).collect();
+    assert_vec_close(&y.to_vec().unwrap(), &want, &rt.describe());
+}
+
 on_every_backend!(
+    kept_pipelines_run_again,
+    flushed_pipelines_are_not_kept,
     whole_step_dependencies_between_blocks,
     a_thousand_iterations_on_the_device,
     loops_stop_on_a_device_residual,

@@ -234,10 +234,11 @@ pub fn all() -> Vec<Case> {
         cases.push(squared_residual(true, size, n));
     }
     // Dependent steps of 4096 elements (each reads what the one before wrote): waited one by
-    // one, and pushed as one pipeline.
+    // one, pushed as one pipeline, and that pipeline kept and run again.
     for (size, stages) in SIZES.into_iter().zip([8usize, 32, 170]) {
-        cases.push(dependent_steps(false, size, stages));
-        cases.push(dependent_steps(true, size, stages));
+        for how in [Steps::Waited, Steps::Pipeline, Steps::Kept] {
+            cases.push(dependent_steps(how, size, stages));
+        }
     }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
     for (size, (rows, cols)) in
@@ -251,7 +252,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 19] = [
+pub const CHAINS: [&str; 20] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -259,6 +260,7 @@ pub const CHAINS: [&str; 19] = [
     "row_squared_residual",
     "dependent_steps_waited",
     "dependent_steps_pipeline",
+    "dependent_steps_kept",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -374,19 +376,60 @@ fn squared_residual(own_ops: bool, size: &'static str, n: usize) -> Case {
     }
 }
 
+/// How the dependent steps are run.
+#[derive(Clone, Copy, PartialEq)]
+enum Steps {
+    /// Each waited before the next is submitted.
+    Waited,
+    /// All pushed as one pipeline, waited once: built at every run.
+    Pipeline,
+    /// That pipeline built once (`wait_and_keep`) and run again.
+    Kept,
+}
+
+/// Pushes `stages` dependent steps into `p`: u and v take turns as output, the first step reads
+/// x. Returns the handle of the buffer the last step wrote.
+fn push_steps<'p>(
+    p: &mut pptm::Pipeline<'p>,
+    stages: usize,
+    bufs: (
+        &'p pptm::Buffer<f32>,
+        &'p pptm::Buffer<f32>,
+        &'p mut pptm::Buffer<f32>,
+        &'p mut pptm::Buffer<f32>,
+    ),
+) -> pptm::Result<pptm::PipeOutput> {
+    use crate::own_ops::Blend;
+    let (x, c, u, v) = bufs;
+    let (xi, ci) = (p.input(x), p.input(c));
+    let (uo, vo) = (p.output(u), p.output(v));
+    for k in 0..stages {
+        let (from, to): (pptm::PipeInput<'_>, _) = match k {
+            0 => (xi, uo),
+            k if k % 2 == 0 => (vo.into(), uo),
+            _ => (uo.into(), vo),
+        };
+        Blend::push(p, from, ci, DEP_ALPHA, DEP_BETA, to)?;
+    }
+    // The last step (stages - 1) wrote u if it is even, v if odd.
+    Ok(if stages % 2 == 1 { uo } else { vo })
+}
+
+const DEP_ALPHA: f32 = 0.5;
+const DEP_BETA: f32 = 0.25;
+
 /// `stages` dependent steps u ← α u + β c over 4096 elements (u and v taking turns, the first
-/// step reading x), each waited before the next is submitted, or all pushed as one pipeline and
-/// waited once (src/own_ops.rs, `Blend`).
-fn dependent_steps(pipelined: bool, size: &'static str, stages: usize) -> Case {
+/// step reading x), run as `how` says (src/own_ops.rs, `Blend`).
+fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
     use crate::own_ops::Blend;
     const N: usize = 4096;
-    const ALPHA: f32 = 0.5;
-    const BETA: f32 = 0.25;
+    const ALPHA: f32 = DEP_ALPHA;
+    const BETA: f32 = DEP_BETA;
     Case {
-        chain: if pipelined {
-            "dependent_steps_pipeline"
-        } else {
-            "dependent_steps_waited"
+        chain: match how {
+            Steps::Waited => "dependent_steps_waited",
+            Steps::Pipeline => "dependent_steps_pipeline",
+            Steps::Kept => "dependent_steps_kept",
         },
         domain: Blend::DOMAIN.name,
         size,
@@ -400,19 +443,24 @@ fn dependent_steps(pipelined: bool, size: &'static str, stages: usize) -> Case {
                 rt.upload(&uniform(seed::RES_Y, N))?,
             );
             let (mut u, mut v) = (rt.alloc::<f32>(N)?, rt.alloc::<f32>(N)?);
+            if how == Steps::Kept {
+                // The kept pipeline borrows its buffers for as long as the runner lives, and the
+                // runner owns the pipeline: the buffers are leaked (four of 16 KB per size and
+                // runtime, for the benchmark's life) to outlive both.
+                let (x, c) = (&*Box::leak(Box::new(x)), &*Box::leak(Box::new(c)));
+                let (u, v) = (Box::leak(Box::new(u)), Box::leak(Box::new(v)));
+                let mut p = rt.pipeline();
+                let last = push_steps(&mut p, stages, (x, c, u, v))?;
+                let (_, mut kept) = p.wait_and_keep()?;
+                return Ok(Box::new(move |read| {
+                    kept.run()?;
+                    vector(None, kept.buffer(last)?, read)
+                }));
+            }
             Ok(Box::new(move |read| {
-                if pipelined {
+                if how == Steps::Pipeline {
                     let mut p = rt.pipeline();
-                    let (xi, ci) = (p.input(&x), p.input(&c));
-                    let (uo, vo) = (p.output(&mut u), p.output(&mut v));
-                    for k in 0..stages {
-                        let (from, to): (pptm::PipeInput<'_>, _) = match k {
-                            0 => (xi, uo),
-                            k if k % 2 == 0 => (vo.into(), uo),
-                            _ => (uo.into(), vo),
-                        };
-                        Blend::push(&mut p, from, ci, ALPHA, BETA, to)?;
-                    }
+                    push_steps(&mut p, stages, (&x, &c, &mut u, &mut v))?;
                     p.wait()?;
                 } else {
                     for k in 0..stages {

@@ -48,7 +48,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 13u
+#define PPTM_ABI_VERSION 14u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -74,17 +74,19 @@ typedef unsigned long long uint64_t;
 #define PPTM_OP_WAIT_VALUE 2u
 /* A plan (a pipeline's items of this domain, dispatched as one item; see pptm_plan_step below):
  * args[0] steps, args[1] byte offset of its region in the device plan arena, args[2] byte offset
- * of its region in the host plan arena, args[3] its id (never 0, unique in the process),
- * args[4] how long (ns) its waits for other domains report progress to the watchdog, args[5] the
- * partial slots (f64) its steps of more than one block need. `blocks`:
+ * of its region in the host plan arena, args[3] its id (never 0, unique in the process per
+ * dispatch; the plans of one dispatch share it), args[4] how long (ns) its waits for other domains
+ * report progress to the watchdog, args[5] the partial slots (f64) its steps of more than one
+ * block need, args[6] 1 when the device region holds the steps already (a kept pipeline run again:
+ * block 0 only zeroes the counters), 0 when block 0 copies them from the host region. `blocks`:
  * the most any of its steps runs on. */
 #define PPTM_OP_PLAN 3u
 /* Steps that exist only inside a plan. PLAN_WAIT: every block of the plan waits until the u64 at
- * args[0] (device memory) holds args[1] (args[2] = 1: another plan's `done` word, which holds
- * that plan's id once the step is done; ids are unique, while a region's words keep the ids of
- * plans that used it before) or at least args[1] (args[2] = 0: a manifold's signal word), reporting
- * progress for at
- * most the plan's patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
+ * args[0] (device memory) holds this plan's own id (args[2] = 1: the `done` word of another plan
+ * of the same dispatch, which holds their shared id once the step is done; ids are unique per
+ * dispatch, while a region's words keep the ids of dispatches that used it before) or at least
+ * args[1] (args[2] = 0: a manifold's signal word), reporting progress for at most the plan's
+ * patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
  * barrier of the plan's blocks, runs them again unless args[1] iterations have run or, with
  * args[2] = k + 1, step k's value is below the f64 args[3]; its value is the iterations run. */
 #define PPTM_OP_PLAN_WAIT 4u
@@ -141,7 +143,8 @@ typedef struct pptm_desc {
  *
  * Memory. The host writes the steps into its plan arena (mapped pinned memory) and submits the
  * plan item; the plan's block 0 copies them into the device plan arena (all its threads, many
- * loads in flight: one PCIe round trip for a few hundred steps) and zeroes the plan's counters,
+ * loads in flight: one PCIe round trip for a few hundred steps; not when args[6] says the device
+ * region holds them from an earlier run of the same plan) and zeroes the plan's counters,
  * then publishes `plan_copied` (device state), which the plan's other blocks wait for. Device
  * region, from args[1]:
  *     header (128 bytes: [0] the plan's barrier counter, [1] its first failure) | steps[n]

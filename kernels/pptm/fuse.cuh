@@ -115,6 +115,26 @@ __device__ __forceinline__ double pptm_map_reduce(const float* const (&in)[NIN],
     return partial;
 }
 
+// Applies f to the four lanes of one 16-byte chunk per input.
+template <int NIN, class F>
+__device__ __forceinline__ pptm_f4 pptm_apply4(const pptm_f4 (&v)[NIN], const F& f) {
+    float x[NIN];
+    pptm_f4 r;
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].x;
+    r.x = f(x);
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].y;
+    r.y = f(x);
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].z;
+    r.z = f(x);
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = v[k].w;
+    r.w = f(x);
+    return r;
+}
+
 // Fused elementwise body over n elements, stored to `out`.
 template <int NIN, class F>
 __device__ __forceinline__ void pptm_map_store(const float* const (&in)[NIN], float* out, uint64_t n, const F& f,
@@ -124,25 +144,28 @@ __device__ __forceinline__ void pptm_map_store(const float* const (&in)[NIN], fl
     uint64_t head = 0;
     if (pptm_all_aligned16<NIN>(in) && pptm_aligned16(out)) {
         const uint64_t n4 = n / 4;
-        for (uint64_t i = tid; i < n4; i += stride) {
+        uint64_t i = tid;
+        // Two chunks at a time (where that keeps PPTM_LOADS_IN_FLIGHT): both loads go out before
+        // either result is stored, so a thread with two chunks (a 4096-element item on one block)
+        // waits for one memory round trip, not two. (Storing chunk i before loading chunk
+        // i + stride would be no safer: each element is read and written by one thread, and an
+        // output that overlaps an input other than element for element races between threads
+        // either way.)
+        constexpr int U = pptm_unroll<NIN>::value >= 2 ? 2 : 1;
+        for (; i + (U - 1) * stride < n4; i += U * stride) {
+            pptm_f4 v[U][NIN];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int k = 0; k < NIN; ++k) v[u][k] = pptm_ld_cg_f4(in[k] + 4 * (i + u * stride));
+#pragma unroll
+            for (int u = 0; u < U; ++u) pptm_st_cs_f4(out + 4 * (i + u * stride), pptm_apply4<NIN>(v[u], f));
+        }
+        if (i < n4) {
             pptm_f4 v[NIN];
 #pragma unroll
             for (int k = 0; k < NIN; ++k) v[k] = pptm_ld_cg_f4(in[k] + 4 * i);
-            float x[NIN];
-            pptm_f4 r;
-#pragma unroll
-            for (int k = 0; k < NIN; ++k) x[k] = v[k].x;
-            r.x = f(x);
-#pragma unroll
-            for (int k = 0; k < NIN; ++k) x[k] = v[k].y;
-            r.y = f(x);
-#pragma unroll
-            for (int k = 0; k < NIN; ++k) x[k] = v[k].z;
-            r.z = f(x);
-#pragma unroll
-            for (int k = 0; k < NIN; ++k) x[k] = v[k].w;
-            r.w = f(x);
-            pptm_st_cs_f4(out + 4 * i, r);
+            pptm_st_cs_f4(out + 4 * i, pptm_apply4<NIN>(v, f));
         }
         head = n4 * 4;
     }

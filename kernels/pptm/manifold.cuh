@@ -385,8 +385,13 @@ __device__ __forceinline__ bool pptm_plan_view_of(const pptm_manifold_params& P,
 // four 16-byte loads in flight (a plan of 170 steps, 32 KB, takes about one PCIe round trip), and
 // zeroes the barrier, arrival and finished counters. The host wrote the steps before it submitted
 // the item; the fetcher's acquire of the slot and this block's acquire of the stage slot order
-// those writes before these loads.
-__device__ __noinline__ void pptm_plan_copy_in(const pptm_plan_view& v) {
+// those writes before these loads. A resident plan (a kept pipeline run again) has its steps in
+// the device region already: only the counters are zeroed.
+__device__ __noinline__ void pptm_plan_copy_in(const pptm_plan_view& v, bool resident) {
+    uint64_t* header = reinterpret_cast<uint64_t*>(v.dev);
+    for (uint32_t i = threadIdx.x; i < PPTM_PLAN_HEADER_BYTES / 8u; i += PPTM_BLOCK_THREADS) header[i] = 0;
+    for (uint64_t i = threadIdx.x; i < 2 * v.n; i += PPTM_BLOCK_THREADS) v.arrivals[i] = 0;  // arrivals, finished
+    if (resident) return;
     constexpr int U = 4;
     const uint64_t* src = reinterpret_cast<const uint64_t*>(v.host);
     uint64_t* dst = reinterpret_cast<uint64_t*>(v.steps);
@@ -403,9 +408,6 @@ __device__ __noinline__ void pptm_plan_copy_in(const pptm_plan_view& v) {
                 dst[2 * (i + u * PPTM_BLOCK_THREADS) + 1] = b[u];
             }
     }
-    uint64_t* header = reinterpret_cast<uint64_t*>(v.dev);
-    for (uint32_t i = threadIdx.x; i < PPTM_PLAN_HEADER_BYTES / 8u; i += PPTM_BLOCK_THREADS) header[i] = 0;
-    for (uint64_t i = threadIdx.x; i < 2 * v.n; i += PPTM_BLOCK_THREADS) v.arrivals[i] = 0;  // arrivals, finished
 }
 
 // Thread 0 waits until *word >= target (or, with `equal`, == target); the block meets it after.
@@ -470,7 +472,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
     const uint64_t id = sh.desc.args[3], patience = sh.desc.args[4];
     const pptm_block_ctx plan_ctx = {me, plan_blocks, sh.red};
     if (me == 0) {
-        pptm_plan_copy_in(v);
+        pptm_plan_copy_in(v, sh.desc.args[6] == 1);
         __syncthreads();
         if (threadIdx.x == 0) pptm_st_release_gpu(&P.state->plan_copied, seq + 1);
     } else if (!pptm_plan_wait(P, sh, &P.state->plan_copied, seq + 1, false, 0, plan_ctx)) {
@@ -482,15 +484,18 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
     uint32_t cur = 0;         // the buffer of sh.steps holding step k
     uint64_t prefetched = ~0ull;  // the step the other buffer holds (copies in flight), if any
     for (uint64_t k = 0; k < v.n;) {
-        __syncthreads();  // every thread is done with the step in the buffer about to be refilled
-        if (prefetched != ~0ull) pptm_cp_async_wait_all();  // (also before the buffer is refilled)
-        if (prefetched == k) {
-            cur ^= 1u;
-        } else if (threadIdx.x < sizeof(pptm_plan_step) / 16u) {
+        // Step k goes to the buffer step k - 2 used (every thread is past step k - 1's barrier
+        // below, so done with it): prefetched there while step k - 1 ran, or loaded now (the first
+        // step, a loop's jump back). The copying threads wait for their own copies first.
+        if (prefetched != ~0ull) pptm_cp_async_wait_all();
+        cur ^= 1u;
+        if (prefetched != k && threadIdx.x < sizeof(pptm_plan_step) / 16u) {
             const float* from = reinterpret_cast<const float*>(v.steps + k) + 4 * threadIdx.x;
             reinterpret_cast<pptm_f4*>(&sh.steps[cur])[threadIdx.x] = pptm_ld_cg_f4(from);
         }
-        // The next step's descriptor, while this one runs: an L2 round trip off the hand-off.
+        __syncthreads();  // step k is visible to every thread, and every thread is done with k - 1
+        // The next step's descriptor, into step k - 1's buffer, while this one runs: an L2 round
+        // trip off the hand-off.
         prefetched = ~0ull;
         if (k + 1 < v.n) {
             if (threadIdx.x < sizeof(pptm_plan_step) / 16u)
@@ -498,7 +503,6 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
                                  reinterpret_cast<const pptm_f4*>(v.steps + k + 1) + threadIdx.x, 16);
             prefetched = k + 1;
         }
-        __syncthreads();
         const pptm_plan_step& st = sh.steps[cur];
         const uint32_t op = st.desc.opcode;
         if (op == PPTM_OP_PLAN_LOOP) {
@@ -547,7 +551,8 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             const uint64_t* word = reinterpret_cast<const uint64_t*>(st.desc.args[0]);
             const bool ok = ((uint64_t)word & 7u) == 0 && word != nullptr;
             const bool equal = st.desc.args[2] != 0;
-            if (ok && !pptm_plan_wait(P, sh, word, st.desc.args[1], equal, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
+            const uint64_t target = equal ? id : st.desc.args[1];
+            if (ok && !pptm_plan_wait(P, sh, word, target, equal, patience, plan_ctx)) return PPTM_STATUS_ABORTED;
             if (me == 0 && threadIdx.x == 0) {
                 pptm_plan_result_store(&v.results_dev[k], ok ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT, 0u, 0.0, pptm_globaltimer());
                 if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);
@@ -569,8 +574,6 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             const uint32_t bad = pptm_nonfinite;
             pptm_nonfinite = 0u;
             if (blocks == 1) {
-                sh.own = partial;
-                sh.last = 1;
                 sh.nonfinite = bad;
             } else {
                 v.partials[st.partials + me] = partial;
@@ -579,11 +582,13 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
                 sh.nonfinite = bad | (uint32_t)(prior >> 32);
             }
         }
-        __syncthreads();
-        if (sh.last) {
+        // A one-block step is its own last block, and its finish reads the partial (in thread 0's
+        // register) and the flags in thread 0, which wrote them: no barrier to share that.
+        if (blocks > 1) __syncthreads();
+        if (blocks == 1 || sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK)
-                value = pptm_finish_variant(st.desc, blocks == 1 ? &sh.own : v.partials + st.partials, blocks, sh.red);
+                value = pptm_finish_variant(st.desc, blocks == 1 ? &partial : v.partials + st.partials, blocks, sh.red);
             if (threadIdx.x == 0) {
                 if (status == PPTM_STATUS_OK && (sh.nonfinite | pptm_nonfinite) != 0) status = PPTM_STATUS_NON_FINITE;
                 pptm_nonfinite = 0u;

@@ -46,7 +46,7 @@ struct Entry {
 }
 
 /// What a ticket records about its guarded item when it completes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct GuardNote {
     pub book: Arc<GuardBook>,
     pub opcode: u32,

@@ -40,8 +40,8 @@ pub use guard::GuardStats;
 #[doc(hidden)]
 pub use linkme;
 pub use pipeline::{
-    DeviceTime, ErasedPending, PipeArg, PipeInput, PipeItem, PipeLoop, PipeOutput, PipeOutputType,
-    PipeResults, Pipeline,
+    DeviceTime, ErasedPending, KeptPipeline, PipeArg, PipeInput, PipeItem, PipeLoop, PipeOutput,
+    PipeOutputType, PipeResults, Pipeline,
 };
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;

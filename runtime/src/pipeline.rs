@@ -74,7 +74,7 @@ impl From<PipeOutput> for PipeInput<'_> {
 
 /// One of a pushed item's arguments, named as in the chain (the generated `push` builds these in
 /// descriptor order, as `submit` builds [`Arg`]s).
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub enum PipeArg<'p> {
     Input(&'static str, PipeInput<'p>),
     Output(&'static str, PipeOutput),
@@ -199,6 +199,7 @@ enum Wait {
 /// One domain's items of one dispatch: a plan (gpu/plan.rs).
 struct Plan {
     code: &'static DomainCode,
+    /// Its dispatch's id (NEXT_PLAN_ID), shared with the other plans of the dispatch.
     id: u64,
     steps: Vec<pptm_plan_step>,
     meta: Vec<StepMeta>,
@@ -221,6 +222,9 @@ struct Flight {
     ticket: Option<Ticket<'static, ()>>,
     /// Whether its regions may be given back: it completed, or its manifold stopped.
     settled: bool,
+    /// Whether it ran to its end: its device region holds its steps (a kept pipeline's next run
+    /// need not write them again).
+    copied: bool,
 }
 
 /// The loop being recorded.
@@ -230,8 +234,25 @@ struct OpenLoop {
     plan: Option<usize>,
 }
 
-/// Plan ids: never 0, unique in the process (a plan's `done` words hold its id).
+/// Plan ids: never 0, unique in the process per dispatch (the plans of one dispatch share theirs:
+/// a plan's `done` words hold it, and another plan of the dispatch waits for its own id there).
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An item pushed again when a kept pipeline runs on a runtime that runs items at their push.
+type Repush<'p> = Box<dyn Fn(&mut Pipeline<'p>) -> Result<()> + 'p>;
+
+/// What a kept pipeline pushes again, in order, on a runtime that runs items at their push (the
+/// CPU backend, the launched variants); on the manifolds it runs its plans again instead.
+enum Recorded<'p> {
+    Push(Repush<'p>),
+    Loop {
+        body: Vec<Repush<'p>>,
+        times: u32,
+        below: Option<f64>,
+        /// The residual: the body's item at this position.
+        residual: Option<usize>,
+    },
+}
 
 /// Items submitted in order, each free to read what an earlier one wrote, resolved together: see
 /// the module documentation and [`Runtime::pipeline`].
@@ -248,6 +269,13 @@ pub struct Pipeline<'p> {
     looping: Option<OpenLoop>,
     /// Queue items (plans) submitted and items run at their push: the host's round trips.
     round_trips: u64,
+    /// Dispatches so far (`flush`, `wait`).
+    dispatches: u32,
+    /// Items run at their push, to push again if the pipeline is kept.
+    program: Vec<Recorded<'p>>,
+    /// Whether pushes of items run at their push are recorded into `program` (not while a kept
+    /// pipeline replays it, nor in a host loop's later iterations).
+    recording: bool,
 }
 
 impl std::fmt::Debug for Pipeline<'_> {
@@ -288,6 +316,9 @@ impl Runtime {
             open: HashMap::new(),
             looping: None,
             round_trips: 0,
+            dispatches: 0,
+            program: Vec::new(),
+            recording: true,
         }
     }
 }
@@ -319,6 +350,17 @@ impl<'p> Pipeline<'p> {
             pipeline: self.id,
             index: self.outputs.len() - 1,
         }
+    }
+
+    /// [`Error::BadArguments`] for a handle of another pipeline.
+    fn check(&self, output: PipeOutput) -> Result<()> {
+        if output.pipeline != self.id || output.index >= self.outputs.len() {
+            return Err(Error::BadArguments {
+                chain: "pipeline",
+                reason: "the output handle belongs to another pipeline".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Items pushed so far.
@@ -412,7 +454,7 @@ impl<'p> Pipeline<'p> {
             }
         }
         let mut submit_args: Vec<Arg<'_>> = Vec::with_capacity(args.len());
-        for a in args {
+        for &a in &args {
             submit_args.push(match a {
                 PipeArg::Input(n, PipeInput { source, .. }) => match source {
                     Source::Shared(b) => Arg::Input(n, b),
@@ -439,6 +481,12 @@ impl<'p> Pipeline<'p> {
             // never records plans, so nothing recorded comes before this item.
             Ok(result) => {
                 self.round_trips += 1;
+                if self.recording {
+                    self.program
+                        .push(Recorded::Push(Box::new(move |p: &mut Pipeline<'p>| {
+                            p.push_chain::<C>(args.clone()).map(|_| ())
+                        })));
+                }
                 State::Done(result)
             }
             Err(item) => self.record(C::NAME, item, &after)?,
@@ -476,7 +524,7 @@ impl<'p> Pipeline<'p> {
             None => {
                 self.plans.push(Plan {
                     code: item.code,
-                    id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+                    id: 0, // set at its dispatch
                     steps: Vec::new(),
                     meta: Vec::new(),
                     partials: 0,
@@ -566,8 +614,8 @@ impl<'p> Pipeline<'p> {
             let wait_on = match w {
                 Wait::Step(sj) => {
                     // args[0], the word, once both plans have their regions (`flush`). Equal to
-                    // the id: a region's `done` words keep the ids of the plans before it.
-                    desc.args[1] = self.plans[pj].id;
+                    // the dispatch's id, which both plans carry: a region's `done` words keep the
+                    // ids of the dispatches before it.
                     desc.args[2] = 1;
                     self.plans[pj].steps[sj].flags |= PPTM_STEP_DONE;
                     Some((pj, sj))
@@ -674,6 +722,7 @@ impl<'p> Pipeline<'p> {
             ));
         }
         let first = self.entries.len();
+        let program_first = self.program.len();
         self.looping = Some(OpenLoop { plan: None });
         let returned = body(self);
         let opened = self.looping.take().expect("set above");
@@ -696,6 +745,7 @@ impl<'p> Pipeline<'p> {
             Some(item) => Some(item.index),
             None => None,
         };
+        let until = below;
         let below = below.unwrap_or(f64::NAN);
         let state = if let Some(p) = opened.plan {
             // One loop step closes the body in the plan; the device runs the iterations.
@@ -738,14 +788,36 @@ impl<'p> Pipeline<'p> {
                     |c| matches!(entries[c].state, State::Done(Ok(v)) if f64::from(v) < below),
                 )
             };
+            // The body's pushes, once, for a kept pipeline to run again.
+            if self.recording {
+                let pushes: Vec<Repush<'p>> = self
+                    .program
+                    .drain(program_first..)
+                    .filter_map(|r| match r {
+                        Recorded::Push(f) => Some(f),
+                        Recorded::Loop { .. } => None, // loops do not nest
+                    })
+                    .collect();
+                self.program.push(Recorded::Loop {
+                    body: pushes,
+                    times,
+                    below: until,
+                    residual: cond.map(|c| c - first),
+                });
+            }
+            let recording = std::mem::replace(&mut self.recording, false);
             let mut iterations = 1u32;
             while iterations < times && !stop(&self.entries) {
                 let base = self.entries.len();
                 self.looping = Some(OpenLoop { plan: None });
                 let again = body(self);
                 self.looping = None;
-                again?;
+                if let Err(e) = again {
+                    self.recording = recording;
+                    return Err(e);
+                }
                 if self.entries.len() - base != count {
+                    self.recording = recording;
                     return Err(refuse(
                         "the loop's body pushed a different number of items in a later iteration",
                     ));
@@ -766,6 +838,7 @@ impl<'p> Pipeline<'p> {
                 }
                 iterations += 1;
             }
+            self.recording = recording;
             State::Done(Ok(iterations as f32))
         };
         let index = self.entries.len();
@@ -822,11 +895,16 @@ impl<'p> Pipeline<'p> {
         // their pushes.
         let codes: Vec<&'static DomainCode> = batch.iter().map(|&p| self.plans[p].code).collect();
         let rt = self.rt;
+        self.dispatches += 1;
         rt.with_running(&codes, |manifolds| self.dispatch_on(batch, manifolds))
     }
 
     /// `dispatch`, with `manifolds[i]` the running manifold of `batch[i]`'s domain.
     fn dispatch_on(&mut self, batch: &[usize], manifolds: &[Arc<Manifold>]) -> Result<()> {
+        let id = NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed);
+        for &p in batch {
+            self.plans[p].id = id;
+        }
         // Every plan's regions first: a wait step needs the address of another plan's words.
         let deadline = std::time::Instant::now() + self.rt.config().submit_timeout;
         for (&p, m) in batch.iter().zip(manifolds) {
@@ -843,14 +921,10 @@ impl<'p> Pipeline<'p> {
                 region,
                 ticket: None,
                 settled: false,
+                copied: false,
             });
         }
-        let patience = self
-            .rt
-            .config()
-            .stream_patience
-            .as_nanos()
-            .min(u128::from(u64::MAX)) as u64;
+        let patience = self.patience();
         for &p in batch {
             let mut steps = std::mem::take(&mut self.plans[p].steps);
             for (s, m) in steps.iter_mut().zip(&self.plans[p].meta) {
@@ -873,24 +947,86 @@ impl<'p> Pipeline<'p> {
                     meaning: "the plan's region lies outside the host plan arena",
                 });
             }
-            let mut desc = pptm_desc {
-                opcode: PPTM_OP_PLAN,
-                blocks: plan.blocks,
-                ..Default::default()
-            };
-            desc.args[0] = steps.len() as u64;
-            desc.args[1] = f.region.dev;
-            desc.args[2] = f.region.host;
-            desc.args[3] = plan.id;
-            desc.args[4] = patience;
-            desc.args[5] = u64::from(plan.partials);
-            let cell = self.rt.push(&f.manifold, &desc, true, "pipeline plan")?;
-            let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
-            self.plans[p].flight.as_mut().expect("reserved").ticket = Some(ticket);
             self.plans[p].steps = steps;
-            self.round_trips += 1;
+            self.submit_plan(p, patience, false)?;
         }
         Ok(())
+    }
+
+    /// Submits plan `p`, its region reserved (and written, unless `resident`: its steps are in
+    /// the device region from an earlier run).
+    fn submit_plan(&mut self, p: usize, patience: u64, resident: bool) -> Result<()> {
+        let plan = &self.plans[p];
+        let f = plan.flight.as_ref().expect("reserved");
+        let mut desc = pptm_desc {
+            opcode: PPTM_OP_PLAN,
+            blocks: plan.blocks,
+            ..Default::default()
+        };
+        desc.args[0] = plan.steps.len() as u64;
+        desc.args[1] = f.region.dev;
+        desc.args[2] = f.region.host;
+        desc.args[3] = plan.id;
+        desc.args[4] = patience;
+        desc.args[5] = u64::from(plan.partials);
+        desc.args[6] = u64::from(resident);
+        let cell = self.rt.push(&f.manifold, &desc, true, "pipeline plan")?;
+        let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
+        let f = self.plans[p].flight.as_mut().expect("reserved");
+        f.ticket = Some(ticket);
+        f.settled = false;
+        self.round_trips += 1;
+        Ok(())
+    }
+
+    /// Runs every plan again (a kept pipeline): with their steps resident where every plan ran
+    /// to its end on the manifold that runs its domain now, otherwise reserved and written anew
+    /// (a manifold was relaunched since, or a plan never ran).
+    fn redispatch_on(&mut self, manifolds: &[Arc<Manifold>]) -> Result<()> {
+        let resident = self.plans.iter().zip(manifolds).all(|(plan, m)| {
+            plan.flight
+                .as_ref()
+                .is_some_and(|f| f.copied && Arc::ptr_eq(&f.manifold, m))
+        });
+        let all: Vec<usize> = (0..self.plans.len()).collect();
+        if !resident {
+            for plan in &mut self.plans {
+                if let Some(f) = plan.flight.take() {
+                    if f.settled {
+                        f.manifold.plans.release(f.region);
+                    } else {
+                        // (Only a plan whose wait timed out: its memory stays reserved.)
+                        std::mem::forget(f);
+                    }
+                }
+            }
+            let dispatched = self.dispatch_on(&all, manifolds);
+            if dispatched.is_err() {
+                for plan in &mut self.plans {
+                    if plan.flight.as_ref().is_some_and(|f| f.ticket.is_none()) {
+                        let f = plan.flight.take().expect("checked");
+                        f.manifold.plans.release(f.region);
+                    }
+                }
+            }
+            return dispatched;
+        }
+        let id = NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed);
+        let patience = self.patience();
+        for p in all {
+            self.plans[p].id = id;
+            self.submit_plan(p, patience, true)?;
+        }
+        Ok(())
+    }
+
+    /// How long (ns) a plan's waits for other domains report progress to the watchdog.
+    fn patience(&self) -> u64 {
+        self.rt
+            .config()
+            .stream_patience
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64
     }
 
     /// Dispatches what is recorded and waits for every plan in flight; their items' results
@@ -902,7 +1038,9 @@ impl<'p> Pipeline<'p> {
                 continue;
             };
             let outcome = ticket.wait();
-            self.plans[p].flight.as_mut().expect("dispatched").settled = true;
+            let f = self.plans[p].flight.as_mut().expect("dispatched");
+            f.settled = true;
+            f.copied = outcome.is_ok();
             self.resolve_plan(p, outcome);
         }
         Ok(())
@@ -975,6 +1113,59 @@ impl<'p> Pipeline<'p> {
     /// [`Error::PipelineItem`] names it (the items after it ran on what it left, so they are not
     /// reported as results). Otherwise every item's result, by [`PipeResults::get`].
     pub fn wait(mut self) -> Result<PipeResults> {
+        self.collect()
+    }
+
+    /// As [`Pipeline::wait`], and keeps the pipeline to run again, as many times as wanted, with
+    /// the same items on the same buffers ([`KeptPipeline::run`]): like a CUDA graph, recorded
+    /// once and replayed. On the manifolds each later run submits its plans again with their
+    /// steps left in device memory: no pushes, nothing written but one queue item per domain.
+    /// On a runtime that runs items at their push (the CPU backend, the launched variants), a
+    /// run pushes them again.
+    ///
+    /// A pipeline that was flushed ([`Pipeline::flush`]) before cannot be kept: its later plans
+    /// wait for that dispatch's completion, which a run again would not repeat
+    /// ([`Error::BadArguments`], after waiting for what was dispatched).
+    pub fn wait_and_keep(mut self) -> Result<(PipeResults, KeptPipeline<'p>)> {
+        if self.dispatches > 0 {
+            return Err(Error::BadArguments {
+                chain: "pipeline",
+                reason: "it was flushed before: a kept pipeline is dispatched whole at each run; \
+                         keep one that was not flushed"
+                    .into(),
+            });
+        }
+        let template = self
+            .entries
+            .iter()
+            .map(|e| match &e.state {
+                State::Planned { plan, step, guard } => Some(Planned {
+                    chain: e.chain,
+                    plan: *plan,
+                    step: *step,
+                    guard: guard.clone(),
+                }),
+                State::Done(_) => None,
+            })
+            .collect::<Option<Vec<_>>>();
+        let results = self.collect()?;
+        let template = match template {
+            Some(t) if self.program.is_empty() => t,
+            // Items that ran at their push: a run pushes them again.
+            _ => Vec::new(),
+        };
+        Ok((
+            results,
+            KeptPipeline {
+                pipeline: self,
+                template,
+            },
+        ))
+    }
+
+    /// Dispatches what is left, waits for everything and gathers the items' results (see
+    /// [`Pipeline::wait`]).
+    fn collect(&mut self) -> Result<PipeResults> {
         let settled = self.settle();
         let mut values = Vec::with_capacity(self.entries.len());
         let mut first_failure: Option<Error> = settled.err();
@@ -1004,6 +1195,116 @@ impl<'p> Pipeline<'p> {
                 round_trips: self.round_trips,
             }),
         }
+    }
+
+    /// Pushes the recorded program again (a kept pipeline on a runtime that runs items at their
+    /// push).
+    fn push_again(&mut self) -> Result<()> {
+        let program = std::mem::take(&mut self.program);
+        let recording = std::mem::replace(&mut self.recording, false);
+        let mut outcome = Ok(());
+        for r in &program {
+            outcome = match r {
+                Recorded::Push(push) => push(self),
+                Recorded::Loop {
+                    body,
+                    times,
+                    below,
+                    residual,
+                } => {
+                    let mut again = |p: &mut Pipeline<'p>| -> Result<Option<PipeItem<f32>>> {
+                        let base = p.entries.len();
+                        for push in body {
+                            push(p)?;
+                        }
+                        Ok(residual.map(|k| PipeItem {
+                            pipeline: p.id,
+                            index: base + k,
+                            _output: PhantomData,
+                        }))
+                    };
+                    self.run_loop(*times, *below, &mut again).map(|_| ())
+                }
+            };
+            if outcome.is_err() {
+                break;
+            }
+        }
+        self.program = program;
+        self.recording = recording;
+        outcome
+    }
+}
+
+/// An item of a kept pipeline's plans: where its result comes from at each run.
+struct Planned {
+    chain: &'static str,
+    plan: usize,
+    step: usize,
+    guard: Option<GuardNote>,
+}
+
+/// A pipeline kept to run again ([`Pipeline::wait_and_keep`]): the same items, on the same
+/// buffers, with the same scalars, run as many times as wanted. It keeps the borrows of its
+/// buffers; [`KeptPipeline::buffer_mut`] lends one between runs (to write the next run's input,
+/// or read a result).
+///
+/// On the manifolds its plans keep their memory (`Config::plan_arena_bytes`) until it is dropped.
+pub struct KeptPipeline<'p> {
+    pipeline: Pipeline<'p>,
+    /// Where each item's result comes from (empty when its items run at their push).
+    template: Vec<Planned>,
+}
+
+impl std::fmt::Debug for KeptPipeline<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kept{:?}", self.pipeline)
+    }
+}
+
+impl<'p> KeptPipeline<'p> {
+    /// Runs the items again and waits for them: results as [`Pipeline::wait`] gives them, for
+    /// the same [`PipeItem`] handles.
+    pub fn run(&mut self) -> Result<PipeResults> {
+        let p = &mut self.pipeline;
+        p.round_trips = 0;
+        if !p.program.is_empty() || p.plans.is_empty() {
+            p.entries.clear();
+            p.access.clear();
+            p.push_again()?;
+            return p.collect();
+        }
+        p.entries = self
+            .template
+            .iter()
+            .map(|t| Entry {
+                chain: t.chain,
+                state: State::Planned {
+                    plan: t.plan,
+                    step: t.step,
+                    guard: t.guard.clone(),
+                },
+                span: None,
+            })
+            .collect();
+        let codes: Vec<&'static DomainCode> = p.plans.iter().map(|plan| plan.code).collect();
+        let rt = p.rt;
+        let dispatched = rt.with_running(&codes, |manifolds| p.redispatch_on(manifolds));
+        let results = p.collect();
+        dispatched?;
+        results
+    }
+
+    /// The buffer behind `output`, to read between runs.
+    pub fn buffer(&self, output: PipeOutput) -> Result<&Buffer<f32>> {
+        self.pipeline.check(output)?;
+        Ok(&*self.pipeline.outputs[output.index])
+    }
+
+    /// The buffer behind `output`, to write between runs (the next run's input).
+    pub fn buffer_mut(&mut self, output: PipeOutput) -> Result<&mut Buffer<f32>> {
+        self.pipeline.check(output)?;
+        Ok(&mut *self.pipeline.outputs[output.index])
     }
 }
 

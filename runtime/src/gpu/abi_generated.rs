@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 13;
+pub const PPTM_ABI_VERSION: u32 = 14;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
