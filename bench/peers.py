@@ -46,7 +46,7 @@ TE_K, TE_EPS_SCALE = 4, 0.1
 PSI_K = sum(1.0 / i for i in range(1, TE_K)) - 0.5772156649015329  # digamma(TE_K)
 SIZES = ["small", "medium", "large"]
 CHAINS = ["kl_complexity", "accuracy_pipeline", "row_squared_residual", "dependent_steps_pipeline",
-          "dependent_steps_kept", "belief_update", "belief_update_bf16",
+          "dependent_steps_kept", "dependent_steps_fused", "belief_update", "belief_update_bf16",
           "distance_kth", "te_reduction", "gemv_axpby_sum", "gemv_axpby_sum_bf16",
           "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
 # What a result must match its float64 reference to: 1e-4, but 1e-2 where PyTorch rounds to bf16
@@ -103,14 +103,14 @@ def cases(torch):
                     False))
     for size, stages in zip(SIZES, [8, 32, 170]):
         # Dependent steps u <- 0.5 u + 0.25 c over 4096 elements, as cases.rs's: eager runs a
-        # kernel a step; torch.compile fuses them all. The same figures serve both pptm cases (the
-        # pipeline built each time, and kept and run again).
+        # kernel a step; torch.compile fuses them all. The same computation serves the three pptm
+        # cases (the pipeline built each time, kept and run again, one chain with `repeat`).
         def steps(x, c, stages=stages):
             u = x
             for _ in range(stages):
                 u = 0.5 * u + 0.25 * c
             return u
-        for chain in ("dependent_steps_pipeline", "dependent_steps_kept"):
+        for chain in ("dependent_steps_pipeline", "dependent_steps_kept", "dependent_steps_fused"):
             out.append((chain, size, f"{stages} steps of n = 4096", stages, 12 * 4096 * stages,
                         3 * 4096 * stages,
                         lambda d: (t(SEED["RES_X"], 4096, d), t(SEED["RES_Y"], 4096, d)),

@@ -8,6 +8,8 @@
 //!     last stage's end until the results are on the host);
 //!   * the same pipelines kept (`wait_and_keep`) and run again: no pushes, their plans' steps
 //!     resident on the device;
+//!   * the 170 elementwise stages declared as one chain (`#[stage(1, repeat = 170)]`): one item,
+//!     the stages fused into one pass;
 //!   * a 1000-iteration loop on the device (two dependent steps an iteration) with the host's
 //!     round trips it took, checked against f64.
 //!
@@ -26,6 +28,15 @@ use rand::Rng;
 #[fusion(domain = "pipeline_handoff")]
 pub struct Step {
     #[stage(1)]
+    blend: Axpby,
+}
+
+/// The 170 elementwise stages declared as one chain: the stage repeated at build time, fused
+/// into one pass (no memory round trip between stages), as torch.compile fuses them.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipeline_handoff")]
+pub struct Steps170 {
+    #[stage(1, repeat = 170)]
     blend: Axpby,
 }
 
@@ -294,6 +305,31 @@ fn main() -> Result<(), Box<dyn Error>> {
             report(&format!("{stages} {what}"), &t, gpu, err);
         }
     }
+
+    // The 170 elementwise stages as one chain of one item (`repeat = 170`), checked against f64.
+    u.write(&vec![f32::NAN; N])?;
+    let mut host = Vec::with_capacity(reps);
+    for rep in 0..reps + reps / 10 + 1 {
+        let started = Instant::now();
+        Steps170::submit(&rt, &xb, &cb, ALPHA, BETA, &mut u)?.wait()?;
+        if rep > reps / 10 {
+            host.push(started.elapsed());
+        }
+    }
+    let mut w: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    for _ in 0..170 {
+        for (w, &c) in w.iter_mut().zip(&c) {
+            *w = f64::from(ALPHA) * *w + f64::from(BETA) * f64::from(c);
+        }
+    }
+    let err = worst(&u.to_vec()?, &w, 1e-3);
+    failures += usize::from(err > 1e-5);
+    let fused = Stats::of(host);
+    println!(
+        "{:<28} {:>22}   (one item; error {err:.1e})",
+        "170 fused: repeat = 170",
+        format!("{:.1} / p99 {:.1} µs", fused.median_us, fused.p99_us),
+    );
 
     // A loop of 1000 iterations on the device: two dependent steps an iteration.
     const ITERATIONS: u32 = 1000;

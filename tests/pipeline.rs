@@ -45,6 +45,15 @@ pub struct SumSquaresB {
     total: SumReduction,
 }
 
+/// α x + β y, 170 times over (each time on what the time before produced), in one fused pass:
+/// `repeat`, the build-time form of 170 dependent elementwise steps.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct Blend170A {
+    #[stage(1, repeat = 170)]
+    blend: Axpby,
+}
+
 /// y = A x, in domain `pipe_a`: every element of y reads the whole of x.
 #[derive(FusionBuilder)]
 #[fusion(domain = "pipe_a")]
@@ -600,7 +609,47 @@ fn flushed_pipelines_are_not_kept(rt: &Runtime) {
     assert_vec_close(&y.to_vec().unwrap(), &want, &rt.describe());
 }
 
+/// A stage repeated at build time (`repeat = 170`) gives what 170 dependent items give: alone,
+/// and as an item of a pipeline between two others, against f64, outputs poisoned.
+fn repeated_stages_match_dependent_items(rt: &Runtime) {
+    let what = rt.describe();
+    for n in SIZES {
+        let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
+        let wc = wide(&c);
+        let mut want = wide(&x);
+        for _ in 0..170 {
+            want = blend(0.5, &want, 0.25, &wc);
+        }
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        Blend170A::submit(rt, &xb, &cb, 0.5, 0.25, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_vec_close(&out.to_vec().unwrap(), &want, &format!("{what}: alone, n = {n}"));
+
+        // x → u (one step), u → v (170 fused), v → u (one step): 172 steps.
+        let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut v = rt.upload(&vec![f32::NAN; n]).unwrap();
+        {
+            let mut p = rt.pipeline();
+            let (xi, ci) = (p.input(&xb), p.input(&cb));
+            let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+            BlendA::push(&mut p, xi, ci, 0.5, 0.25, uo).unwrap();
+            Blend170A::push(&mut p, uo, ci, 0.5, 0.25, vo).unwrap();
+            BlendA::push(&mut p, vo, ci, 0.5, 0.25, uo).unwrap();
+            p.wait().unwrap();
+        }
+        let mut want = blend(0.5, &wide(&x), 0.25, &wc);
+        for _ in 0..171 {
+            want = blend(0.5, &want, 0.25, &wc);
+        }
+        assert_vec_close(&u.to_vec().unwrap(), &want, &format!("{what}: pipeline, n = {n}"));
+    }
+}
+
 on_every_backend!(
+    repeated_stages_match_dependent_items,
     kept_pipelines_run_again,
     flushed_pipelines_are_not_kept,
     whole_step_dependencies_between_blocks,

@@ -586,6 +586,7 @@ fn a_chain_naming_an_op_of_ones_own_lowers_with_its_definition() {
         finite: None,
         per_row: None,
         args: Vec::new(),
+        repeat: None,
     };
     let spec = ChainSpec {
         name: "WeightedLoss".into(),

@@ -236,7 +236,7 @@ pub fn all() -> Vec<Case> {
     // Dependent steps of 4096 elements (each reads what the one before wrote): waited one by
     // one, pushed as one pipeline, and that pipeline kept and run again.
     for (size, stages) in SIZES.into_iter().zip([8usize, 32, 170]) {
-        for how in [Steps::Waited, Steps::Pipeline, Steps::Kept] {
+        for how in [Steps::Waited, Steps::Pipeline, Steps::Kept, Steps::Fused] {
             cases.push(dependent_steps(how, size, stages));
         }
     }
@@ -252,7 +252,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 20] = [
+pub const CHAINS: [&str; 21] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -261,6 +261,7 @@ pub const CHAINS: [&str; 20] = [
     "dependent_steps_waited",
     "dependent_steps_pipeline",
     "dependent_steps_kept",
+    "dependent_steps_fused",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -385,6 +386,9 @@ enum Steps {
     Pipeline,
     /// That pipeline built once (`wait_and_keep`) and run again.
     Kept,
+    /// One item of a chain whose stage is repeated at build time (`repeat = stages`): the steps
+    /// fused into one pass, as torch.compile fuses them.
+    Fused,
 }
 
 /// Pushes `stages` dependent steps into `p`: u and v take turns as output, the first step reads
@@ -430,6 +434,7 @@ fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
             Steps::Waited => "dependent_steps_waited",
             Steps::Pipeline => "dependent_steps_pipeline",
             Steps::Kept => "dependent_steps_kept",
+            Steps::Fused => "dependent_steps_fused",
         },
         domain: Blend::DOMAIN.name,
         size,
@@ -458,6 +463,16 @@ fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
                 }));
             }
             Ok(Box::new(move |read| {
+                if how == Steps::Fused {
+                    use crate::own_ops::{Blend8, Blend32, Blend170};
+                    match stages {
+                        8 => Blend8::submit(rt, &x, &c, ALPHA, BETA, &mut v)?.wait()?,
+                        32 => Blend32::submit(rt, &x, &c, ALPHA, BETA, &mut v)?.wait()?,
+                        170 => Blend170::submit(rt, &x, &c, ALPHA, BETA, &mut v)?.wait()?,
+                        _ => unreachable!("a fused chain is declared for 8, 32 and 170 steps"),
+                    }
+                    return vector(None, &v, read);
+                }
                 if how == Steps::Pipeline {
                     let mut p = rt.pipeline();
                     push_steps(&mut p, stages, (&x, &c, &mut u, &mut v))?;

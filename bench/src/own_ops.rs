@@ -69,3 +69,28 @@ pub struct Blend {
     #[stage(1)]
     blend: Axpby,
 }
+
+/// `Blend` 8 times over in one fused pass (`repeat`): the dependent-steps case
+/// `dependent_steps_fused`, small.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct Blend8 {
+    #[stage(1, repeat = 8)]
+    blend: Axpby,
+}
+
+/// `Blend` 32 times over in one fused pass: `dependent_steps_fused`, medium.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct Blend32 {
+    #[stage(1, repeat = 32)]
+    blend: Axpby,
+}
+
+/// `Blend` 170 times over in one fused pass: `dependent_steps_fused`, large.
+#[derive(FusionBuilder)]
+#[fusion(domain = "ops_compare")]
+pub struct Blend170 {
+    #[stage(1, repeat = 170)]
+    blend: Axpby,
+}

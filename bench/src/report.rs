@@ -396,7 +396,10 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             | "squared_residual_own_ops"
             | "row_squared_residual" => "elements",
             "distance_kth" | "te_reduction" => "points",
-            "dependent_steps_waited" | "dependent_steps_pipeline" | "dependent_steps_kept" => {
+            "dependent_steps_waited"
+            | "dependent_steps_pipeline"
+            | "dependent_steps_kept"
+            | "dependent_steps_fused" => {
                 "dependent steps"
             }
             "matmul_bias_gelu" => "m (shapes in REPORT.md)",

@@ -991,6 +991,20 @@ fn dispatch(out: &mut String, chains: &[ChainIr]) {
     out.push_str("    default: return false;\n    }\n}\n");
 }
 
+/// Stored outputs the unfused mode keeps (`PPTM_MAX_STAGES` in kernels/pptm/abi.h).
+const SCRATCH_SLOTS: usize = 16;
+
+/// The unfused mode's stored output of stage `s`: a ring of `PPTM_MAX_STAGES` buffers, so a chain
+/// of more stages (`repeat = k`) reuses them; every stage reads only what the stage before it
+/// stored. Stages below the ring's size keep their plain index.
+fn scratch(s: usize) -> String {
+    if s < SCRATCH_SLOTS {
+        format!("scratch[{s}]")
+    } else {
+        format!("scratch[{s} % PPTM_MAX_STAGES]")
+    }
+}
+
 /// Channel expressions of stage `s`'s flow read from memory at element `index`: the previous
 /// stage's stored output (`scratch[s - 1]`), or the chain argument of the first stage.
 fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
@@ -1004,7 +1018,7 @@ fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
                 Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
                 Shape::Scalar => 1,
             };
-            let src = format!("scratch[{j}]");
+            let src = scratch(j);
             let exprs = (0..ch)
                 .map(|k| {
                     if ch == 1 {
@@ -1052,7 +1066,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
             let dst = if s == last && c.output == ChainOutput::Vector {
                 field(c.output_slot().expect("out"))
             } else {
-                format!("scratch[{s}]")
+                scratch(s)
             };
             let _ = writeln!(run, "        case {s}: {{  // {}", st.op.name);
             let body = &mut run;
@@ -1064,14 +1078,14 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         &mut inner,
                         c,
                         s..s + 1,
-                        vec![format!("scratch[{}][0]", s - 1)],
+                        vec![format!("{}[0]", scratch(s - 1))],
                         &Load::At {
                             index: "0",
                             column: "0",
                         },
                     );
                     body.push_str(&indent(&inner, 8));
-                    let _ = writeln!(body, "                scratch[{s}][0] = {};", v[0]);
+                    let _ = writeln!(body, "                {}[0] = {};", scratch(s), v[0]);
                     let _ = writeln!(body, "                out->value = (double){};", v[0]);
                     let _ = writeln!(body, "            }}");
                 }
@@ -1134,8 +1148,9 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     };
                     let _ = writeln!(
                         body,
-                        "            pptm_rows_stored<{targs}>({}, scratch[{p}], {row}, {dst}, b);",
-                        dim_field(c, &c.stages[p], "n")
+                        "            pptm_rows_stored<{targs}>({}, {}, {row}, {dst}, b);",
+                        dim_field(c, &c.stages[p], "n"),
+                        scratch(p)
                     );
                 }
                 FusionClass::Reduction => {
@@ -1167,7 +1182,8 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     }
                     let _ = writeln!(
                         fin,
-                        "        if (threadIdx.x == 0) {{ scratch[{s}][0] = (float)v; out->value = v; }}"
+                        "        if (threadIdx.x == 0) {{ {}[0] = (float)v; out->value = v; }}",
+                        scratch(s)
                     );
                     let _ = writeln!(fin, "        return;");
                     let _ = writeln!(fin, "    }}");
@@ -1224,8 +1240,9 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                     let (pch, row) = row_ctor(c, st);
                     let _ = writeln!(
                         body,
-                        "            pptm_rows_stored<{pch}>({}, scratch[{p}], {row}, {dst}, b);",
-                        dim_field(c, st, "n")
+                        "            pptm_rows_stored<{pch}>({}, {}, {row}, {dst}, b);",
+                        dim_field(c, st, "n"),
+                        scratch(p)
                     );
                 }
             }
@@ -1257,6 +1274,17 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_scratch_ring_is_the_abis() {
+        let abi = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/pptm/abi.h"),
+        )
+        .unwrap();
+        let line = format!("#define PPTM_MAX_STAGES {}u", super::SCRATCH_SLOTS);
+        assert!(abi.contains(&line), "abi.h no longer has `{line}`");
+        assert_eq!(super::scratch(3), "scratch[3]");
+        assert_eq!(super::scratch(17), "scratch[17 % PPTM_MAX_STAGES]");
+    }
     use super::*;
     use pptm_spec::{ChainSpec, StageSpec, lower};
 
@@ -1276,6 +1304,7 @@ mod tests {
                 finite: None,
                 per_row: None,
                 args: Vec::new(),
+                repeat: None,
             })
             .collect();
         ChainSpec {

@@ -116,6 +116,7 @@ fn chain(
                 finite: None,
                 per_row: None,
                 args: Vec::new(),
+                repeat: None,
             })
             .collect(),
     }

@@ -353,6 +353,10 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
         let tensor = opt_bool(s.tensor_eligible);
         let finite = opt_bool(s.finite);
         let per_row = opt_bool(s.per_row);
+        let repeat = match s.repeat {
+            Some(k) => quote! { ::core::option::Option::Some(#k) },
+            None => quote! { ::core::option::Option::None },
+        };
         let tolerance = match s.tolerance {
             Some(t) => {
                 let v = t.0;
@@ -382,6 +386,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 finite: #finite,
                 per_row: #per_row,
                 args: ::std::vec![#(#renames),*],
+                repeat: #repeat,
             }
         }
     });

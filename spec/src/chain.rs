@@ -97,6 +97,10 @@ pub struct StageSpec {
     /// where it is not the parameter's own name. Stages share an argument by name, so this is
     /// how one chain takes two matrices (`#[stage(3, args(a = "w2"))] second: Gemv`).
     pub args: Vec<(String, String)>,
+    /// `repeat = k`, if written: the stage runs k times over, each time on what the time before
+    /// produced, all in the one fused pass (an elementwise op only: its output is its flow's
+    /// shape). `repeat = 170` is 170 dependent steps with no memory round trip between them.
+    pub repeat: Option<u32>,
 }
 
 /// A chain as declared with `#[derive(FusionBuilder)]`.
@@ -109,6 +113,10 @@ pub struct ChainSpec {
     /// Stages in declaration order.
     pub stages: Vec<StageSpec>,
 }
+
+/// The most times `repeat = k` may run a stage (each is a step of the fused body that codegen
+/// writes out, so the bound keeps generated code to a size NVRTC compiles in seconds).
+pub const MAX_REPEAT: u32 = 4096;
 
 /// Whether `s` is a valid domain name: it names a folder under generated/ and a manifold.
 pub fn valid_domain_name(s: &str) -> bool {

@@ -317,6 +317,12 @@ pub enum SpecError {
     ReservedName { stage: usize, op: &'static str },
     #[error("the chain needs {count} descriptor arguments; at most {max} fit")]
     TooManyArgs { count: usize, max: usize },
+    #[error("`{op}`: `repeat` {reason}")]
+    BadRepeat {
+        stage: usize,
+        op: &'static str,
+        reason: String,
+    },
 }
 
 impl SpecError {
@@ -343,6 +349,7 @@ impl SpecError {
             SpecError::FiniteUnsupported { stage, .. } => Blame::StageAttr(stage, "finite"),
             SpecError::PerRowUnsupported { stage, .. } => Blame::StageAttr(stage, "per_row"),
             SpecError::BadRename { stage, .. } => Blame::StageAttr(stage, "args"),
+            SpecError::BadRepeat { stage, .. } => Blame::StageAttr(stage, "repeat"),
             SpecError::PrecisionUnsupported { stage, .. }
             | SpecError::TensorRequired { stage, .. } => Blame::StageAttr(stage, "precision"),
         }
@@ -450,6 +457,27 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         }
     }
 
+    // A stage with `repeat = k` takes k places in the data flow, one after the other (each
+    // reading what the one before produced); errors still name the declared stage.
+    for (i, st) in spec.stages.iter().enumerate() {
+        if let Some(times) = st.repeat
+            && !(1..=crate::chain::MAX_REPEAT).contains(&times)
+        {
+            return Err(SpecError::BadRepeat {
+                stage: i,
+                op: check_stage(i, st, extra)?.name,
+                reason: format!(
+                    "takes a count from 1 to {}, not {times}",
+                    crate::chain::MAX_REPEAT
+                ),
+            });
+        }
+    }
+    let order: Vec<usize> = order
+        .into_iter()
+        .flat_map(|i| std::iter::repeat_n(i, spec.stages[i].repeat.unwrap_or(1) as usize))
+        .collect();
+
     // A chain that folds rows (`per_row = true`) reads its first input as a row-major matrix.
     let matrix_rows = spec.stages.iter().any(|s| s.per_row == Some(true));
     let mut t = Tables::default();
@@ -458,6 +486,17 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         let st = &spec.stages[i];
         let per_row = st.per_row == Some(true);
         let op = check_stage(i, st, extra)?;
+        if st.repeat.is_some_and(|times| times > 1) && op.class != FusionClass::Elementwise {
+            return Err(SpecError::BadRepeat {
+                stage: i,
+                op: op.name,
+                reason: format!(
+                    "runs a stage again on what it produced, so only an elementwise op repeats; \
+                     `{}` is not one",
+                    op.name
+                ),
+            });
+        }
         let conflict = |arg: &str, reason: String| SpecError::ArgConflict {
             stage: i,
             op: op.name,
@@ -1600,11 +1639,24 @@ impl ChainIr {
 
     /// Short human-readable form: `KlDivergence -> SumReduction`.
     pub fn describe(&self) -> String {
-        self.stages
-            .iter()
-            .map(|s| s.op.name)
-            .collect::<Vec<_>>()
-            .join(" -> ")
+        // A stage repeated k times (consecutive stages of one op and one declared number) shows
+        // once, as `Op x k`.
+        let mut parts: Vec<String> = Vec::new();
+        let mut k = 0;
+        while k < self.stages.len() {
+            let s = &self.stages[k];
+            let run = self.stages[k..]
+                .iter()
+                .take_while(|t| t.number == s.number && t.op.name == s.op.name)
+                .count();
+            parts.push(if run > 1 {
+                format!("{} x {run}", s.op.name)
+            } else {
+                s.op.name.to_string()
+            });
+            k += run;
+        }
+        parts.join(" -> ")
     }
 }
 
@@ -1855,6 +1907,7 @@ mod tests {
             finite: None,
             per_row: None,
             args: Vec::new(),
+            repeat: None,
         }
     }
 

@@ -8,6 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, Ident, Lit, LitBool, LitInt, LitStr, Token, Type};
 
 use crate::lower::Blame;
+use crate::chain::MAX_REPEAT;
 use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance};
 
 /// A parsed chain with the spans of its parts.
@@ -191,6 +192,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             finite: args.finite,
             per_row: args.per_row,
             args: args.renames,
+            repeat: args.repeat,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -232,7 +234,7 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
 }
 
 /// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x, finite = bool,
-/// per_row = bool, args(...)`
+/// per_row = bool, repeat = k, args(...)`
 struct StageArgs {
     number: u32,
     number_span: Span,
@@ -242,6 +244,7 @@ struct StageArgs {
     tolerance: Option<Tolerance>,
     finite: Option<bool>,
     per_row: Option<bool>,
+    repeat: Option<u32>,
     renames: Vec<(String, String)>,
     spans: Vec<(&'static str, Span)>,
 }
@@ -261,6 +264,7 @@ impl Parse for StageArgs {
             tolerance: None,
             finite: None,
             per_row: None,
+            repeat: None,
             renames: Vec::new(),
             spans: Vec::new(),
         };
@@ -286,11 +290,12 @@ impl Parse for StageArgs {
                 "tolerance" => "tolerance",
                 "finite" => "finite",
                 "per_row" => "per_row",
+                "repeat" => "repeat",
                 other => {
                     return Err(syn::Error::new(
                         key.span(),
                         format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row` or `args(...)`"
+                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row`, `repeat` or `args(...)`"
                         ),
                     ));
                 }
@@ -324,6 +329,20 @@ impl Parse for StageArgs {
                         }
                     };
                     args.tolerance = Some(Tolerance(value));
+                    args.spans.push((name, lit.span()));
+                }
+                "repeat" => {
+                    let lit: LitInt = input.parse().map_err(|e| {
+                        syn::Error::new(e.span(), "`repeat` takes a count, e.g. repeat = 8")
+                    })?;
+                    let times: u32 = lit.base10_parse()?;
+                    if !(1..=MAX_REPEAT).contains(&times) {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!("`repeat` takes a count from 1 to {MAX_REPEAT}"),
+                        ));
+                    }
+                    args.repeat = Some(times);
                     args.spans.push((name, lit.span()));
                 }
                 _ => {
@@ -395,6 +414,60 @@ mod tests {
     fn parse(src: &str) -> syn::Result<ChainIr> {
         let input: DeriveInput = syn::parse_str(src)?;
         parse_chain(&input)?.lower()
+    }
+
+    #[test]
+    fn a_repeated_stage_takes_its_places_in_the_flow() {
+        let chain = |times: u32| {
+            parse(&format!(
+                r#"#[fusion(domain = "t")]
+                   struct R {{
+                       #[stage(1, repeat = {times})] step: Axpby,
+                       #[stage(2, reduction = true)] total: SumReduction,
+                   }}"#
+            ))
+            .unwrap()
+        };
+        let (three, two) = (chain(3), chain(2));
+        assert_eq!(three.stages.len(), 4);
+        assert!(three.stages[..3].iter().all(|s| s.op.name == "Axpby"));
+        // Copies 2 and 3 read what the copy before produced; every copy shares y, alpha, beta.
+        assert!(matches!(three.stages[1].inputs[0], crate::Source::Stage(0)));
+        assert!(matches!(three.stages[2].inputs[0], crate::Source::Stage(1)));
+        let names: Vec<&str> = three.args.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["x", "y", "alpha", "beta", "n"]);
+        assert_eq!(three.blocks_for(&[4096]), two.blocks_for(&[4096]));
+        assert_ne!(three.spec_hash, two.spec_hash, "the count is part of the chain");
+        assert_eq!(chain(1).stages.len(), 2);
+        assert_eq!(three.describe(), "Axpby x 3 -> SumReduction");
+    }
+
+    #[test]
+    fn bad_repeats_are_refused() {
+        let one = |attrs: &str, op: &str| {
+            parse(&format!(
+                r#"#[fusion(domain = "t")] struct R {{ #[stage(1, {attrs})] s: {op} }}"#
+            ))
+        };
+        for bad in ["repeat = 0", "repeat = 4097", "repeat = 1.5", "repeat = true"] {
+            let e = one(bad, "Axpby").unwrap_err();
+            assert!(e.to_string().contains("`repeat` takes a count"), "{bad}: {e}");
+        }
+        let e = one("repeat = 2", "SumReduction").unwrap_err();
+        assert!(e.to_string().contains("only an elementwise op repeats"), "{e}");
+        let e = one("repeat = 2, repeat = 3", "Axpby").unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
+        // A spec built by hand is checked too.
+        let mut spec = parse_chain(
+            &syn::parse_str(r#"#[fusion(domain = "t")] struct R { #[stage(1)] s: Axpby }"#)
+                .unwrap(),
+        )
+        .unwrap()
+        .spec;
+        spec.stages[0].repeat = Some(0);
+        let e = crate::lower(&spec).unwrap_err();
+        assert!(matches!(e, crate::SpecError::BadRepeat { stage: 0, .. }), "{e}");
+        assert_eq!(e.blame(), Blame::StageAttr(0, "repeat"));
     }
 
     #[test]

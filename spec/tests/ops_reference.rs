@@ -28,6 +28,7 @@ fn chain(ops: &[&str]) -> ChainIr {
             finite: None,
             per_row: None,
             args: Vec::new(),
+            repeat: None,
         })
         .collect();
     lower(&ChainSpec {

@@ -94,6 +94,291 @@ __device__ __noinline__ uint32_t pptm_run_608156bd(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain Blend170: Axpby x 170 (Map pattern)
+// spec hash efa45e0e34250d1f2bb0d855936c6495b6134be54b86b1d9774418566dddf2bc, opcode 0xefa45e0e
+struct pptm_env_efa45e0e {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    float* a4;  // out
+    uint64_t a5;  // n
+    __device__ explicit pptm_env_efa45e0e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
+};
+struct pptm_body_efa45e0e {
+    pptm_env_efa45e0e e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
+        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
+        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
+        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
+        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
+        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
+        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
+        const float s8 = pptm_op_axpby(s7, x[1], e.a2, e.a3);
+        const float s9 = pptm_op_axpby(s8, x[1], e.a2, e.a3);
+        const float s10 = pptm_op_axpby(s9, x[1], e.a2, e.a3);
+        const float s11 = pptm_op_axpby(s10, x[1], e.a2, e.a3);
+        const float s12 = pptm_op_axpby(s11, x[1], e.a2, e.a3);
+        const float s13 = pptm_op_axpby(s12, x[1], e.a2, e.a3);
+        const float s14 = pptm_op_axpby(s13, x[1], e.a2, e.a3);
+        const float s15 = pptm_op_axpby(s14, x[1], e.a2, e.a3);
+        const float s16 = pptm_op_axpby(s15, x[1], e.a2, e.a3);
+        const float s17 = pptm_op_axpby(s16, x[1], e.a2, e.a3);
+        const float s18 = pptm_op_axpby(s17, x[1], e.a2, e.a3);
+        const float s19 = pptm_op_axpby(s18, x[1], e.a2, e.a3);
+        const float s20 = pptm_op_axpby(s19, x[1], e.a2, e.a3);
+        const float s21 = pptm_op_axpby(s20, x[1], e.a2, e.a3);
+        const float s22 = pptm_op_axpby(s21, x[1], e.a2, e.a3);
+        const float s23 = pptm_op_axpby(s22, x[1], e.a2, e.a3);
+        const float s24 = pptm_op_axpby(s23, x[1], e.a2, e.a3);
+        const float s25 = pptm_op_axpby(s24, x[1], e.a2, e.a3);
+        const float s26 = pptm_op_axpby(s25, x[1], e.a2, e.a3);
+        const float s27 = pptm_op_axpby(s26, x[1], e.a2, e.a3);
+        const float s28 = pptm_op_axpby(s27, x[1], e.a2, e.a3);
+        const float s29 = pptm_op_axpby(s28, x[1], e.a2, e.a3);
+        const float s30 = pptm_op_axpby(s29, x[1], e.a2, e.a3);
+        const float s31 = pptm_op_axpby(s30, x[1], e.a2, e.a3);
+        const float s32 = pptm_op_axpby(s31, x[1], e.a2, e.a3);
+        const float s33 = pptm_op_axpby(s32, x[1], e.a2, e.a3);
+        const float s34 = pptm_op_axpby(s33, x[1], e.a2, e.a3);
+        const float s35 = pptm_op_axpby(s34, x[1], e.a2, e.a3);
+        const float s36 = pptm_op_axpby(s35, x[1], e.a2, e.a3);
+        const float s37 = pptm_op_axpby(s36, x[1], e.a2, e.a3);
+        const float s38 = pptm_op_axpby(s37, x[1], e.a2, e.a3);
+        const float s39 = pptm_op_axpby(s38, x[1], e.a2, e.a3);
+        const float s40 = pptm_op_axpby(s39, x[1], e.a2, e.a3);
+        const float s41 = pptm_op_axpby(s40, x[1], e.a2, e.a3);
+        const float s42 = pptm_op_axpby(s41, x[1], e.a2, e.a3);
+        const float s43 = pptm_op_axpby(s42, x[1], e.a2, e.a3);
+        const float s44 = pptm_op_axpby(s43, x[1], e.a2, e.a3);
+        const float s45 = pptm_op_axpby(s44, x[1], e.a2, e.a3);
+        const float s46 = pptm_op_axpby(s45, x[1], e.a2, e.a3);
+        const float s47 = pptm_op_axpby(s46, x[1], e.a2, e.a3);
+        const float s48 = pptm_op_axpby(s47, x[1], e.a2, e.a3);
+        const float s49 = pptm_op_axpby(s48, x[1], e.a2, e.a3);
+        const float s50 = pptm_op_axpby(s49, x[1], e.a2, e.a3);
+        const float s51 = pptm_op_axpby(s50, x[1], e.a2, e.a3);
+        const float s52 = pptm_op_axpby(s51, x[1], e.a2, e.a3);
+        const float s53 = pptm_op_axpby(s52, x[1], e.a2, e.a3);
+        const float s54 = pptm_op_axpby(s53, x[1], e.a2, e.a3);
+        const float s55 = pptm_op_axpby(s54, x[1], e.a2, e.a3);
+        const float s56 = pptm_op_axpby(s55, x[1], e.a2, e.a3);
+        const float s57 = pptm_op_axpby(s56, x[1], e.a2, e.a3);
+        const float s58 = pptm_op_axpby(s57, x[1], e.a2, e.a3);
+        const float s59 = pptm_op_axpby(s58, x[1], e.a2, e.a3);
+        const float s60 = pptm_op_axpby(s59, x[1], e.a2, e.a3);
+        const float s61 = pptm_op_axpby(s60, x[1], e.a2, e.a3);
+        const float s62 = pptm_op_axpby(s61, x[1], e.a2, e.a3);
+        const float s63 = pptm_op_axpby(s62, x[1], e.a2, e.a3);
+        const float s64 = pptm_op_axpby(s63, x[1], e.a2, e.a3);
+        const float s65 = pptm_op_axpby(s64, x[1], e.a2, e.a3);
+        const float s66 = pptm_op_axpby(s65, x[1], e.a2, e.a3);
+        const float s67 = pptm_op_axpby(s66, x[1], e.a2, e.a3);
+        const float s68 = pptm_op_axpby(s67, x[1], e.a2, e.a3);
+        const float s69 = pptm_op_axpby(s68, x[1], e.a2, e.a3);
+        const float s70 = pptm_op_axpby(s69, x[1], e.a2, e.a3);
+        const float s71 = pptm_op_axpby(s70, x[1], e.a2, e.a3);
+        const float s72 = pptm_op_axpby(s71, x[1], e.a2, e.a3);
+        const float s73 = pptm_op_axpby(s72, x[1], e.a2, e.a3);
+        const float s74 = pptm_op_axpby(s73, x[1], e.a2, e.a3);
+        const float s75 = pptm_op_axpby(s74, x[1], e.a2, e.a3);
+        const float s76 = pptm_op_axpby(s75, x[1], e.a2, e.a3);
+        const float s77 = pptm_op_axpby(s76, x[1], e.a2, e.a3);
+        const float s78 = pptm_op_axpby(s77, x[1], e.a2, e.a3);
+        const float s79 = pptm_op_axpby(s78, x[1], e.a2, e.a3);
+        const float s80 = pptm_op_axpby(s79, x[1], e.a2, e.a3);
+        const float s81 = pptm_op_axpby(s80, x[1], e.a2, e.a3);
+        const float s82 = pptm_op_axpby(s81, x[1], e.a2, e.a3);
+        const float s83 = pptm_op_axpby(s82, x[1], e.a2, e.a3);
+        const float s84 = pptm_op_axpby(s83, x[1], e.a2, e.a3);
+        const float s85 = pptm_op_axpby(s84, x[1], e.a2, e.a3);
+        const float s86 = pptm_op_axpby(s85, x[1], e.a2, e.a3);
+        const float s87 = pptm_op_axpby(s86, x[1], e.a2, e.a3);
+        const float s88 = pptm_op_axpby(s87, x[1], e.a2, e.a3);
+        const float s89 = pptm_op_axpby(s88, x[1], e.a2, e.a3);
+        const float s90 = pptm_op_axpby(s89, x[1], e.a2, e.a3);
+        const float s91 = pptm_op_axpby(s90, x[1], e.a2, e.a3);
+        const float s92 = pptm_op_axpby(s91, x[1], e.a2, e.a3);
+        const float s93 = pptm_op_axpby(s92, x[1], e.a2, e.a3);
+        const float s94 = pptm_op_axpby(s93, x[1], e.a2, e.a3);
+        const float s95 = pptm_op_axpby(s94, x[1], e.a2, e.a3);
+        const float s96 = pptm_op_axpby(s95, x[1], e.a2, e.a3);
+        const float s97 = pptm_op_axpby(s96, x[1], e.a2, e.a3);
+        const float s98 = pptm_op_axpby(s97, x[1], e.a2, e.a3);
+        const float s99 = pptm_op_axpby(s98, x[1], e.a2, e.a3);
+        const float s100 = pptm_op_axpby(s99, x[1], e.a2, e.a3);
+        const float s101 = pptm_op_axpby(s100, x[1], e.a2, e.a3);
+        const float s102 = pptm_op_axpby(s101, x[1], e.a2, e.a3);
+        const float s103 = pptm_op_axpby(s102, x[1], e.a2, e.a3);
+        const float s104 = pptm_op_axpby(s103, x[1], e.a2, e.a3);
+        const float s105 = pptm_op_axpby(s104, x[1], e.a2, e.a3);
+        const float s106 = pptm_op_axpby(s105, x[1], e.a2, e.a3);
+        const float s107 = pptm_op_axpby(s106, x[1], e.a2, e.a3);
+        const float s108 = pptm_op_axpby(s107, x[1], e.a2, e.a3);
+        const float s109 = pptm_op_axpby(s108, x[1], e.a2, e.a3);
+        const float s110 = pptm_op_axpby(s109, x[1], e.a2, e.a3);
+        const float s111 = pptm_op_axpby(s110, x[1], e.a2, e.a3);
+        const float s112 = pptm_op_axpby(s111, x[1], e.a2, e.a3);
+        const float s113 = pptm_op_axpby(s112, x[1], e.a2, e.a3);
+        const float s114 = pptm_op_axpby(s113, x[1], e.a2, e.a3);
+        const float s115 = pptm_op_axpby(s114, x[1], e.a2, e.a3);
+        const float s116 = pptm_op_axpby(s115, x[1], e.a2, e.a3);
+        const float s117 = pptm_op_axpby(s116, x[1], e.a2, e.a3);
+        const float s118 = pptm_op_axpby(s117, x[1], e.a2, e.a3);
+        const float s119 = pptm_op_axpby(s118, x[1], e.a2, e.a3);
+        const float s120 = pptm_op_axpby(s119, x[1], e.a2, e.a3);
+        const float s121 = pptm_op_axpby(s120, x[1], e.a2, e.a3);
+        const float s122 = pptm_op_axpby(s121, x[1], e.a2, e.a3);
+        const float s123 = pptm_op_axpby(s122, x[1], e.a2, e.a3);
+        const float s124 = pptm_op_axpby(s123, x[1], e.a2, e.a3);
+        const float s125 = pptm_op_axpby(s124, x[1], e.a2, e.a3);
+        const float s126 = pptm_op_axpby(s125, x[1], e.a2, e.a3);
+        const float s127 = pptm_op_axpby(s126, x[1], e.a2, e.a3);
+        const float s128 = pptm_op_axpby(s127, x[1], e.a2, e.a3);
+        const float s129 = pptm_op_axpby(s128, x[1], e.a2, e.a3);
+        const float s130 = pptm_op_axpby(s129, x[1], e.a2, e.a3);
+        const float s131 = pptm_op_axpby(s130, x[1], e.a2, e.a3);
+        const float s132 = pptm_op_axpby(s131, x[1], e.a2, e.a3);
+        const float s133 = pptm_op_axpby(s132, x[1], e.a2, e.a3);
+        const float s134 = pptm_op_axpby(s133, x[1], e.a2, e.a3);
+        const float s135 = pptm_op_axpby(s134, x[1], e.a2, e.a3);
+        const float s136 = pptm_op_axpby(s135, x[1], e.a2, e.a3);
+        const float s137 = pptm_op_axpby(s136, x[1], e.a2, e.a3);
+        const float s138 = pptm_op_axpby(s137, x[1], e.a2, e.a3);
+        const float s139 = pptm_op_axpby(s138, x[1], e.a2, e.a3);
+        const float s140 = pptm_op_axpby(s139, x[1], e.a2, e.a3);
+        const float s141 = pptm_op_axpby(s140, x[1], e.a2, e.a3);
+        const float s142 = pptm_op_axpby(s141, x[1], e.a2, e.a3);
+        const float s143 = pptm_op_axpby(s142, x[1], e.a2, e.a3);
+        const float s144 = pptm_op_axpby(s143, x[1], e.a2, e.a3);
+        const float s145 = pptm_op_axpby(s144, x[1], e.a2, e.a3);
+        const float s146 = pptm_op_axpby(s145, x[1], e.a2, e.a3);
+        const float s147 = pptm_op_axpby(s146, x[1], e.a2, e.a3);
+        const float s148 = pptm_op_axpby(s147, x[1], e.a2, e.a3);
+        const float s149 = pptm_op_axpby(s148, x[1], e.a2, e.a3);
+        const float s150 = pptm_op_axpby(s149, x[1], e.a2, e.a3);
+        const float s151 = pptm_op_axpby(s150, x[1], e.a2, e.a3);
+        const float s152 = pptm_op_axpby(s151, x[1], e.a2, e.a3);
+        const float s153 = pptm_op_axpby(s152, x[1], e.a2, e.a3);
+        const float s154 = pptm_op_axpby(s153, x[1], e.a2, e.a3);
+        const float s155 = pptm_op_axpby(s154, x[1], e.a2, e.a3);
+        const float s156 = pptm_op_axpby(s155, x[1], e.a2, e.a3);
+        const float s157 = pptm_op_axpby(s156, x[1], e.a2, e.a3);
+        const float s158 = pptm_op_axpby(s157, x[1], e.a2, e.a3);
+        const float s159 = pptm_op_axpby(s158, x[1], e.a2, e.a3);
+        const float s160 = pptm_op_axpby(s159, x[1], e.a2, e.a3);
+        const float s161 = pptm_op_axpby(s160, x[1], e.a2, e.a3);
+        const float s162 = pptm_op_axpby(s161, x[1], e.a2, e.a3);
+        const float s163 = pptm_op_axpby(s162, x[1], e.a2, e.a3);
+        const float s164 = pptm_op_axpby(s163, x[1], e.a2, e.a3);
+        const float s165 = pptm_op_axpby(s164, x[1], e.a2, e.a3);
+        const float s166 = pptm_op_axpby(s165, x[1], e.a2, e.a3);
+        const float s167 = pptm_op_axpby(s166, x[1], e.a2, e.a3);
+        const float s168 = pptm_op_axpby(s167, x[1], e.a2, e.a3);
+        const float s169 = pptm_op_axpby(s168, x[1], e.a2, e.a3);
+        return s169;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_efa45e0e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_efa45e0e e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_efa45e0e{e}, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
+// chain Blend32: Axpby x 32 (Map pattern)
+// spec hash 4d15d08c4fe8b34ec773fe0f2a71db3b6d91492ff2a329e3238b6f2a284029ef, opcode 0x4d15d08c
+struct pptm_env_4d15d08c {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    float* a4;  // out
+    uint64_t a5;  // n
+    __device__ explicit pptm_env_4d15d08c(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
+};
+struct pptm_body_4d15d08c {
+    pptm_env_4d15d08c e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
+        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
+        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
+        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
+        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
+        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
+        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
+        const float s8 = pptm_op_axpby(s7, x[1], e.a2, e.a3);
+        const float s9 = pptm_op_axpby(s8, x[1], e.a2, e.a3);
+        const float s10 = pptm_op_axpby(s9, x[1], e.a2, e.a3);
+        const float s11 = pptm_op_axpby(s10, x[1], e.a2, e.a3);
+        const float s12 = pptm_op_axpby(s11, x[1], e.a2, e.a3);
+        const float s13 = pptm_op_axpby(s12, x[1], e.a2, e.a3);
+        const float s14 = pptm_op_axpby(s13, x[1], e.a2, e.a3);
+        const float s15 = pptm_op_axpby(s14, x[1], e.a2, e.a3);
+        const float s16 = pptm_op_axpby(s15, x[1], e.a2, e.a3);
+        const float s17 = pptm_op_axpby(s16, x[1], e.a2, e.a3);
+        const float s18 = pptm_op_axpby(s17, x[1], e.a2, e.a3);
+        const float s19 = pptm_op_axpby(s18, x[1], e.a2, e.a3);
+        const float s20 = pptm_op_axpby(s19, x[1], e.a2, e.a3);
+        const float s21 = pptm_op_axpby(s20, x[1], e.a2, e.a3);
+        const float s22 = pptm_op_axpby(s21, x[1], e.a2, e.a3);
+        const float s23 = pptm_op_axpby(s22, x[1], e.a2, e.a3);
+        const float s24 = pptm_op_axpby(s23, x[1], e.a2, e.a3);
+        const float s25 = pptm_op_axpby(s24, x[1], e.a2, e.a3);
+        const float s26 = pptm_op_axpby(s25, x[1], e.a2, e.a3);
+        const float s27 = pptm_op_axpby(s26, x[1], e.a2, e.a3);
+        const float s28 = pptm_op_axpby(s27, x[1], e.a2, e.a3);
+        const float s29 = pptm_op_axpby(s28, x[1], e.a2, e.a3);
+        const float s30 = pptm_op_axpby(s29, x[1], e.a2, e.a3);
+        const float s31 = pptm_op_axpby(s30, x[1], e.a2, e.a3);
+        return s31;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_4d15d08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_4d15d08c e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_4d15d08c{e}, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
+// chain Blend8: Axpby x 8 (Map pattern)
+// spec hash 22cf3372a0111a3929d9cde718384c779c59000990779704dc662bdaa98c12ad, opcode 0x22cf3372
+struct pptm_env_22cf3372 {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    float* a4;  // out
+    uint64_t a5;  // n
+    __device__ explicit pptm_env_22cf3372(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
+};
+struct pptm_body_22cf3372 {
+    pptm_env_22cf3372 e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
+        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
+        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
+        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
+        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
+        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
+        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
+        return s7;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_22cf3372(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_22cf3372 e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_22cf3372{e}, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
 // chain RowSquaredResidual: Axpby -> Square -> SumReduction (Rows pattern)
 // spec hash 7fefaafacff1f53a730a044e79b431fe27cbe76cda20dd8e23ac6ed47d51c8b7, opcode 0x7fefaafa
 struct pptm_env_7fefaafa {
@@ -190,6 +475,9 @@ __device__ __forceinline__ double pptm_finish_0170542f(const pptm_desc& d, const
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x608156bdu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend
+    case 0xefa45e0eu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend170
+    case 0x4d15d08cu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend32
+    case 0x22cf3372u: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend8
     case 0x7fefaafau: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6]) < (1ull << 48);  // RowSquaredResidual
     case 0x553d6e1eu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidual
     case 0x0170542fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // SquaredResidualOwnOps
@@ -200,6 +488,9 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x608156bdu: return pptm_run_608156bd(d, b, partial);  // Blend
+    case 0xefa45e0eu: return pptm_run_efa45e0e(d, b, partial);  // Blend170
+    case 0x4d15d08cu: return pptm_run_4d15d08c(d, b, partial);  // Blend32
+    case 0x22cf3372u: return pptm_run_22cf3372(d, b, partial);  // Blend8
     case 0x7fefaafau: return pptm_run_7fefaafa(d, b, partial);  // RowSquaredResidual
     case 0x553d6e1eu: return pptm_run_553d6e1e(d, b, partial);  // SquaredResidual
     case 0x0170542fu: return pptm_run_0170542f(d, b, partial);  // SquaredResidualOwnOps
@@ -218,6 +509,9 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x608156bdu: return true;  // Blend
+    case 0xefa45e0eu: return true;  // Blend170
+    case 0x4d15d08cu: return true;  // Blend32
+    case 0x22cf3372u: return true;  // Blend8
     case 0x7fefaafau: return true;  // RowSquaredResidual
     default: return false;
     }
@@ -241,6 +535,2124 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a5;
                 const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
                 e.a4[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xefa45e0eu: {  // Blend170
+        const pptm_env_efa45e0e e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s2 = pptm_op_axpby(pptm_ld_cg_f32(scratch[1] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s3 = pptm_op_axpby(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[3][i] = s3;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 4: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s4 = pptm_op_axpby(pptm_ld_cg_f32(scratch[3] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[4][i] = s4;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 5: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s5 = pptm_op_axpby(pptm_ld_cg_f32(scratch[4] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[5][i] = s5;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 6: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s6 = pptm_op_axpby(pptm_ld_cg_f32(scratch[5] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[6][i] = s6;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 7: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s7 = pptm_op_axpby(pptm_ld_cg_f32(scratch[6] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[7][i] = s7;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 8: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s8 = pptm_op_axpby(pptm_ld_cg_f32(scratch[7] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[8][i] = s8;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 9: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s9 = pptm_op_axpby(pptm_ld_cg_f32(scratch[8] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[9][i] = s9;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 10: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s10 = pptm_op_axpby(pptm_ld_cg_f32(scratch[9] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[10][i] = s10;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 11: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s11 = pptm_op_axpby(pptm_ld_cg_f32(scratch[10] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[11][i] = s11;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 12: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s12 = pptm_op_axpby(pptm_ld_cg_f32(scratch[11] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[12][i] = s12;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 13: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s13 = pptm_op_axpby(pptm_ld_cg_f32(scratch[12] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[13][i] = s13;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 14: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s14 = pptm_op_axpby(pptm_ld_cg_f32(scratch[13] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[14][i] = s14;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 15: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s15 = pptm_op_axpby(pptm_ld_cg_f32(scratch[14] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[15][i] = s15;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 16: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s16 = pptm_op_axpby(pptm_ld_cg_f32(scratch[15] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[16 % PPTM_MAX_STAGES][i] = s16;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 17: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s17 = pptm_op_axpby(pptm_ld_cg_f32(scratch[16 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[17 % PPTM_MAX_STAGES][i] = s17;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 18: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s18 = pptm_op_axpby(pptm_ld_cg_f32(scratch[17 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[18 % PPTM_MAX_STAGES][i] = s18;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 19: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s19 = pptm_op_axpby(pptm_ld_cg_f32(scratch[18 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[19 % PPTM_MAX_STAGES][i] = s19;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 20: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s20 = pptm_op_axpby(pptm_ld_cg_f32(scratch[19 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[20 % PPTM_MAX_STAGES][i] = s20;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 21: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s21 = pptm_op_axpby(pptm_ld_cg_f32(scratch[20 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[21 % PPTM_MAX_STAGES][i] = s21;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 22: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s22 = pptm_op_axpby(pptm_ld_cg_f32(scratch[21 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[22 % PPTM_MAX_STAGES][i] = s22;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 23: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s23 = pptm_op_axpby(pptm_ld_cg_f32(scratch[22 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[23 % PPTM_MAX_STAGES][i] = s23;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 24: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s24 = pptm_op_axpby(pptm_ld_cg_f32(scratch[23 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[24 % PPTM_MAX_STAGES][i] = s24;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 25: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s25 = pptm_op_axpby(pptm_ld_cg_f32(scratch[24 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[25 % PPTM_MAX_STAGES][i] = s25;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 26: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s26 = pptm_op_axpby(pptm_ld_cg_f32(scratch[25 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[26 % PPTM_MAX_STAGES][i] = s26;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 27: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s27 = pptm_op_axpby(pptm_ld_cg_f32(scratch[26 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[27 % PPTM_MAX_STAGES][i] = s27;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 28: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s28 = pptm_op_axpby(pptm_ld_cg_f32(scratch[27 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[28 % PPTM_MAX_STAGES][i] = s28;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 29: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s29 = pptm_op_axpby(pptm_ld_cg_f32(scratch[28 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[29 % PPTM_MAX_STAGES][i] = s29;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 30: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s30 = pptm_op_axpby(pptm_ld_cg_f32(scratch[29 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[30 % PPTM_MAX_STAGES][i] = s30;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 31: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s31 = pptm_op_axpby(pptm_ld_cg_f32(scratch[30 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[31 % PPTM_MAX_STAGES][i] = s31;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 32: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s32 = pptm_op_axpby(pptm_ld_cg_f32(scratch[31 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[32 % PPTM_MAX_STAGES][i] = s32;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 33: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s33 = pptm_op_axpby(pptm_ld_cg_f32(scratch[32 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[33 % PPTM_MAX_STAGES][i] = s33;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 34: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s34 = pptm_op_axpby(pptm_ld_cg_f32(scratch[33 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[34 % PPTM_MAX_STAGES][i] = s34;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 35: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s35 = pptm_op_axpby(pptm_ld_cg_f32(scratch[34 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[35 % PPTM_MAX_STAGES][i] = s35;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 36: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s36 = pptm_op_axpby(pptm_ld_cg_f32(scratch[35 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[36 % PPTM_MAX_STAGES][i] = s36;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 37: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s37 = pptm_op_axpby(pptm_ld_cg_f32(scratch[36 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[37 % PPTM_MAX_STAGES][i] = s37;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 38: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s38 = pptm_op_axpby(pptm_ld_cg_f32(scratch[37 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[38 % PPTM_MAX_STAGES][i] = s38;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 39: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s39 = pptm_op_axpby(pptm_ld_cg_f32(scratch[38 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[39 % PPTM_MAX_STAGES][i] = s39;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 40: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s40 = pptm_op_axpby(pptm_ld_cg_f32(scratch[39 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[40 % PPTM_MAX_STAGES][i] = s40;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 41: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s41 = pptm_op_axpby(pptm_ld_cg_f32(scratch[40 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[41 % PPTM_MAX_STAGES][i] = s41;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 42: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s42 = pptm_op_axpby(pptm_ld_cg_f32(scratch[41 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[42 % PPTM_MAX_STAGES][i] = s42;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 43: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s43 = pptm_op_axpby(pptm_ld_cg_f32(scratch[42 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[43 % PPTM_MAX_STAGES][i] = s43;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 44: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s44 = pptm_op_axpby(pptm_ld_cg_f32(scratch[43 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[44 % PPTM_MAX_STAGES][i] = s44;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 45: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s45 = pptm_op_axpby(pptm_ld_cg_f32(scratch[44 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[45 % PPTM_MAX_STAGES][i] = s45;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 46: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s46 = pptm_op_axpby(pptm_ld_cg_f32(scratch[45 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[46 % PPTM_MAX_STAGES][i] = s46;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 47: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s47 = pptm_op_axpby(pptm_ld_cg_f32(scratch[46 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[47 % PPTM_MAX_STAGES][i] = s47;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 48: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s48 = pptm_op_axpby(pptm_ld_cg_f32(scratch[47 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[48 % PPTM_MAX_STAGES][i] = s48;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 49: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s49 = pptm_op_axpby(pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[49 % PPTM_MAX_STAGES][i] = s49;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 50: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s50 = pptm_op_axpby(pptm_ld_cg_f32(scratch[49 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[50 % PPTM_MAX_STAGES][i] = s50;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 51: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s51 = pptm_op_axpby(pptm_ld_cg_f32(scratch[50 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[51 % PPTM_MAX_STAGES][i] = s51;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 52: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s52 = pptm_op_axpby(pptm_ld_cg_f32(scratch[51 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[52 % PPTM_MAX_STAGES][i] = s52;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 53: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s53 = pptm_op_axpby(pptm_ld_cg_f32(scratch[52 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[53 % PPTM_MAX_STAGES][i] = s53;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 54: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s54 = pptm_op_axpby(pptm_ld_cg_f32(scratch[53 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[54 % PPTM_MAX_STAGES][i] = s54;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 55: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s55 = pptm_op_axpby(pptm_ld_cg_f32(scratch[54 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[55 % PPTM_MAX_STAGES][i] = s55;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 56: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s56 = pptm_op_axpby(pptm_ld_cg_f32(scratch[55 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[56 % PPTM_MAX_STAGES][i] = s56;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 57: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s57 = pptm_op_axpby(pptm_ld_cg_f32(scratch[56 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[57 % PPTM_MAX_STAGES][i] = s57;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 58: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s58 = pptm_op_axpby(pptm_ld_cg_f32(scratch[57 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[58 % PPTM_MAX_STAGES][i] = s58;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 59: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s59 = pptm_op_axpby(pptm_ld_cg_f32(scratch[58 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[59 % PPTM_MAX_STAGES][i] = s59;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 60: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s60 = pptm_op_axpby(pptm_ld_cg_f32(scratch[59 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[60 % PPTM_MAX_STAGES][i] = s60;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 61: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s61 = pptm_op_axpby(pptm_ld_cg_f32(scratch[60 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[61 % PPTM_MAX_STAGES][i] = s61;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 62: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s62 = pptm_op_axpby(pptm_ld_cg_f32(scratch[61 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[62 % PPTM_MAX_STAGES][i] = s62;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 63: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s63 = pptm_op_axpby(pptm_ld_cg_f32(scratch[62 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[63 % PPTM_MAX_STAGES][i] = s63;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 64: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s64 = pptm_op_axpby(pptm_ld_cg_f32(scratch[63 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[64 % PPTM_MAX_STAGES][i] = s64;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 65: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s65 = pptm_op_axpby(pptm_ld_cg_f32(scratch[64 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[65 % PPTM_MAX_STAGES][i] = s65;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 66: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s66 = pptm_op_axpby(pptm_ld_cg_f32(scratch[65 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[66 % PPTM_MAX_STAGES][i] = s66;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 67: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s67 = pptm_op_axpby(pptm_ld_cg_f32(scratch[66 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[67 % PPTM_MAX_STAGES][i] = s67;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 68: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s68 = pptm_op_axpby(pptm_ld_cg_f32(scratch[67 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[68 % PPTM_MAX_STAGES][i] = s68;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 69: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s69 = pptm_op_axpby(pptm_ld_cg_f32(scratch[68 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[69 % PPTM_MAX_STAGES][i] = s69;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 70: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s70 = pptm_op_axpby(pptm_ld_cg_f32(scratch[69 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[70 % PPTM_MAX_STAGES][i] = s70;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 71: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s71 = pptm_op_axpby(pptm_ld_cg_f32(scratch[70 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[71 % PPTM_MAX_STAGES][i] = s71;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 72: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s72 = pptm_op_axpby(pptm_ld_cg_f32(scratch[71 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[72 % PPTM_MAX_STAGES][i] = s72;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 73: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s73 = pptm_op_axpby(pptm_ld_cg_f32(scratch[72 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[73 % PPTM_MAX_STAGES][i] = s73;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 74: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s74 = pptm_op_axpby(pptm_ld_cg_f32(scratch[73 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[74 % PPTM_MAX_STAGES][i] = s74;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 75: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s75 = pptm_op_axpby(pptm_ld_cg_f32(scratch[74 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[75 % PPTM_MAX_STAGES][i] = s75;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 76: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s76 = pptm_op_axpby(pptm_ld_cg_f32(scratch[75 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[76 % PPTM_MAX_STAGES][i] = s76;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 77: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s77 = pptm_op_axpby(pptm_ld_cg_f32(scratch[76 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[77 % PPTM_MAX_STAGES][i] = s77;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 78: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s78 = pptm_op_axpby(pptm_ld_cg_f32(scratch[77 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[78 % PPTM_MAX_STAGES][i] = s78;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 79: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s79 = pptm_op_axpby(pptm_ld_cg_f32(scratch[78 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[79 % PPTM_MAX_STAGES][i] = s79;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 80: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s80 = pptm_op_axpby(pptm_ld_cg_f32(scratch[79 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[80 % PPTM_MAX_STAGES][i] = s80;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 81: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s81 = pptm_op_axpby(pptm_ld_cg_f32(scratch[80 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[81 % PPTM_MAX_STAGES][i] = s81;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 82: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s82 = pptm_op_axpby(pptm_ld_cg_f32(scratch[81 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[82 % PPTM_MAX_STAGES][i] = s82;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 83: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s83 = pptm_op_axpby(pptm_ld_cg_f32(scratch[82 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[83 % PPTM_MAX_STAGES][i] = s83;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 84: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s84 = pptm_op_axpby(pptm_ld_cg_f32(scratch[83 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[84 % PPTM_MAX_STAGES][i] = s84;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 85: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s85 = pptm_op_axpby(pptm_ld_cg_f32(scratch[84 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[85 % PPTM_MAX_STAGES][i] = s85;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 86: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s86 = pptm_op_axpby(pptm_ld_cg_f32(scratch[85 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[86 % PPTM_MAX_STAGES][i] = s86;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 87: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s87 = pptm_op_axpby(pptm_ld_cg_f32(scratch[86 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[87 % PPTM_MAX_STAGES][i] = s87;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 88: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s88 = pptm_op_axpby(pptm_ld_cg_f32(scratch[87 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[88 % PPTM_MAX_STAGES][i] = s88;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 89: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s89 = pptm_op_axpby(pptm_ld_cg_f32(scratch[88 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[89 % PPTM_MAX_STAGES][i] = s89;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 90: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s90 = pptm_op_axpby(pptm_ld_cg_f32(scratch[89 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[90 % PPTM_MAX_STAGES][i] = s90;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 91: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s91 = pptm_op_axpby(pptm_ld_cg_f32(scratch[90 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[91 % PPTM_MAX_STAGES][i] = s91;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 92: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s92 = pptm_op_axpby(pptm_ld_cg_f32(scratch[91 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[92 % PPTM_MAX_STAGES][i] = s92;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 93: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s93 = pptm_op_axpby(pptm_ld_cg_f32(scratch[92 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[93 % PPTM_MAX_STAGES][i] = s93;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 94: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s94 = pptm_op_axpby(pptm_ld_cg_f32(scratch[93 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[94 % PPTM_MAX_STAGES][i] = s94;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 95: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s95 = pptm_op_axpby(pptm_ld_cg_f32(scratch[94 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[95 % PPTM_MAX_STAGES][i] = s95;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 96: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s96 = pptm_op_axpby(pptm_ld_cg_f32(scratch[95 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[96 % PPTM_MAX_STAGES][i] = s96;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 97: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s97 = pptm_op_axpby(pptm_ld_cg_f32(scratch[96 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[97 % PPTM_MAX_STAGES][i] = s97;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 98: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s98 = pptm_op_axpby(pptm_ld_cg_f32(scratch[97 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[98 % PPTM_MAX_STAGES][i] = s98;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 99: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s99 = pptm_op_axpby(pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[99 % PPTM_MAX_STAGES][i] = s99;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 100: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s100 = pptm_op_axpby(pptm_ld_cg_f32(scratch[99 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[100 % PPTM_MAX_STAGES][i] = s100;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 101: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s101 = pptm_op_axpby(pptm_ld_cg_f32(scratch[100 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[101 % PPTM_MAX_STAGES][i] = s101;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 102: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s102 = pptm_op_axpby(pptm_ld_cg_f32(scratch[101 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[102 % PPTM_MAX_STAGES][i] = s102;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 103: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s103 = pptm_op_axpby(pptm_ld_cg_f32(scratch[102 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[103 % PPTM_MAX_STAGES][i] = s103;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 104: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s104 = pptm_op_axpby(pptm_ld_cg_f32(scratch[103 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[104 % PPTM_MAX_STAGES][i] = s104;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 105: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s105 = pptm_op_axpby(pptm_ld_cg_f32(scratch[104 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[105 % PPTM_MAX_STAGES][i] = s105;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 106: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s106 = pptm_op_axpby(pptm_ld_cg_f32(scratch[105 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[106 % PPTM_MAX_STAGES][i] = s106;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 107: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s107 = pptm_op_axpby(pptm_ld_cg_f32(scratch[106 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[107 % PPTM_MAX_STAGES][i] = s107;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 108: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s108 = pptm_op_axpby(pptm_ld_cg_f32(scratch[107 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[108 % PPTM_MAX_STAGES][i] = s108;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 109: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s109 = pptm_op_axpby(pptm_ld_cg_f32(scratch[108 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[109 % PPTM_MAX_STAGES][i] = s109;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 110: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s110 = pptm_op_axpby(pptm_ld_cg_f32(scratch[109 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[110 % PPTM_MAX_STAGES][i] = s110;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 111: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s111 = pptm_op_axpby(pptm_ld_cg_f32(scratch[110 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[111 % PPTM_MAX_STAGES][i] = s111;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 112: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s112 = pptm_op_axpby(pptm_ld_cg_f32(scratch[111 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[112 % PPTM_MAX_STAGES][i] = s112;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 113: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s113 = pptm_op_axpby(pptm_ld_cg_f32(scratch[112 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[113 % PPTM_MAX_STAGES][i] = s113;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 114: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s114 = pptm_op_axpby(pptm_ld_cg_f32(scratch[113 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[114 % PPTM_MAX_STAGES][i] = s114;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 115: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s115 = pptm_op_axpby(pptm_ld_cg_f32(scratch[114 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[115 % PPTM_MAX_STAGES][i] = s115;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 116: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s116 = pptm_op_axpby(pptm_ld_cg_f32(scratch[115 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[116 % PPTM_MAX_STAGES][i] = s116;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 117: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s117 = pptm_op_axpby(pptm_ld_cg_f32(scratch[116 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[117 % PPTM_MAX_STAGES][i] = s117;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 118: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s118 = pptm_op_axpby(pptm_ld_cg_f32(scratch[117 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[118 % PPTM_MAX_STAGES][i] = s118;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 119: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s119 = pptm_op_axpby(pptm_ld_cg_f32(scratch[118 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[119 % PPTM_MAX_STAGES][i] = s119;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 120: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s120 = pptm_op_axpby(pptm_ld_cg_f32(scratch[119 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[120 % PPTM_MAX_STAGES][i] = s120;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 121: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s121 = pptm_op_axpby(pptm_ld_cg_f32(scratch[120 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[121 % PPTM_MAX_STAGES][i] = s121;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 122: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s122 = pptm_op_axpby(pptm_ld_cg_f32(scratch[121 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[122 % PPTM_MAX_STAGES][i] = s122;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 123: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s123 = pptm_op_axpby(pptm_ld_cg_f32(scratch[122 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[123 % PPTM_MAX_STAGES][i] = s123;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 124: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s124 = pptm_op_axpby(pptm_ld_cg_f32(scratch[123 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[124 % PPTM_MAX_STAGES][i] = s124;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 125: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s125 = pptm_op_axpby(pptm_ld_cg_f32(scratch[124 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[125 % PPTM_MAX_STAGES][i] = s125;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 126: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s126 = pptm_op_axpby(pptm_ld_cg_f32(scratch[125 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[126 % PPTM_MAX_STAGES][i] = s126;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 127: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s127 = pptm_op_axpby(pptm_ld_cg_f32(scratch[126 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[127 % PPTM_MAX_STAGES][i] = s127;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 128: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s128 = pptm_op_axpby(pptm_ld_cg_f32(scratch[127 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[128 % PPTM_MAX_STAGES][i] = s128;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 129: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s129 = pptm_op_axpby(pptm_ld_cg_f32(scratch[128 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[129 % PPTM_MAX_STAGES][i] = s129;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 130: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s130 = pptm_op_axpby(pptm_ld_cg_f32(scratch[129 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[130 % PPTM_MAX_STAGES][i] = s130;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 131: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s131 = pptm_op_axpby(pptm_ld_cg_f32(scratch[130 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[131 % PPTM_MAX_STAGES][i] = s131;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 132: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s132 = pptm_op_axpby(pptm_ld_cg_f32(scratch[131 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[132 % PPTM_MAX_STAGES][i] = s132;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 133: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s133 = pptm_op_axpby(pptm_ld_cg_f32(scratch[132 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[133 % PPTM_MAX_STAGES][i] = s133;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 134: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s134 = pptm_op_axpby(pptm_ld_cg_f32(scratch[133 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[134 % PPTM_MAX_STAGES][i] = s134;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 135: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s135 = pptm_op_axpby(pptm_ld_cg_f32(scratch[134 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[135 % PPTM_MAX_STAGES][i] = s135;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 136: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s136 = pptm_op_axpby(pptm_ld_cg_f32(scratch[135 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[136 % PPTM_MAX_STAGES][i] = s136;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 137: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s137 = pptm_op_axpby(pptm_ld_cg_f32(scratch[136 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[137 % PPTM_MAX_STAGES][i] = s137;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 138: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s138 = pptm_op_axpby(pptm_ld_cg_f32(scratch[137 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[138 % PPTM_MAX_STAGES][i] = s138;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 139: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s139 = pptm_op_axpby(pptm_ld_cg_f32(scratch[138 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[139 % PPTM_MAX_STAGES][i] = s139;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 140: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s140 = pptm_op_axpby(pptm_ld_cg_f32(scratch[139 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[140 % PPTM_MAX_STAGES][i] = s140;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 141: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s141 = pptm_op_axpby(pptm_ld_cg_f32(scratch[140 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[141 % PPTM_MAX_STAGES][i] = s141;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 142: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s142 = pptm_op_axpby(pptm_ld_cg_f32(scratch[141 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[142 % PPTM_MAX_STAGES][i] = s142;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 143: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s143 = pptm_op_axpby(pptm_ld_cg_f32(scratch[142 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[143 % PPTM_MAX_STAGES][i] = s143;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 144: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s144 = pptm_op_axpby(pptm_ld_cg_f32(scratch[143 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[144 % PPTM_MAX_STAGES][i] = s144;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 145: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s145 = pptm_op_axpby(pptm_ld_cg_f32(scratch[144 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[145 % PPTM_MAX_STAGES][i] = s145;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 146: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s146 = pptm_op_axpby(pptm_ld_cg_f32(scratch[145 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[146 % PPTM_MAX_STAGES][i] = s146;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 147: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s147 = pptm_op_axpby(pptm_ld_cg_f32(scratch[146 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[147 % PPTM_MAX_STAGES][i] = s147;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 148: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s148 = pptm_op_axpby(pptm_ld_cg_f32(scratch[147 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[148 % PPTM_MAX_STAGES][i] = s148;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 149: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s149 = pptm_op_axpby(pptm_ld_cg_f32(scratch[148 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[149 % PPTM_MAX_STAGES][i] = s149;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 150: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s150 = pptm_op_axpby(pptm_ld_cg_f32(scratch[149 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[150 % PPTM_MAX_STAGES][i] = s150;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 151: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s151 = pptm_op_axpby(pptm_ld_cg_f32(scratch[150 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[151 % PPTM_MAX_STAGES][i] = s151;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 152: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s152 = pptm_op_axpby(pptm_ld_cg_f32(scratch[151 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[152 % PPTM_MAX_STAGES][i] = s152;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 153: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s153 = pptm_op_axpby(pptm_ld_cg_f32(scratch[152 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[153 % PPTM_MAX_STAGES][i] = s153;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 154: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s154 = pptm_op_axpby(pptm_ld_cg_f32(scratch[153 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[154 % PPTM_MAX_STAGES][i] = s154;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 155: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s155 = pptm_op_axpby(pptm_ld_cg_f32(scratch[154 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[155 % PPTM_MAX_STAGES][i] = s155;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 156: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s156 = pptm_op_axpby(pptm_ld_cg_f32(scratch[155 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[156 % PPTM_MAX_STAGES][i] = s156;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 157: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s157 = pptm_op_axpby(pptm_ld_cg_f32(scratch[156 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[157 % PPTM_MAX_STAGES][i] = s157;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 158: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s158 = pptm_op_axpby(pptm_ld_cg_f32(scratch[157 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[158 % PPTM_MAX_STAGES][i] = s158;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 159: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s159 = pptm_op_axpby(pptm_ld_cg_f32(scratch[158 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[159 % PPTM_MAX_STAGES][i] = s159;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 160: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s160 = pptm_op_axpby(pptm_ld_cg_f32(scratch[159 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[160 % PPTM_MAX_STAGES][i] = s160;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 161: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s161 = pptm_op_axpby(pptm_ld_cg_f32(scratch[160 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[161 % PPTM_MAX_STAGES][i] = s161;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 162: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s162 = pptm_op_axpby(pptm_ld_cg_f32(scratch[161 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[162 % PPTM_MAX_STAGES][i] = s162;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 163: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s163 = pptm_op_axpby(pptm_ld_cg_f32(scratch[162 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[163 % PPTM_MAX_STAGES][i] = s163;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 164: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s164 = pptm_op_axpby(pptm_ld_cg_f32(scratch[163 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[164 % PPTM_MAX_STAGES][i] = s164;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 165: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s165 = pptm_op_axpby(pptm_ld_cg_f32(scratch[164 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[165 % PPTM_MAX_STAGES][i] = s165;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 166: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s166 = pptm_op_axpby(pptm_ld_cg_f32(scratch[165 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[166 % PPTM_MAX_STAGES][i] = s166;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 167: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s167 = pptm_op_axpby(pptm_ld_cg_f32(scratch[166 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[167 % PPTM_MAX_STAGES][i] = s167;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 168: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s168 = pptm_op_axpby(pptm_ld_cg_f32(scratch[167 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[168 % PPTM_MAX_STAGES][i] = s168;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 169: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s169 = pptm_op_axpby(pptm_ld_cg_f32(scratch[168 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                e.a4[i] = s169;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x4d15d08cu: {  // Blend32
+        const pptm_env_4d15d08c e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s2 = pptm_op_axpby(pptm_ld_cg_f32(scratch[1] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s3 = pptm_op_axpby(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[3][i] = s3;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 4: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s4 = pptm_op_axpby(pptm_ld_cg_f32(scratch[3] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[4][i] = s4;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 5: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s5 = pptm_op_axpby(pptm_ld_cg_f32(scratch[4] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[5][i] = s5;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 6: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s6 = pptm_op_axpby(pptm_ld_cg_f32(scratch[5] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[6][i] = s6;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 7: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s7 = pptm_op_axpby(pptm_ld_cg_f32(scratch[6] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[7][i] = s7;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 8: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s8 = pptm_op_axpby(pptm_ld_cg_f32(scratch[7] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[8][i] = s8;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 9: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s9 = pptm_op_axpby(pptm_ld_cg_f32(scratch[8] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[9][i] = s9;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 10: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s10 = pptm_op_axpby(pptm_ld_cg_f32(scratch[9] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[10][i] = s10;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 11: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s11 = pptm_op_axpby(pptm_ld_cg_f32(scratch[10] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[11][i] = s11;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 12: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s12 = pptm_op_axpby(pptm_ld_cg_f32(scratch[11] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[12][i] = s12;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 13: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s13 = pptm_op_axpby(pptm_ld_cg_f32(scratch[12] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[13][i] = s13;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 14: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s14 = pptm_op_axpby(pptm_ld_cg_f32(scratch[13] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[14][i] = s14;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 15: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s15 = pptm_op_axpby(pptm_ld_cg_f32(scratch[14] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[15][i] = s15;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 16: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s16 = pptm_op_axpby(pptm_ld_cg_f32(scratch[15] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[16 % PPTM_MAX_STAGES][i] = s16;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 17: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s17 = pptm_op_axpby(pptm_ld_cg_f32(scratch[16 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[17 % PPTM_MAX_STAGES][i] = s17;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 18: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s18 = pptm_op_axpby(pptm_ld_cg_f32(scratch[17 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[18 % PPTM_MAX_STAGES][i] = s18;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 19: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s19 = pptm_op_axpby(pptm_ld_cg_f32(scratch[18 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[19 % PPTM_MAX_STAGES][i] = s19;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 20: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s20 = pptm_op_axpby(pptm_ld_cg_f32(scratch[19 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[20 % PPTM_MAX_STAGES][i] = s20;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 21: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s21 = pptm_op_axpby(pptm_ld_cg_f32(scratch[20 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[21 % PPTM_MAX_STAGES][i] = s21;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 22: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s22 = pptm_op_axpby(pptm_ld_cg_f32(scratch[21 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[22 % PPTM_MAX_STAGES][i] = s22;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 23: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s23 = pptm_op_axpby(pptm_ld_cg_f32(scratch[22 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[23 % PPTM_MAX_STAGES][i] = s23;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 24: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s24 = pptm_op_axpby(pptm_ld_cg_f32(scratch[23 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[24 % PPTM_MAX_STAGES][i] = s24;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 25: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s25 = pptm_op_axpby(pptm_ld_cg_f32(scratch[24 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[25 % PPTM_MAX_STAGES][i] = s25;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 26: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s26 = pptm_op_axpby(pptm_ld_cg_f32(scratch[25 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[26 % PPTM_MAX_STAGES][i] = s26;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 27: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s27 = pptm_op_axpby(pptm_ld_cg_f32(scratch[26 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[27 % PPTM_MAX_STAGES][i] = s27;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 28: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s28 = pptm_op_axpby(pptm_ld_cg_f32(scratch[27 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[28 % PPTM_MAX_STAGES][i] = s28;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 29: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s29 = pptm_op_axpby(pptm_ld_cg_f32(scratch[28 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[29 % PPTM_MAX_STAGES][i] = s29;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 30: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s30 = pptm_op_axpby(pptm_ld_cg_f32(scratch[29 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[30 % PPTM_MAX_STAGES][i] = s30;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 31: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s31 = pptm_op_axpby(pptm_ld_cg_f32(scratch[30 % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                e.a4[i] = s31;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x22cf3372u: {  // Blend8
+        const pptm_env_22cf3372 e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s2 = pptm_op_axpby(pptm_ld_cg_f32(scratch[1] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[2][i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s3 = pptm_op_axpby(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[3][i] = s3;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 4: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s4 = pptm_op_axpby(pptm_ld_cg_f32(scratch[3] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[4][i] = s4;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 5: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s5 = pptm_op_axpby(pptm_ld_cg_f32(scratch[4] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[5][i] = s5;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 6: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s6 = pptm_op_axpby(pptm_ld_cg_f32(scratch[5] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[6][i] = s6;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 7: {  // Axpby
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s7 = pptm_op_axpby(pptm_ld_cg_f32(scratch[6] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                e.a4[i] = s7;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

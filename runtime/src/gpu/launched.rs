@@ -207,26 +207,26 @@ impl Launcher {
         graph: bool,
         chain: &'static str,
     ) -> Result<Completion> {
-        if ir.stages.len() > PPTM_MAX_STAGES as usize {
-            return Err(Error::BadArguments {
-                chain: "unfused",
-                reason: format!("more than {PPTM_MAX_STAGES} stages"),
-            });
-        }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.begin_item(self.variant)?;
         self.device.bind()?;
-        // Every stage's output buffer, at least as large as this item needs.
-        let mut scratch = [std::ptr::null_mut::<f32>(); PPTM_MAX_STAGES as usize];
+        // The stages' output buffers, at least as large as this item needs. A chain of more
+        // stages than the ring holds (`repeat = k`) reuses them: stage s stores to s % ring, and
+        // each stage reads only what the one before it stored (codegen's `scratch`).
+        const RING: usize = PPTM_MAX_STAGES as usize;
+        let mut scratch = [std::ptr::null_mut::<f32>(); RING];
         for (s, slot) in scratch.iter_mut().enumerate().take(ir.stages.len()) {
-            let bytes =
-                ir.stage_output_len(s, sizes)
-                    .max(1)
-                    .checked_mul(4)
-                    .ok_or(Error::TooLarge {
-                        what: "an unfused stage's output",
-                        len: usize::MAX,
-                    })?;
+            let bytes = (s..ir.stages.len())
+                .step_by(RING)
+                .map(|k| ir.stage_output_len(k, sizes))
+                .max()
+                .unwrap_or(0)
+                .max(1)
+                .checked_mul(4)
+                .ok_or(Error::TooLarge {
+                    what: "an unfused stage's output",
+                    len: usize::MAX,
+                })?;
             if inner.scratch.len() <= s {
                 inner.scratch.push((0, 0));
             }
