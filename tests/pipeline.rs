@@ -622,11 +622,22 @@ fn repeated_stages_match_dependent_items(rt: &Runtime) {
             want = blend(0.5, &want, 0.25, &wc);
         }
         let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
-        Blend170A::submit(rt, &xb, &cb, 0.5, 0.25, &mut out)
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_vec_close(&out.to_vec().unwrap(), &want, &format!("{what}: alone, n = {n}"));
+        let submitted = Blend170A::submit(rt, &xb, &cb, 0.5, 0.25, &mut out);
+        // The unfused-graph variant makes graphs of more than a few nodes only while no manifold
+        // is resident (runtime/src/gpu/graphs.rs); beside this binary's manifolds a chain of 170
+        // stages gets the typed error that says so.
+        if rt.config().variant == Variant::UnfusedGraph
+            && let Err(e @ Error::GraphUnavailable { stages: 170, .. }) = &submitted
+        {
+            eprintln!("{what}: {e}");
+            return;
+        }
+        submitted.unwrap().wait().unwrap();
+        assert_vec_close(
+            &out.to_vec().unwrap(),
+            &want,
+            &format!("{what}: alone, n = {n}"),
+        );
 
         // x → u (one step), u → v (170 fused), v → u (one step): 172 steps.
         let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
@@ -644,7 +655,11 @@ fn repeated_stages_match_dependent_items(rt: &Runtime) {
         for _ in 0..171 {
             want = blend(0.5, &want, 0.25, &wc);
         }
-        assert_vec_close(&u.to_vec().unwrap(), &want, &format!("{what}: pipeline, n = {n}"));
+        assert_vec_close(
+            &u.to_vec().unwrap(),
+            &want,
+            &format!("{what}: pipeline, n = {n}"),
+        );
     }
 }
 

@@ -7,8 +7,8 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, Ident, Lit, LitBool, LitInt, LitStr, Token, Type};
 
-use crate::lower::Blame;
 use crate::chain::MAX_REPEAT;
+use crate::lower::Blame;
 use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance};
 
 /// A parsed chain with the spans of its parts.
@@ -437,7 +437,10 @@ mod tests {
         let names: Vec<&str> = three.args.iter().map(|a| a.name.as_str()).collect();
         assert_eq!(names, ["x", "y", "alpha", "beta", "n"]);
         assert_eq!(three.blocks_for(&[4096]), two.blocks_for(&[4096]));
-        assert_ne!(three.spec_hash, two.spec_hash, "the count is part of the chain");
+        assert_ne!(
+            three.spec_hash, two.spec_hash,
+            "the count is part of the chain"
+        );
         assert_eq!(chain(1).stages.len(), 2);
         assert_eq!(three.describe(), "Axpby x 3 -> SumReduction");
     }
@@ -449,12 +452,23 @@ mod tests {
                 r#"#[fusion(domain = "t")] struct R {{ #[stage(1, {attrs})] s: {op} }}"#
             ))
         };
-        for bad in ["repeat = 0", "repeat = 4097", "repeat = 1.5", "repeat = true"] {
+        for bad in [
+            "repeat = 0",
+            "repeat = 4097",
+            "repeat = 1.5",
+            "repeat = true",
+        ] {
             let e = one(bad, "Axpby").unwrap_err();
-            assert!(e.to_string().contains("`repeat` takes a count"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("`repeat` takes a count"),
+                "{bad}: {e}"
+            );
         }
         let e = one("repeat = 2", "SumReduction").unwrap_err();
-        assert!(e.to_string().contains("only an elementwise op repeats"), "{e}");
+        assert!(
+            e.to_string().contains("only an elementwise op repeats"),
+            "{e}"
+        );
         let e = one("repeat = 2, repeat = 3", "Axpby").unwrap_err();
         assert!(e.to_string().contains("given twice"), "{e}");
         // A spec built by hand is checked too.
@@ -466,7 +480,10 @@ mod tests {
         .spec;
         spec.stages[0].repeat = Some(0);
         let e = crate::lower(&spec).unwrap_err();
-        assert!(matches!(e, crate::SpecError::BadRepeat { stage: 0, .. }), "{e}");
+        assert!(
+            matches!(e, crate::SpecError::BadRepeat { stage: 0, .. }),
+            "{e}"
+        );
         assert_eq!(e.blame(), Blame::StageAttr(0, "repeat"));
     }
 
