@@ -875,17 +875,21 @@ impl<'p> Pipeline<'p> {
         }
         let dispatched = self.dispatch(&batch);
         if dispatched.is_err() {
-            // Plans that did not go out give their regions back; their items stay unresolved,
-            // and `wait` reports this error.
-            for &p in &batch {
-                let plan = &mut self.plans[p];
-                if plan.flight.as_ref().is_some_and(|f| f.ticket.is_none()) {
-                    let f = plan.flight.take().expect("checked");
-                    f.manifold.plans.release(f.region);
-                }
-            }
+            self.release_unsent(&batch);
         }
         dispatched
+    }
+
+    /// After a failed dispatch: the plans of `batch` that did not go out give their regions back;
+    /// their items stay unresolved, and `wait` reports the error.
+    fn release_unsent(&mut self, batch: &[usize]) {
+        for &p in batch {
+            let plan = &mut self.plans[p];
+            if plan.flight.as_ref().is_some_and(|f| f.ticket.is_none()) {
+                let f = plan.flight.take().expect("checked");
+                f.manifold.plans.release(f.region);
+            }
+        }
     }
 
     /// Reserves, writes and submits the plans of `batch`.
@@ -1002,12 +1006,7 @@ impl<'p> Pipeline<'p> {
             }
             let dispatched = self.dispatch_on(&all, manifolds);
             if dispatched.is_err() {
-                for plan in &mut self.plans {
-                    if plan.flight.as_ref().is_some_and(|f| f.ticket.is_none()) {
-                        let f = plan.flight.take().expect("checked");
-                        f.manifold.plans.release(f.region);
-                    }
-                }
+                self.release_unsent(&all);
             }
             return dispatched;
         }
