@@ -1008,6 +1008,17 @@ fn scratch(s: usize) -> String {
 /// Channel expressions of stage `s`'s flow read from memory at element `index`: the previous
 /// stage's stored output (`scratch[s - 1]`), or the chain argument of the first stage.
 fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
+    stored_flow_from(c, s, index, None)
+}
+
+/// [`stored_flow`], with the previous stage's stored output named by `src` where given (a run of
+/// repeated stages whose stage index is only known at run time).
+fn stored_flow_from(
+    c: &ChainIr,
+    s: usize,
+    index: &str,
+    src: Option<&str>,
+) -> (String, Vec<String>) {
     match c.stages[s].inputs[0] {
         Source::Arg(slot) => (
             field(slot),
@@ -1018,7 +1029,7 @@ fn stored_flow(c: &ChainIr, s: usize, index: &str) -> (String, Vec<String>) {
                 Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
                 Shape::Scalar => 1,
             };
-            let src = scratch(j);
+            let src = src.map_or_else(|| scratch(j), str::to_string);
             let exprs = (0..ch)
                 .map(|k| {
                     if ch == 1 {
@@ -1062,13 +1073,46 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
         let _ = writeln!(run, "        switch (stage) {{");
         let last = c.stages.len() - 1;
         let after_reduction = |s: usize| c.plan.reduction.is_some_and(|r| s > r);
-        for (s, st) in c.stages.iter().enumerate() {
-            let dst = if s == last && c.output == ChainOutput::Vector {
-                field(c.output_slot().expect("out"))
-            } else {
-                scratch(s)
+        // A stage repeated (`repeat = k`) is the same pass again: its copies after the first,
+        // up to the one before the chain's last stage, share one case, which finds the stored
+        // outputs it reads and writes from the stage index.
+        let middle_copy = |k: usize| {
+            k > 0
+                && k < last
+                && c.stages[k].number == c.stages[k - 1].number
+                && c.stages[k].op.class == FusionClass::Elementwise
+                && !after_reduction(k)
+                && matches!(c.stages[k].inputs[0], Source::Stage(j) if j == k - 1)
+        };
+        let mut s = 0;
+        while s < c.stages.len() {
+            let st = &c.stages[s];
+            let run_end = (s..c.stages.len())
+                .take_while(|&k| middle_copy(k))
+                .last()
+                .filter(|&hi| hi > s);
+            let (dst, flow_src) = match run_end {
+                Some(hi) => {
+                    let labels: Vec<String> = (s..=hi).map(|k| format!("case {k}:")).collect();
+                    for line in labels.chunks(16) {
+                        let _ = writeln!(run, "        {}", line.join(" "));
+                    }
+                    let _ = writeln!(run, "        {{  // {} x {}", st.op.name, hi - s + 1);
+                    (
+                        "scratch[stage % PPTM_MAX_STAGES]".to_string(),
+                        Some("scratch[(stage - 1) % PPTM_MAX_STAGES]"),
+                    )
+                }
+                None => {
+                    let _ = writeln!(run, "        case {s}: {{  // {}", st.op.name);
+                    let dst = if s == last && c.output == ChainOutput::Vector {
+                        field(c.output_slot().expect("out"))
+                    } else {
+                        scratch(s)
+                    };
+                    (dst, None)
+                }
             };
-            let _ = writeln!(run, "        case {s}: {{  // {}", st.op.name);
             let body = &mut run;
             match st.op.class {
                 FusionClass::Elementwise | FusionClass::Broadcast if after_reduction(s) => {
@@ -1110,7 +1154,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
                         body,
                         "                [[maybe_unused]] const uint64_t col = i % {cols};"
                     );
-                    let (_, flow) = stored_flow(c, s, "i");
+                    let (_, flow) = stored_flow_from(c, s, "i", flow_src);
                     let mut inner = String::new();
                     let v = emit_stages(
                         &mut inner,
@@ -1253,6 +1297,7 @@ fn unfused(out: &mut String, chains: &[ChainIr]) {
             }
             let _ = writeln!(body, "            return PPTM_STATUS_OK;");
             let _ = writeln!(body, "        }}");
+            s = run_end.map_or(s + 1, |hi| hi + 1);
         }
         let _ = writeln!(run, "        default: return PPTM_STATUS_BAD_OPCODE;");
         let _ = writeln!(run, "        }}");
@@ -1347,6 +1392,34 @@ mod tests {
     /// `per_row = true`: the prologue computes each element where the row pass reads it, the
     /// epilogue runs on each row's value (a `finite` row reduction is checked there), and the
     /// unfused pass folds the stored matrix with the same pattern.
+    #[test]
+    fn a_repeated_stage_shares_one_unfused_case() {
+        // Sigmoid x 20, then a sum: the first copy reads the chain's input, copies 2 to 20 share
+        // one case that finds its stored outputs from the stage index (a ring of 16), the sum
+        // reads the 20th.
+        let mut spec = spec("Repeated", &["Sigmoid", "SumReduction"]);
+        spec.stages[0].repeat = Some(20);
+        let ir = lower(&spec).unwrap();
+        let src = domain_source("inference", std::slice::from_ref(&ir));
+        assert!(src.contains("        case 0: {  // Sigmoid\n"), "{src}");
+        assert!(src.contains("        case 1: case 2: case 3:"), "{src}");
+        assert!(
+            src.contains("case 19:\n        {  // Sigmoid x 19\n"),
+            "{src}"
+        );
+        assert!(
+            src.contains("pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i)"),
+            "{src}"
+        );
+        assert!(
+            src.contains("scratch[stage % PPTM_MAX_STAGES][i] = "),
+            "{src}"
+        );
+        assert!(src.contains("        case 20: {  // SumReduction"), "{src}");
+        assert!(src.contains("scratch[19 % PPTM_MAX_STAGES]"), "{src}");
+        assert_eq!(src.matches("// Sigmoid").count(), 2, "{src}");
+    }
+
     #[test]
     fn a_row_wise_reduction_runs_the_rows_pattern() {
         let mut spec = spec(
