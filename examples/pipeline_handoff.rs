@@ -9,7 +9,9 @@
 //!   * the same pipelines kept (`wait_and_keep`) and run again: no pushes, their plans' steps
 //!     resident on the device;
 //!   * the 170 elementwise stages declared as one chain (`#[stage(1, repeat = 170)]`): one item,
-//!     the stages fused into one pass;
+//!     the stages fused into one pass; and declared as the steps of a build-time pipeline
+//!     (`#[derive(Pipeline)]`, `#[step(1, repeat = 170)]`), which composes them into the same one
+//!     pass, kept and run again (its host share from the plan's clock);
 //!   * a 1000-iteration loop on the device (two dependent steps an iteration) with the host's
 //!     round trips it took, checked against f64.
 //!
@@ -38,6 +40,14 @@ pub struct Step {
 pub struct Steps170 {
     #[stage(1, repeat = 170)]
     blend: Axpby,
+}
+
+/// The 170 elementwise stages as the steps of a build-time pipeline: `Step` applied 170 times,
+/// each time to what the time before wrote; composed at build time into one part, one pass.
+#[derive(Pipeline)]
+pub struct StepsPipeline {
+    #[step(1, repeat = 170)]
+    u: Step,
 }
 
 /// y = A x: one GEMV stage.
@@ -330,6 +340,27 @@ fn main() -> Result<(), Box<dyn Error>> {
         "170 fused: repeat = 170",
         format!("{:.1} / p99 {:.1} µs", fused.median_us, fused.p99_us),
     );
+
+    // The same 170 stages as a build-time pipeline, kept and run again, checked against f64.
+    u.write(&vec![f32::NAN; N])?;
+    let mut p = rt.pipeline();
+    let (xi, ci) = (p.input(&xb), p.input(&cb));
+    let uo = p.output(&mut u);
+    StepsPipeline::push(&mut p, xi, ci, ALPHA, BETA, uo)?;
+    let (_, mut kept) = p.wait_and_keep()?;
+    let t = time(reps, || {
+        let started = Instant::now();
+        let results = kept.run()?;
+        Ok(Run {
+            results,
+            pushed: Duration::ZERO,
+            dispatched: started.elapsed(),
+        })
+    })?;
+    let err = worst(&kept.buffer(uo)?.to_vec()?, &w, 1e-3);
+    failures += usize::from(err > 1e-5);
+    report("170 build-time pipeline", &t, gpu, err);
+    drop(kept);
 
     // A loop of 1000 iterations on the device: two dependent steps an iteration.
     const ITERATIONS: u32 = 1000;

@@ -40,7 +40,7 @@ pub mod chains;
 pub mod ops;
 pub mod timing;
 
-pub use pptm_macros::{FusionBuilder, op};
+pub use pptm_macros::{FusionBuilder, Pipeline, op};
 pub use pptm_runtime::*;
 pub use pptm_spec::ChainIr;
 pub use pptm_spec::Op;
@@ -54,6 +54,24 @@ pub mod __private {
         ChainSpec, CpuImpl, DESC_ARGS, FusionClass, OpDef, Param, Precision, SpecError, StageSpec,
         Tolerance, Ty, lower, lower_with,
     };
+
+    /// The ops of the user's own that the chains of a pipeline part's steps name (what the part
+    /// is lowered with at run time): every stage op of theirs that is not built in.
+    pub fn step_ops(
+        steps: &[fn() -> Result<&'static pptm_spec::ChainIr, pptm_runtime::Error>],
+    ) -> Vec<&'static OpDef> {
+        let mut ops: Vec<&'static OpDef> = Vec::new();
+        for ir in steps.iter().filter_map(|step| step().ok()) {
+            for st in &ir.stages {
+                if pptm_spec::ops::find(st.op.name).is_none()
+                    && !ops.iter().any(|o| std::ptr::eq(*o, st.op))
+                {
+                    ops.push(st.op);
+                }
+            }
+        }
+        ops
+    }
 
     /// Implemented by the derive macro so the stage fields count as used.
     pub trait StageFields {

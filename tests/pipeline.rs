@@ -9,7 +9,7 @@ mod common;
 
 use common::uniform;
 use pptm::ops::{Axpby, Gemv, Square, SumReduction};
-use pptm::{BackendKind, Error, FusionBuilder, Runtime, Variant};
+use pptm::{BackendKind, Error, FusionBuilder, Pipeline, Runtime, Variant};
 
 /// α x + β y, in domain `pipe_a`.
 #[derive(FusionBuilder)]
@@ -60,6 +60,46 @@ pub struct Blend170A {
 pub struct GemvA {
     #[stage(1)]
     gemv: Gemv,
+}
+
+/// A build-time pipeline of six steps: x1 = a1 x + b1 c, x2 = a2 x1 + b2 c, y = A x2,
+/// z = a3 y + b3 d, w = B z, Σ w². Steps 1-4 hand on their flow and fuse into one pass (the
+/// blends compute the GEMV's vector where it is read, the last blend runs on each element of y),
+/// so x1, x2 and y are never stored; the second GEMV reads the whole of z (a part of its own, in
+/// the same domain), and the sum runs in another domain.
+#[derive(Pipeline)]
+pub struct BlendGemvSteps {
+    #[step(1, args(y = "c", alpha = "a1", beta = "b1"))]
+    x1: BlendA,
+    #[step(2, args(x = "x1", y = "c", alpha = "a2", beta = "b2"))]
+    x2: BlendA,
+    #[step(3, args(x = "x2", a = "a"))]
+    y: GemvA,
+    #[step(4, args(x = "y", y = "d", alpha = "a3", beta = "b3"))]
+    z: BlendA,
+    #[step(5, args(x = "z", a = "b"))]
+    w: GemvA,
+    #[step(6, args(x = "w"))]
+    total: SumSquaresB,
+}
+
+/// 170 dependent blends and Σ of the last squared, declared as steps: one part, one pass.
+#[derive(Pipeline)]
+pub struct Blend170Steps {
+    #[step(1, repeat = 170)]
+    blended: BlendA,
+    #[step(2, args(x = "blended"))]
+    total: SumSquaresB2,
+}
+
+/// Σ x², in domain `pipe_a` (so that it fuses with blends of that domain).
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct SumSquaresB2 {
+    #[stage(1)]
+    square: Square,
+    #[stage(2, reduction = true)]
+    total: SumReduction,
 }
 
 const SIZES: [usize; 4] = [1, 7, 1023, (1 << 20) + 3];
@@ -663,7 +703,135 @@ fn repeated_stages_match_dependent_items(rt: &Runtime) {
     }
 }
 
+/// The build-time pipelines above against f64, on fresh inputs with every output poisoned: the
+/// parts they composed into, their results, and a kept run of them again with a fresh input.
+fn build_time_pipelines(rt: &Runtime) {
+    let what = rt.describe();
+    assert_eq!(
+        BlendGemvSteps::PARTS,
+        "BlendGemvStepsPart1: x1 + x2 + y + z (Gemv: Axpby -> Axpby -> Gemv -> Axpby)\n\
+         BlendGemvStepsPart2: w (Gemv: Gemv)\n\
+         BlendGemvStepsPart3: total (Map: Square -> SumReduction)"
+    );
+    assert_eq!(
+        Blend170Steps::PARTS,
+        "Blend170StepsPart1: blended + total (Map: Axpby x 170 -> Square -> SumReduction)"
+    );
+    for (k, m) in [
+        (1, 1),
+        (7, 7),
+        (1023, 1023),
+        (20_003, 7),
+        ((1 << 20) + 3, 1),
+    ] {
+        let (c, d) = (uniform(k, -1.0, 1.0), uniform(m, -1.0, 1.0));
+        let (a, b) = (uniform(m * k, -1.0, 1.0), uniform(m * m, -1.0, 1.0));
+        let (cb, db, ab, bb) = (
+            rt.upload(&c).unwrap(),
+            rt.upload(&d).unwrap(),
+            rt.upload(&a).unwrap(),
+            rt.upload(&b).unwrap(),
+        );
+        let mut xb = rt.upload(&uniform(k, -1.0, 1.0)).unwrap();
+        let mut z = rt.upload(&vec![f32::NAN; m]).unwrap();
+        let mut w = rt.upload(&vec![f32::NAN; m]).unwrap();
+        let (a1, b1, a2, b2, a3, b3) = (0.5, 0.25, 2.0, -0.5, 1.0, 1.0);
+        let mut p = rt.pipeline();
+        let (ci, di, ai, bi) = (p.input(&cb), p.input(&db), p.input(&ab), p.input(&bb));
+        let (xo, zo, wo) = (p.output(&mut xb), p.output(&mut z), p.output(&mut w));
+        let items =
+            BlendGemvSteps::push(&mut p, xo, ci, a1, b1, a2, b2, ai, di, a3, b3, zo, bi, wo)
+                .unwrap();
+        assert_eq!(p.len(), 3, "{what}: one item a part");
+        let check = |r: &pptm::PipeResults, x: &[f32], zg: &[f32], wg: &[f32], run: u32| {
+            let wc = wide(&c);
+            let x2 = blend(a2, &blend(a1, &wide(x), b1, &wc), b2, &wc);
+            let (y, ys) = gemv(&a, &x2, m, k);
+            let zw = blend(a3, &y, b3, &wide(&d));
+            // z's error: y's, which is bounded by the sum of its terms' magnitudes.
+            for i in 0..m {
+                assert!(
+                    (f64::from(zg[i]) - zw[i]).abs() <= 1e-5 * ys[i] + 1e-5 * zw[i].abs() + 1e-6,
+                    "{what}: run {run}, z[{i}] of {m} (k = {k}): got {}, f64 reference {}",
+                    zg[i],
+                    zw[i]
+                );
+            }
+            // w and Σ w² from the z the device stored: the steps after a stored buffer.
+            let (ww, _) = gemv(&b, &wide(zg), m, m);
+            assert_vec_close(wg, &ww, &format!("{what}: run {run}, w, m = {m}"));
+            let sum: f64 = ww.iter().map(|v| v * v).sum();
+            let got = r.get(items.total).unwrap();
+            assert!(
+                (f64::from(got) - sum).abs() <= 1e-4 * sum.max(1e-30),
+                "{what}: run {run}, Σ w², m = {m}: got {got}, f64 reference {sum}"
+            );
+        };
+        let (first, mut kept) = p.wait_and_keep().unwrap();
+        let read = |kp: &pptm::KeptPipeline<'_>, o| kp.buffer(o).unwrap().to_vec().unwrap();
+        check(
+            &first,
+            &read(&kept, xo),
+            &read(&kept, zo),
+            &read(&kept, wo),
+            0,
+        );
+        let x = uniform(k, -1.0, 1.0);
+        kept.buffer_mut(xo).unwrap().write(&x).unwrap();
+        kept.buffer_mut(zo)
+            .unwrap()
+            .write(&vec![f32::NAN; m])
+            .unwrap();
+        kept.buffer_mut(wo)
+            .unwrap()
+            .write(&vec![f32::NAN; m])
+            .unwrap();
+        let r = kept.run().unwrap();
+        check(&r, &x, &read(&kept, zo), &read(&kept, wo), 1);
+    }
+
+    for n in SIZES {
+        let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
+        let mut p = rt.pipeline();
+        let (xi, ci) = (p.input(&xb), p.input(&cb));
+        let items = Blend170Steps::push(&mut p, xi, ci, 0.5, 0.25).unwrap();
+        let got = match p.wait() {
+            Ok(r) => r.get(items.total).unwrap(),
+            // The unfused-graph variant's documented refusal of long graphs beside a resident
+            // manifold (see repeated_stages_match_dependent_items).
+            Err(e) if rt.config().variant == Variant::UnfusedGraph => {
+                eprintln!("{what}: {e}");
+                return;
+            }
+            Err(e) => panic!("{what}: n = {n}: {e}"),
+        };
+        let wc = wide(&c);
+        let mut want = wide(&x);
+        for _ in 0..170 {
+            want = blend(0.5, &want, 0.25, &wc);
+        }
+        let sum: f64 = want.iter().map(|w| w * w).sum();
+        assert!(
+            (f64::from(got) - sum).abs() <= 1e-5 * sum.max(1e-30),
+            "{what}: Σ after 170 steps, n = {n}: got {got}, f64 reference {sum}"
+        );
+    }
+}
+
+/// A x for row-major m × k A, in f64, and each row's Σ |terms| (the scale of its rounding).
+fn gemv(a: &[f32], x: &[f64], m: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    (0..m)
+        .map(|i| {
+            let row = &a[i * k..(i + 1) * k];
+            let terms = row.iter().zip(x).map(|(&a, &x)| f64::from(a) * x);
+            (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>())
+        })
+        .unzip()
+}
+
 on_every_backend!(
+    build_time_pipelines,
     repeated_stages_match_dependent_items,
     kept_pipelines_run_again,
     flushed_pipelines_are_not_kept,

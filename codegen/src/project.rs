@@ -213,6 +213,12 @@ impl Project {
         )
     }
 
+    /// Every chain declared anywhere in the crate (src/, tests/, examples/, benches/), parsed but
+    /// not validated: what a pipeline's steps are looked up in.
+    pub fn chain_specs(&self) -> Result<Vec<pptm_spec::ChainSpec>, scan::ScanError> {
+        scan::chain_specs(&self.root, &strs(&self.op_dirs), &strs(&self.skip))
+    }
+
     /// The library's tree: the chains of src/, generated into generated/ (shipped).
     pub fn library(root: impl Into<PathBuf>) -> Self {
         Self::tree(root.into(), LIBRARY_DIRS, LIBRARY_FOLDER)

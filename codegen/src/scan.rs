@@ -1,6 +1,7 @@
 //! Finds the fusion chains declared in a crate's sources: every struct with
-//! `#[derive(FusionBuilder)]`, at any depth (modules, function bodies). Ops of the crate's own
-//! (`#[pptm::op]` functions, in any of its files) are found first, so chains can name them.
+//! `#[derive(FusionBuilder)]`, at any depth (modules, function bodies), and the parts of every
+//! `#[derive(Pipeline)]` (each a chain of its own). Ops of the crate's own (`#[pptm::op]`
+//! functions, in any of its files) are found first, so chains can name them.
 //!
 //! Files that do not parse and chains that do not validate are skipped: rustc and the derive macro
 //! report those, with spans, when the crate itself compiles.
@@ -8,8 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pptm_spec::ChainIr;
-use pptm_spec::parse::{derives_fusion_builder, parse_chain, user_ops_in};
+use pptm_spec::parse::{
+    derives_fusion_builder, derives_pipeline, parse_chain, parse_pipeline, user_ops_in,
+};
+use pptm_spec::{ChainIr, ChainSpec};
 use syn::visit::Visit;
 
 /// Chains found, one per distinct spec (identical declarations in several files count once).
@@ -79,6 +82,19 @@ pub fn user_ops(
         .collect())
 }
 
+/// Every chain declared in `dirs` of `root` (parsed, not validated): what a pipeline's steps are
+/// looked up in, by name.
+pub fn chain_specs(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<ChainSpec>, ScanError> {
+    let files = rust_files(root, dirs, skip)?;
+    let mut specs = Vec::new();
+    for (_, file) in parse_files(root, &files)? {
+        let mut v = Visitor::default();
+        v.visit_file(&file);
+        specs.extend(v.specs);
+    }
+    Ok(specs)
+}
+
 /// The ops a crate's chains may name besides the built-in ones: its own (in `op_dirs` of `root`)
 /// and those of the crates it takes ops from (`dependency_ops`: their src/ folders). Two of one
 /// name, or one named like a built-in op, are an error where a stage names them (lowering's
@@ -107,17 +123,27 @@ pub fn scan(
     dependency_ops: &[PathBuf],
 ) -> Result<Found, ScanError> {
     let ops = all_user_ops(root, op_dirs, skip, dependency_ops)?;
+    let specs = chain_specs(root, op_dirs, skip)?;
+    let lookup = |name: &str| specs.iter().filter(|c| c.name == name).collect::<Vec<_>>();
     let files = rust_files(root, dirs, skip)?;
     let parsed = parse_files(root, &files)?;
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
     let mut origins = BTreeMap::new();
     for (rel, file) in &parsed {
-        let mut v = Visitor {
-            ops: &ops,
-            chains: Vec::new(),
-        };
+        let mut v = Visitor::default();
         v.visit_file(file);
-        for ir in v.chains {
+        let mut irs: Vec<ChainIr> = v
+            .specs
+            .iter()
+            .filter_map(|spec| pptm_spec::lower_with(spec, &ops).ok())
+            .collect();
+        // A pipeline's parts; one that does not compose is skipped (the derive reports it).
+        for p in &v.pipelines {
+            if let Ok(ir) = p.compose(&lookup, &ops) {
+                irs.extend(ir.parts.into_iter().map(|part| part.ir));
+            }
+        }
+        for ir in irs {
             origins
                 .entry(ir.spec_hash.clone())
                 .or_insert_with(|| rel.clone());
@@ -183,17 +209,24 @@ fn collect_rs(
     Ok(())
 }
 
-struct Visitor<'o> {
-    ops: &'o [&'static pptm_spec::OpDef],
-    chains: Vec<ChainIr>,
+/// The chain and pipeline declarations of one file (those that parse).
+#[derive(Default)]
+struct Visitor {
+    specs: Vec<ChainSpec>,
+    pipelines: Vec<pptm_spec::parse::ParsedPipeline>,
 }
 
-impl<'ast> Visit<'ast> for Visitor<'_> {
+impl<'ast> Visit<'ast> for Visitor {
     fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
         if derives_fusion_builder(&item.attrs) {
             let input = syn::DeriveInput::from(item.clone());
-            if let Ok(ir) = parse_chain(&input).and_then(|p| p.lower_with(self.ops)) {
-                self.chains.push(ir);
+            if let Ok(p) = parse_chain(&input) {
+                self.specs.push(p.spec);
+            }
+        } else if derives_pipeline(&item.attrs) {
+            let input = syn::DeriveInput::from(item.clone());
+            if let Ok(p) = parse_pipeline(&input) {
+                self.pipelines.push(p);
             }
         }
         syn::visit::visit_item_struct(self, item);

@@ -24,7 +24,7 @@ use quote::{format_ident, quote};
 use syn::spanned::Spanned;
 use syn::{DeriveInput, parse_macro_input};
 
-use pptm_spec::parse::parse_chain;
+use pptm_spec::parse::{parse_chain, parse_pipeline};
 use pptm_spec::{ArgKind, ChainIr, ChainOutput, DType};
 
 #[proc_macro_derive(FusionBuilder, attributes(fusion, stage))]
@@ -81,8 +81,23 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             .collect(),
         _ => Vec::new(),
     };
-    let folder = match generated_folder(&ir.domain, &ir.name, ident.span()) {
-        Ok(f) => f,
+    let ops = quote! { &[#(<#own_types as ::pptm::Op>::DEF),*] };
+    let field_idents: Vec<syn::Ident> = parsed
+        .spec
+        .stages
+        .iter()
+        .map(|s| syn::Ident::new(&s.field, Span::call_site()))
+        .collect();
+    let n_fields = field_idents.len();
+    let items = match chain_items(&ChainItems {
+        ident,
+        vis: &input.vis,
+        ir: &ir,
+        spec: &parsed.spec,
+        ops,
+        checks: quote! { #(#stage_checks)* },
+    }) {
+        Ok(items) => items,
         // The stage types are still checked, so that error shows too.
         Err(e) => {
             let e = e.to_compile_error();
@@ -92,7 +107,38 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             });
         }
     };
-    let vis = &input.vis;
+    Ok(quote! {
+        #items
+
+        // The stage fields only name ops; reading them here keeps `dead_code` quiet about them.
+        impl ::pptm::__private::StageFields for #ident {
+            fn stage_fields(&self) -> usize {
+                let _ = (#(&self.#field_idents,)*);
+                #n_fields
+            }
+        }
+    })
+}
+
+/// What [`chain_items`] needs to emit one chain's items.
+struct ChainItems<'a> {
+    ident: &'a syn::Ident,
+    vis: &'a syn::Visibility,
+    ir: &'a ChainIr,
+    spec: &'a pptm_spec::ChainSpec,
+    /// An expression giving the `&[&'static OpDef]` of the user's own ops its stages name.
+    ops: TokenStream2,
+    /// Compile-time checks to run beside the manifest check.
+    checks: TokenStream2,
+}
+
+/// A chain's items: its `Args` struct, the compile-time checks (the manifest lists it), its
+/// `impl Chain` with the domain's PTX embedded, and its typed `submit` and `push`. Shared by
+/// `#[derive(FusionBuilder)]` and the parts of a `#[derive(Pipeline)]`.
+fn chain_items(c: &ChainItems) -> syn::Result<TokenStream2> {
+    let (ident, ir, own_ops, stage_checks) = (c.ident, c.ir, &c.ops, &c.checks);
+    let folder = generated_folder(&ir.domain, &ir.name, ident.span())?;
+    let vis = c.vis;
     let args_ident = format_ident!("{}Args", ident);
 
     let name = &ir.name;
@@ -212,14 +258,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         shapes.join(", ")
     );
 
-    let spec = spec_tokens(&ir, &parsed.spec);
-    let field_idents: Vec<syn::Ident> = parsed
-        .spec
-        .stages
-        .iter()
-        .map(|s| syn::Ident::new(&s.field, Span::call_site()))
-        .collect();
-    let n_fields = field_idents.len();
+    let spec = spec_tokens(ir, c.spec);
     let ptx80 = format!("/{folder}/{domain}/compute_80.ptx");
     let ptx90 = format!("/{folder}/{domain}/compute_90.ptx");
     // Codegen leaves out a compute_90a.ptx that would only repeat compute_90.ptx (a domain
@@ -280,7 +319,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             if !::pptm::__private::contains(MANIFEST, #needle.as_bytes()) {
                 panic!(#stale);
             }
-            #(#stage_checks)*
+            #stage_checks
         };
 
         #register
@@ -303,16 +342,8 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     ::std::sync::OnceLock::new();
                 ::pptm::__private::checked_ir::<Self>(IR.get_or_init(|| ::pptm::__private::lower_with(
                     &#spec,
-                    &[#(<#own_types as ::pptm::Op>::DEF),*],
+                    #own_ops,
                 )))
-            }
-        }
-
-        // The stage fields only name ops; reading them here keeps `dead_code` quiet about them.
-        impl ::pptm::__private::StageFields for #ident {
-            fn stage_fields(&self) -> usize {
-                let _ = (#(&self.#field_idents,)*);
-                #n_fields
             }
         }
 
@@ -331,6 +362,213 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             #[allow(clippy::too_many_arguments, reason = "one parameter per chain argument, in descriptor order")]
             #vis fn push<'p>(pipeline: &mut ::pptm::Pipeline<'p>, #(#pparams),*) -> ::core::result::Result<::pptm::PipeItem<#output_ty>, ::pptm::Error> {
                 pipeline.push_chain::<Self>(::std::vec![#(#pbindings),*])
+            }
+        }
+    })
+}
+
+/// `#[derive(Pipeline)]`: composes chains of the crate into a fixed sequence of steps, fused into
+/// the fewest passes that keep its meaning (see pptm-spec's `pipeline` module).
+///
+/// ```ignore
+/// #[derive(Pipeline)]
+/// pub struct Smooth {
+///     #[step(1)] blended: Blend,                          // writes `blended`
+///     #[step(2, args(x = "blended"), repeat = 8)] more: Blend,
+///     #[step(3, args(x = "more"))] total: Total,          // Σ more²: fused with the steps above
+/// }
+/// ```
+///
+/// Emits one chain per part (`SmoothPart1`, ...: generated into the domain of its first step by
+/// build.rs, like any chain), `Smooth::push(&mut pipeline, ...)` taking the pipeline's arguments
+/// (each name once) and pushing every part, and `SmoothItems` with the item of each part.
+#[proc_macro_derive(Pipeline, attributes(step))]
+pub fn derive_pipeline(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    match expand_pipeline(&input) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_pipeline(input: &DeriveInput) -> syn::Result<TokenStream2> {
+    let parsed = parse_pipeline(input)?;
+    let ident = &input.ident;
+    let vis = &input.vis;
+    let scan_error = |e: String| syn::Error::new(ident.span(), e);
+    let specs = crate_chain_specs().map_err(scan_error)?;
+    let extra = crate_user_ops().map_err(scan_error)?;
+    let lookup = |name: &str| specs.iter().filter(|c| c.name == name).collect::<Vec<_>>();
+    let composed = parsed.compose(&lookup, &extra)?;
+    let steps = &parsed.spec.steps;
+    let types: Vec<&syn::Type> = match &input.data {
+        syn::Data::Struct(s) => s.fields.iter().map(|f| &f.ty).collect(),
+        _ => Vec::new(),
+    };
+    // Each step's type must be the chain it was composed with.
+    let checks = types.iter().zip(steps).map(|(ty, st)| {
+        let chain = &st.chain;
+        let msg = format!(
+            "step `{}`: its type is not the chain `{chain}` (the pipeline was composed with `{chain}`)",
+            st.field
+        );
+        quote::quote_spanned! {ty.span()=>
+            assert!(::pptm::__private::str_eq(<#ty as ::pptm::Chain>::NAME, #chain), #msg);
+        }
+    });
+
+    // The pipeline's arguments, each name once, in order of first use.
+    let outputs: Vec<&str> = composed
+        .parts
+        .iter()
+        .filter_map(|p| p.output.as_deref())
+        .collect();
+    let mut params: Vec<TokenStream2> = Vec::new();
+    let mut converts: Vec<TokenStream2> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    let mut parts_tokens = Vec::new();
+    let mut pushes = Vec::new();
+    let mut item_fields = Vec::new();
+    for (k, part) in composed.parts.iter().enumerate() {
+        let part_ident = syn::Ident::new(&part.spec.name, ident.span());
+        let mut bindings = Vec::new();
+        for a in &part.ir.args {
+            let bound = part.binding(&a.name);
+            let f = syn::Ident::new(bound, Span::call_site());
+            let name = &a.name;
+            let fresh = !seen.iter().any(|s| s == bound);
+            let binding = match a.kind {
+                ArgKind::Input => {
+                    if fresh && outputs.contains(&bound) {
+                        params.push(quote! { #f: ::pptm::PipeOutput });
+                    } else if fresh {
+                        params
+                            .push(quote! { #f: impl ::core::convert::Into<::pptm::PipeInput<'p>> });
+                        converts.push(quote! { let #f: ::pptm::PipeInput<'p> = #f.into(); });
+                    }
+                    quote! { ::pptm::PipeArg::Input(#name, #f.into()) }
+                }
+                ArgKind::Output => {
+                    if fresh {
+                        params.push(quote! { #f: ::pptm::PipeOutput });
+                    }
+                    quote! { ::pptm::PipeArg::Output(#name, #f) }
+                }
+                ArgKind::F32 => {
+                    if fresh {
+                        params.push(quote! { #f: f32 });
+                    }
+                    quote! { ::pptm::PipeArg::F32(#name, #f) }
+                }
+                ArgKind::U32 => {
+                    if fresh {
+                        params.push(quote! { #f: u32 });
+                    }
+                    quote! { ::pptm::PipeArg::U32(#name, #f) }
+                }
+                ArgKind::Len => {
+                    if part.ir.dims[a.dim.expect("len slot")]
+                        .inferred_from
+                        .is_some()
+                    {
+                        continue;
+                    }
+                    if fresh {
+                        params.push(quote! { #f: usize });
+                    }
+                    quote! { ::pptm::PipeArg::Dim(#name, #f) }
+                }
+                ArgKind::Guard => continue,
+            };
+            if fresh {
+                seen.push(bound.to_string());
+            }
+            bindings.push(binding);
+        }
+        let part_types: Vec<&syn::Type> = part.steps.iter().map(|&i| types[i]).collect();
+        let ops =
+            quote! { &::pptm::__private::step_ops(&[#(<#part_types as ::pptm::Chain>::ir),*]) };
+        let items = chain_items(&ChainItems {
+            ident: &part_ident,
+            vis,
+            ir: &part.ir,
+            spec: &part.spec,
+            ops,
+            checks: quote! {},
+        })?;
+        let names: Vec<String> = part
+            .steps
+            .iter()
+            .map(|&i| format!("`{}`", steps[i].field))
+            .collect();
+        let part_doc = format!(
+            "Part {} of pipeline [`{ident}`]: step{} {} as one {:?} pass ({}).",
+            k + 1,
+            if names.len() > 1 { "s" } else { "" },
+            names.join(" + "),
+            part.ir.plan.pattern,
+            part.ir.describe()
+        );
+        parts_tokens.push(quote! {
+            #[doc = #part_doc]
+            #[derive(Debug, Clone, Copy)]
+            #vis struct #part_ident;
+            #items
+        });
+        let last = &steps[*part.steps.last().expect("a part has a step")].field;
+        let field = syn::Ident::new(last, Span::call_site());
+        let out_ty = match part.ir.output {
+            ChainOutput::Scalar => quote! { f32 },
+            ChainOutput::Vector => quote! { () },
+        };
+        let field_doc = format!("The item of part {} (ending with step `{last}`).", k + 1);
+        item_fields.push(quote! { #[doc = #field_doc] pub #field: ::pptm::PipeItem<#out_ty> });
+        pushes.push(
+            quote! { #field: pipeline.push_chain::<#part_ident>(::std::vec![#(#bindings),*])? },
+        );
+    }
+    let items_ident = format_ident!("{}Items", ident);
+    let describe = composed.describe(steps);
+    let push_doc = format!(
+        "Pushes the pipeline's {} part{} to `pipeline`, after every item pushed before, each \
+         argument given once (buffers as the pipeline's handles). Its parts:\n\n```text\n{describe}\n```",
+        composed.parts.len(),
+        if composed.parts.len() > 1 { "s" } else { "" },
+    );
+    let items_doc = format!("The items [`{ident}::push`] pushed, one per part.");
+    let field_idents: Vec<syn::Ident> = steps
+        .iter()
+        .map(|s| syn::Ident::new(&s.field, Span::call_site()))
+        .collect();
+    let n_fields = field_idents.len();
+    Ok(quote! {
+        const _: () = { #(#checks)* };
+
+        #(#parts_tokens)*
+
+        #[doc = #items_doc]
+        #[derive(Debug, Clone, Copy)]
+        #vis struct #items_ident {
+            #(#item_fields,)*
+        }
+
+        impl #ident {
+            /// The pipeline's parts, as composed at build time: one line each.
+            #vis const PARTS: &'static str = #describe;
+
+            #[doc = #push_doc]
+            #[allow(clippy::too_many_arguments, reason = "one parameter per pipeline argument")]
+            #vis fn push<'p>(pipeline: &mut ::pptm::Pipeline<'p>, #(#params),*) -> ::core::result::Result<#items_ident, ::pptm::Error> {
+                #(#converts)*
+                ::core::result::Result::Ok(#items_ident { #(#pushes,)* })
+            }
+        }
+
+        // The step fields only name chains; reading them here keeps `dead_code` quiet.
+        impl ::pptm::__private::StageFields for #ident {
+            fn stage_fields(&self) -> usize {
+                let _ = (#(&self.#field_idents,)*);
+                #n_fields
             }
         }
     })
@@ -458,6 +696,30 @@ fn crate_user_ops() -> Result<Vec<&'static pptm_spec::OpDef>, String> {
         .or_insert_with(|| {
             pptm_codegen::project::Project::library(root)
                 .user_ops()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// Every chain declared in the crate being compiled (what a pipeline's steps are looked up in),
+/// scanned once per crate as [`crate_user_ops`] is.
+fn crate_chain_specs() -> Result<Vec<pptm_spec::ChainSpec>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Scanned = Result<Vec<pptm_spec::ChainSpec>, String>;
+    static SCANNED: OnceLock<Mutex<HashMap<String, Scanned>>> = OnceLock::new();
+    let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
+        return Ok(Vec::new());
+    };
+    let mut scanned = SCANNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    scanned
+        .entry(root.clone())
+        .or_insert_with(|| {
+            pptm_codegen::project::Project::library(root)
+                .chain_specs()
                 .map_err(|e| e.to_string())
         })
         .clone()

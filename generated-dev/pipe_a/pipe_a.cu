@@ -216,6 +216,205 @@ __device__ __noinline__ uint32_t pptm_run_cf5f2dc0(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain Blend170StepsPart1: Axpby x 170 -> Square -> SumReduction (Map pattern)
+// spec hash 10072c1f39bad7cd64b39f1144878cb5107bc8ab24d387582b1bc550325f1900, opcode 0x10072c1f
+struct pptm_env_10072c1f {
+    const float* a0;  // x
+    const float* a1;  // y
+    float a2;  // alpha
+    float a3;  // beta
+    uint64_t a4;  // n
+    __device__ explicit pptm_env_10072c1f(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(d.args[4]) {}
+};
+struct pptm_body_10072c1f {
+    pptm_env_10072c1f e;
+    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
+        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
+        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
+        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
+        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
+        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
+        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
+        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
+        const float s8 = pptm_op_axpby(s7, x[1], e.a2, e.a3);
+        const float s9 = pptm_op_axpby(s8, x[1], e.a2, e.a3);
+        const float s10 = pptm_op_axpby(s9, x[1], e.a2, e.a3);
+        const float s11 = pptm_op_axpby(s10, x[1], e.a2, e.a3);
+        const float s12 = pptm_op_axpby(s11, x[1], e.a2, e.a3);
+        const float s13 = pptm_op_axpby(s12, x[1], e.a2, e.a3);
+        const float s14 = pptm_op_axpby(s13, x[1], e.a2, e.a3);
+        const float s15 = pptm_op_axpby(s14, x[1], e.a2, e.a3);
+        const float s16 = pptm_op_axpby(s15, x[1], e.a2, e.a3);
+        const float s17 = pptm_op_axpby(s16, x[1], e.a2, e.a3);
+        const float s18 = pptm_op_axpby(s17, x[1], e.a2, e.a3);
+        const float s19 = pptm_op_axpby(s18, x[1], e.a2, e.a3);
+        const float s20 = pptm_op_axpby(s19, x[1], e.a2, e.a3);
+        const float s21 = pptm_op_axpby(s20, x[1], e.a2, e.a3);
+        const float s22 = pptm_op_axpby(s21, x[1], e.a2, e.a3);
+        const float s23 = pptm_op_axpby(s22, x[1], e.a2, e.a3);
+        const float s24 = pptm_op_axpby(s23, x[1], e.a2, e.a3);
+        const float s25 = pptm_op_axpby(s24, x[1], e.a2, e.a3);
+        const float s26 = pptm_op_axpby(s25, x[1], e.a2, e.a3);
+        const float s27 = pptm_op_axpby(s26, x[1], e.a2, e.a3);
+        const float s28 = pptm_op_axpby(s27, x[1], e.a2, e.a3);
+        const float s29 = pptm_op_axpby(s28, x[1], e.a2, e.a3);
+        const float s30 = pptm_op_axpby(s29, x[1], e.a2, e.a3);
+        const float s31 = pptm_op_axpby(s30, x[1], e.a2, e.a3);
+        const float s32 = pptm_op_axpby(s31, x[1], e.a2, e.a3);
+        const float s33 = pptm_op_axpby(s32, x[1], e.a2, e.a3);
+        const float s34 = pptm_op_axpby(s33, x[1], e.a2, e.a3);
+        const float s35 = pptm_op_axpby(s34, x[1], e.a2, e.a3);
+        const float s36 = pptm_op_axpby(s35, x[1], e.a2, e.a3);
+        const float s37 = pptm_op_axpby(s36, x[1], e.a2, e.a3);
+        const float s38 = pptm_op_axpby(s37, x[1], e.a2, e.a3);
+        const float s39 = pptm_op_axpby(s38, x[1], e.a2, e.a3);
+        const float s40 = pptm_op_axpby(s39, x[1], e.a2, e.a3);
+        const float s41 = pptm_op_axpby(s40, x[1], e.a2, e.a3);
+        const float s42 = pptm_op_axpby(s41, x[1], e.a2, e.a3);
+        const float s43 = pptm_op_axpby(s42, x[1], e.a2, e.a3);
+        const float s44 = pptm_op_axpby(s43, x[1], e.a2, e.a3);
+        const float s45 = pptm_op_axpby(s44, x[1], e.a2, e.a3);
+        const float s46 = pptm_op_axpby(s45, x[1], e.a2, e.a3);
+        const float s47 = pptm_op_axpby(s46, x[1], e.a2, e.a3);
+        const float s48 = pptm_op_axpby(s47, x[1], e.a2, e.a3);
+        const float s49 = pptm_op_axpby(s48, x[1], e.a2, e.a3);
+        const float s50 = pptm_op_axpby(s49, x[1], e.a2, e.a3);
+        const float s51 = pptm_op_axpby(s50, x[1], e.a2, e.a3);
+        const float s52 = pptm_op_axpby(s51, x[1], e.a2, e.a3);
+        const float s53 = pptm_op_axpby(s52, x[1], e.a2, e.a3);
+        const float s54 = pptm_op_axpby(s53, x[1], e.a2, e.a3);
+        const float s55 = pptm_op_axpby(s54, x[1], e.a2, e.a3);
+        const float s56 = pptm_op_axpby(s55, x[1], e.a2, e.a3);
+        const float s57 = pptm_op_axpby(s56, x[1], e.a2, e.a3);
+        const float s58 = pptm_op_axpby(s57, x[1], e.a2, e.a3);
+        const float s59 = pptm_op_axpby(s58, x[1], e.a2, e.a3);
+        const float s60 = pptm_op_axpby(s59, x[1], e.a2, e.a3);
+        const float s61 = pptm_op_axpby(s60, x[1], e.a2, e.a3);
+        const float s62 = pptm_op_axpby(s61, x[1], e.a2, e.a3);
+        const float s63 = pptm_op_axpby(s62, x[1], e.a2, e.a3);
+        const float s64 = pptm_op_axpby(s63, x[1], e.a2, e.a3);
+        const float s65 = pptm_op_axpby(s64, x[1], e.a2, e.a3);
+        const float s66 = pptm_op_axpby(s65, x[1], e.a2, e.a3);
+        const float s67 = pptm_op_axpby(s66, x[1], e.a2, e.a3);
+        const float s68 = pptm_op_axpby(s67, x[1], e.a2, e.a3);
+        const float s69 = pptm_op_axpby(s68, x[1], e.a2, e.a3);
+        const float s70 = pptm_op_axpby(s69, x[1], e.a2, e.a3);
+        const float s71 = pptm_op_axpby(s70, x[1], e.a2, e.a3);
+        const float s72 = pptm_op_axpby(s71, x[1], e.a2, e.a3);
+        const float s73 = pptm_op_axpby(s72, x[1], e.a2, e.a3);
+        const float s74 = pptm_op_axpby(s73, x[1], e.a2, e.a3);
+        const float s75 = pptm_op_axpby(s74, x[1], e.a2, e.a3);
+        const float s76 = pptm_op_axpby(s75, x[1], e.a2, e.a3);
+        const float s77 = pptm_op_axpby(s76, x[1], e.a2, e.a3);
+        const float s78 = pptm_op_axpby(s77, x[1], e.a2, e.a3);
+        const float s79 = pptm_op_axpby(s78, x[1], e.a2, e.a3);
+        const float s80 = pptm_op_axpby(s79, x[1], e.a2, e.a3);
+        const float s81 = pptm_op_axpby(s80, x[1], e.a2, e.a3);
+        const float s82 = pptm_op_axpby(s81, x[1], e.a2, e.a3);
+        const float s83 = pptm_op_axpby(s82, x[1], e.a2, e.a3);
+        const float s84 = pptm_op_axpby(s83, x[1], e.a2, e.a3);
+        const float s85 = pptm_op_axpby(s84, x[1], e.a2, e.a3);
+        const float s86 = pptm_op_axpby(s85, x[1], e.a2, e.a3);
+        const float s87 = pptm_op_axpby(s86, x[1], e.a2, e.a3);
+        const float s88 = pptm_op_axpby(s87, x[1], e.a2, e.a3);
+        const float s89 = pptm_op_axpby(s88, x[1], e.a2, e.a3);
+        const float s90 = pptm_op_axpby(s89, x[1], e.a2, e.a3);
+        const float s91 = pptm_op_axpby(s90, x[1], e.a2, e.a3);
+        const float s92 = pptm_op_axpby(s91, x[1], e.a2, e.a3);
+        const float s93 = pptm_op_axpby(s92, x[1], e.a2, e.a3);
+        const float s94 = pptm_op_axpby(s93, x[1], e.a2, e.a3);
+        const float s95 = pptm_op_axpby(s94, x[1], e.a2, e.a3);
+        const float s96 = pptm_op_axpby(s95, x[1], e.a2, e.a3);
+        const float s97 = pptm_op_axpby(s96, x[1], e.a2, e.a3);
+        const float s98 = pptm_op_axpby(s97, x[1], e.a2, e.a3);
+        const float s99 = pptm_op_axpby(s98, x[1], e.a2, e.a3);
+        const float s100 = pptm_op_axpby(s99, x[1], e.a2, e.a3);
+        const float s101 = pptm_op_axpby(s100, x[1], e.a2, e.a3);
+        const float s102 = pptm_op_axpby(s101, x[1], e.a2, e.a3);
+        const float s103 = pptm_op_axpby(s102, x[1], e.a2, e.a3);
+        const float s104 = pptm_op_axpby(s103, x[1], e.a2, e.a3);
+        const float s105 = pptm_op_axpby(s104, x[1], e.a2, e.a3);
+        const float s106 = pptm_op_axpby(s105, x[1], e.a2, e.a3);
+        const float s107 = pptm_op_axpby(s106, x[1], e.a2, e.a3);
+        const float s108 = pptm_op_axpby(s107, x[1], e.a2, e.a3);
+        const float s109 = pptm_op_axpby(s108, x[1], e.a2, e.a3);
+        const float s110 = pptm_op_axpby(s109, x[1], e.a2, e.a3);
+        const float s111 = pptm_op_axpby(s110, x[1], e.a2, e.a3);
+        const float s112 = pptm_op_axpby(s111, x[1], e.a2, e.a3);
+        const float s113 = pptm_op_axpby(s112, x[1], e.a2, e.a3);
+        const float s114 = pptm_op_axpby(s113, x[1], e.a2, e.a3);
+        const float s115 = pptm_op_axpby(s114, x[1], e.a2, e.a3);
+        const float s116 = pptm_op_axpby(s115, x[1], e.a2, e.a3);
+        const float s117 = pptm_op_axpby(s116, x[1], e.a2, e.a3);
+        const float s118 = pptm_op_axpby(s117, x[1], e.a2, e.a3);
+        const float s119 = pptm_op_axpby(s118, x[1], e.a2, e.a3);
+        const float s120 = pptm_op_axpby(s119, x[1], e.a2, e.a3);
+        const float s121 = pptm_op_axpby(s120, x[1], e.a2, e.a3);
+        const float s122 = pptm_op_axpby(s121, x[1], e.a2, e.a3);
+        const float s123 = pptm_op_axpby(s122, x[1], e.a2, e.a3);
+        const float s124 = pptm_op_axpby(s123, x[1], e.a2, e.a3);
+        const float s125 = pptm_op_axpby(s124, x[1], e.a2, e.a3);
+        const float s126 = pptm_op_axpby(s125, x[1], e.a2, e.a3);
+        const float s127 = pptm_op_axpby(s126, x[1], e.a2, e.a3);
+        const float s128 = pptm_op_axpby(s127, x[1], e.a2, e.a3);
+        const float s129 = pptm_op_axpby(s128, x[1], e.a2, e.a3);
+        const float s130 = pptm_op_axpby(s129, x[1], e.a2, e.a3);
+        const float s131 = pptm_op_axpby(s130, x[1], e.a2, e.a3);
+        const float s132 = pptm_op_axpby(s131, x[1], e.a2, e.a3);
+        const float s133 = pptm_op_axpby(s132, x[1], e.a2, e.a3);
+        const float s134 = pptm_op_axpby(s133, x[1], e.a2, e.a3);
+        const float s135 = pptm_op_axpby(s134, x[1], e.a2, e.a3);
+        const float s136 = pptm_op_axpby(s135, x[1], e.a2, e.a3);
+        const float s137 = pptm_op_axpby(s136, x[1], e.a2, e.a3);
+        const float s138 = pptm_op_axpby(s137, x[1], e.a2, e.a3);
+        const float s139 = pptm_op_axpby(s138, x[1], e.a2, e.a3);
+        const float s140 = pptm_op_axpby(s139, x[1], e.a2, e.a3);
+        const float s141 = pptm_op_axpby(s140, x[1], e.a2, e.a3);
+        const float s142 = pptm_op_axpby(s141, x[1], e.a2, e.a3);
+        const float s143 = pptm_op_axpby(s142, x[1], e.a2, e.a3);
+        const float s144 = pptm_op_axpby(s143, x[1], e.a2, e.a3);
+        const float s145 = pptm_op_axpby(s144, x[1], e.a2, e.a3);
+        const float s146 = pptm_op_axpby(s145, x[1], e.a2, e.a3);
+        const float s147 = pptm_op_axpby(s146, x[1], e.a2, e.a3);
+        const float s148 = pptm_op_axpby(s147, x[1], e.a2, e.a3);
+        const float s149 = pptm_op_axpby(s148, x[1], e.a2, e.a3);
+        const float s150 = pptm_op_axpby(s149, x[1], e.a2, e.a3);
+        const float s151 = pptm_op_axpby(s150, x[1], e.a2, e.a3);
+        const float s152 = pptm_op_axpby(s151, x[1], e.a2, e.a3);
+        const float s153 = pptm_op_axpby(s152, x[1], e.a2, e.a3);
+        const float s154 = pptm_op_axpby(s153, x[1], e.a2, e.a3);
+        const float s155 = pptm_op_axpby(s154, x[1], e.a2, e.a3);
+        const float s156 = pptm_op_axpby(s155, x[1], e.a2, e.a3);
+        const float s157 = pptm_op_axpby(s156, x[1], e.a2, e.a3);
+        const float s158 = pptm_op_axpby(s157, x[1], e.a2, e.a3);
+        const float s159 = pptm_op_axpby(s158, x[1], e.a2, e.a3);
+        const float s160 = pptm_op_axpby(s159, x[1], e.a2, e.a3);
+        const float s161 = pptm_op_axpby(s160, x[1], e.a2, e.a3);
+        const float s162 = pptm_op_axpby(s161, x[1], e.a2, e.a3);
+        const float s163 = pptm_op_axpby(s162, x[1], e.a2, e.a3);
+        const float s164 = pptm_op_axpby(s163, x[1], e.a2, e.a3);
+        const float s165 = pptm_op_axpby(s164, x[1], e.a2, e.a3);
+        const float s166 = pptm_op_axpby(s165, x[1], e.a2, e.a3);
+        const float s167 = pptm_op_axpby(s166, x[1], e.a2, e.a3);
+        const float s168 = pptm_op_axpby(s167, x[1], e.a2, e.a3);
+        const float s169 = pptm_op_axpby(s168, x[1], e.a2, e.a3);
+        const float s170 = pptm_op_square(s169);
+        return s170;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_10072c1f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_10072c1f e(d);
+    const float* const in[2] = {e.a0, e.a1};
+    partial = pptm_map_reduce<2, pptm_op_sum_reduction_reducer>(in, e.a4, pptm_body_10072c1f{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_10072c1f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_10072c1f e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
+    return v;
+}
+
 // chain BlendA: Axpby (Map pattern)
 // spec hash 3df563dd77ef6bf889a7422d4929fd74d231f089e913be549a4a4fd6eed5319d, opcode 0x3df563dd
 struct pptm_env_3df563dd {
@@ -239,6 +438,88 @@ __device__ __noinline__ uint32_t pptm_run_3df563dd(const pptm_desc& d, const ppt
     const float* const in[2] = {e.a0, e.a1};
     pptm_map_store<2>(in, e.a4, e.a5, pptm_body_3df563dd{e}, b);
     partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
+// chain BlendGemvStepsPart1: Axpby -> Axpby -> Gemv -> Axpby (Gemv pattern)
+// spec hash 1ab6bc14bbb109c467d9a3fb820bb4545b685739c6b570b811721d3a49a48f1a, opcode 0x1ab6bc14
+struct pptm_env_1ab6bc14 {
+    const float* a0;  // x
+    const float* a1;  // c
+    float a2;  // a1
+    float a3;  // b1
+    float a4;  // a2
+    float a5;  // b2
+    const float* a6;  // a
+    const float* a7;  // d
+    float a8;  // a3
+    float a9;  // b3
+    float* a10;  // out
+    uint64_t a11;  // n
+    uint64_t a12;  // m
+    __device__ explicit pptm_env_1ab6bc14(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6(reinterpret_cast<const float*>(d.args[6])), a7(reinterpret_cast<const float*>(d.args[7])), a8(__uint_as_float((uint32_t)d.args[8])), a9(__uint_as_float((uint32_t)d.args[9])), a10(reinterpret_cast<float*>(d.args[10])), a11(d.args[11]), a12(d.args[12]) {}
+};
+struct pptm_pro_1ab6bc14 {
+    pptm_env_1ab6bc14 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + j), pptm_ld_cg_f32(e.a1 + j), e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, pptm_ld_cg_f32(e.a1 + j), e.a4, e.a5);
+        return s1;
+    }
+};
+struct pptm_epi_1ab6bc14 {
+    pptm_env_1ab6bc14 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = pptm_ld_cg_f32(e.a7 + i);
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        const float s3 = pptm_op_axpby(acc, x[0], e.a8, e.a9);
+        return s3;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        const float s3 = pptm_op_axpby(acc, pptm_ld_cg_f32(e.a7 + i), e.a8, e.a9);
+        return s3;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_1ab6bc14(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_1ab6bc14 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a6, e.a12, e.a11, pptm_pro_1ab6bc14{e}, pptm_epi_1ab6bc14{e}, e.a10, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain BlendGemvStepsPart2: Gemv (Gemv pattern)
+// spec hash bd3506f785fdd4f867042685b4666b5a15cf961744346c69aff46e2119f5fc02, opcode 0xbd3506f7
+struct pptm_env_bd3506f7 {
+    const float* a0;  // z
+    const float* a1;  // b
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // m
+    __device__ explicit pptm_env_bd3506f7(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]) {}
+};
+struct pptm_pro_bd3506f7 {
+    pptm_env_bd3506f7 e;
+    __device__ __forceinline__ float operator()(uint64_t j) const {
+        return pptm_ld_cg_f32(e.a0 + j);
+    }
+};
+struct pptm_epi_bd3506f7 {
+    pptm_env_bd3506f7 e;
+    static constexpr uint32_t loads = 1;
+    __device__ __forceinline__ void load(uint64_t i, float (&x)[1]) const {
+        x[0] = 0.0f;
+    }
+    __device__ __forceinline__ float apply(uint64_t, float acc, const float (&x)[1]) const {
+        return acc;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, float acc) const {
+        return acc;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_bd3506f7(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_bd3506f7 e(d);
+    partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_bd3506f7{e}, pptm_epi_bd3506f7{e}, e.a2, b);
     return PPTM_STATUS_OK;
 }
 
@@ -301,12 +582,42 @@ __device__ __noinline__ uint32_t pptm_run_ae2e8146(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain SumSquaresB2: Square -> SumReduction (Map pattern)
+// spec hash 89e9f21dddf71144a667adbcd4616433434745266d7848834e8e0a8e15d39af6, opcode 0x89e9f21d
+struct pptm_env_89e9f21d {
+    const float* a0;  // x
+    uint64_t a1;  // n
+    __device__ explicit pptm_env_89e9f21d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]) {}
+};
+struct pptm_body_89e9f21d {
+    pptm_env_89e9f21d e;
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_op_square(x[0]);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_89e9f21d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_89e9f21d e(d);
+    const float* const in[1] = {e.a0};
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_body_89e9f21d{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_89e9f21d(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_89e9f21d e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0xcf5f2dc0u: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Blend170A
+    case 0x10072c1fu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // Blend170StepsPart1
     case 0x3df563ddu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // BlendA
+    case 0x1ab6bc14u: return ((d.args[0] | d.args[1] | d.args[6] | d.args[7] | d.args[10]) & 3ull) == 0 && (d.args[11] | d.args[12]) < (1ull << 48);  // BlendGemvStepsPart1
+    case 0xbd3506f7u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // BlendGemvStepsPart2
     case 0x087e7583u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvA
     case 0xae2e8146u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SquareA
+    case 0x89e9f21du: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // SumSquaresB2
     default: return true;
     }
 }
@@ -314,15 +625,21 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0xcf5f2dc0u: return pptm_run_cf5f2dc0(d, b, partial);  // Blend170A
+    case 0x10072c1fu: return pptm_run_10072c1f(d, b, partial);  // Blend170StepsPart1
     case 0x3df563ddu: return pptm_run_3df563dd(d, b, partial);  // BlendA
+    case 0x1ab6bc14u: return pptm_run_1ab6bc14(d, b, partial);  // BlendGemvStepsPart1
+    case 0xbd3506f7u: return pptm_run_bd3506f7(d, b, partial);  // BlendGemvStepsPart2
     case 0x087e7583u: return pptm_run_087e7583(d, b, partial);  // GemvA
     case 0xae2e8146u: return pptm_run_ae2e8146(d, b, partial);  // SquareA
+    case 0x89e9f21du: return pptm_run_89e9f21d(d, b, partial);  // SumSquaresB2
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
+    case 0x10072c1fu: return pptm_finish_10072c1f(d, partials, nblocks, smem);  // Blend170StepsPart1
+    case 0x89e9f21du: return pptm_finish_89e9f21d(d, partials, nblocks, smem);  // SumSquaresB2
     default: return 0.0;
     }
 }
@@ -331,6 +648,8 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0xcf5f2dc0u: return true;  // Blend170A
     case 0x3df563ddu: return true;  // BlendA
+    case 0x1ab6bc14u: return true;  // BlendGemvStepsPart1
+    case 0xbd3506f7u: return true;  // BlendGemvStepsPart2
     case 0x087e7583u: return true;  // GemvA
     case 0xae2e8146u: return true;  // SquareA
     default: return false;
@@ -394,6 +713,58 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x10072c1fu: {  // Blend170StepsPart1
+        const pptm_env_10072c1f e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10: case 11: case 12: case 13: case 14: case 15: case 16:
+        case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 24: case 25: case 26: case 27: case 28: case 29: case 30: case 31: case 32:
+        case 33: case 34: case 35: case 36: case 37: case 38: case 39: case 40: case 41: case 42: case 43: case 44: case 45: case 46: case 47: case 48:
+        case 49: case 50: case 51: case 52: case 53: case 54: case 55: case 56: case 57: case 58: case 59: case 60: case 61: case 62: case 63: case 64:
+        case 65: case 66: case 67: case 68: case 69: case 70: case 71: case 72: case 73: case 74: case 75: case 76: case 77: case 78: case 79: case 80:
+        case 81: case 82: case 83: case 84: case 85: case 86: case 87: case 88: case 89: case 90: case 91: case 92: case 93: case 94: case 95: case 96:
+        case 97: case 98: case 99: case 100: case 101: case 102: case 103: case 104: case 105: case 106: case 107: case 108: case 109: case 110: case 111: case 112:
+        case 113: case 114: case 115: case 116: case 117: case 118: case 119: case 120: case 121: case 122: case 123: case 124: case 125: case 126: case 127: case 128:
+        case 129: case 130: case 131: case 132: case 133: case 134: case 135: case 136: case 137: case 138: case 139: case 140: case 141: case 142: case 143: case 144:
+        case 145: case 146: case 147: case 148: case 149: case 150: case 151: case 152: case 153: case 154: case 155: case 156: case 157: case 158: case 159: case 160:
+        case 161: case 162: case 163: case 164: case 165: case 166: case 167: case 168: case 169:
+        {  // Axpby x 169
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[stage % PPTM_MAX_STAGES][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 170: {  // Square
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s170 = pptm_op_square(pptm_ld_cg_f32(scratch[169 % PPTM_MAX_STAGES] + i));
+                scratch[170 % PPTM_MAX_STAGES][i] = s170;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 171: {  // SumReduction
+            const float* const in[1] = {scratch[170 % PPTM_MAX_STAGES]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a4, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x3df563ddu: {  // BlendA
         const pptm_env_3df563dd e(d);
         switch (stage) {
@@ -404,6 +775,58 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
                 e.a4[i] = s0;
             }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x1ab6bc14u: {  // BlendGemvStepsPart1
+        const pptm_env_1ab6bc14 e(d);
+        switch (stage) {
+        case 0: {  // Axpby
+            const uint64_t count = e.a11;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a11;
+                const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Axpby
+            const uint64_t count = e.a11;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a11;
+                const float s1 = pptm_op_axpby(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a1 + i), e.a4, e.a5);
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a6, e.a12, e.a11, pptm_load_at{scratch[1]}, pptm_pass_acc{}, scratch[2], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 3: {  // Axpby
+            const uint64_t count = e.a12;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a12;
+                const float s3 = pptm_op_axpby(pptm_ld_cg_f32(scratch[2] + i), pptm_ld_cg_f32(e.a7 + i), e.a8, e.a9);
+                e.a10[i] = s3;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xbd3506f7u: {  // BlendGemvStepsPart2
+        const pptm_env_bd3506f7 e(d);
+        switch (stage) {
+        case 0: {  // Gemv
+            pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -438,12 +861,45 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0x89e9f21du: {  // SumSquaresB2
+        const pptm_env_89e9f21d e(d);
+        switch (stage) {
+        case 0: {  // Square
+            const uint64_t count = e.a1;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a1;
+                const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // SumReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
 
 __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
     switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0x10072c1fabull: {  // Blend170StepsPart1 stage 171
+        const pptm_env_10072c1f e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
+        if (threadIdx.x == 0) { scratch[171 % PPTM_MAX_STAGES][0] = (float)v; out->value = v; }
+        return;
+    }
+    case 0x89e9f21d01ull: {  // SumSquaresB2 stage 1
+        const pptm_env_89e9f21d e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
     default: (void)scratch; (void)out; (void)partials; (void)nblocks; (void)smem; return;
     }
 }

@@ -46,6 +46,32 @@ __device__ __noinline__ uint32_t pptm_run_6a58e8f3(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain BlendGemvStepsPart3: Square -> SumReduction (Map pattern)
+// spec hash b11fd6b69c00bc450a94eb6e78ce552d40f15dc9b0a119979b72fc65a867119f, opcode 0xb11fd6b6
+struct pptm_env_b11fd6b6 {
+    const float* a0;  // w
+    uint64_t a1;  // n
+    __device__ explicit pptm_env_b11fd6b6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(d.args[1]) {}
+};
+struct pptm_body_b11fd6b6 {
+    pptm_env_b11fd6b6 e;
+    __device__ __forceinline__ float operator()(const float (&x)[1]) const {
+        const float s0 = pptm_op_square(x[0]);
+        return s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_b11fd6b6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_b11fd6b6 e(d);
+    const float* const in[1] = {e.a0};
+    partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_body_b11fd6b6{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_b11fd6b6(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_b11fd6b6 e(d);
+    double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
+    return v;
+}
+
 // chain SumSquaresB: Square -> SumReduction (Map pattern)
 // spec hash 0f5addcef354b5041fcdb4aae5d770247cccb6a98b7fad5aacd363e66fd047e0, opcode 0x0f5addce
 struct pptm_env_0f5addce {
@@ -75,6 +101,7 @@ __device__ __forceinline__ double pptm_finish_0f5addce(const pptm_desc& d, const
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x6a58e8f3u: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // BlendB
+    case 0xb11fd6b6u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // BlendGemvStepsPart3
     case 0x0f5addceu: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // SumSquaresB
     default: return true;
     }
@@ -83,6 +110,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x6a58e8f3u: return pptm_run_6a58e8f3(d, b, partial);  // BlendB
+    case 0xb11fd6b6u: return pptm_run_b11fd6b6(d, b, partial);  // BlendGemvStepsPart3
     case 0x0f5addceu: return pptm_run_0f5addce(d, b, partial);  // SumSquaresB
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -90,6 +118,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
+    case 0xb11fd6b6u: return pptm_finish_b11fd6b6(d, partials, nblocks, smem);  // BlendGemvStepsPart3
     case 0x0f5addceu: return pptm_finish_0f5addce(d, partials, nblocks, smem);  // SumSquaresB
     default: return 0.0;
     }
@@ -127,6 +156,27 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0xb11fd6b6u: {  // BlendGemvStepsPart3
+        const pptm_env_b11fd6b6 e(d);
+        switch (stage) {
+        case 0: {  // Square
+            const uint64_t count = e.a1;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a1;
+                const float s0 = pptm_op_square(pptm_ld_cg_f32(e.a0 + i));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // SumReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_sum_reduction_reducer>(in, e.a1, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0x0f5addceu: {  // SumSquaresB
         const pptm_env_0f5addce e(d);
         switch (stage) {
@@ -154,6 +204,12 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
 
 __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
     switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0xb11fd6b601ull: {  // BlendGemvStepsPart3 stage 1
+        const pptm_env_b11fd6b6 e(d);
+        const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
     case 0x0f5addce01ull: {  // SumSquaresB stage 1
         const pptm_env_0f5addce e(d);
         const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);

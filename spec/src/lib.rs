@@ -17,6 +17,7 @@ pub mod op_fn;
 pub mod ops;
 #[cfg(feature = "parse")]
 pub mod parse;
+pub mod pipeline;
 
 pub use chain::{ChainSpec, Precision, StageSpec, Tolerance};
 pub use dtype::DType;

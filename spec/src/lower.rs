@@ -1003,7 +1003,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
 }
 
 /// Per-stage checks that need only the declaration: the op exists and honours the attributes.
-fn check_stage(
+pub(crate) fn check_stage(
     i: usize,
     st: &crate::StageSpec,
     extra: &[&'static OpDef],

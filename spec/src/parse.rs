@@ -88,18 +88,18 @@ pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
 
 /// Whether a derive list names FusionBuilder (by its last path segment).
 pub fn derives_fusion_builder(attrs: &[syn::Attribute]) -> bool {
+    derives(attrs, "FusionBuilder")
+}
+
+/// Whether a derive list names `name` (by its last path segment).
+fn derives(attrs: &[syn::Attribute], name: &str) -> bool {
     attrs
         .iter()
         .filter(|a| a.path().is_ident("derive"))
         .any(|a| {
             let mut found = false;
             let _ = a.parse_nested_meta(|meta| {
-                if meta
-                    .path
-                    .segments
-                    .last()
-                    .is_some_and(|s| s.ident == "FusionBuilder")
-                {
+                if meta.path.segments.last().is_some_and(|s| s.ident == name) {
                     found = true;
                 }
                 Ok(())
@@ -213,8 +213,211 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
     })
 }
 
+/// Whether a derive list names `Pipeline` (by its last path segment).
+pub fn derives_pipeline(attrs: &[syn::Attribute]) -> bool {
+    derives(attrs, "Pipeline")
+}
+
+/// A parsed `#[derive(Pipeline)]` with the spans of its parts.
+#[derive(Debug, Clone)]
+pub struct ParsedPipeline {
+    pub spec: crate::pipeline::PipelineSpec,
+    pub ident: Ident,
+    /// Per step (declaration order): its number's span, its chain type's span, its attributes'.
+    steps: Vec<StageSpans>,
+}
+
+impl ParsedPipeline {
+    /// Composes the pipeline (see [`crate::pipeline::compose`]); an error points at the
+    /// offending part of the declaration.
+    pub fn compose<'c>(
+        &self,
+        chains: &dyn Fn(&str) -> Vec<&'c ChainSpec>,
+        extra: &[&'static crate::OpDef],
+    ) -> syn::Result<crate::pipeline::PipelineIr> {
+        use crate::pipeline::PipelineBlame;
+        crate::pipeline::compose(&self.spec, chains, extra).map_err(|e| {
+            let span = match e.blame() {
+                PipelineBlame::Pipeline => self.ident.span(),
+                PipelineBlame::StepNumber(i) => self.steps[i].number,
+                PipelineBlame::StepChain(i) => self.steps[i].op,
+                PipelineBlame::StepAttr(i, name) => self.steps[i]
+                    .attrs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(self.steps[i].op, |(_, s)| *s),
+            };
+            syn::Error::new(span, e)
+        })
+    }
+}
+
+/// Reads a pipeline declaration: a struct whose fields are chains marked `#[step(n, ...)]`.
+pub fn parse_pipeline(input: &DeriveInput) -> syn::Result<ParsedPipeline> {
+    if !input.generics.params.is_empty() {
+        return Err(syn::Error::new(
+            input.generics.span(),
+            "a pipeline cannot be generic",
+        ));
+    }
+    let fields = match &input.data {
+        Data::Struct(s) => match &s.fields {
+            Fields::Named(f) => &f.named,
+            _ => {
+                return Err(syn::Error::new(
+                    input.ident.span(),
+                    "a pipeline is a struct with named fields, one per step: `struct P { #[step(1)] a: SomeChain, ... }`",
+                ));
+            }
+        },
+        _ => {
+            return Err(syn::Error::new(
+                input.ident.span(),
+                "#[derive(Pipeline)] applies to structs only",
+            ));
+        }
+    };
+    let mut steps = Vec::new();
+    let mut spans = Vec::new();
+    for field in fields {
+        let field_name = field
+            .ident
+            .as_ref()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
+        let mut attrs = field.attrs.iter().filter(|a| a.path().is_ident("step"));
+        let Some(attr) = attrs.next() else {
+            return Err(syn::Error::new(
+                field.span(),
+                format!(
+                    "field `{field_name}` has no #[step(n)]: every field of a pipeline is a step"
+                ),
+            ));
+        };
+        if let Some(extra) = attrs.next() {
+            return Err(syn::Error::new(
+                extra.span(),
+                "a field takes one #[step(...)]",
+            ));
+        }
+        let args: StepArgs = attr.parse_args()?;
+        let (chain, chain_span) = type_name(
+            &field.ty,
+            "a step's type names its chain, e.g. `KlComplexity`",
+        )?;
+        steps.push(crate::pipeline::StepSpec {
+            field: field_name,
+            number: args.number,
+            chain,
+            args: args.renames,
+            repeat: args.repeat,
+            store: args.store,
+        });
+        spans.push(StageSpans {
+            number: args.number_span,
+            op: chain_span,
+            attrs: args.spans,
+        });
+    }
+    Ok(ParsedPipeline {
+        spec: crate::pipeline::PipelineSpec {
+            name: input.ident.to_string(),
+            steps,
+        },
+        ident: input.ident.clone(),
+        steps: spans,
+    })
+}
+
+/// `n, args(...), repeat = k, store = bool`
+struct StepArgs {
+    number: u32,
+    number_span: Span,
+    renames: Vec<(String, String)>,
+    repeat: Option<u32>,
+    store: Option<bool>,
+    spans: Vec<(&'static str, Span)>,
+}
+
+impl Parse for StepArgs {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let number: LitInt = input.parse().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "expected the step number first, e.g. #[step(1)] or #[step(2, args(x = \"a\"))]",
+            )
+        })?;
+        let mut args = StepArgs {
+            number: number.base10_parse()?,
+            number_span: number.span(),
+            renames: Vec::new(),
+            repeat: None,
+            store: None,
+            spans: Vec::new(),
+        };
+        while !input.is_empty() {
+            input.parse::<Token![,]>()?;
+            if input.is_empty() {
+                break;
+            }
+            let key: Ident = input.parse()?;
+            let name: &'static str = match key.to_string().as_str() {
+                "args" => "args",
+                "repeat" => "repeat",
+                "store" => "store",
+                other => {
+                    return Err(syn::Error::new(
+                        key.span(),
+                        format!(
+                            "unknown step attribute `{other}`; expected `args(...)`, `repeat` or `store`"
+                        ),
+                    ));
+                }
+            };
+            if args.spans.iter().any(|(n, _)| *n == name) {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("`{name}` is given twice"),
+                ));
+            }
+            args.spans.push((name, key.span()));
+            match name {
+                "args" => args.renames = parse_renames(input)?,
+                "repeat" => {
+                    input.parse::<Token![=]>()?;
+                    let lit: LitInt = input.parse().map_err(|e| {
+                        syn::Error::new(e.span(), "`repeat` takes a count, e.g. repeat = 8")
+                    })?;
+                    let times: u32 = lit.base10_parse()?;
+                    if !(1..=MAX_REPEAT).contains(&times) {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!("`repeat` takes a count from 1 to {MAX_REPEAT}"),
+                        ));
+                    }
+                    args.repeat = Some(times);
+                }
+                _ => {
+                    input.parse::<Token![=]>()?;
+                    let lit: LitBool = input.parse()?;
+                    args.store = Some(lit.value);
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
 /// The op named by a stage's type: the last segment of a plain path (`ops::KlDivergence`).
 fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
+    type_name(
+        ty,
+        "a stage's type names its op, e.g. `pptm::ops::KlDivergence`",
+    )
+}
+
+/// The last segment of a plain path type, or an error saying `what`.
+fn type_name(ty: &Type, what: &str) -> syn::Result<(String, Span)> {
     if let Type::Path(p) = ty
         && p.qself.is_none()
         && let Some(last) = p.path.segments.last()
@@ -222,15 +425,12 @@ fn op_name(ty: &Type) -> syn::Result<(String, Span)> {
         if !last.arguments.is_empty() {
             return Err(syn::Error::new(
                 last.arguments.span(),
-                "op types take no generic arguments",
+                "op and chain types take no generic arguments",
             ));
         }
         return Ok((last.ident.to_string(), last.ident.span()));
     }
-    Err(syn::Error::new(
-        ty.span(),
-        "a stage's type names its op, e.g. `pptm::ops::KlDivergence`",
-    ))
+    Err(syn::Error::new(ty.span(), what))
 }
 
 /// `n, reduction = bool, tensor_eligible = bool, precision = "...", tolerance = x, finite = bool,
@@ -702,5 +902,225 @@ mod tests {
             parse(r#"#[fusion(domain = "t")] struct C { #[stage(1, args(x = "v"))] p: Gemv }"#)
                 .unwrap();
         assert_eq!(ir.args[0].name, "v");
+    }
+
+    /// Composes the `#[derive(Pipeline)]` struct of `src` with the chains declared there too.
+    fn compose_in(src: &str) -> syn::Result<crate::pipeline::PipelineIr> {
+        let file: syn::File = syn::parse_str(src).unwrap();
+        let mut chains = Vec::new();
+        let mut pipeline = None;
+        for item in &file.items {
+            if let syn::Item::Struct(s) = item {
+                let input = DeriveInput::from(s.clone());
+                if derives_fusion_builder(&input.attrs) {
+                    chains.push(parse_chain(&input).unwrap().spec);
+                } else if derives_pipeline(&input.attrs) {
+                    pipeline = Some(parse_pipeline(&input)?);
+                }
+            }
+        }
+        let lookup = |name: &str| chains.iter().filter(|c| c.name == name).collect::<Vec<_>>();
+        pipeline.expect("a pipeline").compose(&lookup, &[])
+    }
+
+    const CHAINS: &str = r#"
+        #[derive(FusionBuilder)] #[fusion(domain = "d")]
+        struct Blend { #[stage(1)] b: Axpby }
+        #[derive(FusionBuilder)] #[fusion(domain = "d")]
+        struct Total { #[stage(1)] s: Square, #[stage(2)] t: SumReduction }
+        #[derive(FusionBuilder)] #[fusion(domain = "d")]
+        struct Predict { #[stage(1)] g: Gemv }
+        #[derive(FusionBuilder)] #[fusion(domain = "d")]
+        struct Sq { #[stage(1)] s: Square }
+        #[derive(FusionBuilder)] #[fusion(domain = "e")]
+        struct Squares { #[stage(1)] s: Square }
+    "#;
+
+    fn steps(p: &crate::pipeline::PipelineIr) -> Vec<Vec<usize>> {
+        p.parts.iter().map(|p| p.steps.clone()).collect()
+    }
+
+    #[test]
+    fn steps_handing_on_their_flow_fuse_into_one_pass() {
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct Three {{
+                #[step(1)] a: Blend,
+                #[step(2, args(x = "a"))] b: Blend,
+                #[step(3, args(x = "b"))] total: Total,
+            }}"#
+        ))
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0, 1, 2]]);
+        let part = &p.parts[0];
+        assert_eq!(part.spec.name, "ThreePart1");
+        assert_eq!(
+            part.ir.describe(),
+            "Axpby -> Axpby -> Square -> SumReduction"
+        );
+        assert_eq!(part.output, None);
+        // The intermediate buffers `a` and `b` are never stored: not arguments of the part.
+        let names: Vec<&str> = part.ir.args.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["x", "y", "alpha", "beta", "n"]);
+    }
+
+    #[test]
+    fn a_buffer_seen_elsewhere_ends_the_part() {
+        // `a` is read by step 3 too, so step 1 stores it, and step 2 starts a part of its own.
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{
+                #[step(1)] a: Blend,
+                #[step(2, args(x = "a"))] b: Blend,
+                #[step(3, args(x = "b", y = "a"))] c: Blend,
+            }}"#
+        ))
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0], vec![1, 2]]);
+        assert_eq!(p.parts[0].output.as_deref(), Some("a"));
+        assert_eq!(p.parts[1].output.as_deref(), Some("c"));
+        assert_eq!(p.parts[1].binding("out"), "c");
+        let names: Vec<&str> = p.parts[1].ir.args.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["a", "y", "alpha", "beta", "out", "n"]);
+        // `store = true` keeps a buffer the next step could have taken in registers.
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{ #[step(1, store = true)] a: Blend, #[step(2, args(x = "a"))] b: Blend }}"#
+        ))
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0], vec![1]]);
+        // Another domain, or a step that does not read the one before, starts a part.
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{
+                #[step(1)] a: Blend,
+                #[step(2, args(x = "a"))] s: Squares,
+                #[step(3, args(x = "q"))] c: Blend,
+            }}"#
+        ))
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0], vec![1], vec![2]]);
+        assert_eq!(p.parts[1].spec.domain, "e");
+    }
+
+    #[test]
+    fn elementwise_steps_fuse_around_a_gemv() {
+        // Blend computes the GEMV's vector where it is read; Sq runs on each output element.
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{
+                #[step(1)] v: Blend,
+                #[step(2, args(x = "v"))] pred: Predict,
+                #[step(3, args(x = "pred"))] out2: Sq,
+                #[step(4, args(x = "out2"))] g: Predict,
+            }}"#
+        ))
+        .unwrap();
+        // One anchor a pass: the second GEMV starts a part; what it reads is stored.
+        assert_eq!(steps(&p), [vec![0, 1, 2], vec![3]]);
+        assert_eq!(p.parts[0].ir.describe(), "Axpby -> Gemv -> Square");
+        assert_eq!(p.parts[0].output.as_deref(), Some("out2"));
+    }
+
+    #[test]
+    fn repeated_steps_run_in_one_pass() {
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{ #[step(1, repeat = 170)] a: Blend, #[step(2, args(x = "a"), repeat = 3)] t: Total }}"#
+        ));
+        let e = p.unwrap_err().to_string();
+        assert!(
+            e.contains("`repeat` needs a chain that runs on its own output"),
+            "{e}"
+        );
+        let p = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{ #[step(1, repeat = 170)] a: Blend, #[step(2, args(x = "a"))] t: Total }}"#
+        ))
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0, 1]]);
+        assert_eq!(
+            p.parts[0].ir.describe(),
+            "Axpby x 170 -> Square -> SumReduction"
+        );
+        let e = compose_in(&format!(
+            r#"{CHAINS}
+            #[derive(Pipeline)]
+            struct P {{ #[step(1, repeat = 4097)] a: Blend }}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("from 1 to 4096"), "{e}");
+    }
+
+    #[test]
+    fn bad_pipelines_are_refused_where_written() {
+        let err = |body: &str| {
+            compose_in(&format!(
+                "{CHAINS}\n#[derive(Pipeline)] struct P {{ {body} }}"
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(err("").contains("at least one step"));
+        assert!(err("#[step(1)] a: Nope").contains("no chain `Nope` is declared"));
+        assert!(err("#[step(1)] a: Blend, #[step(3)] b: Blend").contains("expected step 2"));
+        assert!(err("#[step(1)] a: Blend, #[step(1)] b: Blend").contains("used twice"));
+        let e = err(r#"#[step(1, args(z = "q"))] a: Blend"#);
+        assert!(
+            e.contains("renames `z`, which chain `Blend` does not take"),
+            "{e}"
+        );
+        assert!(e.contains("x, y, alpha, beta, out"), "{e}");
+        let e = err(r#"#[step(1)] t: Total, #[step(2, args(x = "t"))] b: Blend"#);
+        assert!(e.contains("ends in a reduction"), "{e}");
+        let e = err(r#"#[step(1)] a: Blend, #[step(2, args(alpha = "a"))] b: Blend"#);
+        assert!(e.contains("is an f32 here but a buffer in step `a`"), "{e}");
+        let e = err(r#"#[step(1, depth = 2)] a: Blend"#);
+        assert!(e.contains("unknown step attribute `depth`"), "{e}");
+        assert!(err("a: Blend").contains("has no #[step(n)]"));
+    }
+
+    #[test]
+    fn the_documented_pipeline_composes_as_documented() {
+        // docs/pipelines.md, "Build-time pipelines".
+        let p = compose_in(
+            r#"
+            #[derive(FusionBuilder)] #[fusion(domain = "mine")]
+            pub struct Blend { #[stage(1)] blend: Axpby }
+            #[derive(FusionBuilder)] #[fusion(domain = "mine")]
+            pub struct Product { #[stage(1)] gemv: Gemv }
+            #[derive(FusionBuilder)] #[fusion(domain = "mine")]
+            pub struct SumSquares { #[stage(1)] s: Square, #[stage(2)] t: SumReduction }
+            #[derive(Pipeline)]
+            pub struct Step {
+                #[step(1, args(y = "c"))] smooth: Blend,
+                #[step(2, args(x = "smooth", y = "c"), repeat = 8)] more: Blend,
+                #[step(3, args(x = "more", a = "w"))] pred: Product,
+                #[step(4, args(x = "pred"))] total: SumSquares,
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(steps(&p), [vec![0, 1, 2, 3]]);
+        assert_eq!(
+            p.parts[0].ir.describe(),
+            "Axpby -> Axpby x 8 -> Gemv -> Square -> SumReduction"
+        );
+        let names: Vec<&str> = p.parts[0].ir.args.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["x", "c", "alpha", "beta", "w", "n", "m"]);
+        assert!(
+            p.parts[0]
+                .ir
+                .dims
+                .iter()
+                .any(|d| d.name == "m" && d.inferred_from.is_none())
+        );
     }
 }
