@@ -758,8 +758,15 @@ fn build_time_pipelines(rt: &Runtime) {
                 );
             }
             // w and Σ w² from the z the device stored: the steps after a stored buffer.
-            let (ww, _) = gemv(&b, &wide(zg), m, m);
-            assert_vec_close(wg, &ww, &format!("{what}: run {run}, w, m = {m}"));
+            let (ww, wscale) = gemv(&b, &wide(zg), m, m);
+            for i in 0..m {
+                assert!(
+                    (f64::from(wg[i]) - ww[i]).abs() <= 1e-5 * wscale[i] + 1e-6,
+                    "{what}: run {run}, w[{i}] of {m}: got {}, f64 reference {}",
+                    wg[i],
+                    ww[i]
+                );
+            }
             let sum: f64 = ww.iter().map(|v| v * v).sum();
             let got = r.get(items.total).unwrap();
             assert!(
@@ -795,12 +802,16 @@ fn build_time_pipelines(rt: &Runtime) {
         let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
         let mut p = rt.pipeline();
         let (xi, ci) = (p.input(&xb), p.input(&cb));
-        let items = Blend170Steps::push(&mut p, xi, ci, 0.5, 0.25).unwrap();
-        let got = match p.wait() {
-            Ok(r) => r.get(items.total).unwrap(),
+        // Launched variants run an item at its push, so an error may come there or at the wait.
+        let got = match Blend170Steps::push(&mut p, xi, ci, 0.5, 0.25)
+            .and_then(|items| p.wait()?.get(items.total))
+        {
+            Ok(v) => v,
             // The unfused-graph variant's documented refusal of long graphs beside a resident
             // manifold (see repeated_stages_match_dependent_items).
-            Err(e) if rt.config().variant == Variant::UnfusedGraph => {
+            Err(e @ Error::GraphUnavailable { .. })
+                if rt.config().variant == Variant::UnfusedGraph =>
+            {
                 eprintln!("{what}: {e}");
                 return;
             }
