@@ -13,6 +13,10 @@ same inputs (the counter-based generator of bench/src/cases.rs, reproduced bit f
   * torch.compile <mode>      -- inductor (its own CUDA graphs off); max-autotune, or default with
                                  --quick (autotuning every case takes minutes)
   * torch.compile <mode> + CUDA graph -- the compiled function captured with torch.cuda.graph
+For the dependent-steps cases, also hand-written CUDA (bench/probes/dependent_steps.cu, built
+with nvcc where it is installed): the same steps as one kernel launch each, as a CUDA graph, and as
+a graph with programmatic dependent launch (PDL), the pipeline peer of the issue that asked for
+pipelines. Their inputs are the probe's own, so their values are not cross-checked.
 Each call is timed on the host from the call to the result being usable on the host (a scalar is
 copied to pinned host memory asynchronously, inside the graph where there is one, then the stream
 is synchronised; a tensor result is synchronised), after warm-up, for about a second (a tenth
@@ -26,8 +30,12 @@ import argparse
 import datetime
 import json
 import math
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -267,6 +275,59 @@ def nvidia_smi(query):
         return None
 
 
+# The dependent-steps cases and the probe's stage counts by size.
+DEPENDENT_STEPS = ("dependent_steps_waited", "dependent_steps_pipeline", "dependent_steps_kept",
+                   "dependent_steps_fused")
+STEPS_BY_SIZE = {"small": 8, "medium": 32, "large": 170}
+CUDA_PEERS = {"launches": "CUDA launches (hand-written)", "graph": "CUDA graph (hand-written)",
+              "graph+PDL": "CUDA graph + PDL (hand-written)"}
+
+
+def cuda_peers(chains, sizes):
+    """The hand-written CUDA peers of the dependent-steps cases: (results, refused)."""
+    wanted = [c for c in chains if c in DEPENDENT_STEPS]
+    if not wanted:
+        return [], []
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                    if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "dependent_steps.cu")
+    def refuse_all(reason):
+        print(f"REFUSED hand-written CUDA peers: {reason}", flush=True)
+        return [], [dict(chain=c, size=z, variant=v, reason=reason) for c in wanted for z in sizes
+                     for v in CUDA_PEERS.values()]
+    if nvcc is None:
+        return refuse_all("nvcc is not installed here")
+    exe = os.path.join(tempfile.mkdtemp(), "dependent_steps")
+    try:
+        subprocess.run([nvcc, "-O3", "-arch=native", "-o", exe, src], check=True,
+                       capture_output=True, text=True)
+        out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+    except (subprocess.CalledProcessError, OSError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        return refuse_all(f"the probe did not build or run: {detail.strip().splitlines()[-1:]}")
+    line = re.compile(r"^elementwise 4096, (launches|graph|graph\+PDL)\s+(\d+) stages\s+"
+                      r"median\s+([\d.]+) us\s+p99\s+([\d.]+) us")
+    results = []
+    for text in out.splitlines():
+        m = line.match(text)
+        if not m:
+            continue
+        kind, stages, med, p99 = m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4))
+        for size, n in STEPS_BY_SIZE.items():
+            if n != stages or size not in sizes:
+                continue
+            for chain in wanted:
+                results.append(dict(chain=chain, size=size, shape=f"{stages} steps of n = 4096",
+                                    x=float(stages), variant=CUDA_PEERS[kind],
+                                    host_us=dict(median=med, p99=p99, reps=500), device_us=None,
+                                    gbps=12 * 4096 * stages / (med * 1e3),
+                                    tflops=3 * 4096 * stages / (med * 1e6),
+                                    max_rel_err=None, value=None))
+            print(f"{'dependent_steps':<18} {size:<7} {CUDA_PEERS[kind]:<40} median {med:10.2f} µs  "
+                  f"p99 {p99:10.2f} µs", flush=True)
+    return results, []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -396,6 +457,10 @@ def main():
                       f"p99 {host['p99']:10.2f} µs{cross}", flush=True)
         del inputs
         torch.cuda.empty_cache()
+
+    more, gone = cuda_peers(wanted_chains, wanted_sizes)
+    results += more
+    refused += gone
 
     smi = nvidia_smi("name,driver_version")
     name, driver = (smi.split(", ") + ["", ""])[:2] if smi else (torch.cuda.get_device_name(), "")
