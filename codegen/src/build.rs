@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::nvrtc::Nvrtc;
+use crate::nvrtc::{Nvrtc, NvrtcError};
+use crate::project::CodegenError;
 use crate::project::{
     DEPENDENCY_OPS_ENV, DEV_FOLDER, LIBRARY_FOLDER, OP_SOURCES_KEY, Project, plan_trees,
 };
@@ -68,6 +69,16 @@ pub fn build_script() {
 
     let trees = match plan_trees(&root) {
         Ok(t) => t,
+        // A chain or file that does not compile: rustc and the derive report it where it is
+        // written, and generated code stays as it is meanwhile (nothing is deleted).
+        Err(CodegenError::InvalidSources { problems }) => {
+            for p in &problems {
+                println!(
+                    "cargo:warning=pptm: {p} (generated code is left as it is until this compiles)"
+                );
+            }
+            return;
+        }
         Err(e) => fail(&format!("pptm codegen: {e}")),
     };
     let verify_only = std::env::var("PPTM_CODEGEN").is_ok_and(|v| v == "verify");
@@ -84,7 +95,15 @@ pub fn build_script() {
             .collect::<Vec<_>>()
             .join("\n");
         if nvrtc.is_none() && !verify_only {
-            nvrtc = Nvrtc::find().ok();
+            nvrtc = match Nvrtc::find() {
+                Ok(n) => Some(n),
+                // Not installed: the error below says how to get it.
+                Err(NvrtcError::NotFound { .. }) => None,
+                // PPTM_NVRTC naming nothing, a library that does not load, the wrong version.
+                Err(e) => fail(&format!(
+                    "pptm: {folder}/ is stale:\n{reasons}\nand NVRTC cannot regenerate it: {e}"
+                )),
+            };
         }
         match &nvrtc {
             Some(nvrtc) => match project.regenerate(plan, nvrtc) {
@@ -101,9 +120,10 @@ pub fn build_script() {
             },
             None => fail(&format!(
                 "pptm: {folder}/ is stale:\n{reasons}\n\
-                 Run `{}` on a machine with NVRTC 13.0 and commit {folder}/.\n\
+                 Run `{}` on a machine with NVRTC 13.0 (build.rs regenerates it) and commit \
+                 {folder}/.\n\
                  NVRTC: {}{}",
-                crate::REGENERATE_COMMAND,
+                crate::regenerate_command(&root),
                 crate::NVRTC_INSTALL_HINT,
                 if verify_only {
                     "\n(PPTM_CODEGEN=verify: this build does not regenerate)"

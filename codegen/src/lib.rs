@@ -30,8 +30,24 @@ pub const CODEGEN_VERSION: u32 = 3;
 /// which is what H100 and H200 load.
 pub const ARCHS: &[&str] = &["compute_80", "compute_90", "compute_90a"];
 
-/// The command that regenerates `generated/` (named in every staleness error).
+/// The command that regenerates `generated/` in pptm's own workspace (its `xtask` alias).
 pub const REGENERATE_COMMAND: &str = "cargo xtask codegen";
+
+/// The command that regenerates the generated code of the crate at `root`, as it can be run
+/// there: pptm's `cargo xtask codegen` inside a workspace that has that alias (a
+/// `.cargo/config.toml` defining `xtask` in `root` or a folder above it), else a plain build,
+/// whose build.rs regenerates when NVRTC is installed.
+pub fn regenerate_command(root: &std::path::Path) -> String {
+    let has_xtask = root.ancestors().any(|dir| {
+        std::fs::read_to_string(dir.join(".cargo/config.toml"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim_start().starts_with("xtask")))
+    });
+    if has_xtask {
+        REGENERATE_COMMAND.to_string()
+    } else {
+        "cargo build".to_string()
+    }
+}
 
 /// How to get the pinned NVRTC (named when NVRTC is needed and missing).
 pub const NVRTC_INSTALL_HINT: &str = "python3 -m pip install nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 \

@@ -17,6 +17,12 @@ pub const PINNED_VERSION: (i32, i32) = (13, 0);
 pub enum NvrtcError {
     #[error("NVRTC not found (looked in: {}); install it with: {}", searched.join(", "), crate::NVRTC_INSTALL_HINT)]
     NotFound { searched: Vec<String> },
+    #[error(
+        "PPTM_NVRTC is `{path}`, where there is no NVRTC library (no such file, nor libnvrtc.so.13 \
+         in such a folder): point it at libnvrtc.so.13 or its folder, or unset it. {}",
+        crate::NVRTC_INSTALL_HINT
+    )]
+    BadEnv { path: String },
     #[error("cannot load {path}: {msg}")]
     Load { path: String, msg: String },
     #[error("NVRTC at {path} is version {}.{}; pptm pins {}.{} (newer PTX does not load on driver 580). {}",
@@ -74,6 +80,8 @@ impl Nvrtc {
     /// Finds and loads NVRTC: `$PPTM_NVRTC` (a file or a folder), then the `nvidia/cu13/lib` folder of
     /// python3's site-packages (the pip wheels), then /usr/local/cuda.
     pub fn find() -> Result<Self, NvrtcError> {
+        // A PPTM_NVRTC that names nothing is a mistake to report, not a reason to look elsewhere.
+        check_env(std::env::var_os("PPTM_NVRTC").map(PathBuf::from))?;
         let candidates = candidates();
         for path in &candidates {
             if path.is_file() {
@@ -262,6 +270,23 @@ impl Nvrtc {
     }
 }
 
+/// `PPTM_NVRTC`'s value, if set, must name libnvrtc.so.13 or a folder holding it.
+fn check_env(value: Option<PathBuf>) -> Result<(), NvrtcError> {
+    let Some(p) = value else { return Ok(()) };
+    let file = if p.is_dir() {
+        p.join("libnvrtc.so.13")
+    } else {
+        p.clone()
+    };
+    if file.is_file() {
+        Ok(())
+    } else {
+        Err(NvrtcError::BadEnv {
+            path: p.display().to_string(),
+        })
+    }
+}
+
 /// Where NVRTC is looked for, in order.
 fn candidates() -> Vec<PathBuf> {
     const LIB: &str = "libnvrtc.so.13";
@@ -289,4 +314,27 @@ fn candidates() -> Vec<PathBuf> {
     }
     out.push(PathBuf::from("/usr/local/cuda/lib64").join(LIB));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pptm_nvrtc_naming_nothing_is_an_error() {
+        assert!(check_env(None).is_ok());
+        let e = check_env(Some(PathBuf::from("/nonexistent/libnvrtc.so.13"))).unwrap_err();
+        assert!(matches!(e, NvrtcError::BadEnv { .. }));
+        let shown = e.to_string();
+        assert!(
+            shown.contains("PPTM_NVRTC is `/nonexistent/libnvrtc.so.13`"),
+            "{shown}"
+        );
+        // A folder without the library is no better.
+        let dir = std::env::temp_dir();
+        assert!(
+            matches!(check_env(Some(dir.clone())), Err(NvrtcError::BadEnv { .. }))
+                || dir.join("libnvrtc.so.13").is_file()
+        );
+    }
 }

@@ -27,6 +27,13 @@ pub enum CodegenError {
         file: String,
         domain: String,
     },
+    #[error(
+        "{} declaration(s) of the crate do not compile, so its generated code is left as it is \
+         until they do:\n{}",
+        problems.len(),
+        problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n")
+    )]
+    InvalidSources { problems: Vec<scan::Problem> },
     #[error("{what} {path}: {err}")]
     Io {
         what: &'static str,
@@ -254,6 +261,13 @@ impl Project {
             &strs(&self.skip),
             &self.dependency_ops,
         )?;
+        // A declaration that does not compile would read as a chain removed: its domain's code
+        // would be deleted. Nothing is planned until it compiles.
+        if !found.problems.is_empty() {
+            return Err(CodegenError::InvalidSources {
+                problems: found.problems,
+            });
+        }
         let mut by_domain: BTreeMap<String, Vec<ChainIr>> = BTreeMap::new();
         for c in found.chains {
             if let Some(d) = owned.iter().find(|d| d.name == c.domain) {
@@ -660,6 +674,72 @@ mod tests {
             "{reasons:?}"
         );
         std::fs::remove_dir_all(&p.root).unwrap();
+    }
+
+    #[test]
+    fn declarations_that_do_not_compile_leave_generated_code_alone() {
+        let p = fixture("invalid", KL);
+        let plan = p.plan().unwrap();
+        fake_generate(&p, &plan);
+        // A typo in an op name: not "domain `inference` no longer has any chain", but the
+        // macro's own message, where it is written; nothing is planned (so nothing deleted).
+        std::fs::write(
+            p.root.join("src/lib.rs"),
+            format!("\n{}", KL.replace("KlDivergence", "KlDivergense")),
+        )
+        .unwrap();
+        let Err(CodegenError::InvalidSources { problems }) = p.plan() else {
+            panic!("a chain that does not validate must stop planning");
+        };
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let shown = problems[0].to_string();
+        assert!(
+            shown.starts_with("src/lib.rs:3:") && shown.contains("unknown op `KlDivergense`"),
+            "{shown}"
+        );
+        // A file that does not parse, and a pipeline that does not compose.
+        std::fs::write(p.root.join("src/broken.rs"), "fn f( {").unwrap();
+        std::fs::write(
+            p.root.join("src/lib.rs"),
+            format!("{KL}\n#[derive(Pipeline)] struct P {{ #[step(1)] a: Nope }}"),
+        )
+        .unwrap();
+        let Err(e @ CodegenError::InvalidSources { .. }) = p.plan() else {
+            panic!("problems must stop planning");
+        };
+        let e = e.to_string();
+        assert!(e.contains("src/broken.rs:1:"), "{e}");
+        assert!(
+            e.contains("src/lib.rs:3:") && e.contains("no chain `Nope`"),
+            "{e}"
+        );
+        assert!(e.contains("left as it is"), "{e}");
+        std::fs::remove_file(p.root.join("src/broken.rs")).unwrap();
+        std::fs::write(p.root.join("src/lib.rs"), KL).unwrap();
+        assert_eq!(p.verify(&p.plan().unwrap()), Vec::<String>::new());
+        std::fs::remove_dir_all(&p.root).unwrap();
+    }
+
+    #[test]
+    fn the_regenerate_command_is_one_that_exists_where_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("pptm-regen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("app/deep")).unwrap();
+        assert_eq!(
+            crate::regenerate_command(&dir.join("app/deep")),
+            "cargo build"
+        );
+        std::fs::create_dir_all(dir.join(".cargo")).unwrap();
+        std::fs::write(
+            dir.join(".cargo/config.toml"),
+            "[alias]\nxtask = \"run --package xtask --\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            crate::regenerate_command(&dir.join("app/deep")),
+            "cargo xtask codegen"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

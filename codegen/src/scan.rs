@@ -3,8 +3,10 @@
 //! `#[derive(Pipeline)]` (each a chain of its own). Ops of the crate's own (`#[pptm::op]`
 //! functions, in any of its files) are found first, so chains can name them.
 //!
-//! Files that do not parse and chains that do not validate are skipped: rustc and the derive macro
-//! report those, with spans, when the crate itself compiles.
+//! Files that do not parse, and chains or pipelines that do not validate, are listed as
+//! [`Problem`]s (file, line, the macro's message): while there are any, generated code is left as
+//! it is (a typo must not delete a domain's PTX), and rustc and the derive macro report them, with
+//! spans, when the crate itself compiles.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,10 +17,49 @@ use pptm_spec::parse::{
 use pptm_spec::{ChainIr, ChainSpec};
 use syn::visit::Visit;
 
+/// A declaration that does not compile: a file that does not parse, a chain or a pipeline that
+/// does not validate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Relative to the crate's root.
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    /// What the derive macro (or rustc's parser) says.
+    pub message: String,
+}
+
+impl Problem {
+    fn of(file: &Path, e: &syn::Error) -> Self {
+        let at = e.span().start();
+        Problem {
+            file: file.to_path_buf(),
+            line: at.line,
+            column: at.column + 1,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+}
+
 /// Chains found, one per distinct spec (identical declarations in several files count once).
 #[derive(Debug, Default)]
 pub struct Found {
     pub chains: Vec<ChainIr>,
+    /// Declarations that do not compile (see [`Problem`]).
+    pub problems: Vec<Problem>,
     /// Every .rs file read for chains, relative to the root.
     pub files: Vec<PathBuf>,
     /// The first file (relative to the root) that declares each chain, by spec hash.
@@ -51,9 +92,13 @@ pub fn rust_files(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<PathB
     Ok(files)
 }
 
-/// The files among `files` (relative to `root`) that parse, with their paths; rustc reports the
-/// others.
-fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<(PathBuf, syn::File)>, ScanError> {
+/// The files among `files` (relative to `root`) that parse, with their paths; the others are
+/// [`Problem`]s in `problems` (rustc reports them too).
+fn parse_files_noting(
+    root: &Path,
+    files: &[PathBuf],
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<(PathBuf, syn::File)>, ScanError> {
     let mut parsed = Vec::with_capacity(files.len());
     for rel in files {
         let path = root.join(rel);
@@ -61,11 +106,17 @@ fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<(PathBuf, syn::File
             path: path.display().to_string(),
             err,
         })?;
-        if let Ok(file) = syn::parse_file(&text) {
-            parsed.push((rel.clone(), file));
+        match syn::parse_file(&text) {
+            Ok(file) => parsed.push((rel.clone(), file)),
+            Err(e) => problems.push(Problem::of(rel, &e)),
         }
     }
     Ok(parsed)
+}
+
+/// [`parse_files_noting`] where the caller does not report problems.
+fn parse_files(root: &Path, files: &[PathBuf]) -> Result<Vec<(PathBuf, syn::File)>, ScanError> {
+    parse_files_noting(root, files, &mut Vec::new())
 }
 
 /// The ops of the crate's own (`#[pptm::op]` functions) in `dirs` of `root`: what build.rs lowers
@@ -90,7 +141,7 @@ pub fn chain_specs(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<Chai
     for (_, file) in parse_files(root, &files)? {
         let mut v = Visitor::default();
         v.visit_file(&file);
-        specs.extend(v.specs);
+        specs.extend(v.chains.into_iter().map(|c| c.spec));
     }
     Ok(specs)
 }
@@ -126,21 +177,26 @@ pub fn scan(
     let specs = chain_specs(root, op_dirs, skip)?;
     let lookup = |name: &str| specs.iter().filter(|c| c.name == name).collect::<Vec<_>>();
     let files = rust_files(root, dirs, skip)?;
-    let parsed = parse_files(root, &files)?;
+    let mut problems = Vec::new();
+    let parsed = parse_files_noting(root, &files, &mut problems)?;
     let mut by_hash: BTreeMap<String, ChainIr> = BTreeMap::new();
     let mut origins = BTreeMap::new();
     for (rel, file) in &parsed {
         let mut v = Visitor::default();
         v.visit_file(file);
-        let mut irs: Vec<ChainIr> = v
-            .specs
-            .iter()
-            .filter_map(|spec| pptm_spec::lower_with(spec, &ops).ok())
-            .collect();
-        // A pipeline's parts; one that does not compose is skipped (the derive reports it).
+        problems.extend(v.errors.iter().map(|e| Problem::of(rel, e)));
+        let mut irs: Vec<ChainIr> = Vec::new();
+        for chain in &v.chains {
+            match chain.lower_with(&ops) {
+                Ok(ir) => irs.push(ir),
+                Err(e) => problems.push(Problem::of(rel, &e)),
+            }
+        }
+        // A pipeline's parts.
         for p in &v.pipelines {
-            if let Ok(ir) = p.compose(&lookup, &ops) {
-                irs.extend(ir.parts.into_iter().map(|part| part.ir));
+            match p.compose(&lookup, &ops) {
+                Ok(ir) => irs.extend(ir.parts.into_iter().map(|part| part.ir)),
+                Err(e) => problems.push(Problem::of(rel, &e)),
             }
         }
         for ir in irs {
@@ -169,6 +225,7 @@ pub fn scan(
     }
     Ok(Found {
         chains,
+        problems,
         files,
         origins,
     })
@@ -209,24 +266,27 @@ fn collect_rs(
     Ok(())
 }
 
-/// The chain and pipeline declarations of one file (those that parse).
+/// The chain and pipeline declarations of one file, and the errors of those that do not parse.
 #[derive(Default)]
 struct Visitor {
-    specs: Vec<ChainSpec>,
+    chains: Vec<pptm_spec::parse::ParsedChain>,
     pipelines: Vec<pptm_spec::parse::ParsedPipeline>,
+    errors: Vec<syn::Error>,
 }
 
 impl<'ast> Visit<'ast> for Visitor {
     fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
         if derives_fusion_builder(&item.attrs) {
             let input = syn::DeriveInput::from(item.clone());
-            if let Ok(p) = parse_chain(&input) {
-                self.specs.push(p.spec);
+            match parse_chain(&input) {
+                Ok(p) => self.chains.push(p),
+                Err(e) => self.errors.push(e),
             }
         } else if derives_pipeline(&item.attrs) {
             let input = syn::DeriveInput::from(item.clone());
-            if let Ok(p) = parse_pipeline(&input) {
-                self.pipelines.push(p);
+            match parse_pipeline(&input) {
+                Ok(p) => self.pipelines.push(p),
+                Err(e) => self.errors.push(e),
             }
         }
         syn::visit::visit_item_struct(self, item);
@@ -282,6 +342,18 @@ mod tests {
             .map(|c| (c.domain.as_str(), c.name.as_str()))
             .collect();
         assert_eq!(names, [("inference", "KlComplexity"), ("stats", "Total")]);
+        // What does not compile is listed where it is written.
+        let problems: Vec<String> = found.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("src/deep/broken.rs:1:"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("src/deep/invalid.rs:1:")
+                && problems[1].contains("expected stage 1 here, found 2"),
+            "{problems:?}"
+        );
         assert_eq!(found.files.len(), 5);
         assert_eq!(
             found.origins.get(&found.chains[0].spec_hash),
