@@ -1115,6 +1115,23 @@ impl<'p> Pipeline<'p> {
         self.collect()
     }
 
+    /// As [`Pipeline::wait`], for async code: dispatches what is not yet, then awaits every plan
+    /// without blocking the task's thread (pptm's watcher thread wakes it), and returns what
+    /// `wait` returns.
+    pub async fn wait_async(mut self) -> Result<PipeResults> {
+        self.flush()?;
+        for p in 0..self.plans.len() {
+            if let Some(ticket) = self.plans[p]
+                .flight
+                .as_ref()
+                .and_then(|f| f.ticket.as_ref())
+            {
+                std::future::poll_fn(|cx| ticket.poll_ready(cx)).await;
+            }
+        }
+        self.collect()
+    }
+
     /// As [`Pipeline::wait`], and keeps the pipeline to run again, as many times as wanted, with
     /// the same items on the same buffers ([`KeptPipeline::run`]): like a CUDA graph, recorded
     /// once and replayed. On the manifolds each later run submits its plans again with their

@@ -105,7 +105,9 @@ enum State {
     Taken,
 }
 
-/// A submitted item. Resolve it with [`Ticket::wait`] or [`Ticket::wait_timeout`].
+/// A submitted item. Resolve it with [`Ticket::wait`] or [`Ticket::wait_timeout`], or `.await` it
+/// (it is a `Future` of the same result): async code waits without a thread of its own, one
+/// background thread of pptm's watching every awaited item.
 ///
 /// The ticket borrows the buffers it was submitted with (`'a`), so they can be neither freed nor
 /// rewritten while the device may use them. Dropping a pending ticket therefore waits for its item
@@ -256,6 +258,22 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         }
     }
 
+    /// Ready once the result is available; until then, `cx`'s waker is woken when it is.
+    pub(crate) fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match &self.state {
+            State::Pending { manifold, cell } => {
+                if manifold.poll(cell) {
+                    return std::task::Poll::Ready(());
+                }
+                crate::gpu::watcher::watch(manifold, cell, cx.waker());
+                // A result that came between the poll and the watch still wakes the task: the
+                // watcher polls every watch it holds.
+                std::task::Poll::Pending
+            }
+            State::Ready(_) | State::Taken => std::task::Poll::Ready(()),
+        }
+    }
+
     fn take(&mut self, deadline: Option<Instant>) -> Result<Completion> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),
@@ -316,6 +334,26 @@ pub(crate) fn resolve(
             chain: c.chain,
             reason: c.reason.clone(),
         }),
+    }
+}
+
+/// `ticket.await` resolves to what [`Ticket::wait`] returns, without blocking the task's thread.
+/// A ticket dropped before it resolves waits for its item, as it does outside async code (it
+/// borrows buffers the device may still write).
+impl<R: ChainOutput> std::future::Future for Ticket<'_, R> {
+    type Output = Result<R>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.poll_ready(cx) {
+            std::task::Poll::Ready(()) => {
+                std::task::Poll::Ready(this.take(None).map(|c| R::from_completion(&c)))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
     }
 }
 

@@ -405,6 +405,11 @@ impl Manifold {
         unreachable!()
     }
 
+    /// [`Manifold::check_alive`] for the async watcher (runtime/src/gpu/watcher.rs).
+    pub(crate) fn check_alive_now(&self) {
+        self.check_alive();
+    }
+
     /// Notices a kernel that exited or faulted without being asked to: fails every pending item
     /// (a fault, with the item that was running).
     fn check_alive(&self) {

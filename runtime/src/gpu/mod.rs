@@ -13,6 +13,7 @@ pub(crate) mod queue;
 #[cfg(all(test, loom))]
 mod queue_loom;
 pub(crate) mod signals;
+pub(crate) mod watcher;
 
 pub(crate) use driver::Device;
 pub(crate) use launched::Launcher;
