@@ -138,7 +138,7 @@ fn pipelines_resolve_as_futures(rt: &Runtime) {
         let results = match first {
             Poll::Ready(r) => r.unwrap(),
             Poll::Pending => one_thread()
-                .block_on(tokio::time::timeout(Duration::from_secs(60), waiting))
+                .block_on(async { tokio::time::timeout(Duration::from_secs(60), waiting).await })
                 .expect("the watcher wakes the task")
                 .unwrap(),
         };
