@@ -1,7 +1,7 @@
 // Stand-alone probe (nvcc -O3 -arch=sm_90 -o probe bench/probes/fence_barrier.cu && ./probe) on a GPU host:
 // the cost of fence.acq_rel at gpu and sys scope after a block wrote to global memory, and a
 // counter grid barrier (one red.release.gpu add per block, an acquire spin on a monotonic target)
-// against cooperative_groups grid.sync(). Figures from an H200 are in README.md (Status).
+// against cooperative_groups grid.sync(). Figures from an H200 are in docs/internals.md.
 #include <cstdio>
 #include <cstdint>
 #include <vector>
