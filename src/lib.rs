@@ -33,10 +33,15 @@
 //! `generated/` (versioned PTX) → `runtime/` (queue, manifolds, backends) → `kernels/` (the device
 //! loop and the op library).
 
+//! [`guide`] walks through the API in runnable examples.
+
+#![warn(missing_docs)]
+
 // Lets the derive macro's `::pptm::...` paths resolve inside this crate too.
 extern crate self as pptm;
 
 pub mod chains;
+pub mod guide;
 pub mod ops;
 pub mod timing;
 
