@@ -283,6 +283,26 @@ CUDA_PEERS = {"launches": "CUDA launches (hand-written)", "graph": "CUDA graph (
               "graph+PDL": "CUDA graph + PDL (hand-written)"}
 
 
+class Progress:
+    """A progress bar on stderr, one line per step (so it interleaves cleanly with the results
+    printed on stdout): how many steps are done, the time so far, and the case being timed."""
+
+    def __init__(self, total):
+        self.total, self.steps, self.start = total, 0, time.monotonic()
+
+    def step(self, what):
+        width = 24
+        filled = width * self.steps // max(self.total, 1)
+        self.steps += 1
+        bar = "#" * filled + "-" * (width - filled)
+        print(f"[{bar}] {self.steps}/{self.total} {time.monotonic() - self.start:5.0f} s  {what}",
+              file=sys.stderr, flush=True)
+
+    def done(self):
+        print(f"[{'#' * 24}] {self.total}/{self.total} {time.monotonic() - self.start:5.0f} s",
+              file=sys.stderr, flush=True)
+
+
 def cuda_peers(chains, sizes):
     """The hand-written CUDA peers of the dependent-steps cases: (results, refused)."""
     wanted = [c for c in chains if c in DEPENDENT_STEPS]
@@ -367,9 +387,9 @@ def main():
                     pptm_values[(m["chain"], m["size"])] = m["value"]
 
     results, refused = [], []
-    for chain, size, shape, x, nbytes, flops, make, fn, scalar in cases(torch):
-        if chain not in wanted_chains or size not in wanted_sizes:
-            continue
+    selected = [c for c in cases(torch) if c[0] in wanted_chains and c[1] in wanted_sizes]
+    progress = Progress(len(selected) * len(variants))
+    for chain, size, shape, x, nbytes, flops, make, fn, scalar in selected:
         inputs = make(torch.float32)
         with torch.no_grad():
             want = fn(*make(torch.float64)) if chain not in ("distance_kth", "te_reduction") \
@@ -387,6 +407,7 @@ def main():
 
             for v in variants:
                 name = names[v]
+                progress.step(f"{chain} {size} {name}")
                 try:
                     if v == "eager":
                         f = lambda: to_host(fn(*inputs))
@@ -458,6 +479,7 @@ def main():
         del inputs
         torch.cuda.empty_cache()
 
+    progress.done()
     more, gone = cuda_peers(wanted_chains, wanted_sizes)
     results += more
     refused += gone
