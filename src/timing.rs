@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 /// Median and 99th percentile of a set of timings, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
+    /// The median timing, in microseconds.
     pub median_us: f64,
+    /// The 99th percentile, in microseconds (the largest timing, with 100 repetitions or fewer).
     pub p99_us: f64,
+    /// How many timings the figures come from.
     pub reps: usize,
 }
 

@@ -12,6 +12,8 @@
 //! Without NVRTC nothing is compiled: the committed PTX is used, and its manifest's input hash is
 //! checked against the sources, so a stale `generated/` fails the build with the command to run.
 
+#![warn(missing_docs)]
+
 pub mod cuda;
 pub mod kernels;
 pub mod manifest;

@@ -5,36 +5,51 @@
 
 use std::fmt::Write;
 
+/// The manifest's name inside the generated folder.
 pub const FILE_NAME: &str = "manifest.txt";
+/// The version of the manifest's layout (its `format` line); [`Manifest::parse`] refuses any other.
 pub const FORMAT: u32 = 1;
 
+/// The whole manifest: one generated folder's contents and provenance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
     /// NVRTC that produced the PTX, e.g. `13.0 V13.0.88`.
     pub nvrtc: String,
+    /// One entry per domain that has generated code.
     pub domains: Vec<DomainEntry>,
 }
 
+/// A domain's line and the `file` and `chain` lines under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainEntry {
+    /// The domain's name: its folder under generated/.
     pub name: String,
     /// SHA-256 over everything that determines the generated code (see `project::input_hash`).
     pub input_hash: String,
+    /// The PTX targets it was generated for ([`crate::ARCHS`]), including any whose PTX was not
+    /// written because another arch's is the same but for its `.target` line.
     pub archs: Vec<String>,
     /// (path relative to generated/, SHA-256 of its contents)
     pub files: Vec<(String, String)>,
+    /// The chains its translation unit holds.
     pub chains: Vec<ChainEntry>,
 }
 
+/// One chain of a domain: what the derive macro looks for to know its chain was generated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainEntry {
+    /// The chain's struct name.
     pub name: String,
+    /// The chain's identity ([`pptm_spec::ChainIr::spec_hash`]), searched for as `spec=<hash>`.
     pub spec_hash: String,
+    /// Its opcode in the domain's manifold.
     pub opcode: u32,
+    /// Its stages' op names in data-flow order, comma-separated (for reviewers of the diff).
     pub stages: String,
 }
 
 impl Manifest {
+    /// The manifest as the text written to [`FILE_NAME`].
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str("# pptm generated code: written by pptm-codegen; do not edit.\n");
@@ -67,6 +82,8 @@ impl Manifest {
         s
     }
 
+    /// Reads a manifest back from its text (the error names the line it cannot read, or the one
+    /// that is missing).
     pub fn parse(text: &str) -> Result<Manifest, String> {
         let mut nvrtc = None;
         let mut format = None;

@@ -13,31 +13,61 @@ use libloading::Library;
 /// The NVRTC major.minor pptm pins.
 pub const PINNED_VERSION: (i32, i32) = (13, 0);
 
+/// Why NVRTC could not be loaded, or did not compile a translation unit.
 #[derive(Debug, thiserror::Error)]
 pub enum NvrtcError {
+    /// No candidate path holds NVRTC.
     #[error("NVRTC not found (looked in: {}); install it with: {}", searched.join(", "), crate::NVRTC_INSTALL_HINT)]
-    NotFound { searched: Vec<String> },
+    NotFound {
+        /// The paths tried, in order.
+        searched: Vec<String>,
+    },
+    /// `PPTM_NVRTC` names neither an NVRTC library nor a folder that holds one.
     #[error(
         "PPTM_NVRTC is `{path}`, where there is no NVRTC library (no such file, nor libnvrtc.so.13 \
          in such a folder): point it at libnvrtc.so.13 or its folder, or unset it. {}",
         crate::NVRTC_INSTALL_HINT
     )]
-    BadEnv { path: String },
+    BadEnv {
+        /// The variable's value.
+        path: String,
+    },
+    /// The library (or one of its symbols) could not be loaded.
     #[error("cannot load {path}: {msg}")]
-    Load { path: String, msg: String },
-    #[error("NVRTC at {path} is version {}.{}; pptm pins {}.{} (newer PTX does not load on driver 580). {}",
-        found.0, found.1, PINNED_VERSION.0, PINNED_VERSION.1, crate::NVRTC_INSTALL_HINT)]
-    WrongVersion { path: String, found: (i32, i32) },
-    #[error("{call} failed: {msg} (nvrtcResult {code})")]
-    Api {
-        call: &'static str,
-        code: c_int,
+    Load {
+        /// The library's path, with ` (symbol name)` for a missing symbol.
+        path: String,
+        /// What the dynamic loader said.
         msg: String,
     },
+    /// The library is not the pinned version ([`PINNED_VERSION`]).
+    #[error("NVRTC at {path} is version {}.{}; pptm pins {}.{} (newer PTX does not load on driver 580). {}",
+        found.0, found.1, PINNED_VERSION.0, PINNED_VERSION.1, crate::NVRTC_INSTALL_HINT)]
+    WrongVersion {
+        /// The library's path.
+        path: String,
+        /// Its major and minor version.
+        found: (i32, i32),
+    },
+    /// An NVRTC call other than the compilation itself failed.
+    #[error("{call} failed: {msg} (nvrtcResult {code})")]
+    Api {
+        /// The NVRTC function's name.
+        call: &'static str,
+        /// The `nvrtcResult` it returned.
+        code: c_int,
+        /// `nvrtcGetErrorString` of it.
+        msg: String,
+    },
+    /// The translation unit did not compile, or compiled with warnings (generated code must
+    /// compile cleanly).
     #[error("NVRTC could not compile {name} for {arch}:\n{log}")]
     Compile {
+        /// The translation unit's name.
         name: String,
+        /// The `--gpu-architecture` it was compiled for (`?` if the options name none).
         arch: String,
+        /// NVRTC's program log.
         log: String,
     },
 }
@@ -143,10 +173,12 @@ impl Nvrtc {
         Ok(nvrtc)
     }
 
+    /// NVRTC's major and minor version (always [`PINNED_VERSION`] once loaded).
     pub fn version(&self) -> (i32, i32) {
         self.version
     }
 
+    /// The library it was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
     }

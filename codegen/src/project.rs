@@ -11,33 +11,50 @@ use crate::manifest::{self, ChainEntry, DomainEntry, Manifest};
 use crate::nvrtc::{Nvrtc, NvrtcError};
 use crate::scan::{self, ScanError};
 
+/// Why a crate's generated code could not be planned, written or checked.
 #[derive(Debug, thiserror::Error)]
 pub enum CodegenError {
+    /// The sources could not be scanned.
     #[error(transparent)]
     Scan(#[from] ScanError),
+    /// NVRTC could not be loaded or did not compile a translation unit.
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    /// A chain of tests, examples or benches names a domain of the library's.
     #[error(
         "chain `{chain}` ({file}) joins domain `{domain}`, which the library's chains (src/) declare. \
          Chains of tests, examples and benches take domains of their own, so that the library's \
          PTX holds only the library's chains: name another domain in its #[fusion(domain = ...)]"
     )]
     SharedDomain {
+        /// The chain's name.
         chain: String,
+        /// The first file that declares it, relative to the crate's root.
         file: String,
+        /// The library's domain it names.
         domain: String,
     },
+    /// Some declarations do not compile; nothing is planned, so that their chains' code is not
+    /// deleted as if they were gone.
     #[error(
         "{} declaration(s) of the crate do not compile, so its generated code is left as it is \
          until they do:\n{}",
         problems.len(),
         problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n")
     )]
-    InvalidSources { problems: Vec<scan::Problem> },
+    InvalidSources {
+        /// Each declaration that does not compile, with where and why.
+        problems: Vec<scan::Problem>,
+    },
+    /// A file or folder of the generated code could not be created, written, moved or removed
+    /// (or the working directory could not be read).
     #[error("{what} {path}: {err}")]
     Io {
+        /// What was being done to it ("cannot write", "cannot move into place").
         what: &'static str,
+        /// The file or folder.
         path: String,
+        /// What the OS said.
         err: std::io::Error,
     },
 }
@@ -54,6 +71,7 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 /// ([`Project::library`]) or the one of its tests, examples and benches ([`Project::dev`]).
 #[derive(Debug, Clone)]
 pub struct Project {
+    /// The crate's root (where its Cargo.toml is); every relative path here is relative to it.
     pub root: PathBuf,
     /// Folders scanned for chains, relative to `root`.
     pub source_dirs: Vec<String>,
@@ -111,10 +129,13 @@ pub const DEV_FOLDER: &str = "generated-dev";
 /// Everything to generate for one domain.
 #[derive(Debug, Clone)]
 pub struct DomainPlan {
+    /// The domain's name: its folder in the generated code.
     pub name: String,
+    /// The domain's chains (and pipeline parts), lowered.
     pub chains: Vec<ChainIr>,
     /// The CUDA C translation unit.
     pub source: String,
+    /// [`input_hash`] of `source`: what decides whether the committed PTX is fresh.
     pub input_hash: String,
 }
 

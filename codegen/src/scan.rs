@@ -23,7 +23,9 @@ use syn::visit::Visit;
 pub struct Problem {
     /// Relative to the crate's root.
     pub file: PathBuf,
+    /// The line the error points at, from 1.
     pub line: usize,
+    /// The column the error points at, from 1 (as compilers print it).
     pub column: usize,
     /// What the derive macro (or rustc's parser) says.
     pub message: String,
@@ -57,6 +59,7 @@ impl std::fmt::Display for Problem {
 /// Chains found, one per distinct spec (identical declarations in several files count once).
 #[derive(Debug, Default)]
 pub struct Found {
+    /// The chains (and pipeline parts) that lower, sorted by domain, name and spec hash.
     pub chains: Vec<ChainIr>,
     /// Declarations that do not compile (see [`Problem`]).
     pub problems: Vec<Problem>,
@@ -66,17 +69,31 @@ pub struct Found {
     pub origins: BTreeMap<String, PathBuf>,
 }
 
+/// Why the sources could not be scanned (a declaration that does not compile is a [`Problem`]
+/// instead, collected in [`Found::problems`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
+    /// A source file or folder could not be read.
     #[error("cannot read {path}: {err}")]
-    Io { path: String, err: std::io::Error },
+    Io {
+        /// The file or folder, as given (joined to the root).
+        path: String,
+        /// What the OS said.
+        err: std::io::Error,
+    },
+    /// Two chains of one domain hash to the same opcode, so the manifold could not tell their
+    /// items apart.
     #[error(
         "chains `{a}` and `{b}` of domain `{domain}` have the same opcode 0x{opcode:08x}; rename one"
     )]
     OpcodeCollision {
+        /// The domain both chains join.
         domain: String,
+        /// One chain's name (the first in name order).
         a: String,
+        /// The other's.
         b: String,
+        /// The opcode both have.
         opcode: u32,
     },
 }

@@ -18,6 +18,8 @@
 //! * a `const` check that generated/manifest.txt lists this exact chain, so a stale generated/
 //!   fails to compile with the command that regenerates it.
 
+#![warn(missing_docs)]
+
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{format_ident, quote};
@@ -27,6 +29,9 @@ use syn::{DeriveInput, parse_macro_input};
 use pptm_spec::parse::{parse_chain, parse_pipeline};
 use pptm_spec::{ArgKind, ChainIr, ChainOutput, DType};
 
+/// `#[derive(FusionBuilder)]`: declares the struct a fusion chain, each field a stage
+/// (`#[stage(n, ...)]`) in the domain `#[fusion(domain = "...")]` names; what it emits is listed
+/// in the crate docs.
 #[proc_macro_derive(FusionBuilder, attributes(fusion, stage))]
 pub fn derive_fusion_builder(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);

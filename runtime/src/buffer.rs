@@ -117,14 +117,17 @@ impl<T: Element> Buffer<T> {
         })
     }
 
+    /// The buffer's length, in elements.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The element type: `T`'s [`Element::DTYPE`].
     pub fn dtype(&self) -> DType {
         T::DTYPE
     }

@@ -9,8 +9,11 @@ use pptm_spec::ChainIr;
 pub struct DomainCode {
     /// Identifies the manifold: `<crate>/<domain>` (two crates may both have a domain `inference`).
     pub key: &'static str,
+    /// The domain's name, as `#[fusion(domain = "...")]` gives it and errors and logs show it.
     pub name: &'static str,
+    /// Loaded on GPUs of compute capability 8.x (Ampere, Ada).
     pub ptx_compute_80: &'static str,
+    /// Loaded on GPUs of compute capability above 9.0: `ptx_compute_90a` runs on sm_90 alone.
     pub ptx_compute_90: &'static str,
     /// Loaded on sm_90 (H100, H200): wgmma and TMA where the domain has a bf16/fp16 tensor stage.
     pub ptx_compute_90a: &'static str,
@@ -43,11 +46,13 @@ pub trait Chain: 'static {
     type Args: bytemuck::Pod;
     /// What a completed submission yields: `f32` for a chain ending in a reduction, else `()`.
     type Output: ChainOutput;
+    /// The chain's struct's name, as errors and logs name the chain.
     const NAME: &'static str;
     /// SHA-256 of the chain's normalised spec; also lists it in generated/manifest.txt.
     const SPEC_HASH: &'static str;
     /// The variant's opcode in its manifold.
     const OPCODE: u32;
+    /// The code of the domain whose manifold runs the chain.
     const DOMAIN: &'static DomainCode;
     /// The lowered chain (argument layout, stages, CPU reference).
     fn ir() -> Result<&'static ChainIr, Error>;
@@ -59,8 +64,11 @@ pub trait Chain: 'static {
 pub enum Arg<'a> {
     /// An input buffer: `Arg::Input("q", (&q).into())`.
     Input(&'static str, InputBuffer<'a>),
+    /// The f32 buffer the chain writes, borrowed until its ticket resolves.
     Output(&'static str, &'a mut Buffer<f32>),
+    /// An f32 passed by value.
     F32(&'static str, f32),
+    /// A u32 passed by value.
     U32(&'static str, u32),
     /// The size of a dimension no buffer's length gives (a matrix's column count).
     Dim(&'static str, usize),
@@ -70,9 +78,13 @@ pub enum Arg<'a> {
 /// operands of a tensor-core stage. `From` converts a typed buffer reference.
 #[derive(Debug, Clone, Copy)]
 pub enum InputBuffer<'a> {
+    /// A buffer of f32.
     F32(&'a Buffer<f32>),
+    /// A buffer of bf16, a tensor-core stage's matrix operand.
     Bf16(&'a Buffer<bf16>),
+    /// A buffer of fp16, a tensor-core stage's matrix operand.
     F16(&'a Buffer<f16>),
+    /// A buffer of fp8 (e4m3), a tensor-core stage's matrix operand.
     F8E4M3(&'a Buffer<F8E4M3>),
 }
 
@@ -101,6 +113,7 @@ impl<'a> From<&'a Buffer<F8E4M3>> for InputBuffer<'a> {
 }
 
 impl InputBuffer<'_> {
+    /// The buffer's element type, which the runtime checks against the chain's.
     pub fn dtype(&self) -> DType {
         match self {
             InputBuffer::F32(b) => b.dtype(),
@@ -110,6 +123,7 @@ impl InputBuffer<'_> {
         }
     }
 
+    /// The buffer's length, in elements.
     pub fn len(&self) -> usize {
         match self {
             InputBuffer::F32(b) => b.len(),
@@ -119,6 +133,7 @@ impl InputBuffer<'_> {
         }
     }
 
+    /// Whether the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -168,6 +183,7 @@ impl InputBuffer<'_> {
 }
 
 impl Arg<'_> {
+    /// The argument's name, as in the chain (errors name it so).
     pub fn name(&self) -> &'static str {
         match self {
             Arg::Input(n, _)
@@ -203,7 +219,11 @@ impl Arg<'_> {
 /// A completion as the device (or the CPU backend) reports it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Completion {
+    /// The item's status word: 0 (`PPTM_STATUS_OK`) when it succeeded, else why not (the other
+    /// `PPTM_STATUS_*` in kernels/pptm/abi.h).
     pub status: u32,
+    /// The item's scalar: a reducing chain's result; for a chain that writes a buffer, the
+    /// sampled error of its guarded stage where it has one (runtime/src/guard.rs), else 0.
     pub value: f64,
     /// Time the item took on the device, where the backend measures it: the manifold from its
     /// first block taking the item to its last block finishing it (%globaltimer), the launched
@@ -215,6 +235,8 @@ pub struct Completion {
 
 /// Converts a completion into a chain's result type.
 pub trait ChainOutput: Sized + Send + 'static {
+    /// The result of a completed item: its value as an `f32`, or `()` for a chain that writes a
+    /// buffer.
     fn from_completion(c: &Completion) -> Self;
 }
 

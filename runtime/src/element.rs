@@ -12,6 +12,7 @@ mod sealed {
 pub trait Element:
     bytemuck::Pod + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
 {
+    /// The element type as chains and errors name it.
     const DTYPE: DType;
     /// The exact value as an f64 (the CPU backend computes on these).
     fn to_f64(self) -> f64;

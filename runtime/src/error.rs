@@ -16,23 +16,31 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed: {name} ({description})")]
     Driver {
+        /// The driver function that failed (`cuInit`, `cuModuleLoadDataEx`, ...).
         call: &'static str,
+        /// The name of the driver's error code (`CUDA_ERROR_...`).
         name: String,
+        /// The driver's description of that code (empty where it has none).
         description: String,
     },
 
     /// Loading a domain's PTX failed (the JIT log says why).
     #[error("cannot load the PTX of domain `{domain}` for {arch}: {log}")]
     ModuleLoad {
+        /// The domain whose PTX was loading (`?` where the failing check does not know it).
         domain: &'static str,
+        /// The PTX target chosen for the GPU: `compute_80`, `compute_90` or `compute_90a`.
         arch: &'static str,
+        /// The JIT's error log, or what else was wrong with the module.
         log: String,
     },
 
     /// The manifold of a domain could not be made resident.
     #[error("cannot launch the manifold of domain `{domain}`: {reason}")]
     Launch {
+        /// The domain whose manifold could not start.
         domain: &'static str,
+        /// Why, and where there is one, what to do about it.
         reason: String,
     },
 
@@ -40,9 +48,13 @@ pub enum Error {
     /// buffers' lengths and the sizes passed to `submit`.
     #[error("`{chain}`: argument `{arg}` has {got} elements, but {rule} makes {expected}")]
     LengthMismatch {
+        /// The chain submitted (its struct's name).
         chain: &'static str,
+        /// The argument whose buffer has the wrong length, named as in the chain.
         arg: &'static str,
+        /// The element count the chain's shapes give that buffer.
         expected: usize,
+        /// The element count the buffer holds.
         got: usize,
         /// Where the expectation comes from: another buffer, or dimension sizes.
         rule: String,
@@ -53,69 +65,110 @@ pub enum Error {
     /// can meet this).
     #[error("`{chain}`: argument `{arg}` must be a buffer of {expected}, got one of {got}")]
     DTypeMismatch {
+        /// The chain submitted (its struct's name).
         chain: &'static str,
+        /// The argument the buffer was passed as, named as in the chain.
         arg: &'static str,
+        /// The element type the chain reads for that argument.
         expected: crate::DType,
+        /// The element type of the buffer passed.
         got: crate::DType,
     },
 
     /// A host slice's length differs from the buffer's.
     #[error("buffer holds {buffer} elements but the slice has {slice}")]
-    SliceLength { buffer: usize, slice: usize },
+    SliceLength {
+        /// The buffer's length, in elements.
+        buffer: usize,
+        /// The host slice's length, in elements.
+        slice: usize,
+    },
 
     /// A buffer passed to a runtime it does not belong to.
     #[error(
         "`{chain}`: buffer `{arg}` belongs to another runtime (or backend); allocate it with this runtime"
     )]
     ForeignBuffer {
+        /// The chain submitted (its struct's name).
         chain: &'static str,
+        /// The argument the buffer was passed as, named as in the chain.
         arg: &'static str,
     },
 
     /// Device memory handed to [`crate::Runtime::wrap_device_memory`] or
     /// [`crate::Runtime::wrap_cuda_slice`] cannot be a buffer of this runtime.
     #[error("cannot use this device memory as a pptm buffer: {reason}")]
-    ForeignMemory { reason: String },
+    ForeignMemory {
+        /// What is wrong with it: a null or misaligned pointer, memory that is not device memory
+        /// of pptm's context, or a range past the end of its allocation.
+        reason: String,
+    },
 
     /// A CUDA stream handed to [`crate::Runtime::wait_for_stream`] or
     /// [`crate::Ticket::signal_stream`] cannot be ordered with this runtime's items: it belongs to
     /// another context, or the backend has no GPU.
     #[error("cannot order pptm's items with this CUDA stream: {reason}")]
-    ForeignStream { reason: String },
+    ForeignStream {
+        /// Why: the stream belongs to another CUDA context, or the runtime runs on the CPU.
+        reason: String,
+    },
 
     /// A chain was given the wrong arguments (the generated `submit` never does this).
     #[error("`{chain}`: {reason}")]
-    BadArguments { chain: &'static str, reason: String },
+    BadArguments {
+        /// The chain submitted (its struct's name), or `pipeline` for a handle used with the
+        /// wrong pipeline.
+        chain: &'static str,
+        /// What was wrong with the arguments.
+        reason: String,
+    },
 
-    /// Every submission slot holds an item that has not completed (from `try_submit`).
     /// An item of a pipeline failed; the items after it ran on what it left, so the pipeline
     /// reports no results.
     #[error("pipeline item {item} (`{chain}`) failed: {source}")]
     PipelineItem {
+        /// The failed item's position in its pipeline, from 0 (its
+        /// [`PipeItem::index`](crate::PipeItem::index)).
         item: usize,
+        /// The failed item's chain (its struct's name).
         chain: &'static str,
+        /// How the item itself failed.
         source: Box<Error>,
     },
+    /// Every submission slot holds an item that has not completed (from
+    /// [`Runtime::try_submit_chain`](crate::Runtime::try_submit_chain), which does not wait).
     #[error("the submission queue is full ({capacity} items in flight)")]
-    QueueFull { capacity: usize },
+    QueueFull {
+        /// The queue's slots, `Config::queue_slots`: the most items in flight.
+        capacity: usize,
+    },
 
     /// A pipeline's items of one domain need more plan memory than the manifold has: raise
     /// `Config::plan_arena_bytes`, or wait on the pipeline in parts.
     #[error(
         "the pipeline's plan needs {bytes} bytes of plan arena, more than Config::plan_arena_bytes ({capacity}); raise it or wait on the pipeline in parts"
     )]
-    PlanTooLarge { bytes: u64, capacity: u64 },
+    PlanTooLarge {
+        /// The plan memory those items need, in bytes.
+        bytes: u64,
+        /// The size of the manifold's plan arena, `Config::plan_arena_bytes`.
+        capacity: u64,
+    },
 
     /// A pipeline loop that pptm cannot run as asked; the reason says why and what to do.
     #[error("pipeline loop: {reason}")]
-    PipelineLoop { reason: String },
+    PipelineLoop {
+        /// Why pptm refuses the loop, and what to do instead.
+        reason: String,
+    },
 
     /// A wait ran out of time. A ticket that timed out can be waited on again.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
 
-    /// A submission from inside [`Runtime::quiesce`]'s closure: the manifolds are parked until it
-    /// returns, so the item could never run. Submit after `quiesce` returns.
+    /// A submission from inside [`Runtime::quiesce`](crate::Runtime::quiesce)'s closure: the
+    /// manifolds are parked until it returns, so the item could never run. Submit after `quiesce`
+    /// returns.
     #[error(
         "pptm work was submitted inside Runtime::quiesce, while the manifolds are parked; submit it after quiesce returns"
     )]
@@ -128,7 +181,10 @@ pub enum Error {
     /// The manifold stopped unexpectedly (a device fault or a kernel that exited).
     #[error("the manifold of domain `{domain}` stopped: {reason}")]
     ManifoldStopped {
+        /// The domain whose manifold stopped.
         domain: &'static str,
+        /// What stopped it: a driver error, a device fault, a hang, the kernel exiting without
+        /// being told to, or a shutdown that did not finish in time.
         reason: String,
     },
 
@@ -148,12 +204,17 @@ pub enum Error {
         }
     )]
     Hang {
+        /// The domain of the item that made no progress.
         domain: &'static str,
+        /// How the runtime ran it (`Config::variant`): the manifold, or a launched variant.
         variant: crate::Variant,
         /// The item that was running (sequence number in its manifold's queue) and its chain.
         seq: u64,
+        /// The running item's chain (its struct's name).
         chain: &'static str,
+        /// How long the watchdog saw no progress.
         stalled: Duration,
+        /// Whether the kernel left when told to abort, so that the next submission can run.
         recovered: bool,
     },
 
@@ -164,9 +225,13 @@ pub enum Error {
         "device fault in the manifold of domain `{domain}` while it ran item {seq} (`{chain}`): {reason}"
     )]
     DeviceFault {
+        /// The domain whose manifold was running when the device faulted.
         domain: &'static str,
+        /// The running item's sequence number in its manifold's queue.
         seq: u64,
+        /// The running item's chain (its struct's name).
         chain: &'static str,
+        /// The fault, as the driver reports it.
         reason: String,
     },
 
@@ -175,13 +240,20 @@ pub enum Error {
     #[error(
         "`{chain}`: a stage declared `finite = true` produced a NaN or an infinity (the outputs were still written)"
     )]
-    NonFinite { chain: &'static str },
+    NonFinite {
+        /// The chain the item ran (its struct's name).
+        chain: &'static str,
+    },
 
     /// The device rejected an item.
     #[error("the device reported status {status} ({meaning}) for `{chain}`")]
     Device {
+        /// The rejected item's chain (its struct's name), or `pipeline plan` for a pipeline's
+        /// plan.
         chain: &'static str,
+        /// The completion's status word (`PPTM_STATUS_*` in kernels/pptm/abi.h).
         status: u32,
+        /// What that status means.
         meaning: &'static str,
     },
 
@@ -191,7 +263,12 @@ pub enum Error {
 
     /// The chain's compiled-in description disagrees with this pptm (a version mismatch).
     #[error("chain `{chain}` does not match this version of pptm: {reason}")]
-    ChainMismatch { chain: &'static str, reason: String },
+    ChainMismatch {
+        /// The chain (its struct's name).
+        chain: &'static str,
+        /// What disagrees.
+        reason: String,
+    },
 
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
@@ -199,11 +276,19 @@ pub enum Error {
 
     /// Memory could not be allocated.
     #[error("out of memory allocating {bytes} bytes")]
-    OutOfMemory { bytes: usize },
+    OutOfMemory {
+        /// The size of the allocation that failed.
+        bytes: usize,
+    },
 
     /// A buffer too large to describe.
     #[error("{what} of {len} elements is too large")]
-    TooLarge { what: &'static str, len: usize },
+    TooLarge {
+        /// What was too large (`a buffer`, `an unfused stage's output`).
+        what: &'static str,
+        /// Its length in elements (`usize::MAX` where the size overflowed before it was known).
+        len: usize,
+    },
 
     /// `Variant::UnfusedGraph` met a new shape beside a resident manifold and had no executable
     /// graph of its node count to reuse; instantiating one there can hang the driver
@@ -215,8 +300,11 @@ pub enum Error {
          starts, or use Variant::Unfused"
     )]
     GraphUnavailable {
+        /// The domain of the chain submitted.
         domain: &'static str,
+        /// The kernel nodes the graph needs: one per stage of the chain.
         stages: usize,
+        /// How many executable graphs of that node count refused to be updated to this item.
         refused: usize,
     },
 
@@ -227,7 +315,12 @@ pub enum Error {
          a manifold is resident (the driver can hang); drop idle runtimes, or create every runtime \
          before the first submission"
     )]
-    DriverObjectsUnavailable { what: &'static str, made: usize },
+    DriverObjectsUnavailable {
+        /// What ran out: `streams`, `events`, or `stream signal lines`.
+        what: &'static str,
+        /// How many of them there are, every one in use.
+        made: usize,
+    },
 }
 
 impl Error {
@@ -248,4 +341,5 @@ impl Error {
     }
 }
 
+/// The result of a runtime call: [`Error`] unless another error type is named.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

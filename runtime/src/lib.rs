@@ -13,6 +13,8 @@
 //! polls the ring, the grid runs the fused variant, the last block to finish writes the completion,
 //! and the waiting thread reads it directly — no launch, no interrupt, no completion thread.
 
+#![warn(missing_docs)]
+
 mod buffer;
 mod chain;
 mod cpu;

@@ -76,10 +76,16 @@ impl From<PipeOutput> for PipeInput<'_> {
 /// descriptor order, as `submit` builds [`Arg`]s).
 #[derive(Debug, Clone, Copy)]
 pub enum PipeArg<'p> {
+    /// A buffer the item reads: one of [`Pipeline::input`], or a [`PipeOutput`] an earlier item
+    /// writes.
     Input(&'static str, PipeInput<'p>),
+    /// The buffer the item writes ([`Pipeline::output`]).
     Output(&'static str, PipeOutput),
+    /// An f32 passed by value.
     F32(&'static str, f32),
+    /// A u32 passed by value.
     U32(&'static str, u32),
+    /// The size of a dimension no buffer's length gives (a matrix's column count).
     Dim(&'static str, usize),
 }
 

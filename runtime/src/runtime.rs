@@ -580,6 +580,7 @@ impl Runtime {
         Ok(rt)
     }
 
+    /// Which backend runs this runtime's chains: the GPU, or the CPU's f64 reference code.
     pub fn backend(&self) -> BackendKind {
         match self.backend {
             Backend::Cpu { .. } => BackendKind::Cpu,
@@ -587,6 +588,7 @@ impl Runtime {
         }
     }
 
+    /// The configuration the runtime was made with.
     pub fn config(&self) -> &Config {
         &self.config
     }

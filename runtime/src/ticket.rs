@@ -12,6 +12,7 @@ use crate::guard::GuardNote;
 /// A chain's result with the time its item took on the device and how it computed its products.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timed<R> {
+    /// The chain's result, as [`Ticket::wait`] returns it.
     pub value: R,
     /// From the manifold's first block taking the item to its last block finishing it
     /// (`%globaltimer`, whose resolution depends on the GPU), or between CUDA events around the

@@ -6,14 +6,20 @@ use std::str::FromStr;
 /// Arithmetic precision of a stage (`precision = "..."` in `#[stage]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Precision {
+    /// f64 arithmetic on f32 inputs, which are widened exactly.
     Fp64,
+    /// f32 arithmetic: the default when a stage names no precision.
     Fp32,
+    /// Matrix operands stored as bfloat16 (see [`crate::DType::matrix_storage`]).
     Bf16,
+    /// Matrix operands stored as IEEE binary16.
     Fp16,
+    /// Matrix operands stored as fp8 E4M3.
     Fp8,
 }
 
 impl Precision {
+    /// Every precision, widest first (the order the error message lists them in).
     pub const ALL: [Precision; 5] = [
         Precision::Fp64,
         Precision::Fp32,
@@ -22,6 +28,7 @@ impl Precision {
         Precision::Fp8,
     ];
 
+    /// The name written in `precision = "..."` (and shown by `Display`).
     pub fn name(self) -> &'static str {
         match self {
             Precision::Fp64 => "fp64",

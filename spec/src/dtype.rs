@@ -9,9 +9,13 @@ use crate::Precision;
 /// output is f32. The runtime's `Buffer<T>` carries one of these for each element type it supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE 754 binary32: every output, and every input not stored in a narrower type.
     F32,
+    /// IEEE 754 binary64.
     F64,
+    /// Signed 32-bit integer.
     I32,
+    /// Unsigned 32-bit integer.
     U32,
     /// bfloat16: f32's exponent range with an 8-bit significand.
     Bf16,
@@ -23,6 +27,7 @@ pub enum DType {
 }
 
 impl DType {
+    /// The Rust-style lowercase name (`f32`, `bf16`, `f8e4m3`), as `Display` shows it.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",

@@ -9,6 +9,8 @@
 //! Each op is defined once, in [`ops`]: its signature, its fusion class, the device function that
 //! implements it (in `kernels/pptm/ops/`), and its f64 CPU reference.
 
+#![warn(missing_docs)]
+
 mod chain;
 mod dtype;
 mod lower;
@@ -79,6 +81,7 @@ pub mod work {
     /// Output tile of a tensor-core matmul (bf16/fp16 operands, `mma.sync` m16n8k16): 128 rows by
     /// 64 columns, each of a block's 16 warps owning 32 x 16 of it.
     pub const MMA_LARGE_ROWS: usize = 128;
+    /// Columns of a large tensor-core matmul tile (see [`MMA_LARGE_ROWS`]).
     pub const MMA_LARGE_COLS: usize = 64;
     /// Output tile edge of a tensor-core matmul whose large tiles would be too few to give every
     /// SM one (64 x 64, each warp owning 16 x 16: twice the blocks).

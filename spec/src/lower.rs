@@ -45,7 +45,10 @@ pub enum ArgKind {
 /// One argument word of the chain's descriptor, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArgSlot {
+    /// The argument's name: the op parameter's (or its `args(...)` rename), `out`, a dimension's
+    /// name, or `guard_level`; unique within the chain.
     pub name: String,
+    /// What the word holds.
     pub kind: ArgKind,
     /// For buffers: the chain dimensions of the buffer, outermost first (row-major).
     pub shape: Vec<usize>,
@@ -59,6 +62,8 @@ pub struct ArgSlot {
 /// One dimension of a chain (a size shared by the buffers and stages that use it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DimIr {
+    /// The op letter it was first bound to (`n`, `m`, `rows`...), given a `_len` or number
+    /// suffix where an argument already has that name.
     pub name: String,
     /// The descriptor slot that carries its size.
     pub slot: usize,
@@ -80,9 +85,20 @@ pub enum ChainOutput {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shape {
     /// A row-major tensor over these chain dimensions, `channels` values per element.
-    Tensor { dims: Vec<usize>, channels: u8 },
+    Tensor {
+        /// Indices into [`ChainIr::dims`], outermost first.
+        dims: Vec<usize>,
+        /// Values per element, interleaved: 1 but downstream of a multi-channel pairwise op
+        /// (`RadiusCount` of `SubspaceDistances` gives 3 counts per point).
+        channels: u8,
+    },
     /// One value per pair of the points of this dimension (never stored).
-    Pairs { dim: usize, channels: u8 },
+    Pairs {
+        /// The points' dimension, an index into [`ChainIr::dims`].
+        dim: usize,
+        /// Values per pair (`SubspaceDistances` gives 3).
+        channels: u8,
+    },
     /// One value.
     Scalar,
 }
@@ -100,10 +116,15 @@ impl Shape {
 /// One stage after lowering.
 #[derive(Debug, Clone)]
 pub struct StageIr {
+    /// The struct field that declared the stage (documentation only).
     pub field: String,
+    /// The `n` of `#[stage(n)]` (shared by every step of a `repeat = k` stage).
     pub number: u32,
+    /// The op the stage runs, from the catalog or the user's own.
     pub op: &'static OpDef,
+    /// `precision = "..."`, [`Precision::Fp32`] if not written.
     pub precision: Precision,
+    /// `tensor_eligible = true`: the op's tensor-core path runs it.
     pub tensor: bool,
     /// One source per op input.
     pub inputs: Vec<Source>,
@@ -155,17 +176,24 @@ impl StageIr {
 /// stages (elementwise on the scalar, by-value arguments only) run on the result there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
+    /// Elementwise stages only, fused into one functor per element.
     Map,
+    /// Anchored on a `Gemv` (`A x`).
     Gemv,
+    /// Anchored on a `GemvT` (`Aᵀ x`).
     GemvT,
+    /// Anchored on a `Matmul` or a `BatchedMatmul`.
     Matmul,
+    /// Anchored on a pairwise op and the row reduction after it.
     Pairwise,
+    /// Anchored on a reduction with `per_row = true`.
     Rows,
 }
 
 /// A chain's fusion plan; stage indices into [`ChainIr::stages`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
+    /// The pass pattern the anchor (or its absence) selects.
     pub pattern: Pattern,
     /// The output-fusable or pairwise stage, or a `Rows` pass's row-wise reduction; for
     /// `Pairwise`, the row reduction is `anchor + 1`.
@@ -174,6 +202,8 @@ pub struct Plan {
     pub prologue: std::ops::Range<usize>,
     /// Elementwise/broadcast stages after the anchor, before the reduction.
     pub epilogue: std::ops::Range<usize>,
+    /// The reduction to one value that ends the pass, if the chain has one (a row-wise
+    /// reduction is the anchor instead, or the anchor's partner in `Pairwise`).
     pub reduction: Option<usize>,
     /// Stages after the reduction, applied to its scalar.
     pub finish: std::ops::Range<usize>,
@@ -182,12 +212,20 @@ pub struct Plan {
 /// A validated chain: stages in data-flow order, the descriptor's argument layout, its identity.
 #[derive(Debug, Clone)]
 pub struct ChainIr {
+    /// The declaring struct's name.
     pub name: String,
+    /// The manifold that hosts the chain (a folder under generated/).
     pub domain: String,
+    /// In data-flow order; a `repeat = k` stage appears k times over.
     pub stages: Vec<StageIr>,
+    /// The descriptor's argument words: buffers and by-value arguments in order of first use,
+    /// `out`, one word per dimension, then the guard level if a stage is guarded.
     pub args: Vec<ArgSlot>,
+    /// The chain's dimensions, which [`Shape`]s and [`ArgSlot::shape`] index into.
     pub dims: Vec<DimIr>,
+    /// Whether a submission hands back a scalar or writes `out`.
     pub output: ChainOutput,
+    /// How the stages fuse into one pass.
     pub plan: Plan,
     /// Normalised text of the chain (defaults applied); what the hash covers.
     pub canonical: String,
@@ -200,7 +238,9 @@ pub struct ChainIr {
 /// Which part of the declaration an error is about, so the macro can point at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {
+    /// The chain as a whole (the struct's name).
     Chain,
+    /// The `domain = "..."` of `#[fusion(...)]`.
     Domain,
     /// The `n` of `#[stage(n)]` of the stage at this declaration index.
     StageNumber(usize),
@@ -213,114 +253,216 @@ pub enum Blame {
 /// Why a chain is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
+    /// The struct has no `#[stage]` field.
     #[error(
         "a fusion chain needs at least one stage: add fields marked #[stage(1)], #[stage(2)], ..."
     )]
     Empty,
+    /// The `domain = "..."` of `#[fusion(...)]`, carried as written, is not a valid domain name.
     #[error(
         "domain \"{0}\" is not a valid domain name: use lowercase ASCII letters, digits and '_', starting with a letter"
     )]
     BadDomain(String),
+    /// Two stages have the same `#[stage(n)]`.
     #[error("stage number {number} is used twice")]
-    DuplicateStage { stage: usize, number: u32 },
+    DuplicateStage {
+        /// The later-declared stage's index in declaration order (what the macro points at).
+        stage: usize,
+        /// The number both stages have.
+        number: u32,
+    },
+    /// The stage numbers are not exactly 1..=k.
     #[error(
         "stage numbers must run 1, 2, 3, ... without gaps: expected stage {expected} here, found {found}"
     )]
     StageGap {
+        /// The declaration index of the first stage, in number order, whose number is out of place.
         stage: usize,
+        /// The number this position in stage-number order should have.
         expected: u32,
+        /// The number the stage has.
         found: u32,
     },
+    /// The stage's type names no built-in op and none of the user's own.
     #[error("unknown op `{name}`{hint}")]
     UnknownOp {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The op name as written.
         name: String,
+        /// The closest known name (`; did you mean ...?`), or the list of known ops.
         hint: String,
     },
+    /// A `#[pptm::op]` of the user's has a built-in op's name.
     #[error("`{name}`: an op of your own has the name of a built-in op; give it another name")]
-    OpShadowed { stage: usize, name: String },
+    OpShadowed {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The name both have.
+        name: String,
+    },
+    /// Two different `#[pptm::op]`s of the user's have one name.
     #[error(
         "`{name}`: two ops of your own have this name (two `#[pptm::op] fn`s of one name); rename one"
     )]
-    OpTwice { stage: usize, name: String },
+    OpTwice {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The name both have.
+        name: String,
+    },
+    /// `reduction = ...` contradicts the op's fusion class.
     #[error("`{op}` {is} a reduction, but the stage says `reduction = {said}`")]
     ReductionMismatch {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// "is" or "is not", for the message.
         is: &'static str,
+        /// The `reduction = ...` as written.
         said: bool,
     },
+    /// `tensor_eligible = true` on an op with no tensor-core precisions.
     #[error("`{op}` has no tensor-core path; remove `tensor_eligible = true`")]
-    TensorUnsupported { stage: usize, op: &'static str },
+    TensorUnsupported {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The stage's op.
+        op: &'static str,
+    },
+    /// `finite = true` on an op whose values stay inside its pass pattern (not an elementwise,
+    /// broadcast or reduction op).
     #[error(
         "`{op}`: `finite` is checked where elementwise and reduction stages compute their values; \
          {op}'s values stay inside its pattern. Put `finite = true` on an elementwise stage after it \
          (an activation, a bias) or on the reduction"
     )]
-    FiniteUnsupported { stage: usize, op: &'static str },
+    FiniteUnsupported {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The stage's op.
+        op: &'static str,
+    },
+    /// `tolerance = x` is out of range, or on a stage the accuracy guard cannot watch.
     #[error("`{op}`: `tolerance` {reason}")]
     ToleranceUnsupported {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// What is wrong, completing "`tolerance` ...".
         reason: String,
     },
+    /// The precision is one the op offers only with `tensor_eligible = true`.
     #[error(
         "`{op}` implements precision \"{precision}\" only on tensor cores: add `tensor_eligible = true` to the stage"
     )]
     TensorRequired {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// The precision asked for.
         precision: Precision,
     },
+    /// The op does not offer the precision (on the cores the stage asked for).
     #[error("`{op}` does not implement precision \"{precision}\" (it implements {supported})")]
     PrecisionUnsupported {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// The precision asked for.
         precision: Precision,
+        /// The precisions it does offer, quoted and listed, with " on tensor cores" if the
+        /// stage asked for them.
         supported: String,
     },
+    /// The stage's input does not have the shape (or channel count) the previous stage produces.
     #[error(
         "`{op}` needs {needs} as its input, but the stage before it (`{prev}`) produces {gives}"
     )]
     FlowMismatch {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// What the op takes, in words ("a vector", "3 value(s) per element").
         needs: String,
+        /// The op of the stage before it in data flow.
         prev: &'static str,
+        /// What that stage produces, in words.
         gives: String,
     },
+    /// A chain argument is used with two types, shapes or storage types, or a row argument has no
+    /// tensor flow to broadcast along.
     #[error("`{op}`: argument `{arg}` {reason}")]
     ArgConflict {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// The chain argument's name (after `args(...)` renames).
         arg: String,
+        /// What clashes, completing "argument `x` ...".
         reason: String,
     },
+    /// `per_row = true` on an op that is not a reduction.
     #[error(
         "`{op}` is not a reduction: `per_row = true` makes a reduction (SumReduction, MaxReduction, \
          an #[pptm::op(reduction)], ...) fold each row of a matrix into one value"
     )]
-    PerRowUnsupported { stage: usize, op: &'static str },
+    PerRowUnsupported {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The stage's op.
+        op: &'static str,
+    },
+    /// `args(...)` renames a parameter the op does not take, or the stage's flow input.
     #[error("`{op}`: `args(...)` {reason}")]
     BadRename {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// What is wrong, completing "`args(...)` ...".
         reason: String,
     },
+    /// The stages do not fit one pass (see [`Plan`]), or the op cannot stand where it is.
     #[error("`{op}` cannot be fused here: {reason}")]
     Unfusable {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// Why, in a sentence that says what to do instead where there is something.
         reason: String,
     },
+    /// An op input is named `out`, the name of the chain's output buffer.
     #[error("`{op}` has an input named `out`, which is reserved for the chain's output")]
-    ReservedName { stage: usize, op: &'static str },
+    ReservedName {
+        /// The stage's index in declaration order (what the derive macro points at).
+        stage: usize,
+        /// The stage's op.
+        op: &'static str,
+    },
+    /// The descriptor would need more argument words than it has.
     #[error("the chain needs {count} descriptor arguments; at most {max} fit")]
-    TooManyArgs { count: usize, max: usize },
+    TooManyArgs {
+        /// The words the chain needs (arguments, dimensions, guard level).
+        count: usize,
+        /// [`DESC_ARGS`](crate::DESC_ARGS).
+        max: usize,
+    },
+    /// `repeat = k` out of range, or on an op that is not elementwise.
     #[error("`{op}`: `repeat` {reason}")]
     BadRepeat {
+        /// The stage's index in declaration order (what the derive macro points at).
         stage: usize,
+        /// The stage's op.
         op: &'static str,
+        /// What is wrong, completing "`repeat` ...".
         reason: String,
     },
 }
@@ -1263,11 +1405,14 @@ fn plan(stages: &[StageIr], decl: impl Fn(usize) -> usize) -> Result<Plan, SpecE
 pub enum ArgValue {
     /// A buffer (input or output) of this many elements.
     Buffer(usize),
+    /// An f32 passed by value ([`ArgKind::F32`]).
     F32(f32),
+    /// A u32 passed by value ([`ArgKind::U32`]).
     U32(u32),
     /// The size of a dimension that is not inferred from a buffer.
     Dim(usize),
-    /// A dimension inferred from a buffer's length: nothing to pass.
+    /// A dimension inferred from a buffer's length: nothing to pass. Also what the guard level's
+    /// slot takes, which the runtime fills in.
     Inferred,
 }
 
@@ -1278,30 +1423,64 @@ pub const MAX_DIM: u64 = 1 << 48;
 /// Why a submission's arguments do not fit the chain.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BindError {
+    /// A value of the wrong kind for its slot (a size where a buffer goes, a size passed for a
+    /// dimension a buffer gives...).
     #[error("expected {expected} for argument `{arg}`, got {got}")]
     Kind {
+        /// The argument's name ([`ArgSlot::name`]).
         arg: String,
+        /// What the slot takes, in words ("a buffer", "nothing (the size comes from a buffer)").
         expected: &'static str,
+        /// The value passed, as `Debug` shows it.
         got: String,
     },
+    /// A buffer's length is not the product of its dimensions' sizes.
     #[error("argument `{arg}` has {got} elements, but {rule} makes {expected}")]
     Length {
+        /// The argument's name ([`ArgSlot::name`]).
         arg: String,
+        /// The elements the dimensions make.
         expected: usize,
+        /// The buffer's length.
         got: usize,
+        /// How the dimensions make the count, for the message: `m x n = 3 x 2`, or the buffer
+        /// that gave a one-dimensional size.
         rule: String,
     },
+    /// A buffer's element count, or its size in f32 bytes, overflows `usize`.
     #[error("argument `{arg}` would have more elements than fit in memory ({rule})")]
-    Overflow { arg: String, rule: String },
+    Overflow {
+        /// The argument's name ([`ArgSlot::name`]).
+        arg: String,
+        /// How the dimensions make the count, for the message: `m x n = 3 x 2`, or the buffer
+        /// that gave a one-dimensional size.
+        rule: String,
+    },
     /// Descriptors carry sizes below 2^48 (`MAX_DIM`), and the device refuses larger ones.
     #[error("{dim} = {size} is not below 2^48, the largest size a descriptor carries")]
-    DimTooLarge { dim: String, size: usize },
+    DimTooLarge {
+        /// The dimension's name ([`DimIr::name`]).
+        dim: String,
+        /// The size it was given or inferred to have.
+        size: usize,
+    },
     /// A stage's output, which no buffer holds (a GEMV-T reduced to a scalar), would not fit in
     /// memory: the CPU backend computes it in f64 (and the unfused variant stores it).
     #[error("the output of `{op}` would have more elements than fit in memory ({rule})")]
-    StageTooLarge { op: &'static str, rule: String },
+    StageTooLarge {
+        /// The stage's op.
+        op: &'static str,
+        /// How the output's dimensions make its count (`m x n = 3 x 2`).
+        rule: String,
+    },
+    /// The op's own check ([`OpDef::check`]) refused its by-value arguments or sizes.
     #[error("`{op}`: {reason}")]
-    Op { op: &'static str, reason: String },
+    Op {
+        /// The stage's op.
+        op: &'static str,
+        /// What the check said.
+        reason: String,
+    },
 }
 
 impl ChainIr {
@@ -1351,8 +1530,6 @@ impl ChainIr {
             )
     }
 
-    /// Checks a submission's arguments (one per descriptor slot) and works out every
-    /// dimension's size, in [`ChainIr::dims`] order.
     /// "m x n = 3 x 2": how dimensions and their sizes make a count, for error messages.
     fn dims_rule(&self, dims: &[usize], sizes: &[usize]) -> String {
         let names: Vec<&str> = dims.iter().map(|&d| self.dims[d].name.as_str()).collect();
@@ -1360,6 +1537,8 @@ impl ChainIr {
         format!("{} = {}", names.join(" x "), values.join(" x "))
     }
 
+    /// Checks a submission's arguments (one per descriptor slot) and works out every
+    /// dimension's size, in [`ChainIr::dims`] order.
     pub fn bind(&self, args: &[ArgValue]) -> Result<Vec<usize>, BindError> {
         assert_eq!(args.len(), self.args.len(), "one value per descriptor slot");
         let kind_err = |slot: usize, expected: &'static str| BindError::Kind {
@@ -1663,16 +1842,20 @@ impl ChainIr {
 /// Result of running a chain on the CPU reference.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Evaluated {
+    /// The value of a chain that ends in a reduction ([`ChainOutput::Scalar`]).
     Scalar(f64),
+    /// What a chain that writes `out` would write there, in f64.
     Vector(Vec<f64>),
 }
 
 /// An argument's contents for [`ChainIr::eval_f64`], by descriptor slot.
 #[derive(Debug, Clone, Copy)]
 pub enum EvalArg<'a> {
+    /// An f32 input buffer's contents.
     Input(&'a [f32]),
     /// An input already widened to f64 (a bf16 or fp16 buffer's exact values).
     InputF64(&'a [f64]),
+    /// A by-value argument (f32 or u32), widened to f64.
     Value(f64),
     /// Output buffers and dimension words: nothing to read.
     None,

@@ -27,9 +27,13 @@ use crate::{CpuImpl, FusionClass, OpDef, Param, Precision, Ty};
 /// A scalar type of the subset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scalar {
+    /// `f32` (CUDA `float`).
     F32,
+    /// `f64` (CUDA `double`).
     F64,
+    /// `u32` (CUDA `unsigned int`).
     U32,
+    /// What comparisons and `&& || !` give: a `let` may bind one, a parameter or result may not.
     Bool,
 }
 

@@ -14,7 +14,9 @@ use crate::{ChainIr, ChainSpec, Precision, StageSpec, Tolerance};
 /// A parsed chain with the spans of its parts.
 #[derive(Debug, Clone)]
 pub struct ParsedChain {
+    /// The chain as written, defaults not yet applied.
     pub spec: ChainSpec,
+    /// The struct's name, with its span (where a whole-chain error points).
     pub ident: Ident,
     domain_span: Span,
     stages: Vec<StageSpans>,
@@ -221,7 +223,9 @@ pub fn derives_pipeline(attrs: &[syn::Attribute]) -> bool {
 /// A parsed `#[derive(Pipeline)]` with the spans of its parts.
 #[derive(Debug, Clone)]
 pub struct ParsedPipeline {
+    /// The pipeline as written.
     pub spec: crate::pipeline::PipelineSpec,
+    /// The struct's name, with its span (where a whole-pipeline error points).
     pub ident: Ident,
     /// Per step (declaration order): its number's span, its chain type's span, its attributes'.
     steps: Vec<StageSpans>,

@@ -45,7 +45,9 @@ pub struct StepSpec {
 /// A pipeline as declared with `#[derive(Pipeline)]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PipelineSpec {
+    /// The struct's name; its parts are named `{name}Part{k}`.
     pub name: String,
+    /// Steps in declaration order.
     pub steps: Vec<StepSpec>,
 }
 
@@ -54,6 +56,7 @@ pub struct PipelineSpec {
 pub struct PartIr {
     /// The part's chain, as declared by composition (its arguments are named as the pipeline's).
     pub spec: ChainSpec,
+    /// The part's chain, lowered: what codegen generates and the runtime submits.
     pub ir: ChainIr,
     /// The steps (declaration indices) it runs, in order; the last gives the part's result.
     pub steps: Vec<usize>,
@@ -74,7 +77,9 @@ impl PartIr {
 /// A composed pipeline.
 #[derive(Debug, Clone)]
 pub struct PipelineIr {
+    /// The pipeline's name (the struct's).
     pub name: String,
+    /// The fused passes, in the order they run.
     pub parts: Vec<PartIr>,
 }
 
@@ -101,6 +106,7 @@ impl PipelineIr {
 /// Which part of a pipeline declaration an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PipelineBlame {
+    /// The pipeline as a whole (the struct's name).
     Pipeline,
     /// The `n` of `#[step(n)]` of the step at this declaration index.
     StepNumber(usize),
@@ -113,45 +119,96 @@ pub enum PipelineBlame {
 /// Why a pipeline is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PipelineError {
+    /// The struct has no `#[step]` field.
     #[error("a pipeline needs at least one step: add fields marked #[step(1)], #[step(2)], ...")]
     Empty,
+    /// Two steps have the same `#[step(n)]`.
     #[error("step number {number} is used twice")]
-    DuplicateStep { step: usize, number: u32 },
+    DuplicateStep {
+        /// The later-declared step's index in declaration order (what the macro points at).
+        step: usize,
+        /// The number both steps have.
+        number: u32,
+    },
+    /// The step numbers are not exactly 1..=k.
     #[error(
         "step numbers must run 1, 2, 3, ... without gaps: expected step {expected} here, found {found}"
     )]
     StepGap {
+        /// The declaration index of the first step, in number order, whose number is out of place.
         step: usize,
+        /// The number this position in step-number order should have.
         expected: u32,
+        /// The number the step has.
         found: u32,
     },
+    /// No chain of the crate has the step's chain name.
     #[error(
         "no chain `{name}` is declared in this crate (a struct with #[derive(FusionBuilder)] that \
          validates); a pipeline's steps are chains of its own crate"
     )]
-    UnknownChain { step: usize, name: String },
+    UnknownChain {
+        /// The step's index in declaration order (what the derive macro points at).
+        step: usize,
+        /// The chain name as written.
+        name: String,
+    },
+    /// Two different chain declarations of the crate have the step's chain name.
     #[error(
         "two different chains are named `{name}` in this crate; rename one so the step names one chain"
     )]
-    AmbiguousChain { step: usize, name: String },
+    AmbiguousChain {
+        /// The step's index in declaration order (what the derive macro points at).
+        step: usize,
+        /// The name both chains have.
+        name: String,
+    },
+    /// The step's chain does not lower on its own.
     #[error("chain `{chain}` is invalid: {error}")]
     InvalidChain {
+        /// The step's index in declaration order (what the derive macro points at).
         step: usize,
+        /// The chain's name.
         chain: String,
+        /// Why it does not lower.
         error: SpecError,
     },
+    /// `args(...)` renames an argument the step's chain does not take.
     #[error("`args(...)` {reason}")]
-    BadRename { step: usize, reason: String },
-    #[error("`{arg}`: {reason}")]
-    ArgConflict {
+    BadRename {
+        /// The step's index in declaration order (what the derive macro points at).
         step: usize,
-        arg: String,
+        /// What is wrong, completing "`args(...)` ...".
         reason: String,
     },
+    /// A pipeline argument is of one kind (buffer, f32, u32, size) in one step and another in
+    /// another, or a step reads the name of a step whose value is a scalar.
+    #[error("`{arg}`: {reason}")]
+    ArgConflict {
+        /// The declaration index of the step that uses the name (what the macro points at).
+        step: usize,
+        /// The pipeline argument's name.
+        arg: String,
+        /// What clashes.
+        reason: String,
+    },
+    /// `repeat = k` out of range, or on a step whose chain cannot run on its own output in one
+    /// pass.
     #[error("`repeat` {reason}")]
-    BadRepeat { step: usize, reason: String },
+    BadRepeat {
+        /// The step's index in declaration order (what the derive macro points at).
+        step: usize,
+        /// What is wrong, completing "`repeat` ...".
+        reason: String,
+    },
+    /// A part, composed of steps that each lower alone, does not lower.
     #[error("the steps cannot run as declared: {error}")]
-    Part { step: usize, error: SpecError },
+    Part {
+        /// The declaration index of the part's last step (what the macro points at).
+        step: usize,
+        /// Why the part does not lower.
+        error: SpecError,
+    },
 }
 
 impl PipelineError {

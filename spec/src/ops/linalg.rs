@@ -45,7 +45,7 @@ const GEMV_STORAGE: &[Precision] = &[
 ];
 
 /// `A x`: A is m×n row-major, x has n elements; the result has m. On CUDA cores A is f32, bf16,
-/// fp16 or E4M3 ([`GEMV_STORAGE`]); with `tensor_eligible = true` and precision "bf16" or "fp8", A
+/// fp16 or E4M3 (`GEMV_STORAGE`); with `tensor_eligible = true` and precision "bf16" or "fp8", A
 /// is a bf16 or E4M3 buffer widened exactly to bf16 and multiplied on tensor cores by the f32
 /// vector, which is carried as two bf16 parts so that it is not rounded
 /// (kernels/pptm/pattern/mma.cuh, pptm_gemv_n_mma). fp16 is not offered there: its range could not
@@ -74,7 +74,7 @@ pub const GEMV: OpDef = OpDef {
 };
 
 /// `Aᵀ x`: A is m×n row-major, x has m elements; the result has n. A is f32, bf16, fp16 or E4M3
-/// ([`GEMV_STORAGE`]), on CUDA cores.
+/// (`GEMV_STORAGE`), on CUDA cores.
 pub const GEMV_T: OpDef = OpDef {
     precisions: GEMV_STORAGE,
     ..output_fusable(

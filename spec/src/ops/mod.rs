@@ -88,6 +88,7 @@ pub enum Ty {
 }
 
 impl Ty {
+    /// The type in words, for error messages ("a vector", "per-pair values").
     pub fn describe(self) -> &'static str {
         match self {
             Ty::Like => "a value shaped like its flow input",
@@ -126,7 +127,10 @@ impl Ty {
 /// One input of an op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Param {
+    /// The parameter's name: the chain argument it becomes, unless the stage renames it with
+    /// `args(...)`.
     pub name: &'static str,
+    /// Its type, whose dimension letters lowering binds to the chain's dimensions.
     pub ty: Ty,
 }
 
@@ -167,8 +171,11 @@ pub enum CpuImpl {
     Elementwise(fn(&[f64]) -> f64),
     /// Fold every element with `combine`, starting from `identity`; then `finish(total, n)`.
     Reduction {
+        /// The value folding starts from (0 for a sum, -inf for a max).
         identity: f64,
+        /// Folds one more element into the running value.
         combine: fn(f64, f64) -> f64,
+        /// The result from the folded value and the number of elements folded (a mean divides).
         finish: fn(f64, usize) -> f64,
     },
     /// The whole output from the whole inputs (GEMV, matmul).
@@ -202,14 +209,17 @@ pub type ArgCheck = fn(&[f64], &[(&'static str, usize)]) -> Result<(), String>;
 pub struct OpDef {
     /// The DSL name: the last path segment of the stage's type.
     pub name: &'static str,
+    /// How it fuses with the stages around it: what lowering plans the pass by.
     pub class: FusionClass,
     /// Inputs in order. In a chain, input 0 of every stage after the first is the previous
     /// stage's output; the others become the chain's arguments, by name.
     pub inputs: &'static [Param],
+    /// The type of what it produces.
     pub output: Ty,
     /// Values per element the flow input must carry (`None`: any), and the output carries
     /// (`None`: as many as the flow). Only the neighbour-count ops use more than one.
     pub flow_channels: Option<u8>,
+    /// Values per element of the output (`None`: as many as the flow); see `flow_channels`.
     pub out_channels: Option<u8>,
     /// Precisions the device code implements on CUDA cores (the default, `tensor_eligible` off).
     pub precisions: &'static [Precision],
@@ -226,10 +236,12 @@ pub struct OpDef {
     /// Device symbol: an `__device__` function for elementwise and broadcast ops, a reducer type
     /// for reductions, a pattern building block for the others.
     pub device: &'static str,
+    /// Its f64 reference, which the CPU backend runs and the device results are tested against.
     pub cpu: CpuImpl,
     /// Checks by-value arguments and sizes at submission (`scalars` and `dims` as in
     /// [`OpInputs`]); the message becomes a typed bad-argument error.
     pub check: Option<ArgCheck>,
+    /// One line on what the op computes (for a `#[pptm::op]`, one the macro writes).
     pub doc: &'static str,
 }
 
