@@ -1,0 +1,95 @@
+//! The CPU backend as a fallback: KL(q ‖ p) over 2^24 elements with pptm's CPU backend against a
+//! plain single-pass f64 loop on one thread, and the process's peak resident memory against the
+//! inputs' size. Checked against the loop's result.
+//!
+//!     cargo run --release --example cpu_fallback
+
+use std::error::Error;
+use std::time::Instant;
+
+use pptm::Runtime;
+use pptm::chains::KlComplexity;
+use pptm::timing::Stats;
+
+const N: usize = 1 << 24;
+
+/// The process's resident memory now and at its peak (VmRSS, VmHWM), in MiB; Linux only.
+fn resident_mib() -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let rt = Runtime::cpu();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("pptm CPU backend, {threads} hardware threads; KL over n = {N}");
+    // Inputs made in place (a cheap deterministic pattern) so that only the buffers hold them.
+    let value = |i: usize, k: u64| {
+        let h = (i as u64 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        0.1 + 0.9 * (h as f32 / (1u64 << 24) as f32)
+    };
+    let q = rt.upload(&(0..N).map(|i| value(i, 1)).collect::<Vec<f32>>())?;
+    let p = rt.upload(&(0..N).map(|i| value(i, 2)).collect::<Vec<f32>>())?;
+    let input_mib = (2 * N * 4) as f64 / (1024.0 * 1024.0);
+    let before = resident_mib();
+
+    let (qh, ph) = (q.to_vec()?, p.to_vec()?);
+    let plain = |qh: &[f32], ph: &[f32]| -> f64 {
+        qh.iter()
+            .zip(ph)
+            .map(|(&q, &p)| {
+                let (q, p) = (f64::from(q), f64::from(p));
+                q * (q.ln() - p.ln())
+            })
+            .sum()
+    };
+    let mut loop_times = Vec::new();
+    let mut want = 0.0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        want = plain(&qh, &ph);
+        loop_times.push(t.elapsed());
+    }
+    drop((qh, ph));
+
+    let mut times = Vec::new();
+    let mut got = 0.0f32;
+    for _ in 0..11 {
+        let t = Instant::now();
+        got = KlComplexity::submit(&rt, &q, &p)?.wait()?;
+        times.push(t.elapsed());
+    }
+    let after = resident_mib();
+    let (pptm, plain_loop) = (Stats::of(times), Stats::of(loop_times));
+    let per_core = plain_loop.median_us / threads as f64;
+    println!(
+        "pptm CPU backend: median {:.1} ms (p99 {:.1} ms), {:.2} GB/s",
+        pptm.median_us / 1e3,
+        pptm.p99_us / 1e3,
+        (2 * N * 4) as f64 / (pptm.median_us * 1e3)
+    );
+    println!(
+        "plain f64 loop, one thread: median {:.1} ms; per core ({threads}): {:.1} ms; \
+         pptm / (loop per core) = {:.2}",
+        plain_loop.median_us / 1e3,
+        per_core / 1e3,
+        pptm.median_us / per_core
+    );
+    if let (Some((rss, _)), Some((_, peak))) = (before, after) {
+        println!(
+            "resident memory: {rss:.0} MiB after upload (inputs {input_mib:.0} MiB); peak \
+             {peak:.0} MiB over the whole run (it includes the plain loop's host copies)"
+        );
+    }
+    let rel = (f64::from(got) - want).abs() / want.abs();
+    println!("KL: pptm {got}, plain loop {want:.7} (relative difference {rel:.1e})");
+    if rel > 1e-5 {
+        return Err(format!("pptm's KL {got} is not the loop's {want}").into());
+    }
+    Ok(())
+}
