@@ -14,13 +14,14 @@ use crate::error::{Error, Result};
 /// Runs `ir` on host buffers; writes the output tensor, if any, as f32. `args` are by descriptor
 /// slot (`None` for dimensions inferred from buffers and the guard word) and `sizes` come from a
 /// successful bind. A guarded chain's completion value is the guard's (crate::guard::emulate) at
-/// `guard_level`; the output is f64 arithmetic either way.
+/// `guard_level`; the output is f64 arithmetic either way. `reference`: skip the fast path.
 pub(crate) fn run(
     chain: &'static str,
     ir: &ChainIr,
     args: Vec<Option<Arg<'_>>>,
     sizes: &[usize],
     guard_level: u32,
+    reference: bool,
 ) -> Result<Completion> {
     let not_host = |arg: &'static str| Error::ForeignBuffer { chain, arg };
     let mut args = args;
@@ -38,7 +39,10 @@ pub(crate) fn run(
             return Err(not_host(name));
         }
     }
-    if let Some((value, non_finite)) = run_map(ir, &args, &mut output) {
+    if let Some((value, non_finite)) = (!reference)
+        .then(|| run_map(ir, &args, &mut output))
+        .flatten()
+    {
         return Ok(completion(value, non_finite));
     }
     // Inputs widened to f64 (every element type converts exactly), by slot.
@@ -241,8 +245,7 @@ fn run_map<'a>(
     {
         return None;
     }
-    let element = |e: usize, bad: &mut bool| -> f64 {
-        let mut x = [0.0f64; MAX_OPERANDS];
+    let element = |e: usize, x: &mut [f64; MAX_OPERANDS], bad: &mut bool| -> f64 {
         let mut v = f64::from(flow[e]);
         for s in &stages {
             x[0] = v;
@@ -263,9 +266,9 @@ fn run_map<'a>(
                 .par_chunks_mut(CHUNK)
                 .enumerate()
                 .map(|(c, out)| {
-                    let mut bad = false;
+                    let (mut x, mut bad) = ([0.0f64; MAX_OPERANDS], false);
                     for (k, o) in out.iter_mut().enumerate() {
-                        *o = element(c * CHUNK + k, &mut bad) as f32;
+                        *o = element(c * CHUNK + k, &mut x, &mut bad) as f32;
                     }
                     bad
                 })
@@ -276,10 +279,10 @@ fn run_map<'a>(
             let partials: Vec<(f64, bool)> = (0..n.div_ceil(CHUNK))
                 .into_par_iter()
                 .map(|c| {
-                    let mut bad = false;
+                    let (mut x, mut bad) = ([0.0f64; MAX_OPERANDS], false);
                     let mut acc = fold.identity;
                     for e in c * CHUNK..((c + 1) * CHUNK).min(n) {
-                        acc = (fold.combine)(acc, element(e, &mut bad));
+                        acc = (fold.combine)(acc, element(e, &mut x, &mut bad));
                     }
                     (acc, bad)
                 })

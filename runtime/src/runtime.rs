@@ -266,6 +266,9 @@ pub enum BackendKind {
 enum Backend {
     Cpu {
         why: String,
+        /// Every chain through the whole-tensor f64 reference (`Runtime::cpu_reference`), not
+        /// the fused per-element path.
+        reference: bool,
     },
     Gpu {
         device: Arc<Device>,
@@ -525,11 +528,25 @@ impl Runtime {
         Self::cpu_because(Config::default(), "requested".into())
     }
 
+    /// The CPU backend running every chain through the whole-tensor f64 reference, one stage at
+    /// a time, with its inputs widened to f64 first: what tests hold the fast path (elementwise
+    /// stages fused per element, in parallel chunks) against. Slower, and exact in the same way.
+    pub fn cpu_reference() -> Self {
+        let mut rt = Self::cpu_because(Config::default(), "requested".into());
+        if let Backend::Cpu { reference, .. } = &mut rt.backend {
+            *reference = true;
+        }
+        rt
+    }
+
     fn cpu_because(config: Config, why: String) -> Self {
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
-            backend: Backend::Cpu { why },
+            backend: Backend::Cpu {
+                why,
+                reference: false,
+            },
             guards: Arc::default(),
         };
         tracing::info!("pptm: {}", rt.describe());
@@ -596,7 +613,14 @@ impl Runtime {
     /// One line saying which backend runs, on what, and why.
     pub fn describe(&self) -> String {
         match &self.backend {
-            Backend::Cpu { why } => format!("CPU backend (f64 reference code; {why})"),
+            Backend::Cpu {
+                why,
+                reference: false,
+            } => format!("CPU backend (f64, elementwise chains in parallel; {why})"),
+            Backend::Cpu {
+                why,
+                reference: true,
+            } => format!("CPU backend (f64 whole-tensor reference; {why})"),
             Backend::Gpu { device, fleet, .. } => {
                 let mut s = format!(
                     "GPU backend: device {} {} (sm_{}{}, {} SMs)",
@@ -1393,7 +1417,14 @@ impl Runtime {
         };
         match route {
             Route::Cpu => {
-                let c = crate::cpu::run(C::NAME, ir, slots, &sizes, level)?;
+                let reference = matches!(
+                    self.backend,
+                    Backend::Cpu {
+                        reference: true,
+                        ..
+                    }
+                );
+                let c = crate::cpu::run(C::NAME, ir, slots, &sizes, level, reference)?;
                 Ok(Routed::Ran(
                     Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard),
                 ))
