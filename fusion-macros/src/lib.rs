@@ -678,56 +678,51 @@ fn generated_folder(domain: &str, chain: &str, span: Span) -> syn::Result<&'stat
     Err(syn::Error::new(span, msg))
 }
 
-/// The ops of the user's own (`#[pptm::op]`) in the crate being compiled, found where build.rs
-/// finds them (pptm-codegen's scan over every folder of the crate).
-/// Scanned once per crate: rustc expands every chain of a crate in one process, and the sources
-/// do not change while it does.
-fn crate_user_ops() -> Result<Vec<&'static pptm_spec::OpDef>, String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Scanned = Result<Vec<&'static pptm_spec::OpDef>, String>;
-    static SCANNED: OnceLock<Mutex<HashMap<String, Scanned>>> = OnceLock::new();
+/// What a scan of the crate being compiled found, by crate root, scanned once per crate: rustc
+/// expands every derive of a crate in one process, and the sources do not change while it does.
+type ScanCache<T> = std::sync::OnceLock<
+    std::sync::Mutex<std::collections::HashMap<String, Result<Vec<T>, String>>>,
+>;
+
+/// `scan(root)` for the crate being compiled (its `CARGO_MANIFEST_DIR`), once per crate.
+fn scanned_once<T: Clone>(
+    cache: &'static ScanCache<T>,
+    scan: impl FnOnce(String) -> Result<Vec<T>, String>,
+) -> Result<Vec<T>, String> {
     let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
         return Ok(Vec::new());
     };
-    let mut scanned = SCANNED
+    let mut scanned = cache
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     scanned
         .entry(root.clone())
-        // The crate's own ops and those of the crates it takes ops from (the folders its build.rs
-        // found, handed over in an environment variable).
-        .or_insert_with(|| {
-            pptm_codegen::project::Project::library(root)
-                .user_ops()
-                .map_err(|e| e.to_string())
-        })
+        .or_insert_with(|| scan(root))
         .clone()
 }
 
-/// Every chain declared in the crate being compiled (what a pipeline's steps are looked up in),
-/// scanned once per crate as [`crate_user_ops`] is.
+/// The ops of the user's own (`#[pptm::op]`) in the crate being compiled, found where build.rs
+/// finds them (pptm-codegen's scan over every folder of the crate): the crate's own and those of
+/// the crates it takes ops from (the folders its build.rs found, handed over in an environment
+/// variable).
+fn crate_user_ops() -> Result<Vec<&'static pptm_spec::OpDef>, String> {
+    static SCANNED: ScanCache<&'static pptm_spec::OpDef> = std::sync::OnceLock::new();
+    scanned_once(&SCANNED, |root| {
+        pptm_codegen::project::Project::library(root)
+            .user_ops()
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Every chain declared in the crate being compiled (what a pipeline's steps are looked up in).
 fn crate_chain_specs() -> Result<Vec<pptm_spec::ChainSpec>, String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Scanned = Result<Vec<pptm_spec::ChainSpec>, String>;
-    static SCANNED: OnceLock<Mutex<HashMap<String, Scanned>>> = OnceLock::new();
-    let Ok(root) = std::env::var("CARGO_MANIFEST_DIR") else {
-        return Ok(Vec::new());
-    };
-    let mut scanned = SCANNED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    scanned
-        .entry(root.clone())
-        .or_insert_with(|| {
-            pptm_codegen::project::Project::library(root)
-                .chain_specs()
-                .map_err(|e| e.to_string())
-        })
-        .clone()
+    static SCANNED: ScanCache<pptm_spec::ChainSpec> = std::sync::OnceLock::new();
+    scanned_once(&SCANNED, |root| {
+        pptm_codegen::project::Project::library(root)
+            .chain_specs()
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// `#[pptm::op]` on a Rust function: an elementwise op of your own (see pptm-spec's `op_fn` for

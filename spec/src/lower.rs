@@ -563,6 +563,43 @@ impl Tables {
     }
 }
 
+/// Why fields numbered `#[stage(n)]` or `#[step(n)]` are not numbered 1, 2, 3, ...
+pub(crate) enum Misnumbered {
+    /// The field at declaration index `index` repeats the number of one declared before it.
+    Twice { index: usize, number: u32 },
+    /// The field at declaration index `index` has `found` where `expected` comes next.
+    Gap {
+        index: usize,
+        expected: u32,
+        found: u32,
+    },
+}
+
+/// The declaration indices of fields in the order of their numbers, which must run 1, 2, 3, ...
+/// without a gap or a repeat (the first offender in that order is named).
+pub(crate) fn numbered_order(numbers: &[u32]) -> Result<Vec<usize>, Misnumbered> {
+    let mut order: Vec<usize> = (0..numbers.len()).collect();
+    order.sort_by_key(|&i| (numbers[i], i));
+    for (pos, &i) in order.iter().enumerate() {
+        let found = numbers[i];
+        if pos > 0 && numbers[order[pos - 1]] == found {
+            return Err(Misnumbered::Twice {
+                index: i,
+                number: found,
+            });
+        }
+        let expected = pos as u32 + 1;
+        if found != expected {
+            return Err(Misnumbered::Gap {
+                index: i,
+                expected,
+                found,
+            });
+        }
+    }
+    Ok(order)
+}
+
 /// Validates a chain and lowers it to IR.
 pub fn lower(spec: &ChainSpec) -> Result<ChainIr, SpecError> {
     lower_with(spec, &[])
@@ -579,25 +616,22 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         return Err(SpecError::Empty);
     }
     // Data-flow order is stage-number order; numbers must be exactly 1..=k.
-    let mut order: Vec<usize> = (0..spec.stages.len()).collect();
-    order.sort_by_key(|&i| (spec.stages[i].number, i));
-    for (pos, &i) in order.iter().enumerate() {
-        let found = spec.stages[i].number;
-        if pos > 0 && spec.stages[order[pos - 1]].number == found {
-            return Err(SpecError::DuplicateStage {
-                stage: i,
-                number: found,
-            });
-        }
-        let expected = pos as u32 + 1;
-        if found != expected {
-            return Err(SpecError::StageGap {
-                stage: i,
-                expected,
-                found,
-            });
-        }
-    }
+    let numbers: Vec<u32> = spec.stages.iter().map(|s| s.number).collect();
+    let order = numbered_order(&numbers).map_err(|e| match e {
+        Misnumbered::Twice { index, number } => SpecError::DuplicateStage {
+            stage: index,
+            number,
+        },
+        Misnumbered::Gap {
+            index,
+            expected,
+            found,
+        } => SpecError::StageGap {
+            stage: index,
+            expected,
+            found,
+        },
+    })?;
 
     // A stage with `repeat = k` takes k places in the data flow, one after the other (each
     // reading what the one before produced); errors still name the declared stage.

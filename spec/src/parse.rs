@@ -110,12 +110,48 @@ fn derives(attrs: &[syn::Attribute], name: &str) -> bool {
         })
 }
 
-/// Reads a chain declaration. Errors are spanned at the offending tokens.
-pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
+/// What a derive calls its struct and fields, for [`marked_fields`]'s messages.
+struct Declaration {
+    /// "a fusion chain", "a pipeline".
+    noun: &'static str,
+    /// The derive's name.
+    derive: &'static str,
+    /// The field attribute: "stage", "step".
+    attr: &'static str,
+    /// A one-line example of the struct.
+    example: &'static str,
+}
+
+const CHAIN: Declaration = Declaration {
+    noun: "a fusion chain",
+    derive: "FusionBuilder",
+    attr: "stage",
+    example: "`struct Chain { #[stage(1)] a: Op, ... }`",
+};
+
+const PIPELINE: Declaration = Declaration {
+    noun: "a pipeline",
+    derive: "Pipeline",
+    attr: "step",
+    example: "`struct P { #[step(1)] a: SomeChain, ... }`",
+};
+
+/// The fields of a derive's struct, each with its name and its one `#[attr(...)]`: a struct with
+/// named fields, not generic, every field marked once (errors spanned where that fails).
+fn marked_fields<'a>(
+    input: &'a DeriveInput,
+    d: &Declaration,
+) -> syn::Result<Vec<(&'a syn::Field, String, &'a syn::Attribute)>> {
+    let Declaration {
+        noun,
+        derive,
+        attr,
+        example,
+    } = d;
     if !input.generics.params.is_empty() {
         return Err(syn::Error::new(
             input.generics.span(),
-            "a fusion chain cannot be generic",
+            format!("{noun} cannot be generic"),
         ));
     }
     let fields = match &input.data {
@@ -124,18 +160,45 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             _ => {
                 return Err(syn::Error::new(
                     input.ident.span(),
-                    "a fusion chain is a struct with named fields, one per stage: `struct Chain { #[stage(1)] a: Op, ... }`",
+                    format!("{noun} is a struct with named fields, one per {attr}: {example}"),
                 ));
             }
         },
         _ => {
             return Err(syn::Error::new(
                 input.ident.span(),
-                "#[derive(FusionBuilder)] applies to structs only",
+                format!("#[derive({derive})] applies to structs only"),
             ));
         }
     };
+    let mut out = Vec::with_capacity(fields.len());
+    for field in fields {
+        let name = field
+            .ident
+            .as_ref()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
+        let mut marks = field.attrs.iter().filter(|a| a.path().is_ident(attr));
+        let Some(mark) = marks.next() else {
+            return Err(syn::Error::new(
+                field.span(),
+                format!("field `{name}` has no #[{attr}(n)]: every field of {noun} is a {attr}"),
+            ));
+        };
+        if let Some(extra) = marks.next() {
+            return Err(syn::Error::new(
+                extra.span(),
+                format!("a field takes one #[{attr}(...)]"),
+            ));
+        }
+        out.push((field, name, mark));
+    }
+    Ok(out)
+}
 
+/// Reads a chain declaration. Errors are spanned at the offending tokens.
+pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
+    let fields = marked_fields(input, &CHAIN)?;
     let mut domain: Option<(String, Span)> = None;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("fusion")) {
         attr.parse_nested_meta(|meta| {
@@ -160,27 +223,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
 
     let mut stages = Vec::new();
     let mut spans = Vec::new();
-    for field in fields {
-        let field_name = field
-            .ident
-            .as_ref()
-            .map(|i| i.to_string())
-            .unwrap_or_default();
-        let mut stage_attrs = field.attrs.iter().filter(|a| a.path().is_ident("stage"));
-        let Some(attr) = stage_attrs.next() else {
-            return Err(syn::Error::new(
-                field.span(),
-                format!(
-                    "field `{field_name}` has no #[stage(n)]: every field of a fusion chain is a stage"
-                ),
-            ));
-        };
-        if let Some(extra) = stage_attrs.next() {
-            return Err(syn::Error::new(
-                extra.span(),
-                "a field takes one #[stage(...)]",
-            ));
-        }
+    for (field, field_name, attr) in fields {
         let args: StageArgs = attr.parse_args()?;
         let (op, op_span) = op_name(&field.ty)?;
         stages.push(StageSpec {
@@ -258,52 +301,10 @@ impl ParsedPipeline {
 
 /// Reads a pipeline declaration: a struct whose fields are chains marked `#[step(n, ...)]`.
 pub fn parse_pipeline(input: &DeriveInput) -> syn::Result<ParsedPipeline> {
-    if !input.generics.params.is_empty() {
-        return Err(syn::Error::new(
-            input.generics.span(),
-            "a pipeline cannot be generic",
-        ));
-    }
-    let fields = match &input.data {
-        Data::Struct(s) => match &s.fields {
-            Fields::Named(f) => &f.named,
-            _ => {
-                return Err(syn::Error::new(
-                    input.ident.span(),
-                    "a pipeline is a struct with named fields, one per step: `struct P { #[step(1)] a: SomeChain, ... }`",
-                ));
-            }
-        },
-        _ => {
-            return Err(syn::Error::new(
-                input.ident.span(),
-                "#[derive(Pipeline)] applies to structs only",
-            ));
-        }
-    };
+    let fields = marked_fields(input, &PIPELINE)?;
     let mut steps = Vec::new();
     let mut spans = Vec::new();
-    for field in fields {
-        let field_name = field
-            .ident
-            .as_ref()
-            .map(|i| i.to_string())
-            .unwrap_or_default();
-        let mut attrs = field.attrs.iter().filter(|a| a.path().is_ident("step"));
-        let Some(attr) = attrs.next() else {
-            return Err(syn::Error::new(
-                field.span(),
-                format!(
-                    "field `{field_name}` has no #[step(n)]: every field of a pipeline is a step"
-                ),
-            ));
-        };
-        if let Some(extra) = attrs.next() {
-            return Err(syn::Error::new(
-                extra.span(),
-                "a field takes one #[step(...)]",
-            ));
-        }
+    for (field, field_name, attr) in fields {
         let args: StepArgs = attr.parse_args()?;
         let (chain, chain_span) = type_name(
             &field.ty,

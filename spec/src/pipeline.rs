@@ -17,7 +17,9 @@
 //! Each part is a chain of its own (`{Pipeline}Part{k}`), generated into the domain of its first
 //! step, so the pipeline pays for one dispatch of as many items as it has parts.
 
-use crate::lower::{ArgKind, ChainIr, ChainOutput, SpecError, check_stage, lower_with};
+use crate::lower::{
+    ArgKind, ChainIr, ChainOutput, Misnumbered, SpecError, check_stage, lower_with, numbered_order,
+};
 use crate::ops::OpDef;
 use crate::{ChainSpec, StageSpec};
 
@@ -283,25 +285,22 @@ pub fn compose<'c>(
     if spec.steps.is_empty() {
         return Err(PipelineError::Empty);
     }
-    let mut order: Vec<usize> = (0..spec.steps.len()).collect();
-    order.sort_by_key(|&i| (spec.steps[i].number, i));
-    for (pos, &i) in order.iter().enumerate() {
-        let found = spec.steps[i].number;
-        if pos > 0 && spec.steps[order[pos - 1]].number == found {
-            return Err(PipelineError::DuplicateStep {
-                step: i,
-                number: found,
-            });
-        }
-        let expected = pos as u32 + 1;
-        if found != expected {
-            return Err(PipelineError::StepGap {
-                step: i,
-                expected,
-                found,
-            });
-        }
-    }
+    let numbers: Vec<u32> = spec.steps.iter().map(|s| s.number).collect();
+    let order = numbered_order(&numbers).map_err(|e| match e {
+        Misnumbered::Twice { index, number } => PipelineError::DuplicateStep {
+            step: index,
+            number,
+        },
+        Misnumbered::Gap {
+            index,
+            expected,
+            found,
+        } => PipelineError::StepGap {
+            step: index,
+            expected,
+            found,
+        },
+    })?;
 
     let mut steps: Vec<Step> = Vec::new();
     for &i in &order {
