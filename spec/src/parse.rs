@@ -366,25 +366,13 @@ impl Parse for StepArgs {
                 break;
             }
             let key: Ident = input.parse()?;
-            let name: &'static str = match key.to_string().as_str() {
-                "args" => "args",
-                "repeat" => "repeat",
-                "store" => "store",
-                other => {
-                    return Err(syn::Error::new(
-                        key.span(),
-                        format!(
-                            "unknown step attribute `{other}`; expected `args(...)`, `repeat` or `store`"
-                        ),
-                    ));
-                }
-            };
-            if args.spans.iter().any(|(n, _)| *n == name) {
-                return Err(syn::Error::new(
-                    key.span(),
-                    format!("`{name}` is given twice"),
-                ));
-            }
+            let name = attribute_key(
+                &key,
+                &["args", "repeat", "store"],
+                "unknown step attribute",
+                "`args(...)`, `repeat` or `store`",
+                &args.spans,
+            )?;
             args.spans.push((name, key.span()));
             match name {
                 "args" => args.renames = parse_renames(input)?,
@@ -488,29 +476,22 @@ impl Parse for StageArgs {
                 continue;
             }
             input.parse::<Token![=]>()?;
-            let name: &'static str = match key.to_string().as_str() {
-                "reduction" => "reduction",
-                "tensor_eligible" => "tensor_eligible",
-                "precision" => "precision",
-                "tolerance" => "tolerance",
-                "finite" => "finite",
-                "per_row" => "per_row",
-                "repeat" => "repeat",
-                other => {
-                    return Err(syn::Error::new(
-                        key.span(),
-                        format!(
-                            "unknown stage attribute `{other}`; expected `reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row`, `repeat` or `args(...)`"
-                        ),
-                    ));
-                }
-            };
-            if args.spans.iter().any(|(n, _)| *n == name) {
-                return Err(syn::Error::new(
-                    key.span(),
-                    format!("`{name}` is given twice"),
-                ));
-            }
+            let name = attribute_key(
+                &key,
+                &[
+                    "reduction",
+                    "tensor_eligible",
+                    "precision",
+                    "tolerance",
+                    "finite",
+                    "per_row",
+                    "repeat",
+                ],
+                "unknown stage attribute",
+                "`reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row`, \
+                 `repeat` or `args(...)`",
+                &args.spans,
+            )?;
             match name {
                 "precision" => {
                     let lit: LitStr = input.parse()?;
@@ -564,6 +545,30 @@ impl Parse for StageArgs {
         }
         Ok(args)
     }
+}
+
+/// The attribute a key names, among `known`: an error at the key for another one (`unknown`,
+/// then the `expected` list) or for one already given (in `seen`).
+fn attribute_key(
+    key: &Ident,
+    known: &[&'static str],
+    unknown: &str,
+    expected: &str,
+    seen: &[(&'static str, Span)],
+) -> syn::Result<&'static str> {
+    let Some(&name) = known.iter().find(|&&k| key == k) else {
+        return Err(syn::Error::new(
+            key.span(),
+            format!("{unknown} `{key}`; expected {expected}"),
+        ));
+    };
+    if seen.iter().any(|(n, _)| *n == name) {
+        return Err(syn::Error::new(
+            key.span(),
+            format!("`{name}` is given twice"),
+        ));
+    }
+    Ok(name)
 }
 
 /// `args(param = "name", ...)`: what each named op parameter is called in the chain. A name is a
