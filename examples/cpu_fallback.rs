@@ -2,7 +2,8 @@
 //! path: elementwise stages fused per element, in parallel chunks), against the whole-tensor f64
 //! reference it replaced (`Runtime::cpu_reference`) and a plain single-pass f64 loop on one
 //! thread; and the process's peak resident memory while the fast path runs, against the inputs'
-//! size. Every result is checked against the loop's.
+//! size; and how soon `submit` returns (items run on pptm's worker pool). Every result is checked
+//! against the loop's.
 //!
 //!     cargo run --release --example cpu_fallback
 
@@ -52,6 +53,20 @@ fn main() -> Result<(), Box<dyn Error>> {
         times.push(t.elapsed());
     }
     let peak = resident_mib();
+
+    // Submission is asynchronous: `submit` hands the item to pptm's worker pool and returns;
+    // the time until the result is the item's.
+    let (mut submit_times, mut result_times) = (Vec::new(), Vec::new());
+    for _ in 0..11 {
+        let t = Instant::now();
+        let ticket = KlComplexity::submit(&rt, &q, &p)?;
+        submit_times.push(t.elapsed());
+        let again = ticket.wait()?;
+        result_times.push(t.elapsed());
+        if again != got {
+            return Err(format!("a second run gave {again}, the first {got}").into());
+        }
+    }
 
     // The reference, on the same inputs (a runtime of its own: buffers belong to one runtime).
     let reference = Runtime::cpu_reference();
@@ -110,6 +125,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         ms(plain_loop.median_us),
         ms(per_core),
         fast.median_us / per_core
+    );
+    let (submitted, resolved) = (Stats::of(submit_times), Stats::of(result_times));
+    println!(
+        "submit returns after {:.1} µs (median); the result comes {:.1} ms after it",
+        submitted.median_us,
+        ms(resolved.median_us)
     );
     if let (Some((rss, _)), Some((_, peak))) = (before, peak) {
         println!(

@@ -149,10 +149,11 @@
 //! let rt = Runtime::cpu();
 //! let (q, p) = (rt.upload(&[1.0f32])?, rt.upload(&[1.0f32])?);
 //! let mut ticket = std::pin::pin!(KlComplexity::submit(&rt, &q, &p)?);
-//! // The CPU backend computes at submission: the first poll is ready.
+//! // The CPU backend runs an item this small at submission: the first poll is ready. (A large
+//! // one runs on pptm's worker pool, and the poll says `Pending` until it ends.)
 //! match ticket.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
 //!     Poll::Ready(kl) => assert_eq!(kl?, 0.0),
-//!     Poll::Pending => unreachable!("the CPU backend resolves at once"),
+//!     Poll::Pending => unreachable!("the CPU backend runs small items at once"),
 //! }
 //! # Ok::<(), pptm::Error>(())
 //! ```

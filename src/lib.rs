@@ -56,8 +56,9 @@ pub mod __private {
     pub use bytemuck;
     pub use pptm_runtime::{LINKED_DOMAINS, checked_ir, linkme};
     pub use pptm_spec::{
-        ChainSpec, CpuImpl, DESC_ARGS, FusionClass, OpDef, Param, Precision, SpecError, StageSpec,
-        Tolerance, Ty, lower, lower_with,
+        ChainSpec, CpuImpl, DESC_ARGS, ElementFn, FusionClass, OpDef, Param, Precision, SpecError,
+        StageSpec, Tolerance, Ty, lower, lower_with,
+        ops::{fold_elements, run_elements},
     };
 
     /// The ops of the user's own that the chains of a pipeline part's steps name (what the part

@@ -520,7 +520,7 @@ fn root_mean(a: f64, b: f64) -> f64 {
 
 fn cpu_of(def: &pptm::__private::OpDef) -> fn(&[f64]) -> f64 {
     match def.cpu {
-        CpuImpl::Elementwise(f) => f,
+        CpuImpl::Elementwise(f) => f.one,
         _ => panic!("{} is not elementwise", def.name),
     }
 }
@@ -617,6 +617,7 @@ fn a_reduction_of_ones_own_is_described_and_its_cpu_reference_is_the_function() 
     let CpuImpl::Reduction {
         identity,
         combine,
+        fold,
         finish,
     } = d.cpu
     else {
@@ -624,6 +625,10 @@ fn a_reduction_of_ones_own_is_described_and_its_cpu_reference_is_the_function() 
     };
     assert_eq!(identity, f64::NEG_INFINITY);
     assert_eq!(combine(1.0, 2.0), log_sum_exp(1.0, 2.0));
+    assert_eq!(
+        fold(1.0, &[2.0, 3.0]),
+        log_sum_exp(log_sum_exp(1.0, 2.0), 3.0)
+    );
     assert_eq!(finish(3.5, 10), 3.5);
     let CpuImpl::Reduction {
         identity, finish, ..

@@ -813,6 +813,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                     ::pptm::__private::CpuImpl::Reduction {
                         identity: #identity,
                         combine: #fn_ident,
+                        fold: |acc, xs| ::pptm::__private::fold_elements(acc, xs, #fn_ident),
                         finish: #finish_ident,
                     }
                 },
@@ -861,7 +862,14 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                         #fn_ident(#(#call_args),*) #ret_cast
                     }
                 },
-                quote! { ::pptm::__private::CpuImpl::Elementwise(#cpu_ident) },
+                quote! {
+                    ::pptm::__private::CpuImpl::Elementwise(::pptm::__private::ElementFn {
+                        one: #cpu_ident,
+                        run: |columns, out| {
+                            ::pptm::__private::run_elements(columns, out, #cpu_ident)
+                        },
+                    })
+                },
             )
         }
     };

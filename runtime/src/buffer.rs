@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::host::{HostData, HostRead, HostWrite};
 
 /// A fixed-length array of `T` owned by one [`Runtime`](crate::Runtime).
 ///
@@ -18,7 +19,8 @@ pub struct Buffer<T: Element> {
 }
 
 enum Storage<T> {
-    Host(Vec<T>),
+    /// Shared with the CPU backend's items that use it (crate::host says why).
+    Host(Arc<HostData<T>>),
     Device(DeviceAlloc),
 }
 
@@ -89,7 +91,7 @@ impl<T: Element> Buffer<T> {
         Ok(Buffer {
             len,
             owner,
-            storage: Storage::Host(v),
+            storage: Storage::Host(HostData::new(v)),
         })
     }
 
@@ -148,7 +150,7 @@ impl<T: Element> Buffer<T> {
             });
         }
         match &self.storage {
-            Storage::Host(v) => dst.copy_from_slice(v),
+            Storage::Host(v) => dst.copy_from_slice(v.read().slice()),
             Storage::Device(d) if self.len > 0 => {
                 d.device.download(bytemuck::cast_slice_mut(dst), d.ptr)?
             }
@@ -166,7 +168,7 @@ impl<T: Element> Buffer<T> {
             });
         }
         match &mut self.storage {
-            Storage::Host(v) => v.copy_from_slice(src),
+            Storage::Host(v) => v.write().slice_mut().copy_from_slice(src),
             Storage::Device(d) if self.len > 0 => {
                 d.device.upload(d.ptr, bytemuck::cast_slice(src))?
             }
@@ -178,7 +180,7 @@ impl<T: Element> Buffer<T> {
     /// Sets every element to `value` (e.g. NaN, to poison an output before a run).
     pub fn fill(&mut self, value: T) -> Result<()> {
         match &mut self.storage {
-            Storage::Host(v) => v.fill(value),
+            Storage::Host(v) => v.write().slice_mut().fill(value),
             Storage::Device(d) if self.len > 0 => {
                 let bytes = bytemuck::bytes_of(&value);
                 if bytes.chunks(4).all(|c| c == &bytes[..4]) {
@@ -238,16 +240,19 @@ impl<T: Element> Buffer<T> {
         }
     }
 
-    pub(crate) fn host_slice(&self) -> Option<&[T]> {
+    /// Read access to a host buffer's elements, once no item writes them; `None` on a device.
+    pub(crate) fn host_read(&self) -> Option<HostRead<T>> {
         match &self.storage {
-            Storage::Host(v) => Some(v),
+            Storage::Host(v) => Some(v.read()),
             Storage::Device(_) => None,
         }
     }
 
-    pub(crate) fn host_slice_mut(&mut self) -> Option<&mut [T]> {
-        match &mut self.storage {
-            Storage::Host(v) => Some(v),
+    /// Write access to a host buffer's elements, once no item reads or writes them; `None` on a
+    /// device. `&mut self`: the buffer's borrow rules come first, the lock covers leaked tickets.
+    pub(crate) fn host_write(&mut self) -> Option<HostWrite<T>> {
+        match &self.storage {
+            Storage::Host(v) => Some(v.write()),
             Storage::Device(_) => None,
         }
     }

@@ -165,21 +165,6 @@ impl InputBuffer<'_> {
             InputBuffer::F8E4M3(b) => b.device_ptr(),
         }
     }
-
-    /// The contents widened to f64 (exactly), for host buffers; `None` for device buffers.
-    pub(crate) fn host_f64(&self) -> Option<Vec<f64>> {
-        use crate::element::Element;
-        fn widen<T: Element>(b: &Buffer<T>) -> Option<Vec<f64>> {
-            b.host_slice()
-                .map(|v| v.iter().map(|x| x.to_f64()).collect())
-        }
-        match self {
-            InputBuffer::F32(b) => widen(b),
-            InputBuffer::Bf16(b) => widen(b),
-            InputBuffer::F16(b) => widen(b),
-            InputBuffer::F8E4M3(b) => widen(b),
-        }
-    }
 }
 
 impl Arg<'_> {

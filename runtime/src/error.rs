@@ -257,6 +257,16 @@ pub enum Error {
         meaning: &'static str,
     },
 
+    /// An op's CPU reference panicked while the CPU backend ran an item (an op of the
+    /// application's own, most likely). The item's output is left as far as it got.
+    #[error("`{chain}`: an op's CPU code panicked on the CPU backend: {message}")]
+    CpuPanic {
+        /// The chain the item ran (its struct's name).
+        chain: &'static str,
+        /// The panic's message, where it had one.
+        message: String,
+    },
+
     /// A ticket's result was already taken.
     #[error("this ticket's result was already taken")]
     TicketConsumed,

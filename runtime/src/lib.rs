@@ -22,6 +22,7 @@ mod element;
 mod error;
 mod gpu;
 mod guard;
+mod host;
 mod pipeline;
 mod runtime;
 mod sync;

@@ -1424,9 +1424,11 @@ impl Runtime {
                         ..
                     }
                 );
-                let c = crate::cpu::run(C::NAME, ir, slots, &sizes, level, reference)?;
+                // A pipeline's items run one after another: it waits for each as it submits it.
+                let inline = matches!(mode, SubmitMode::Plan);
+                let item = crate::cpu::HostItem::new(C::NAME, ir, slots, sizes, level, reference)?;
                 Ok(Routed::Ran(
-                    Ticket::ready(C::NAME, C::DOMAIN.name, c).with_guard(guard),
+                    Ticket::cpu(C::NAME, C::DOMAIN.name, item.submit(inline))?.with_guard(guard),
                 ))
             }
             route => {

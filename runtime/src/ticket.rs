@@ -97,8 +97,10 @@ impl std::fmt::Display for ProductPaths {
 type Borrows<'a, R> = PhantomData<(&'a mut (), fn() -> R)>;
 
 enum State {
-    /// Completed at submission (CPU backend).
+    /// Completed at submission (a small item of the CPU backend, the launched variants).
     Ready(Completion),
+    /// Running on the CPU backend's worker pool.
+    Cpu(Arc<crate::cpu::CpuJob>),
     Pending {
         manifold: Arc<Manifold>,
         cell: Arc<Cell>,
@@ -128,6 +130,8 @@ impl<R: ChainOutput> std::fmt::Debug for Ticket<'_, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Ready(_) => "ready".to_string(),
+            State::Cpu(job) if job.is_done() => "ready".to_string(),
+            State::Cpu(_) => "running on the CPU".to_string(),
             State::Pending { cell, .. } => format!("pending (item {})", cell.seq),
             State::Taken => "taken".to_string(),
         };
@@ -144,6 +148,24 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
             guard: None,
             _borrows: PhantomData,
         }
+    }
+
+    /// An item of the CPU backend, as [`crate::cpu::HostItem::submit`] left it.
+    pub(crate) fn cpu(
+        chain: &'static str,
+        domain: &'static str,
+        run: crate::cpu::CpuRun,
+    ) -> Result<Self> {
+        Ok(match run {
+            crate::cpu::CpuRun::Done(c) => Ticket::ready(chain, domain, c?),
+            crate::cpu::CpuRun::Running(job) => Ticket {
+                state: State::Cpu(job),
+                chain,
+                domain,
+                guard: None,
+                _borrows: PhantomData,
+            },
+        })
     }
 
     pub(crate) fn pending(chain: &'static str, manifold: Arc<Manifold>, cell: Arc<Cell>) -> Self {
@@ -206,6 +228,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
     pub fn is_ready(&self) -> bool {
         match &self.state {
             State::Ready(_) | State::Taken => true,
+            State::Cpu(job) => job.is_done(),
             State::Pending { manifold, cell } => manifold.poll(cell),
         }
     }
@@ -238,7 +261,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
                 // SAFETY: a live cudarc stream of pptm's context (checked above).
                 unsafe { manifold.signal_stream(stream.cu_stream(), cell.seq) }
             }
-            State::Ready(_) | State::Taken => Ok(()),
+            State::Ready(_) | State::Cpu(_) | State::Taken => Ok(()),
         }
     }
 
@@ -255,7 +278,7 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
                 // SAFETY: as above, and checked to be of pptm's context.
                 unsafe { manifold.signal_stream(stream, cell.seq) }
             }
-            State::Ready(_) | State::Taken => Ok(()),
+            State::Ready(_) | State::Cpu(_) | State::Taken => Ok(()),
         }
     }
 
@@ -271,7 +294,8 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
                 // watcher polls every watch it holds.
                 std::task::Poll::Pending
             }
-            State::Ready(_) | State::Taken => std::task::Poll::Ready(()),
+            State::Cpu(job) if !job.wake_when_done(cx.waker()) => std::task::Poll::Pending,
+            State::Ready(_) | State::Cpu(_) | State::Taken => std::task::Poll::Ready(()),
         }
     }
 
@@ -279,6 +303,12 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
         let out = match &self.state {
             State::Taken => return Err(Error::TicketConsumed),
             State::Ready(c) => resolve(self.chain, self.domain, &Ok(*c)),
+            State::Cpu(job) => match job.take(deadline) {
+                Ok(c) => resolve(self.chain, self.domain, &Ok(c)),
+                // The job keeps its result past a timeout: the ticket stays valid.
+                Err(Error::Timeout(t)) => return Err(Error::Timeout(t)),
+                Err(e) => Err(e),
+            },
             State::Pending { manifold, cell } => {
                 manifold.wait(cell, deadline)?;
                 resolve(self.chain, self.domain, cell.result().expect("waited"))
@@ -371,6 +401,12 @@ impl<R: ChainOutput> Drop for Ticket<'_, R> {
                 );
             } else if let Some(Ok(c)) = cell.result().cloned() {
                 // The guard learns from items nobody waited for too.
+                self.note_guard(&c);
+            }
+        } else if let State::Cpu(job) = &self.state {
+            // The item holds its buffers itself (crate::host), but their borrow ends with the
+            // ticket: wait, so that what the application does next sees the item's writes.
+            if let Ok(c) = job.take(None) {
                 self.note_guard(&c);
             }
         } else if let State::Ready(c) = self.state {

@@ -27,7 +27,7 @@ pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
     MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower, lower_with,
 };
-pub use ops::{Anchor, CpuImpl, FusionClass, Op, OpDef, OpInputs, Param, Ty};
+pub use ops::{Anchor, CpuImpl, ElementFn, FusionClass, Op, OpDef, OpInputs, Param, Ty};
 
 /// Threads per block of every manifold. The generated PTX is compiled for it
 /// (`__launch_bounds__`), and the runtime launches with it.

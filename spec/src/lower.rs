@@ -1962,7 +1962,7 @@ impl ChainIr {
                                 });
                             }
                             x.extend_from_slice(&inputs.scalars);
-                            f(&x)
+                            (f.one)(&x)
                         })
                         .collect()
                 }
@@ -1971,6 +1971,7 @@ impl ChainIr {
                     identity,
                     combine,
                     finish,
+                    ..
                 } if st.per_row => {
                     let rows = self.stage_output_len(s, sizes);
                     let cols = flow.len().checked_div(rows).unwrap_or(0);
@@ -1986,6 +1987,7 @@ impl ChainIr {
                     identity,
                     combine,
                     finish,
+                    ..
                 } if self.folds_rows(s) => {
                     let mut out = Vec::new();
                     self.pair_rows(s, &outs, &as_f64, &value_of, sizes, |_, row, _| {
@@ -2000,6 +2002,7 @@ impl ChainIr {
                     identity,
                     combine,
                     finish,
+                    ..
                 } => {
                     vec![finish(
                         flow.iter().copied().fold(identity, combine),

@@ -174,10 +174,11 @@ impl OpFn {
                 CpuImpl::Reduction {
                     identity: f64::NAN,
                     combine: |_, _| f64::NAN,
+                    fold: |_, _| f64::NAN,
                     finish: |_, _| f64::NAN,
                 }
             } else {
-                CpuImpl::Elementwise(|_| f64::NAN)
+                CpuImpl::Elementwise(crate::element_fn!(|_| f64::NAN))
             },
             check: None,
             doc: leak(format!(

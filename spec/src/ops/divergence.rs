@@ -8,7 +8,7 @@ pub const KL_DIVERGENCE: OpDef = OpDef::elementwise(
     &[param("q", Ty::Like), param("p", Ty::Like)],
     "pptm/ops/divergence.cuh",
     "pptm_op_kl_divergence",
-    kl_divergence,
+    crate::element_fn!(kl_divergence),
     "One term of the Kullback-Leibler divergence: q (ln q - ln p), with 0 ln 0 = 0.",
 );
 

@@ -182,7 +182,7 @@ pub const ADD_BIAS: OpDef = OpDef {
         &[param("x", Ty::Like), param("b", Ty::Row)],
         HEADER,
         "pptm_op_add_bias",
-        |v| v[0] + v[1],
+        crate::element_fn!(|v| v[0] + v[1]),
         "x + b, b broadcast along the rows (one value per column).",
     )
 };
@@ -193,6 +193,6 @@ pub const GELU: OpDef = OpDef::elementwise(
     &[param("x", Ty::Like)],
     HEADER,
     "pptm_op_gelu",
-    |v| 0.5 * v[0] * (1.0 + libm::erf(v[0] / std::f64::consts::SQRT_2)),
+    crate::element_fn!(|v| 0.5 * v[0] * (1.0 + libm::erf(v[0] / std::f64::consts::SQRT_2))),
     "GELU, exact form: x/2 (1 + erf(x / sqrt 2)).",
 );

@@ -163,18 +163,103 @@ impl OpInputs<'_> {
     }
 }
 
+/// An elementwise op's f64 reference, per element and over a run of elements.
+///
+/// `one` is the definition. `run` is the same function applied along columns, with `one` inlined
+/// into its loop (build it with [`element_fn!`](crate::element_fn), which guarantees that): the
+/// CPU backend's fast path calls it once per block of elements and stage instead of once per
+/// element, which is what lets a fused chain run near a hand-written loop's speed.
+#[derive(Clone, Copy)]
+pub struct ElementFn {
+    /// f(flow channels, then the other inputs at the same element, then by-value inputs), for one
+    /// element. A [`Ty::Row`] input contributes its element at the flow element's column.
+    pub one: fn(&[f64]) -> f64,
+    /// `out[i] = one([columns[0][i], columns[1][i], ...])` for every `i < out.len()`, one column
+    /// per operand in `one`'s order (a by-value operand as a column of copies); for flows of one
+    /// value per element. Every column holds at least `out.len()` values.
+    pub run: fn(&[&[f64]], &mut [f64]),
+}
+
+/// An [`ElementFn`] from one function (a path or a closure that captures nothing): its `run` is
+/// [`run_elements`] over the same function, so that the function is inlined into the loop.
+#[macro_export]
+macro_rules! element_fn {
+    ($f:expr) => {
+        $crate::ElementFn {
+            one: $f,
+            run: |columns, out| $crate::ops::run_elements(columns, out, $f),
+        }
+    };
+}
+
+/// Applies `f` along columns (see [`ElementFn::run`]). Generic over `f` so that each op's `run`
+/// is a loop of its own with the op inlined; operand counts up to four get a loop each, whose
+/// operand array has a length known at compile time.
+#[inline(always)]
+pub fn run_elements(columns: &[&[f64]], out: &mut [f64], f: impl Fn(&[f64]) -> f64) {
+    let n = out.len();
+    match *columns {
+        [a] => {
+            for (o, &a) in out.iter_mut().zip(&a[..n]) {
+                *o = f(&[a]);
+            }
+        }
+        [a, b] => {
+            for ((o, &a), &b) in out.iter_mut().zip(&a[..n]).zip(&b[..n]) {
+                *o = f(&[a, b]);
+            }
+        }
+        [a, b, c] => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f(&[a[i], b[i], c[i]]);
+            }
+        }
+        [a, b, c, d] => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f(&[a[i], b[i], c[i], d[i]]);
+            }
+        }
+        _ => {
+            let mut x = vec![0.0; columns.len()];
+            for (i, o) in out.iter_mut().enumerate() {
+                for (x, column) in x.iter_mut().zip(columns) {
+                    *x = column[i];
+                }
+                *o = f(&x);
+            }
+        }
+    }
+}
+
+/// A reduction's fold of a run of elements into the running value, `combine` inlined into the
+/// loop: what [`CpuImpl::Reduction`]'s `fold` holds (built by [`fold_fn!`](crate::fold_fn)).
+#[inline(always)]
+pub fn fold_elements(acc: f64, xs: &[f64], combine: impl Fn(f64, f64) -> f64) -> f64 {
+    xs.iter().fold(acc, |acc, &x| combine(acc, x))
+}
+
+/// A reduction's `fold` from its combine function (a path or a closure that captures nothing).
+#[macro_export]
+macro_rules! fold_fn {
+    ($combine:expr) => {
+        |acc, xs| $crate::ops::fold_elements(acc, xs, $combine)
+    };
+}
+
 /// The f64 CPU reference of an op, run by the CPU backend.
 #[derive(Clone, Copy)]
 pub enum CpuImpl {
-    /// f(flow channels, then the other inputs at the same element, then by-value inputs), per
-    /// element. A [`Ty::Row`] input contributes its element at the flow element's column.
-    Elementwise(fn(&[f64]) -> f64),
+    /// Per element: see [`ElementFn`].
+    Elementwise(ElementFn),
     /// Fold every element with `combine`, starting from `identity`; then `finish(total, n)`.
     Reduction {
         /// The value folding starts from (0 for a sum, -inf for a max).
         identity: f64,
         /// Folds one more element into the running value.
         combine: fn(f64, f64) -> f64,
+        /// Folds a run of elements into the running value, in order: `combine` along the run,
+        /// inlined (see [`fold_fn!`](crate::fold_fn)); the same result as folding one by one.
+        fold: fn(f64, &[f64]) -> f64,
         /// The result from the folded value and the number of elements folded (a mean divides).
         finish: fn(f64, usize) -> f64,
     },
@@ -252,7 +337,7 @@ impl OpDef {
         inputs: &'static [Param],
         header: &'static str,
         device: &'static str,
-        f: fn(&[f64]) -> f64,
+        f: ElementFn,
         doc: &'static str,
     ) -> OpDef {
         OpDef {

@@ -178,7 +178,7 @@ pub const DIGAMMA: OpDef = OpDef::elementwise(
     &[param("x", Ty::Like)],
     HEADER,
     "pptm_op_digamma",
-    |v| digamma(v[0]),
+    crate::element_fn!(|v| digamma(v[0])),
     "The digamma function psi(x).",
 );
 
@@ -191,7 +191,7 @@ pub const KSG_DIGAMMA: OpDef = OpDef {
         &[param("counts", Ty::Like)],
         HEADER,
         "pptm_op_ksg_digamma",
-        |v| digamma(v[2] + 1.0) - digamma(v[0] + 1.0) - digamma(v[1] + 1.0),
+        crate::element_fn!(|v| digamma(v[2] + 1.0) - digamma(v[0] + 1.0) - digamma(v[1] + 1.0)),
         "KSG term psi(n_z + 1) - psi(n_xz + 1) - psi(n_yz + 1) of the counts (n_xz, n_yz, n_z).",
     )
 };
@@ -202,7 +202,7 @@ pub const ADD_DIGAMMA: OpDef = OpDef::elementwise(
     &[param("x", Ty::Like), param("k", Ty::U32)],
     HEADER,
     "pptm_op_add_digamma",
-    |v| v[0] + digamma(v[1]),
+    crate::element_fn!(|v| v[0] + digamma(v[1])),
     "x + psi(k).",
 );
 

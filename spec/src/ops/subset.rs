@@ -139,6 +139,7 @@ macro_rules! subset_ops {
             cpu: CpuImpl::Reduction {
                 identity: $identity,
                 combine: $f,
+                fold: $crate::fold_fn!($f),
                 finish: subset_ops!(@finish $($finish)?),
             },
             check: None,
@@ -178,12 +179,12 @@ macro_rules! subset_ops {
             device: concat!("pptm_op_", stringify!($f)),
             // The CPU backend hands over [flow, tensors in order, by-value arguments in order]:
             // the parameters' own order (`params` checks it).
-            cpu: CpuImpl::Elementwise(|x| {
+            cpu: CpuImpl::Elementwise($crate::element_fn!(|x| {
                 let &[$($p),*] = x else {
                     return f64::NAN;
                 };
                 $f($($p as $pty),*) as f64
-            }),
+            })),
             check: None,
             doc: $doc,
         }
@@ -407,14 +408,21 @@ mod tests {
         let CpuImpl::Elementwise(f) = Axpby::DEF.cpu else {
             panic!()
         };
-        assert_eq!(f(&[1.0, 10.0, 2.0, 3.0]), 2.0 + 30.0);
+        assert_eq!((f.one)(&[1.0, 10.0, 2.0, 3.0]), 2.0 + 30.0);
+        let mut out = [0.0; 2];
+        (f.run)(
+            &[&[1.0, 2.0], &[10.0, 20.0], &[2.0; 2], &[3.0; 2]],
+            &mut out,
+        );
+        assert_eq!(out, [2.0 + 30.0, 4.0 + 60.0]);
         let CpuImpl::Elementwise(f) = BeliefUpdate::DEF.cpu else {
             panic!()
         };
-        assert_eq!(f(&[2.0, 1.0, 0.5]), 2.0);
+        assert_eq!((f.one)(&[2.0, 1.0, 0.5]), 2.0);
         let CpuImpl::Reduction {
             identity,
             combine,
+            fold,
             finish,
         } = MeanReduction::DEF.cpu
         else {
@@ -422,6 +430,7 @@ mod tests {
         };
         assert_eq!(identity, 0.0);
         assert_eq!(finish(combine(1.0, 2.0), 2), 1.5);
+        assert_eq!(fold(1.0, &[2.0, 3.0]), combine(combine(1.0, 2.0), 3.0));
         assert!(finish(0.0, 0).is_nan());
         let CpuImpl::Reduction {
             identity, combine, ..
