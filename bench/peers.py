@@ -54,7 +54,8 @@ TE_K, TE_EPS_SCALE = 4, 0.1
 PSI_K = sum(1.0 / i for i in range(1, TE_K)) - 0.5772156649015329  # digamma(TE_K)
 SIZES = ["small", "medium", "large"]
 CHAINS = ["kl_complexity", "accuracy_pipeline", "row_squared_residual", "dependent_steps_pipeline",
-          "dependent_steps_kept", "dependent_steps_fused", "belief_update", "belief_update_bf16",
+          "dependent_steps_kept", "dependent_steps_fused", "dependent_gemv_pipeline",
+          "dependent_gemv_kept", "belief_update", "belief_update_bf16",
           "distance_kth", "te_reduction", "gemv_axpby_sum", "gemv_axpby_sum_bf16",
           "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
 # What a result must match its float64 reference to: 1e-4, but 1e-2 where PyTorch rounds to bf16
@@ -123,6 +124,20 @@ def cases(torch):
                         3 * 4096 * stages,
                         lambda d: (t(SEED["RES_X"], 4096, d), t(SEED["RES_Y"], 4096, d)),
                         steps, False))
+    for size, stages in zip(SIZES, [8, 32, 170]):
+        # Dependent GEMVs u <- A u, A 256 x 256 (uniform over 128, as cases.rs): one kernel a
+        # step whatever the variant (torch.compile does not fuse dependent matrix products).
+        def gemv_steps(a, x, stages=stages):
+            u = x
+            for _ in range(stages):
+                u = a @ u
+            return u
+        for chain in ("dependent_gemv_pipeline", "dependent_gemv_kept"):
+            out.append((chain, size, f"{stages} steps of 256 x 256", stages,
+                        4 * (256 * 256 + 512) * stages, 2 * 256 * 256 * stages,
+                        lambda d: (t(SEED["GEMV_A"], 256 * 256, d, (256, 256), 1.0 / 128),
+                                   t(SEED["GEMV_X"], 256, d)),
+                        gemv_steps, False))
     for size, n in zip(SIZES, [256, 1024, 4096]):
         m = n
         out.append(("belief_update", size, f"m = n = {n}", n, 4 * (m * n + 3 * m + 2 * n),
@@ -275,9 +290,11 @@ def nvidia_smi(query):
         return None
 
 
-# The dependent-steps cases and the probe's stage counts by size.
+# The dependent-steps cases (the probe's elementwise stages, then its GEMVs) and the probe's
+# stage counts by size.
 DEPENDENT_STEPS = ("dependent_steps_waited", "dependent_steps_pipeline", "dependent_steps_kept",
                    "dependent_steps_fused")
+DEPENDENT_GEMV = ("dependent_gemv_waited", "dependent_gemv_pipeline", "dependent_gemv_kept")
 STEPS_BY_SIZE = {"small": 8, "medium": 32, "large": 170}
 CUDA_PEERS = {"launches": "CUDA launches (hand-written)", "graph": "CUDA graph (hand-written)",
               "graph+PDL": "CUDA graph + PDL (hand-written)"}
@@ -305,7 +322,7 @@ class Progress:
 
 def cuda_peers(chains, sizes):
     """The hand-written CUDA peers of the dependent-steps cases: (results, refused)."""
-    wanted = [c for c in chains if c in DEPENDENT_STEPS]
+    wanted = [c for c in chains if c in DEPENDENT_STEPS + DEPENDENT_GEMV]
     if not wanted:
         return [], []
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
@@ -325,25 +342,31 @@ def cuda_peers(chains, sizes):
     except (subprocess.CalledProcessError, OSError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         return refuse_all(f"the probe did not build or run: {detail.strip().splitlines()[-1:]}")
-    line = re.compile(r"^elementwise 4096, (launches|graph|graph\+PDL)\s+(\d+) stages\s+"
-                      r"median\s+([\d.]+) us\s+p99\s+([\d.]+) us")
+    line = re.compile(r"^(elementwise 4096|gemv 256x256), (launches|graph|graph\+PDL)\s+(\d+) "
+                      r"stages\s+median\s+([\d.]+) us\s+p99\s+([\d.]+) us")
     results = []
     for text in out.splitlines():
         m = line.match(text)
         if not m:
             continue
-        kind, stages, med, p99 = m.group(1), int(m.group(2)), float(m.group(3)), float(m.group(4))
+        what, kind = m.group(1), m.group(2)
+        stages, med, p99 = int(m.group(3)), float(m.group(4)), float(m.group(5))
+        if what.startswith("gemv"):
+            family, shape = DEPENDENT_GEMV, f"{stages} steps of 256 x 256"
+            nbytes, flops = 4 * (256 * 256 + 512) * stages, 2 * 256 * 256 * stages
+        else:
+            family, shape = DEPENDENT_STEPS, f"{stages} steps of n = 4096"
+            nbytes, flops = 12 * 4096 * stages, 3 * 4096 * stages
         for size, n in STEPS_BY_SIZE.items():
             if n != stages or size not in sizes:
                 continue
-            for chain in wanted:
-                results.append(dict(chain=chain, size=size, shape=f"{stages} steps of n = 4096",
+            for chain in (c for c in wanted if c in family):
+                results.append(dict(chain=chain, size=size, shape=shape,
                                     x=float(stages), variant=CUDA_PEERS[kind],
                                     host_us=dict(median=med, p99=p99, reps=500), device_us=None,
-                                    gbps=12 * 4096 * stages / (med * 1e3),
-                                    tflops=3 * 4096 * stages / (med * 1e6),
+                                    gbps=nbytes / (med * 1e3), tflops=flops / (med * 1e6),
                                     max_rel_err=None, value=None))
-            print(f"{'dependent_steps':<18} {size:<7} {CUDA_PEERS[kind]:<40} median {med:10.2f} µs  "
+            print(f"{family[0][:-7]:<18} {size:<7} {CUDA_PEERS[kind]:<40} median {med:10.2f} µs  "
                   f"p99 {p99:10.2f} µs", flush=True)
     return results, []
 

@@ -234,10 +234,14 @@ pub fn all() -> Vec<Case> {
         cases.push(squared_residual(true, size, n));
     }
     // Dependent steps of 4096 elements (each reads what the one before wrote): waited one by
-    // one, pushed as one pipeline, and that pipeline kept and run again.
+    // one, pushed as one pipeline, that pipeline kept and run again, and fused at build time;
+    // and dependent 256 x 256 GEMVs, which no pass can fuse (each reads the whole step before).
     for (size, stages) in SIZES.into_iter().zip([8usize, 32, 170]) {
         for how in [Steps::Waited, Steps::Pipeline, Steps::Kept, Steps::Fused] {
             cases.push(dependent_steps(how, size, stages));
+        }
+        for how in [Steps::Waited, Steps::Pipeline, Steps::Kept] {
+            cases.push(dependent_gemv(how, size, stages));
         }
     }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
@@ -252,7 +256,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 21] = [
+pub const CHAINS: [&str; 24] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -262,6 +266,9 @@ pub const CHAINS: [&str; 21] = [
     "dependent_steps_pipeline",
     "dependent_steps_kept",
     "dependent_steps_fused",
+    "dependent_gemv_waited",
+    "dependent_gemv_pipeline",
+    "dependent_gemv_kept",
     "belief_update",
     "belief_update_bf16",
     "distance_kth",
@@ -391,21 +398,16 @@ enum Steps {
     Fused,
 }
 
-/// Pushes `stages` dependent steps into `p`: u and v take turns as output, the first step reads
-/// x. Returns the handle of the buffer the last step wrote.
+/// Pushes `stages` dependent steps into `p`, each by `step` (from, to): u and v take turns as
+/// output, the first step reads `x`. Returns the last step's output.
 fn push_steps<'p>(
     p: &mut pptm::Pipeline<'p>,
     stages: usize,
-    bufs: (
-        &'p pptm::Buffer<f32>,
-        &'p pptm::Buffer<f32>,
-        &'p mut pptm::Buffer<f32>,
-        &'p mut pptm::Buffer<f32>,
-    ),
+    x: &'p pptm::Buffer<f32>,
+    (u, v): (&'p mut pptm::Buffer<f32>, &'p mut pptm::Buffer<f32>),
+    step: impl Fn(&mut pptm::Pipeline<'p>, pptm::PipeInput<'p>, pptm::PipeOutput) -> pptm::Result<()>,
 ) -> pptm::Result<pptm::PipeOutput> {
-    use crate::own_ops::Blend;
-    let (x, c, u, v) = bufs;
-    let (xi, ci) = (p.input(x), p.input(c));
+    let xi = p.input(x);
     let (uo, vo) = (p.output(u), p.output(v));
     for k in 0..stages {
         let (from, to): (pptm::PipeInput<'_>, _) = match k {
@@ -413,10 +415,28 @@ fn push_steps<'p>(
             k if k % 2 == 0 => (vo.into(), uo),
             _ => (uo.into(), vo),
         };
-        Blend::push(p, from, ci, DEP_ALPHA, DEP_BETA, to)?;
+        step(p, from, to)?;
     }
     // The last step (stages - 1) wrote u if it is even, v if odd.
     Ok(if stages % 2 == 1 { uo } else { vo })
+}
+
+/// Pushes `stages` dependent blends u ← α u + β c (see [`dependent_steps`]).
+fn push_blends<'p>(
+    p: &mut pptm::Pipeline<'p>,
+    stages: usize,
+    (x, c, u, v): (
+        &'p pptm::Buffer<f32>,
+        &'p pptm::Buffer<f32>,
+        &'p mut pptm::Buffer<f32>,
+        &'p mut pptm::Buffer<f32>,
+    ),
+) -> pptm::Result<pptm::PipeOutput> {
+    use crate::own_ops::Blend;
+    let ci = p.input(c);
+    push_steps(p, stages, x, (u, v), |p, from, to| {
+        Blend::push(p, from, ci, DEP_ALPHA, DEP_BETA, to).map(|_| ())
+    })
 }
 
 const DEP_ALPHA: f32 = 0.5;
@@ -455,7 +475,7 @@ fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
                 let (x, c) = (&*Box::leak(Box::new(x)), &*Box::leak(Box::new(c)));
                 let (u, v) = (Box::leak(Box::new(u)), Box::leak(Box::new(v)));
                 let mut p = rt.pipeline();
-                let last = push_steps(&mut p, stages, (x, c, u, v))?;
+                let last = push_blends(&mut p, stages, (x, c, u, v))?;
                 let (_, mut kept) = p.wait_and_keep()?;
                 return Ok(Box::new(move |read| {
                     kept.run()?;
@@ -475,7 +495,7 @@ fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
                 }
                 if how == Steps::Pipeline {
                     let mut p = rt.pipeline();
-                    push_steps(&mut p, stages, (&x, &c, &mut u, &mut v))?;
+                    push_blends(&mut p, stages, (&x, &c, &mut u, &mut v))?;
                     p.wait()?;
                 } else {
                     for k in 0..stages {
@@ -508,6 +528,101 @@ fn dependent_steps(how: Steps, size: &'static str, stages: usize) -> Case {
             let at = sample_indices(N)
                 .into_iter()
                 .map(|i| (i, w[i], w[i].abs().max(1.0)))
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
+    }
+}
+
+/// The side of the dependent GEMVs' matrix.
+const GEMV_STEP_N: usize = 256;
+
+/// The dependent GEMVs' matrix: uniform (0, 1] over 128 (exact in f32, and in peers.py), so that
+/// its Perron root is about 1 and 170 products neither overflow nor vanish (all positive: no
+/// cancellation to lose the f64 reference's digits in).
+fn gemv_step_matrix() -> Vec<f32> {
+    uniform(seed::GEMV_A, GEMV_STEP_N * GEMV_STEP_N)
+        .into_iter()
+        .map(|v| v / 128.0)
+        .collect()
+}
+
+/// `stages` dependent products u ← A u, A 256 x 256 (u and v taking turns, the first step
+/// reading x), run as `how` says (src/own_ops.rs, `GemvStep`). No fused form: a GEMV reads the
+/// whole of the vector the step before wrote.
+fn dependent_gemv(how: Steps, size: &'static str, stages: usize) -> Case {
+    use crate::own_ops::GemvStep;
+    const N: usize = GEMV_STEP_N;
+    Case {
+        chain: match how {
+            Steps::Waited => "dependent_gemv_waited",
+            Steps::Pipeline => "dependent_gemv_pipeline",
+            Steps::Kept => "dependent_gemv_kept",
+            Steps::Fused => unreachable!("dependent GEMVs have no fused form"),
+        },
+        domain: GemvStep::DOMAIN.name,
+        size,
+        shape: format!("{stages} steps of {N} x {N}"),
+        x: stages as f64,
+        bytes: 4.0 * ((N * N + 2 * N) * stages) as f64,
+        flops: 2.0 * (N * N * stages) as f64,
+        prepare: Box::new(move |rt| {
+            let (x, a) = (
+                rt.upload(&uniform(seed::GEMV_X, N))?,
+                rt.upload(&gemv_step_matrix())?,
+            );
+            let (mut u, mut v) = (rt.alloc::<f32>(N)?, rt.alloc::<f32>(N)?);
+            if how == Steps::Kept {
+                // Leaked for the benchmark's life, as dependent_steps's kept buffers.
+                let (x, a) = (&*Box::leak(Box::new(x)), &*Box::leak(Box::new(a)));
+                let (u, v) = (Box::leak(Box::new(u)), Box::leak(Box::new(v)));
+                let mut p = rt.pipeline();
+                let ai = p.input(a);
+                let last = push_steps(&mut p, stages, x, (u, v), |p, from, to| {
+                    GemvStep::push(p, from, ai, to).map(|_| ())
+                })?;
+                let (_, mut kept) = p.wait_and_keep()?;
+                return Ok(Box::new(move |read| {
+                    kept.run()?;
+                    vector(None, kept.buffer(last)?, read)
+                }));
+            }
+            Ok(Box::new(move |read| {
+                if how == Steps::Pipeline {
+                    let mut p = rt.pipeline();
+                    let ai = p.input(&a);
+                    push_steps(&mut p, stages, &x, (&mut u, &mut v), |p, from, to| {
+                        GemvStep::push(p, from, ai, to).map(|_| ())
+                    })?;
+                    p.wait()?;
+                } else {
+                    for k in 0..stages {
+                        match k {
+                            0 => GemvStep::submit(rt, &x, &a, &mut u)?.wait()?,
+                            k if k % 2 == 0 => GemvStep::submit(rt, &v, &a, &mut u)?.wait()?,
+                            _ => GemvStep::submit(rt, &u, &a, &mut v)?.wait()?,
+                        }
+                    }
+                }
+                let last = if stages % 2 == 1 { &u } else { &v };
+                vector(None, last, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let a: Vec<f64> = gemv_step_matrix().iter().map(|&v| f64::from(v)).collect();
+            let mut w: Vec<f64> = uniform(seed::GEMV_X, N)
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+            for _ in 0..stages {
+                w = (0..N)
+                    .map(|i| (0..N).map(|j| a[i * N + j] * w[j]).sum())
+                    .collect();
+            }
+            let top = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let at = sample_indices(N)
+                .into_iter()
+                .map(|i| (i, w[i], top))
                 .collect();
             Expect::Elements { at, exact: false }
         }),

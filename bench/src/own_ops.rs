@@ -3,7 +3,7 @@
 //! `squared_residual` and `squared_residual_own_ops`): user ops cost what built-ins cost. And the
 //! built-in chain folded per row of a matrix (`row_squared_residual`).
 
-use pptm::ops::{Axpby, Square, SumReduction};
+use pptm::ops::{Axpby, Gemv, Square, SumReduction};
 use pptm::{FusionBuilder, op};
 
 /// α x + β y, as the built-in `Axpby`.
@@ -93,4 +93,14 @@ pub struct Blend32 {
 pub struct Blend170 {
     #[stage(1, repeat = 170)]
     blend: Axpby,
+}
+
+/// y ← A x: the step of the dependent-GEMV cases (`dependent_gemv_*`), each step's x what the one
+/// before it wrote. A domain of its own, so that its GEMV pattern does not reshape the register
+/// allocation of the elementwise chains above.
+#[derive(FusionBuilder)]
+#[fusion(domain = "gemv_steps")]
+pub struct GemvStep {
+    #[stage(1)]
+    product: Gemv,
 }

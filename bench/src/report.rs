@@ -401,7 +401,10 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             "dependent_steps_waited"
             | "dependent_steps_pipeline"
             | "dependent_steps_kept"
-            | "dependent_steps_fused" => "dependent steps",
+            | "dependent_steps_fused"
+            | "dependent_gemv_waited"
+            | "dependent_gemv_pipeline"
+            | "dependent_gemv_kept" => "dependent steps",
             "matmul_bias_gelu" => "m (shapes in REPORT.md)",
             _ => "matrix side (m = n)",
         };

@@ -36,6 +36,11 @@ impl ProductPaths {
         ProductPaths(bits)
     }
 
+    /// The device's bit set, as [`ProductPaths::from_bits`] took it.
+    pub(crate) fn bits(self) -> u32 {
+        self.0
+    }
+
     /// f32 tiles on CUDA cores.
     pub fn cuda_cores(self) -> bool {
         self.0 & abi::PPTM_PATH_CUDA_CORES != 0
@@ -216,6 +221,12 @@ impl<'a, R: ChainOutput> Ticket<'a, R> {
             device: c.device_ns.map(Duration::from_nanos),
             paths: c.paths,
         })
+    }
+
+    /// As [`Ticket::wait`], with the whole completion (a pipeline's plan of one item pushed as
+    /// an item reads its step's result from it).
+    pub(crate) fn wait_completion(mut self) -> Result<Completion> {
+        self.take(None)
     }
 
     /// Waits up to `timeout`. On [`Error::Timeout`] the ticket stays valid: wait again later.
