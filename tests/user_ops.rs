@@ -580,13 +580,7 @@ fn a_chain_naming_an_op_of_ones_own_lowers_with_its_definition() {
         number,
         op: op.into(),
         reduction: reduction.then_some(true),
-        tensor_eligible: None,
-        precision: None,
-        tolerance: None,
-        finite: None,
-        per_row: None,
-        args: Vec::new(),
-        repeat: None,
+        ..Default::default()
     };
     let spec = ChainSpec {
         name: "WeightedLoss".into(),

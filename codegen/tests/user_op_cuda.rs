@@ -110,13 +110,8 @@ fn chain(
                 number: i as u32 + 1,
                 op: op.into(),
                 reduction: reduction.then_some(true),
-                tensor_eligible: None,
                 precision,
-                tolerance: None,
-                finite: None,
-                per_row: None,
-                args: Vec::new(),
-                repeat: None,
+                ..Default::default()
             })
             .collect(),
     }

@@ -615,14 +615,7 @@ mod tests {
                 field: "picky".into(),
                 number: 1,
                 op: "Picky".into(),
-                reduction: None,
-                tensor_eligible: None,
-                precision: None,
-                tolerance: None,
-                finite: None,
-                per_row: None,
-                args: Vec::new(),
-                repeat: None,
+                ..Default::default()
             }],
         };
         Box::leak(Box::new(pptm_spec::lower_with(&spec, &[&PICKY]).unwrap()))

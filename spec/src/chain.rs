@@ -76,8 +76,10 @@ impl PartialEq for Tolerance {
 
 impl Eq for Tolerance {}
 
-/// One `#[stage(n, ...)]` field, as written (defaults not yet applied).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One `#[stage(n, ...)]` field, as written (defaults not yet applied). `Default` is a stage with
+/// nothing written but what a test sets (`StageSpec { number: 1, op: "Square".into(),
+/// ..Default::default() }`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StageSpec {
     /// The field name (documentation only).
     pub field: String,

@@ -8,14 +8,8 @@ fn stage(number: u32, op: &str) -> StageSpec {
         field: op.to_lowercase(),
         number,
         op: op.into(),
-        reduction: None,
-        tensor_eligible: None,
-        precision: None,
-        tolerance: None,
-        finite: None,
-        per_row: None,
         args: vec![],
-        repeat: None,
+        ..Default::default()
     }
 }
 

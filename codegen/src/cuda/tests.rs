@@ -12,14 +12,7 @@ fn spec(name: &str, ops: &[&str]) -> ChainSpec {
             field: format!("s{i}"),
             number: i as u32 + 1,
             op: op.to_string(),
-            reduction: None,
-            tensor_eligible: None,
-            precision: None,
-            tolerance: None,
-            finite: None,
-            per_row: None,
-            args: Vec::new(),
-            repeat: None,
+            ..Default::default()
         })
         .collect();
     ChainSpec {

@@ -9,14 +9,7 @@ pub(super) fn stage(number: u32, op: &str) -> StageSpec {
         field: format!("s{number}"),
         number,
         op: op.into(),
-        reduction: None,
-        tensor_eligible: None,
-        precision: None,
-        tolerance: None,
-        finite: None,
-        per_row: None,
-        args: Vec::new(),
-        repeat: None,
+        ..Default::default()
     }
 }
 
