@@ -5,8 +5,8 @@
 //! Every other chain runs the whole-tensor reference (`ChainIr::eval_checked`), which widens its
 //! inputs to f64 first.
 //!
-//! An item runs on pptm's worker pool after `submit` returns ([`submit`]), so tickets overlap; it
-//! holds its buffers' memory and access locks until it ends (crate::host says why).
+//! An item runs on pptm's worker pool after `submit` returns ([`HostItem::submit`]), so tickets
+//! overlap; it holds its buffers' memory and access locks until it ends (crate::host says why).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};

@@ -210,11 +210,13 @@ pub fn run_elements(columns: &[&[f64]], out: &mut [f64], f: impl Fn(&[f64]) -> f
             }
         }
         [a, b, c] => {
+            let (a, b, c) = (&a[..n], &b[..n], &c[..n]);
             for (i, o) in out.iter_mut().enumerate() {
                 *o = f(&[a[i], b[i], c[i]]);
             }
         }
         [a, b, c, d] => {
+            let (a, b, c, d) = (&a[..n], &b[..n], &c[..n], &d[..n]);
             for (i, o) in out.iter_mut().enumerate() {
                 *o = f(&[a[i], b[i], c[i], d[i]]);
             }
