@@ -1,8 +1,9 @@
 // Stand-alone probe of the inference manifold's item latency, for GPU hosts without Rust:
 //
-//     nvcc -cubin -O3 -arch=sm_90 -I kernels [-DPPTM_PHASE_TRACE] -o inference.cubin \
+//     cargo xtask headers probe-include       # where Rust is; carry probe-include/ over
+//     nvcc -cubin -O3 -arch=sm_90 -I probe-include [-DPPTM_PHASE_TRACE] -o inference.cubin \
 //          generated/inference/inference.cu
-//     nvcc -O3 -std=c++17 -I kernels -o probe bench/probes/manifold_probe.cu -lcuda
+//     nvcc -O3 -std=c++17 -I probe-include -o probe bench/probes/manifold_probe.cu -lcuda
 //     ./probe inference.cubin [reps] [grid]
 //
 // It runs generated/inference/inference.cu as compiled here (so kernels/ edits are measured
@@ -17,39 +18,7 @@
 // driver JIT-compiles it): `./probe generated/inference/compute_90.ptx` measures the committed
 // NVRTC output, which is what the runtime runs. Results are checked against a CPU reference
 // before timing.
-#include "pptm/abi.h"
-
-#include <cuda.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
-
-#define CU(x)                                                                                    \
-    do {                                                                                         \
-        CUresult r_ = (x);                                                                       \
-        if (r_ != CUDA_SUCCESS) {                                                                \
-            const char* m_ = "?";                                                                \
-            cuGetErrorString(r_, &m_);                                                           \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, m_);                  \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
+#include "probe_host.h"
 
 // What each slot of the phase trace records (manifold.cuh, PPTM_PHASE_TRACE).
 static constexpr int TRACE_SLOTS = 16;
@@ -66,58 +35,6 @@ static const char* const clk_names[CLK_SLOTS] = {
     "sums barrier / map: loop done", "pattern returns", "ran its share", "arrived",
     "argument test starts", "argument test done"};
 
-static constexpr uint32_t SLOTS = 64, SLOTS_LOG2 = 6;
-
-struct Host {
-    pptm_sq_slot* sq;
-    pptm_cq_entry* cq;
-    pptm_host_control* control;
-    uint64_t next = 0;
-
-    static uint32_t tag(uint64_t seq) { return (uint32_t)((seq >> SLOTS_LOG2) % 0xFFFFFFFFull + 1); }
-
-    uint64_t submit(const pptm_desc& d) {
-        const uint64_t seq = next++;
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(&d);
-        uint64_t* slot = sq[seq & (SLOTS - 1)].words;
-        for (uint32_t i = 0; i < PPTM_SQ_SLOT_WORDS; ++i)
-            __atomic_store_n(&slot[i], ((uint64_t)w[i] << 32) | tag(seq), __ATOMIC_RELEASE);
-        return seq;
-    }
-    // Spins until item seq's completion entry is whole; returns (status, value, device ns).
-    void wait(uint64_t seq, uint32_t& status, double& value, uint32_t& ns) {
-        uint64_t* e = cq[seq & (SLOTS - 1)].words;
-        uint32_t p[PPTM_CQ_WORDS];
-        for (;;) {
-            bool all = true;
-            for (uint32_t i = 0; i < PPTM_CQ_WORDS && all; ++i) {
-                const uint64_t v = __atomic_load_n(&e[i], __ATOMIC_ACQUIRE);
-                all = (uint32_t)v == tag(seq);
-                p[i] = (uint32_t)(v >> 32);
-            }
-            if (all) break;
-        }
-        status = p[0];
-        uint64_t bits = (uint64_t)p[2] | ((uint64_t)p[3] << 32);
-        std::memcpy(&value, &bits, 8);
-        ns = p[4];
-    }
-};
-
-static double pct(std::vector<double> v, double q) {
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, (size_t)(q * v.size()))];
-}
-
-static float* upload(const std::vector<float>& h) {
-    float* d;
-    CK(cudaMalloc(&d, h.size() * 4));
-    CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static uint64_t ptr(const void* p) { return (uint64_t)(uintptr_t)p; }
-
 int main(int argc, char** argv) {
     if (argc < 2) {
         std::fprintf(stderr, "usage: probe inference.cubin [reps] [grid blocks]\n");
@@ -125,59 +42,26 @@ int main(int argc, char** argv) {
     }
     const int reps = argc > 2 ? std::atoi(argv[2]) : 20000;
     const int grid_override = argc > 3 ? std::atoi(argv[3]) : 0;  // blocks in all (default: SMs + 1)
-    int sms = 0;
     CK(cudaFree(nullptr));  // the primary context, shared with the driver API below
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CUmodule mod;
     CU(cuModuleLoad(&mod, argv[1]));
-    CUfunction manifold;
-    CU(cuModuleGetFunction(&manifold, mod, "pptm_manifold"));
-    int regs = 0, local = 0, smem = 0;
-    CU(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, manifold));
-    CU(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, manifold));
-    CU(cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, manifold));
-    CU(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, std::max(local, 1024)));
     CUdeviceptr trace = 0;
     size_t trace_bytes = 0;
     const bool traced = cuModuleGetGlobal(&trace, &trace_bytes, mod, "pptm_trace") == CUDA_SUCCESS;
     CUdeviceptr clk = 0;
     size_t clk_bytes = 0;
     const bool clocked = cuModuleGetGlobal(&clk, &clk_bytes, mod, "pptm_clk_trace") == CUDA_SUCCESS;
-    std::printf("manifold: %d regs, %d B local, %d B static smem; grid %d + 1; phase trace %s\n", regs, local, smem, sms,
+    Manifold mf(mod);
+    mf.launch(grid_override);
+    Host& h = mf.h;
+    int regs = 0, local = 0, smem = 0;
+    CU(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, mf.fn));
+    CU(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, mf.fn));
+    CU(cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, mf.fn));
+    std::printf("manifold: %d regs, %d B local, %d B static smem; grid %d; phase trace %s\n", regs, local, smem, mf.grid,
                 traced ? "on" : "off");
-
-    // Rings and control words in mapped pinned memory, zeroed; device state zeroed.
-    const size_t bytes = SLOTS * sizeof(pptm_sq_slot) + SLOTS * sizeof(pptm_cq_entry) + sizeof(pptm_host_control);
-    char* host;
-    CK(cudaHostAlloc((void**)&host, bytes, cudaHostAllocMapped));
-    std::memset(host, 0, bytes);
-    char* dev;
-    CK(cudaHostGetDevicePointer((void**)&dev, host, 0));
-    Host h{reinterpret_cast<pptm_sq_slot*>(host), reinterpret_cast<pptm_cq_entry*>(host + SLOTS * sizeof(pptm_sq_slot)),
-           reinterpret_cast<pptm_host_control*>(host + SLOTS * (sizeof(pptm_sq_slot) + sizeof(pptm_cq_entry)))};
-    pptm_device_state* state;
-    CK(cudaMalloc(&state, sizeof(pptm_device_state)));
-    CK(cudaMemset(state, 0, sizeof(pptm_device_state)));
-
-    pptm_manifold_params P{};
-    P.sq = reinterpret_cast<pptm_sq_slot*>(dev);
-    P.cq = reinterpret_cast<pptm_cq_entry*>(dev + SLOTS * sizeof(pptm_sq_slot));
-    P.control = reinterpret_cast<pptm_host_control*>(dev + SLOTS * (sizeof(pptm_sq_slot) + sizeof(pptm_cq_entry)));
-    P.state = state;
-    P.queue_slots = SLOTS;
-    P.queue_slots_log2 = SLOTS_LOG2;
-    P.hot_polls = 4096;
-    P.max_backoff_ns = 20000;
-    P.fetch_pollers = 2;
-    cudaStream_t stream;
-    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaStream_t copies;
     CK(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
-    void* args[] = {&P};
-    const int grid = grid_override > 0 ? grid_override : sms + 1;
-    CU(cuLaunchCooperativeKernel(manifold, grid, 1, 1, 512, 1, 1, 0, (CUstream)stream, args));
-    while (__atomic_load_n(&h.control->started, __ATOMIC_ACQUIRE) == 0) {
-    }
 
     // Inputs.
     srand(7);
@@ -295,13 +179,7 @@ int main(int argc, char** argv) {
                             pct(cycles[i], 0.5), pct(cycles[i], 0.1), pct(cycles[i], 0.9), cycles[i].size());
     }
 
-    pptm_desc stop{};
-    stop.opcode = PPTM_OP_SHUTDOWN;
-    stop.blocks = 0;
-    uint32_t st, ns;
-    double v;
-    h.wait(h.submit(stop), st, v, ns);
-    CK(cudaStreamSynchronize(stream));
+    mf.shutdown();
     std::printf("shut down\n");
     return 0;
 }

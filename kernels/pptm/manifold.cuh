@@ -462,6 +462,26 @@ __device__ __forceinline__ void pptm_plan_result_store(pptm_plan_result* r, uint
     w[3] = end;
 }
 
+// Probe-only clock of a plan's walk (bench/probes/plan_probe.cu builds the manifold with
+// -DPPTM_PLAN_CLOCK; generated code never defines it): block 0's thread 0 sums, over one plan, the
+// SM cycles of each part of a step (PPTM_PLAN_CLOCK_PART), and stores the sums when the plan ends.
+// The sums live in local memory: their loads and stores add about 15% to a one-block step (2.19
+// against 1.84 µs on an H200), so compare clocked builds with clocked builds.
+#ifdef PPTM_PLAN_CLOCK
+#define PPTM_PLAN_CLOCK_PARTS 6
+__device__ unsigned long long pptm_plan_clock[PPTM_PLAN_CLOCK_PARTS + 1];  // the last: steps walked
+#define PPTM_PLAN_CLOCK_PART(i)                                          \
+    do {                                                                 \
+        if (me == 0 && threadIdx.x == 0) {                               \
+            const unsigned long long t_ = clock64();                     \
+            clk_sum[i] += t_ - clk_last;                                 \
+            clk_last = t_;                                               \
+        }                                                                \
+    } while (0)
+#else
+#define PPTM_PLAN_CLOCK_PART(i) ((void)0)
+#endif
+
 // Runs this block's part of a plan item (every thread of blocks 0 .. plan_blocks - 1). Returns
 // PPTM_STATUS_OK, PPTM_STATUS_BAD_ARGUMENT (the plan does not fit its arenas: nothing ran) or
 // PPTM_STATUS_ABORTED; the steps' own statuses go to their results.
@@ -483,7 +503,13 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
     uint32_t it = 0;          // iteration of the loop being run (0 outside loops)
     uint32_t cur = 0;         // the buffer of sh.steps holding step k
     uint64_t prefetched = ~0ull;  // the step the other buffer holds (copies in flight), if any
+#ifdef PPTM_PLAN_CLOCK
+    unsigned long long clk_sum[PPTM_PLAN_CLOCK_PARTS] = {}, clk_last = clock64(), clk_steps = 0;
+#endif
     for (uint64_t k = 0; k < v.n;) {
+#ifdef PPTM_PLAN_CLOCK
+        ++clk_steps;
+#endif
         // Step k goes to the buffer step k - 2 used (every thread is past step k - 1's barrier
         // below, so done with it): prefetched there while step k - 1 ran, or loaded now (the first
         // step, a loop's jump back). The copying threads wait for their own copies first.
@@ -494,6 +520,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             reinterpret_cast<pptm_f4*>(&sh.steps[cur])[threadIdx.x] = pptm_ld_cg_f4(from);
         }
         __syncthreads();  // step k is visible to every thread, and every thread is done with k - 1
+        PPTM_PLAN_CLOCK_PART(0);
         // The next step's descriptor, into step k - 1's buffer, while this one runs: an L2 round
         // trip off the hand-off.
         prefetched = ~0ull;
@@ -563,9 +590,11 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
         const pptm_block_ctx ctx = {me, blocks, sh.red};
         uint32_t status = PPTM_STATUS_BAD_OPCODE;
         double partial = 0.0;
+        PPTM_PLAN_CLOCK_PART(1);
         if (op >= PPTM_OP_FIRST_VARIANT)
             status = pptm_variant_args_ok(st.desc) ? pptm_run_variant(st.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
         if (status == PPTM_STATUS_ABORTED) return PPTM_STATUS_ABORTED;
+        PPTM_PLAN_CLOCK_PART(2);
         __syncthreads();  // every thread's stores and finite checks, before thread 0 arrives
         uint32_t paths = 0;
         if (threadIdx.x == 0) {
@@ -585,6 +614,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
         // A one-block step is its own last block, and its finish reads the partial (in thread 0's
         // register) and the flags in thread 0, which wrote them: no barrier to share that.
         if (blocks > 1) __syncthreads();
+        PPTM_PLAN_CLOCK_PART(3);
         if (blocks == 1 || sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK)
@@ -602,9 +632,17 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
                 if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);
             }
         }
+        PPTM_PLAN_CLOCK_PART(4);
         if ((k & 15u) == 0) pptm_tick(plan_ctx);  // progress for the watchdog, off most hand-offs
         ++k;
+        PPTM_PLAN_CLOCK_PART(5);
     }
+#ifdef PPTM_PLAN_CLOCK
+    if (me == 0 && threadIdx.x == 0) {
+        for (int i = 0; i < PPTM_PLAN_CLOCK_PARTS; ++i) pptm_plan_clock[i] = clk_sum[i];
+        pptm_plan_clock[PPTM_PLAN_CLOCK_PARTS] = clk_steps;
+    }
+#endif
     pptm_cp_async_wait_all();  // a prefetch past the last loop exit, if any
     __syncthreads();
     return PPTM_STATUS_OK;

@@ -5,6 +5,9 @@
 //!   `--check` regenerates into a temporary folder and fails on any difference (CI runs it).
 //! * `cargo xtask abi` regenerates runtime/src/gpu/abi_generated.rs from kernels/pptm/abi.h with
 //!   bindgen (needs libclang); `--check` fails if the committed file differs.
+//! * `cargo xtask headers DIR` writes every header generated code includes (kernels/ and the
+//!   built-in ops' subset header) under DIR, for the stand-alone probes of bench/probes/, which
+//!   nvcc compiles with `-I DIR` on GPU hosts without Rust.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,7 +24,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("codegen") => codegen(check),
         Some("abi") => abi(check),
-        _ => Err("usage: cargo xtask codegen [--check] | cargo xtask abi [--check]".to_string()),
+        Some("headers") if args.len() == 2 => headers(Path::new(&args[1])),
+        _ => Err(
+            "usage: cargo xtask codegen [--check] | cargo xtask abi [--check] | cargo xtask headers DIR"
+                .to_string(),
+        ),
     };
     match result {
         Ok(msg) => {
@@ -33,6 +40,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn headers(dir: &Path) -> Result<String, String> {
+    let all = pptm_codegen::kernels::headers();
+    for (name, text) in all {
+        let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(format!(
+        "{} headers written under {}",
+        all.len(),
+        dir.display()
+    ))
 }
 
 fn workspace_root() -> PathBuf {
