@@ -229,7 +229,7 @@ pub fn run(wants: impl Fn(&str, &str) -> bool, budget: &Budget, out: &mut Collec
 
 /// Runs `f`, turning a panic (a library or symbol the bindings could not load, an `unwrap` in
 /// them) into an error.
-fn catching<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+pub(crate) fn catching<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let msg = panic
             .downcast_ref::<String>()

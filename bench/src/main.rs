@@ -9,7 +9,8 @@
 //! per stage, and those launches replayed as a CUDA graph. Each variant's result is checked
 //! against an f64 reference before and after it is timed; one that fails is not reported, and
 //! the results file says why. Writes DIR/pptm.json (default DIR: bench/results). Chain
-//! matmul_bias_gelu_bf16 is cuBLAS and cuBLASLt alone, as baselines (src/cublas.rs).
+//! matmul_bias_gelu_bf16 is cuBLAS and cuBLASLt alone, as baselines (src/cublas.rs); chain
+//! copy_roof is a plain copy, the run's bandwidth roof (src/roof.rs).
 //!
 //! The second form merges results files (pptm's and bench/peers.py's) into DIR/REPORT.md and
 //! DIR/latency.png (default DIR: bench; default input: bench/results).
@@ -23,6 +24,7 @@ mod cublas;
 mod own_ops;
 mod record;
 mod report;
+mod roof;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,7 +92,7 @@ impl Options {
             }
         }
         let mut known = cases::CHAINS.to_vec();
-        for c in [cublas::CHAIN, cublas::BATCHED_CHAIN] {
+        for c in [cublas::CHAIN, cublas::BATCHED_CHAIN, roof::CHAIN] {
             if !known.contains(&c) {
                 known.push(c);
             }
@@ -305,7 +307,8 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     let dispatch = o.wants("dispatch", "-");
     let total = cases.len() * (1 + LAUNCHED.len())
         + if dispatch { 5 } else { 0 }
-        + cublas::count(|chain, size| o.wants(chain, size));
+        + cublas::count(|chain, size| o.wants(chain, size))
+        + roof::count(|chain, size| o.wants(chain, size));
     let progress = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .expect("a valid template"),
@@ -335,6 +338,8 @@ fn bench(o: &Options) -> Result<(), BoxError> {
 
     // 1b. cuBLAS / cuBLASLt baselines, while no pptm runtime exists (none may hold the SMs).
     cublas::run(|chain, size| o.wants(chain, size), &budget, &mut out);
+    // 1c. The bandwidth roof of this run: a plain copy (src/roof.rs), also before any runtime.
+    roof::run(|chain, size| o.wants(chain, size), &budget, &mut out);
 
     // 2. Every case, domain by domain: the launched variants first (no manifold resident), then
     //    the domain's manifold on the whole GPU.

@@ -118,6 +118,151 @@ impl<'a> Table<'a> {
     }
 }
 
+/// The chains whose time is the time to move their bytes (one pass over their inputs, a few
+/// flops a byte): held to the run's copy roof. The products (`matmul_*`) are held to the
+/// tensor-core or CUDA-core peak instead; the pairwise chains are bound by neither.
+const MEMORY_BOUND: [&str; 9] = [
+    "kl_complexity",
+    "accuracy_pipeline",
+    "squared_residual",
+    "row_squared_residual",
+    "belief_update",
+    "belief_update_bf16",
+    "gemv_axpby_sum",
+    "gemv_axpby_sum_bf16",
+    "gemv_axpby_sum_fp16",
+];
+
+/// Dense peaks from NVIDIA's data sheets, TFLOP/s: (name contains, BF16 tensor cores, FP32 CUDA
+/// cores). The first match wins, so the PCIe card comes before the SXM part of the same name.
+const PEAKS: [(&str, f64, f64); 3] = [
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100", 989.4, 66.9),
+    ("H200", 989.4, 66.9),
+];
+
+/// The products and the peak each is held to: (chain, uses tensor cores).
+const PRODUCTS: [(&str, bool); 2] = [("matmul_bias_gelu", false), ("matmul_bias_gelu_bf16", true)];
+
+/// Bytes a measurement moved, from its rate over its host median.
+fn bytes_of(m: &Measurement) -> Option<f64> {
+    m.gbps.map(|g| g * m.host_us.median * 1e3)
+}
+
+/// "Against the roofs": each memory-bound chain's pptm rate as a share of the copy roof of its
+/// size (src/roof.rs, the faster of the two copies), host-visible and on the device; each
+/// product's TFLOP/s as a share of the device's peak.
+fn roofs(files: &[(PathBuf, Results)], s: &mut String) {
+    let copies = table(files, crate::roof::CHAIN);
+    // The roof of a size: the highest rate among the copies, host-visible and device.
+    let roof = |size: &str| -> Option<(f64, Option<f64>)> {
+        let ms: Vec<&Measurement> = copies
+            .variants
+            .iter()
+            .filter_map(|(v, _)| copies.cells.get(&(size, *v)).copied())
+            .collect();
+        let host = ms
+            .iter()
+            .filter_map(|m| m.gbps)
+            .fold(None, |a: Option<f64>, g| Some(a.map_or(g, |a| a.max(g))))?;
+        let device = ms
+            .iter()
+            .filter_map(|m| Some(bytes_of(m)? / (m.device_us?.median * 1e3)))
+            .fold(None, |a: Option<f64>, g| Some(a.map_or(g, |a| a.max(g))));
+        Some((host, device))
+    };
+    let _ = writeln!(s, "\n## Against the roofs\n");
+    let _ = writeln!(
+        s,
+        "Memory-bound chains: pptm's rate (the bytes the chain must move over its median) as a \
+         share of the fastest plain copy of the same element count in this run (chain `{}`: a \
+         copy kernel and `cuMemcpyDtoDAsync`), host-visible and in device time.\n",
+        crate::roof::CHAIN
+    );
+    let _ = writeln!(
+        s,
+        "| chain | size | shape | pptm GB/s | copy roof GB/s | share | pptm GB/s (device) | roof (device) | share (device) |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let mut rows = 0;
+    for chain in MEMORY_BOUND {
+        let t = table(files, chain);
+        for size in SIZES {
+            let (Some(ours), Some((roof_host, roof_dev))) =
+                (t.cells.get(&(size, PERSISTENT)), roof(size))
+            else {
+                continue;
+            };
+            let Some(gbps) = ours.gbps else { continue };
+            let dev = bytes_of(ours)
+                .zip(ours.device_us)
+                .map(|(b, d)| b / (d.median * 1e3));
+            let cell = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+            let share = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.0}%", 100.0 * a / b),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {chain} | {size} | {} | {gbps:.0} | {roof_host:.0} | {} | {} | {} | {} |",
+                ours.shape,
+                share(Some(gbps), Some(roof_host)),
+                cell(dev),
+                cell(roof_dev),
+                share(dev, roof_dev)
+            );
+            rows += 1;
+        }
+    }
+    if rows == 0 {
+        let _ = writeln!(
+            s,
+            "| (no copy roof or no pptm result in these files) | | | | | | | | |"
+        );
+    }
+    let device = files
+        .iter()
+        .find(|(_, r)| !is_peer(r))
+        .map(|(_, r)| r.device.name.as_str())
+        .unwrap_or("");
+    let _ = writeln!(
+        s,
+        "\nProducts: pptm's TFLOP/s as a share of the data-sheet dense peak of {} (BF16 on tensor \
+         cores; FP32 on CUDA cores, the path pptm's f32 product runs).\n",
+        if device.is_empty() {
+            "the device"
+        } else {
+            device
+        }
+    );
+    let Some(&(_, bf16_peak, fp32_peak)) = PEAKS.iter().find(|(n, ..)| device.contains(n)) else {
+        let _ = writeln!(s, "(no data-sheet peak known for `{device}`)");
+        return;
+    };
+    let _ = writeln!(s, "| chain | size | shape | pptm TFLOP/s | peak | share |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for (chain, tensor) in PRODUCTS {
+        let t = table(files, chain);
+        let peak = if tensor { bf16_peak } else { fp32_peak };
+        for size in SIZES {
+            let Some(tf) = t.cells.get(&(size, PERSISTENT)).and_then(|m| m.tflops) else {
+                continue;
+            };
+            let shape = &t.cells[&(size, PERSISTENT)].shape;
+            let _ = writeln!(
+                s,
+                "| {chain} | {size} | {shape} | {tf:.1} | {peak:.1} ({}) | {:.0}% |",
+                if tensor {
+                    "BF16 tensor cores"
+                } else {
+                    "FP32 CUDA cores"
+                },
+                100.0 * tf / peak
+            );
+        }
+    }
+}
+
 fn markdown(files: &[(PathBuf, Results)]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# pptm benchmark report\n");
@@ -197,13 +342,18 @@ fn markdown(files: &[(PathBuf, Results)]) -> String {
         }
     }
 
+    roofs(files, &mut s);
+
     // Per chain: every variant and peer.
     let _ = writeln!(s, "\n## Every variant, chain by chain\n");
     let _ = writeln!(
         s,
         "Cells: median µs (p99 µs), ×ratio to the best peer at that size.\n"
     );
-    for chain in std::iter::once("dispatch").chain(CHAINS) {
+    for chain in std::iter::once("dispatch")
+        .chain(CHAINS)
+        .chain([crate::roof::CHAIN])
+    {
         let t = table(files, chain);
         if t.variants.is_empty() {
             continue;
@@ -469,4 +619,123 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
     }
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{DeviceInfo, Stat};
+
+    fn measurement(
+        chain: &str,
+        size: &str,
+        variant: &str,
+        us: f64,
+        dev_us: f64,
+        bytes: f64,
+    ) -> Measurement {
+        let stat = |median: f64| Stat {
+            median,
+            p99: median,
+            reps: 100,
+        };
+        Measurement {
+            chain: chain.into(),
+            size: size.into(),
+            shape: "n = 67108864".into(),
+            x: 1.0,
+            variant: variant.into(),
+            host_us: stat(us),
+            device_us: Some(stat(dev_us)),
+            gbps: Some(bytes / (us * 1e3)),
+            tflops: Some(1.0),
+            max_rel_err: Some(0.0),
+            value: None,
+        }
+    }
+
+    fn pptm_file(results: Vec<Measurement>, device: &str) -> (PathBuf, Results) {
+        (
+            PathBuf::from("pptm.json"),
+            Results {
+                schema: SCHEMA.into(),
+                source: "pptm".into(),
+                date: "2026-11-28T00:00:00Z".into(),
+                commit: "test".into(),
+                quick: false,
+                device: DeviceInfo {
+                    name: device.into(),
+                    ..Default::default()
+                },
+                results,
+                refused: Vec::new(),
+            },
+        )
+    }
+
+    #[test]
+    fn memory_bound_chains_are_shares_of_the_fastest_copy() {
+        let gb = 1e9;
+        let files = vec![pptm_file(
+            vec![
+                // Copies of 4 GB: 1000 µs (4000 GB/s) and 800 µs (5000 GB/s, the roof); on the
+                // device 900 and 750 µs.
+                measurement(
+                    crate::roof::CHAIN,
+                    "large",
+                    crate::roof::KERNEL,
+                    1000.0,
+                    900.0,
+                    4.0 * gb,
+                ),
+                measurement(
+                    crate::roof::CHAIN,
+                    "large",
+                    crate::roof::MEMCPY,
+                    800.0,
+                    750.0,
+                    4.0 * gb,
+                ),
+                // 2 GB in 500 µs: 4000 GB/s, 80% of the roof; 375 µs on the device: 5333 GB/s,
+                // the memcpy's own device rate (100%).
+                measurement("kl_complexity", "large", PERSISTENT, 500.0, 375.0, 2.0 * gb),
+                // A pptm result with no roof of its size is left out.
+                measurement("kl_complexity", "small", PERSISTENT, 5.0, 1.0, 1e5),
+            ],
+            "NVIDIA H200",
+        )];
+        let mut s = String::new();
+        roofs(&files, &mut s);
+        let row = s
+            .lines()
+            .find(|l| l.starts_with("| kl_complexity | large"))
+            .expect("a row for the large size");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!(
+            &cells[4..10],
+            ["4000", "5000", "80%", "5333", "5333", "100%"]
+        );
+        assert!(!s.contains("| kl_complexity | small"), "{s}");
+    }
+
+    #[test]
+    fn products_are_held_to_the_devices_peak_and_unknown_devices_say_so() {
+        let mut product = measurement("matmul_bias_gelu_bf16", "large", PERSISTENT, 1.0, 1.0, 1.0);
+        product.tflops = Some(494.7);
+        let mut s = String::new();
+        roofs(
+            &[pptm_file(vec![product.clone()], "NVIDIA H100 80GB HBM3")],
+            &mut s,
+        );
+        assert!(
+            s.contains("| 494.7 | 989.4 (BF16 tensor cores) | 50% |"),
+            "{s}"
+        );
+        let mut s = String::new();
+        roofs(&[pptm_file(vec![product], "NVIDIA L4")], &mut s);
+        assert!(
+            s.contains("no data-sheet peak known for `NVIDIA L4`"),
+            "{s}"
+        );
+    }
 }
