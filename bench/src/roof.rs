@@ -184,7 +184,9 @@ impl Copier {
         n: usize,
         budget: &Budget,
     ) -> Result<Measurement, String> {
-        assert!(n % 4 == 0, "the copy kernel moves 16-byte pieces");
+        if !n.is_multiple_of(4) {
+            return Err(format!("{n} f32: the copy kernel moves 16-byte pieces"));
+        }
         // A counter pattern whose bits differ from the poison and from one element to the next.
         let input: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
         let from = self.stream.clone_htod(&input).map_err(drv("upload"))?;
