@@ -27,6 +27,7 @@ mod pipeline;
 mod runtime;
 mod sync;
 mod ticket;
+pub mod tune;
 
 pub use buffer::Buffer;
 pub use chain::{
