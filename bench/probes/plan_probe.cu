@@ -43,6 +43,12 @@ int main(int argc, char** argv) {
     size_t clock_bytes = 0;
     const bool clocked = cuModuleGetGlobal(&clock_sums, &clock_bytes, mod, "pptm_plan_clock") == CUDA_SUCCESS;
     Manifold mf(mod);
+    {
+        int regs = 0, local = 0;
+        CU(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, mf.fn));
+        CU(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, mf.fn));
+        std::printf("manifold: %d registers, %d B local memory a thread\n", regs, local);
+    }
 
     // The plan arenas: the steps and the results' host copy in mapped memory, the rest on the device.
     const uint32_t blocks = gemv ? 16 : 1;

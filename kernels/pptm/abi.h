@@ -165,10 +165,10 @@ typedef struct pptm_desc {
  *   PPTM_SYNC_DEPS     each listed step has finished (its `finished` word reached 1, or the
  *                      running loop's iteration + 1 for a step of the loop: PPTM_DEP_IN_LOOP);
  *   PPTM_SYNC_BARRIER  every block of the plan has finished every earlier step.
- * A step's last arriving block combines the partials, stores the step's value and result, and
- * publishes, as its flags ask, `finished` (release, gpu scope) and the plan id in `done`
- * (release), which another domain's PLAN_WAIT step acquires (a PLAN_LOOP step publishes once the
- * loop has ended). Only the plan's own completion is
+ * A step's last arriving block publishes, as its flags ask, `finished` (release, gpu scope) and
+ * the plan id in `done` (release), which another domain's PLAN_WAIT step acquires, as soon as it
+ * has arrived (what waiters need is the memory every block stored); then it combines the partials
+ * and stores the step's value and result (a PLAN_LOOP step publishes once the loop has ended). Only the plan's own completion is
  * written at system scope, after one system fence. A failed step (a status other than OK) does
  * not stop the plan: the host reports the first one. */
 #define PPTM_SYNC_NONE 0u
