@@ -298,7 +298,9 @@ impl TuneCache {
     }
 
     /// Writes the cache to its file if anything was tuned since it was opened (nothing for an
-    /// in-memory cache). The folder is created if need be; the file is replaced whole.
+    /// in-memory cache). The folder is created if need be; the file is replaced whole. Choices
+    /// another process saved there meanwhile are kept (this cache's own win for a key both
+    /// tuned), so processes tuning different keys side by side do not undo each other.
     ///
     /// Errors: [`Error::Config`] naming the path and what failed.
     pub fn save(&mut self) -> Result<()> {
@@ -314,12 +316,25 @@ impl TuneCache {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| fail("creating its folder", e))?;
         }
+        let mut merged = match std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<File>(&t).ok())
+        {
+            Some(f) if f.format == FORMAT => {
+                f.entries.into_iter().map(|e| (e.key.clone(), e)).collect()
+            }
+            _ => BTreeMap::new(),
+        };
+        merged.extend(self.entries.iter().map(|(k, e)| (k.clone(), e.clone())));
         let file = File {
             format: FORMAT.into(),
-            entries: self.entries.values().cloned().collect(),
+            entries: merged.values().cloned().collect(),
         };
         let text = serde_json::to_string_pretty(&file).expect("plain data serialises");
-        let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
+        // A name no other saver uses at the same time: this process's id, and a count within it.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("json.tmp-{}-{n}", std::process::id()));
         std::fs::write(&tmp, text).map_err(|e| fail("writing", e))?;
         std::fs::rename(&tmp, path).map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
@@ -415,6 +430,25 @@ mod tests {
         // No temporary file is left behind.
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn saving_keeps_what_another_process_saved_meanwhile() {
+        let dir = temp_dir("merge");
+        let path = dir.join(FILE_NAME);
+        let (mut one, mut two) = (TuneCache::open(&path), TuneCache::open(&path));
+        let other = TuneKey::new("kernel_matrix.tile", "NVIDIA H200", "c64", &[4096, 4096]);
+        one.tune(&key(), &TILES, u32::to_string, |t| Ok(cost(t)))
+            .unwrap();
+        two.tune(&other, &[256u32, 512], u32::to_string, |t| Ok(cost(t)))
+            .unwrap();
+        one.save().unwrap();
+        two.save().unwrap();
+        let both = TuneCache::open(&path);
+        assert_eq!(both.len(), 2);
+        assert_eq!(both.choice(&key()), Some("128"));
+        assert_eq!(both.choice(&other), Some("256"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
