@@ -426,7 +426,7 @@ struct Gpu {
     sm_count: u32,
 }
 
-fn drv(call: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
+pub(crate) fn drv(call: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
     move |e| format!("{call}: {e:?}")
 }
 

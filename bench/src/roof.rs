@@ -21,6 +21,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc;
 
+use crate::cublas::drv;
 use crate::record::Measurement;
 use crate::{Budget, Collector};
 
@@ -81,10 +82,6 @@ pub fn run(wants: impl Fn(&str, &str) -> bool, budget: &Budget, out: &mut Collec
             }
         }
     }
-}
-
-fn drv(call: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
-    move |e| format!("{call}: {e:?}")
 }
 
 struct Copier {
