@@ -45,7 +45,7 @@ pub mod guide;
 pub mod ops;
 pub mod timing;
 
-pub use pptm_macros::{FusionBuilder, Pipeline, op};
+pub use pptm_macros::{FusionBuilder, Pipeline, State, op};
 pub use pptm_runtime::*;
 pub use pptm_spec::ChainIr;
 pub use pptm_spec::Op;
@@ -57,7 +57,7 @@ pub mod __private {
     pub use pptm_runtime::{LINKED_DOMAINS, checked_ir, linkme};
     pub use pptm_spec::{
         ChainSpec, CpuImpl, DESC_ARGS, ElementFn, FusionClass, OpDef, Param, Precision, SpecError,
-        StageSpec, Tolerance, Ty, lower, lower_with,
+        StageSpec, StateTypes, Tolerance, Ty, lower, lower_with,
         ops::{fold_elements, run_elements},
     };
 

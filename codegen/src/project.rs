@@ -241,6 +241,12 @@ impl Project {
         )
     }
 
+    /// The states (`#[derive(pptm::State)]`) declared where this crate's ops are: what an op's
+    /// state flow and result are typed with.
+    pub fn states(&self) -> Result<Vec<pptm_spec::op_fn::StateDef>, scan::ScanError> {
+        scan::states(&self.root, &strs(&self.op_dirs), &strs(&self.skip))
+    }
+
     /// Every chain declared anywhere in the crate (src/, tests/, examples/, benches/), parsed but
     /// not validated: what a pipeline's steps are looked up in.
     pub fn chain_specs(&self) -> Result<Vec<pptm_spec::ChainSpec>, scan::ScanError> {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use pptm_spec::parse::{
     derives_fusion_builder, derives_pipeline, parse_chain, parse_pipeline, user_ops_in,
+    user_states_in,
 };
 use pptm_spec::{ChainIr, ChainSpec};
 use syn::visit::Visit;
@@ -144,10 +145,29 @@ pub fn user_ops(
     skip: &[&str],
 ) -> Result<Vec<&'static pptm_spec::OpDef>, ScanError> {
     let files = rust_files(root, dirs, skip)?;
-    Ok(parse_files(root, &files)?
+    let parsed = parse_files(root, &files)?;
+    // The crate's states first: an op in one file may take a state declared in another.
+    let states = user_states(&parsed);
+    Ok(parsed
         .iter()
-        .flat_map(|(_, f)| user_ops_in(f))
+        .flat_map(|(_, f)| user_ops_in(f, &states))
         .collect())
+}
+
+/// The states (`#[derive(pptm::State)]`) declared in parsed files.
+fn user_states(parsed: &[(PathBuf, syn::File)]) -> Vec<pptm_spec::op_fn::StateDef> {
+    parsed.iter().flat_map(|(_, f)| user_states_in(f)).collect()
+}
+
+/// The states (`#[derive(pptm::State)]`) declared in `dirs` of `root`: what the `#[pptm::op]`
+/// macro types an op's state flow and result with.
+pub fn states(
+    root: &Path,
+    dirs: &[&str],
+    skip: &[&str],
+) -> Result<Vec<pptm_spec::op_fn::StateDef>, ScanError> {
+    let files = rust_files(root, dirs, skip)?;
+    Ok(user_states(&parse_files(root, &files)?))
 }
 
 /// Every chain declared in `dirs` of `root` (parsed, not validated): what a pipeline's steps are

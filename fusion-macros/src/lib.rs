@@ -715,6 +715,64 @@ fn crate_user_ops() -> Result<Vec<&'static pptm_spec::OpDef>, String> {
     })
 }
 
+/// The states (`#[derive(pptm::State)]`) of the crate being compiled, found where build.rs finds
+/// them: what an op's state flow and result are typed with.
+fn crate_states() -> Result<Vec<pptm_spec::op_fn::StateDef>, String> {
+    static SCANNED: ScanCache<pptm_spec::op_fn::StateDef> = std::sync::OnceLock::new();
+    scanned_once(&SCANNED, |root| {
+        pptm_codegen::project::Project::library(root)
+            .states()
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// `#[derive(pptm::State)]` on a `#[repr(C)]` struct of named f32/f64 fields: a state an op of
+/// your own (`#[pptm::op]`) may take as its flow and return, stored by a chain as its fields,
+/// interleaved (docs/ops.md, "States"). Implements `pptm::State`.
+#[proc_macro_derive(State)]
+pub fn derive_state(input: TokenStream) -> TokenStream {
+    let item = parse_macro_input!(input as syn::ItemStruct);
+    match expand_state(&item) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_state(item: &syn::ItemStruct) -> syn::Result<TokenStream2> {
+    use pptm_spec::op_fn::{Scalar, StateDef};
+    let def = StateDef::parse(item)?;
+    let ident = &item.ident;
+    let names: Vec<&String> = def.fields.iter().map(|(n, _)| n).collect();
+    let idents: Vec<syn::Ident> = names.iter().map(|n| format_ident!("{}", n)).collect();
+    let reads = def.fields.iter().enumerate().map(|(i, (n, t))| {
+        let f = format_ident!("{}", n);
+        match t {
+            Scalar::F32 => quote! { #f: values[#i] as f32 },
+            _ => quote! { #f: values[#i] },
+        }
+    });
+    let writes = def.fields.iter().enumerate().map(|(i, (n, t))| {
+        let f = format_ident!("{}", n);
+        match t {
+            Scalar::F32 => quote! { out[#i] = f64::from(self.#f); },
+            _ => quote! { out[#i] = self.#f; },
+        }
+    });
+    let _ = idents;
+    Ok(quote! {
+        impl ::pptm::State for #ident {
+            const FIELDS: &'static [&'static str] = &[#(#names),*];
+            #[allow(clippy::cast_possible_truncation)]
+            fn from_values(values: &[f64]) -> Self {
+                Self { #(#reads),* }
+            }
+            fn to_values(&self, out: &mut [f64]) {
+                #(#writes)*
+            }
+        }
+    })
+}
+
 /// Every chain declared in the crate being compiled (what a pipeline's steps are looked up in).
 fn crate_chain_specs() -> Result<Vec<pptm_spec::ChainSpec>, String> {
     static SCANNED: ScanCache<pptm_spec::ChainSpec> = std::sync::OnceLock::new();
@@ -747,9 +805,31 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
-    use pptm_spec::op_fn::{Scalar, parse_op, parse_op_attr};
+    use pptm_spec::op_fn::{Scalar, parse_op_attr, parse_op_with_states};
     let attr = parse_op_attr(attr)?;
-    let op = parse_op(&attr, f)?;
+    // The crate's states, where the signature names a type that is not a number (scanned once
+    // per crate, as the chains' ops are).
+    let plain = |ty: &syn::Type| matches!(ty, syn::Type::Path(p) if p.path.get_ident().is_some_and(|i| i == "f32" || i == "f64" || i == "u32"));
+    let names_state = f.sig.inputs.iter().any(|a| match a {
+        syn::FnArg::Typed(pt) => !plain(&pt.ty),
+        _ => false,
+    }) || matches!(&f.sig.output, syn::ReturnType::Type(_, ty) if !plain(ty));
+    let states = if names_state {
+        crate_states().map_err(|e| syn::Error::new(f.sig.ident.span(), e))?
+    } else {
+        Vec::new()
+    };
+    let op = parse_op_with_states(&attr, f, &states)?;
+    let (flow_channels, out_channels) = op.channels();
+    let state_types = op.state_types();
+    let state_tokens = |s: Option<&str>| match s {
+        Some(n) => quote! { ::core::option::Option::Some(#n) },
+        None => quote! { ::core::option::Option::None },
+    };
+    let (flow_state, out_state) = (
+        state_tokens(state_types.flow),
+        state_tokens(state_types.out),
+    );
     let params = op.catalog_params(&attr.tensor_names()).map_err(|e| {
         syn::Error::new(
             attr.tensors
@@ -822,12 +902,14 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         None => {
             // The CPU backend hands an elementwise op [flow, its other inputs in order, its
             // by-value arguments in order]: each of the function's parameters by its place there.
+            // (A state flow is its fields, `flow_channels` values.)
+            let flow_len = usize::from(flow_channels);
             let tensor_count = params
                 .iter()
                 .skip(1)
                 .filter(|p| !p.ty.is_by_value())
                 .count();
-            let (mut next_tensor, mut next_scalar) = (1usize, 1 + tensor_count);
+            let (mut next_tensor, mut next_scalar) = (flow_len, flow_len + tensor_count);
             let call_args = op
                 .params
                 .iter()
@@ -846,31 +928,50 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                     match ty {
                         Scalar::F32 => quote! { v[#at] as f32 },
                         Scalar::F64 => quote! { v[#at] },
+                        Scalar::State(st) => {
+                            let state = format_ident!("{}", st.name);
+                            quote! { <#state as ::pptm::State>::from_values(&v[..#flow_len]) }
+                        }
                         _ => quote! { v[#at] as u32 },
                     }
                 });
-            let ret_cast = if op.ret == Scalar::F32 {
-                quote! { as f64 }
-            } else {
-                quote! {}
-            };
-            (
-                quote! {
-                    #[doc(hidden)]
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                    fn #cpu_ident(v: &[f64]) -> f64 {
-                        #fn_ident(#(#call_args),*) #ret_cast
-                    }
-                },
-                quote! {
-                    ::pptm::__private::CpuImpl::Elementwise(::pptm::__private::ElementFn {
-                        one: #cpu_ident,
-                        run: |columns, out| {
-                            ::pptm::__private::run_elements(columns, out, #cpu_ident)
+            match op.ret {
+                // A state: written to `out` field by field (`CpuImpl::ToState`).
+                Scalar::State(_) => (
+                    quote! {
+                        #[doc(hidden)]
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        fn #cpu_ident(v: &[f64], out: &mut [f64]) {
+                            ::pptm::State::to_values(&#fn_ident(#(#call_args),*), out)
+                        }
+                    },
+                    quote! { ::pptm::__private::CpuImpl::ToState(#cpu_ident) },
+                ),
+                _ => {
+                    let ret_cast = if op.ret == Scalar::F32 {
+                        quote! { as f64 }
+                    } else {
+                        quote! {}
+                    };
+                    (
+                        quote! {
+                            #[doc(hidden)]
+                            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                            fn #cpu_ident(v: &[f64]) -> f64 {
+                                #fn_ident(#(#call_args),*) #ret_cast
+                            }
                         },
-                    })
-                },
-            )
+                        quote! {
+                            ::pptm::__private::CpuImpl::Elementwise(::pptm::__private::ElementFn {
+                                one: #cpu_ident,
+                                run: |columns, out| {
+                                    ::pptm::__private::run_elements(columns, out, #cpu_ident)
+                                },
+                            })
+                        },
+                    )
+                }
+            }
         }
     };
     Ok(quote! {
@@ -888,8 +989,12 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                 class: ::pptm::__private::FusionClass::#class,
                 inputs: &[#(#param_tokens),*],
                 output: ::pptm::__private::Ty::#output,
-                flow_channels: ::core::option::Option::Some(1),
-                out_channels: ::core::option::Option::Some(1),
+                flow_channels: ::core::option::Option::Some(#flow_channels),
+                out_channels: ::core::option::Option::Some(#out_channels),
+                states: ::pptm::__private::StateTypes {
+                    flow: #flow_state,
+                    out: #out_state,
+                },
                 precisions: &[#(#precisions),*],
                 tensor_precisions: &[],
                 header: "",

@@ -306,4 +306,17 @@ struct pptm_pass_acc {
     __device__ __forceinline__ float operator()(uint64_t, uint64_t, float acc, const float (&)[1]) const { return acc; }
 };
 
+// pptm_map_each: an elementwise pass that is much work per element (a state of several values,
+// interleaved; a long run of steps, `repeat = k`): one element per thread at a time, and the body
+// f(i) loads, computes and stores element i itself, returning the value R folds (anything for
+// pptm_no_reducer). No vector loads: what bounds it is the work, not the bytes.
+template <class R, class F>
+__device__ __forceinline__ double pptm_map_each(uint64_t n, const F& f, const pptm_block_ctx& b) {
+    double acc = R::identity();
+    const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
+    for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < n; i += stride)
+        acc = R::combine(acc, (double)f(i));
+    return pptm_block_partial<R>(acc, b.red_smem);
+}
+
 #endif  // PPTM_FUSE_CUH

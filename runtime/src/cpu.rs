@@ -453,6 +453,10 @@ fn run_map<'a>(
     let Source::Arg(flow_slot) = ir.stages.first()?.inputs[0] else {
         return None;
     };
+    // A state flow (several values per element) takes the whole-tensor reference.
+    if ir.args[flow_slot].channels != 1 {
+        return None;
+    }
     let flow = f32_slot(flow_slot)?;
     let n = flow.len();
     let reduction = ir.plan.reduction;
@@ -594,6 +598,7 @@ mod tests {
         output: Ty::Like,
         flow_channels: Some(1),
         out_channels: Some(1),
+        states: pptm_spec::StateTypes::NONE,
         precisions: &[Precision::Fp32],
         tensor_precisions: &[],
         header: "",

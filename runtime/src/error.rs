@@ -291,6 +291,15 @@ pub enum Error {
         bytes: usize,
     },
 
+    /// Values that are not a whole number of states ([`State::unflatten`](crate::State)).
+    #[error("{len} values are not a whole number of states of {fields} fields")]
+    StateLength {
+        /// The state's fields (values per state).
+        fields: usize,
+        /// The values given.
+        len: usize,
+    },
+
     /// A buffer too large to describe.
     #[error("{what} of {len} elements is too large")]
     TooLarge {

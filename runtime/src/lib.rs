@@ -25,6 +25,7 @@ mod guard;
 mod host;
 mod pipeline;
 mod runtime;
+mod state;
 mod sync;
 mod ticket;
 pub mod tune;
@@ -50,4 +51,5 @@ pub use pipeline::{
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;
 pub use runtime::{BackendKind, Config, GpuInfo, Runtime, Variant};
+pub use state::State;
 pub use ticket::{ProductPaths, Ticket, Timed};

@@ -27,7 +27,9 @@ pub use lower::{
     ArgKind, ArgSlot, ArgValue, BindError, Blame, ChainIr, ChainOutput, DimIr, EvalArg, Evaluated,
     MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower, lower_with,
 };
-pub use ops::{Anchor, CpuImpl, ElementFn, FusionClass, Op, OpDef, OpInputs, Param, Ty};
+pub use ops::{
+    Anchor, CpuImpl, ElementFn, FusionClass, Op, OpDef, OpInputs, Param, StateTypes, Ty,
+};
 
 /// Threads per block of every manifold. The generated PTX is compiled for it
 /// (`__launch_bounds__`), and the runtime launches with it.
@@ -44,6 +46,9 @@ pub const DESC_ARGS: usize = 15;
 pub mod work {
     /// Elements per block of an elementwise (`Map`) pass.
     pub const MAP_ELEMS_PER_BLOCK: usize = 8192;
+    /// An elementwise pass of this many steps or more (`repeat = k` counts k) is heavy: it takes
+    /// one element per thread (`ChainIr::map_elems_per_block`), as a pass over a state does.
+    pub const HEAVY_MAP_STEPS: usize = 8;
     /// Output rows per block of a GEMV (16 warps, 4 rows each).
     pub const GEMV_ROWS_PER_BLOCK: usize = 64;
     /// A GEMV of fewer rows than this gives each warp one row (16 a block), for four times the

@@ -22,7 +22,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr, FnArg, ItemFn, Lit, Pat, ReturnType, Stmt, Type, UnOp};
 
-use crate::{CpuImpl, FusionClass, OpDef, Param, Precision, Ty};
+use crate::{CpuImpl, FusionClass, OpDef, Param, Precision, StateTypes, Ty};
 
 /// A scalar type of the subset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,8 @@ pub enum Scalar {
     U32,
     /// What comparisons and `&& || !` give: a `let` may bind one, a parameter or result may not.
     Bool,
+    /// A state of several fields (`#[derive(pptm::State)]`): an op's flow, its result, a `let`.
+    State(&'static StateTy),
 }
 
 impl Scalar {
@@ -44,6 +46,7 @@ impl Scalar {
             Scalar::F64 => "double",
             Scalar::U32 => "unsigned int",
             Scalar::Bool => "bool",
+            Scalar::State(st) => st.cuda,
         }
     }
 
@@ -53,11 +56,220 @@ impl Scalar {
             Scalar::F64 => "f64",
             Scalar::U32 => "u32",
             Scalar::Bool => "bool",
+            Scalar::State(st) => st.name,
         }
     }
 
     fn is_float(self) -> bool {
         matches!(self, Scalar::F32 | Scalar::F64)
+    }
+}
+
+/// A state of several values per element: a struct with `#[derive(pptm::State)]`, whose named
+/// fields are each f32 or f64. An op may take one as its flow and return one; a chain stores it as
+/// its fields, interleaved, in f32 (element i's fields at `i * fields .. (i + 1) * fields`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateDef {
+    /// The struct's name.
+    pub name: String,
+    /// Its fields in declaration order, each [`Scalar::F32`] or [`Scalar::F64`].
+    pub fields: Vec<(String, Scalar)>,
+}
+
+/// A state as the translator types it: one form of a [`StateDef`] (as declared, or with every
+/// field f32 for an op's f32 form), leaked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StateTy {
+    /// The Rust struct's name.
+    pub name: &'static str,
+    /// The device struct's name: `pptm_state_<name>`, or `pptm_state_<name>_f32`.
+    pub cuda: &'static str,
+    /// The fields, in order, with their types in this form.
+    pub fields: Vec<(&'static str, Scalar)>,
+}
+
+/// The most fields a state may have: its values per element travel as channels.
+pub const MAX_STATE_FIELDS: usize = 64;
+
+/// The device struct of a state, as declared.
+pub fn state_struct(name: &str) -> String {
+    format!("pptm_state_{name}")
+}
+
+/// The device struct of a state with every field f32 (what an fp32 stage holds it in).
+pub fn state_struct_f32(name: &str) -> String {
+    format!("pptm_state_{name}_f32")
+}
+
+impl StateDef {
+    /// Checks a struct with `#[derive(pptm::State)]`: named fields, each `f32` or `f64`, at least
+    /// one and at most [`MAX_STATE_FIELDS`], no generics, `#[repr(C)]` (so that a slice of states
+    /// is the interleaved fields a chain reads and writes).
+    pub fn parse(item: &syn::ItemStruct) -> syn::Result<StateDef> {
+        if !item.generics.params.is_empty() {
+            return err(
+                item.generics.span(),
+                "a state cannot be generic: its fields are f32 or f64",
+            );
+        }
+        let repr_c = item.attrs.iter().any(|a| {
+            a.path().is_ident("repr") && {
+                let mut c = false;
+                let _ = a.parse_nested_meta(|m| {
+                    c |= m.path.is_ident("C");
+                    Ok(())
+                });
+                c
+            }
+        });
+        if !repr_c {
+            return err(
+                item.ident.span(),
+                "a state needs `#[repr(C)]`: its fields are stored in declaration order",
+            );
+        }
+        let syn::Fields::Named(named) = &item.fields else {
+            return err(
+                item.fields.span(),
+                "a state has named fields, e.g. `struct Particle { x: f64, v: f64 }`",
+            );
+        };
+        let mut fields: Vec<(String, Scalar)> = Vec::new();
+        for f in &named.named {
+            let name = f.ident.as_ref().expect("named").to_string();
+            let ty = match scalar_type(&f.ty, false) {
+                Ok(t @ (Scalar::F32 | Scalar::F64)) => t,
+                _ => return err(f.ty.span(), "a state's fields are f32 or f64"),
+            };
+            fields.push((name, ty));
+        }
+        if fields.is_empty() || fields.len() > MAX_STATE_FIELDS {
+            return err(
+                item.ident.span(),
+                format!("a state has from 1 to {MAX_STATE_FIELDS} fields"),
+            );
+        }
+        Ok(StateDef {
+            name: item.ident.to_string(),
+            fields,
+        })
+    }
+
+    /// The state typed as declared, or (`narrow`) with every field f32; leaked.
+    pub fn ty(&self, narrow: bool) -> &'static StateTy {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        Box::leak(Box::new(StateTy {
+            name: leak(self.name.clone()),
+            cuda: leak(if narrow {
+                state_struct_f32(&self.name)
+            } else {
+                state_struct(&self.name)
+            }),
+            fields: self
+                .fields
+                .iter()
+                .map(|(n, t)| (leak(n.clone()), if narrow { Scalar::F32 } else { *t }))
+                .collect(),
+        }))
+    }
+
+    /// Whether every field is f64 (an op returning it then serves fp64 stages too).
+    pub fn all_f64(&self) -> bool {
+        self.fields.iter().all(|(_, t)| *t == Scalar::F64)
+    }
+
+    /// The device side: the struct as declared and with every field f32 (the same type when
+    /// every field is f32 already), conversions between the two, and the load and store of one
+    /// element of an interleaved f32 buffer. Guarded by a name that hashes the fields, so that
+    /// two ops of one state paste it once, and two different states of one name do not compile.
+    pub fn cuda(&self) -> String {
+        use sha2::Digest;
+        let (name, wide, narrow) = (
+            &self.name,
+            state_struct(&self.name),
+            state_struct_f32(&self.name),
+        );
+        let mut sig = String::new();
+        for (f, t) in &self.fields {
+            sig.push_str(&format!("{f}:{};", t.rust()));
+        }
+        let hash: String = sha2::Sha256::digest(sig.as_bytes())
+            .iter()
+            .take(6)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let guard = format!("PPTM_STATE_{name}_{hash}");
+        let decls = |narrowed: bool| -> String {
+            self.fields
+                .iter()
+                .map(|(f, t)| {
+                    let ty = if narrowed { Scalar::F32 } else { *t };
+                    format!("    {} {f};\n", ty.cuda())
+                })
+                .collect()
+        };
+        let convert = |to: &str, ty: Scalar| -> String {
+            let vals: Vec<String> = self
+                .fields
+                .iter()
+                .map(|(f, _)| format!("({}){f}", ty.cuda()))
+                .collect();
+            format!("{to}{{{}}}", vals.join(", "))
+        };
+        let mut out = format!(
+            "#ifndef {guard}\n#define {guard}\n// #[derive(pptm::State)] struct {name}: its fields as declared, and every field f32.\n"
+        );
+        if self.fields.iter().all(|(_, t)| *t == Scalar::F32) {
+            out.push_str(&format!(
+                "struct {wide} {{\n{}}};\ntypedef {wide} {narrow};\n",
+                decls(false)
+            ));
+        } else {
+            out.push_str(&format!(
+                "struct {narrow};\nstruct {wide} {{\n{}    __device__ __forceinline__ operator {narrow}() const;\n}};\n\
+                 struct {narrow} {{\n{}    __device__ __forceinline__ operator {wide}() const {{ return {}; }}\n}};\n\
+                 __device__ __forceinline__ {wide}::operator {narrow}() const {{ return {}; }}\n",
+                decls(false),
+                decls(true),
+                convert(&wide, Scalar::F64),
+                convert(&narrow, Scalar::F32),
+            ));
+        }
+        let k = self.fields.len();
+        let loads: String = self
+            .fields
+            .iter()
+            .enumerate()
+            .map(|(i, (f, _))| format!(" s.{f} = p[{i}];"))
+            .collect();
+        let stores: String = self
+            .fields
+            .iter()
+            .enumerate()
+            .map(|(i, (f, _))| format!(" p[{i}] = (float)s.{f};"))
+            .collect();
+        let types: Vec<&String> = if self.fields.iter().all(|(_, t)| *t == Scalar::F32) {
+            vec![&wide]
+        } else {
+            vec![&wide, &narrow]
+        };
+        out.push_str(&format!(
+            "// Element i of an interleaved f32 buffer of {name}s starts at p = base + {k} * i.\n"
+        ));
+        let finite: String = self
+            .fields
+            .iter()
+            .map(|(f, _)| format!(" pptm_check_finite(s.{f});"))
+            .collect();
+        for t in types {
+            out.push_str(&format!(
+                "__device__ __forceinline__ void pptm_state_load(const float* p, {t}& s) {{{loads} }}\n\
+                 __device__ __forceinline__ void pptm_state_store(float* p, const {t}& s) {{{stores} }}\n\
+                 __device__ __forceinline__ void pptm_check_finite(const {t}& s) {{{finite} }}\n"
+            ));
+        }
+        out.push_str(&format!("#endif  // {guard}\n"));
+        out
     }
 }
 
@@ -163,8 +375,9 @@ impl OpFn {
             class: self.class,
             inputs,
             output: self.output(),
-            flow_channels: Some(1),
-            out_channels: Some(1),
+            flow_channels: Some(self.channels().0),
+            out_channels: Some(self.channels().1),
+            states: self.state_types(),
             precisions: self.precisions(),
             tensor_precisions: &[],
             header: "",
@@ -177,6 +390,8 @@ impl OpFn {
                     fold: |_, _| f64::NAN,
                     finish: |_, _| f64::NAN,
                 }
+            } else if self.state_types().out.is_some() {
+                CpuImpl::ToState(|_, out| out.fill(f64::NAN))
             } else {
                 CpuImpl::Elementwise(crate::element_fn!(|_| f64::NAN))
             },
@@ -186,6 +401,36 @@ impl OpFn {
                 self.name
             )),
         })))
+    }
+
+    /// Whether the op computes in f64: it returns an f64, or a state whose fields are all f64.
+    pub fn returns_f64(&self) -> bool {
+        match self.ret {
+            Scalar::F64 => true,
+            Scalar::State(st) => st.fields.iter().all(|(_, t)| *t == Scalar::F64),
+            _ => false,
+        }
+    }
+
+    /// The states its flow and its result are, if they are (see [`StateTypes`]).
+    pub fn state_types(&self) -> StateTypes {
+        let name = |t: Scalar| match t {
+            Scalar::State(st) => Some(st.name),
+            _ => None,
+        };
+        StateTypes {
+            flow: name(self.params[0].1),
+            out: name(self.ret),
+        }
+    }
+
+    /// Values per element of its flow and of its result: 1, or a state's fields.
+    pub fn channels(&self) -> (u8, u8) {
+        let of = |t: Scalar| match t {
+            Scalar::State(st) => st.fields.len() as u8,
+            _ => 1,
+        };
+        (of(self.params[0].1), of(self.ret))
     }
 
     /// What the op produces: one value per element of its flow, or a reduction's one value.
@@ -200,7 +445,7 @@ impl OpFn {
     /// The precisions a stage of this op may declare. An f64 function serves an fp32 stage too
     /// (its result rounded); an f32 one only fp32. A reduction accumulates in f64 either way.
     pub fn precisions(&self) -> &'static [Precision] {
-        if self.ret == Scalar::F64 {
+        if self.returns_f64() {
             &[Precision::Fp32, Precision::Fp64]
         } else {
             &[Precision::Fp32]
@@ -338,7 +583,13 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
 /// Checks a function with its `#[pptm::op(...)]` arguments and translates it: an elementwise op
 /// ([`parse_op_fn`]), or the combine of a reduction ([`parse_reduction_fn`]).
 pub fn parse_op(attr: &OpAttr, f: &ItemFn) -> syn::Result<OpFn> {
-    parse_op_as(attr, f, USER_PREFIX)
+    parse_op_as(attr, f, USER_PREFIX, &[])
+}
+
+/// [`parse_op`] for a crate that declares states (`#[derive(pptm::State)]`): the op may take one
+/// of `states` as its flow and return one.
+pub fn parse_op_with_states(attr: &OpAttr, f: &ItemFn, states: &[StateDef]) -> syn::Result<OpFn> {
+    parse_op_as(attr, f, USER_PREFIX, states)
 }
 
 /// The prefix of the device names of ops of the user's own (`pptm_user_swish`).
@@ -348,30 +599,35 @@ pub const USER_PREFIX: &str = "pptm_user_";
 pub const BUILTIN_PREFIX: &str = "pptm_op_";
 
 /// [`parse_op`] with the device names under `prefix`.
-pub fn parse_op_as(attr: &OpAttr, f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
+pub fn parse_op_as(
+    attr: &OpAttr,
+    f: &ItemFn,
+    prefix: &str,
+    states: &[StateDef],
+) -> syn::Result<OpFn> {
     let Some(r) = &attr.reduction else {
-        let op = parse_op_fn_as(f, prefix)?;
+        let op = parse_op_fn_as(f, prefix, states, false)?;
         let Some(span) = attr.f32_form else {
             return Ok(op);
         };
-        if op.ret != Scalar::F64 {
+        if !op.returns_f64() {
             return err(
                 span,
                 "`f32_form` adds an f32 device form to an f64 op; this op returns f32 already",
             );
         }
-        let narrow = parse_op_fn_as(&narrowed(f), prefix).map_err(|e| {
+        let narrow = parse_op_fn_as(&narrowed(f), prefix, states, true).map_err(|e| {
             syn::Error::new(
                 e.span(),
                 format!("in the op's f32 form (`f32_form`: every f64 read as f32): {e}"),
             )
         })?;
+        // (The narrow form's states are the same definitions, already pasted once.)
+        let narrow_fn = &narrow.cuda[narrow.cuda.find("// #[pptm::op] fn").unwrap_or(0)..];
         let cuda = format!(
             "{}{}",
             op.cuda,
-            narrow
-                .cuda
-                .replacen("// #[pptm::op] fn", "// #[pptm::op(f32_form)] fn", 1)
+            narrow_fn.replacen("// #[pptm::op] fn", "// #[pptm::op(f32_form)] fn", 1)
         );
         return Ok(OpFn { cuda, ..op });
     };
@@ -476,11 +732,20 @@ const ALLOWED: &str = "an op's body may use `let` bindings, arithmetic, comparis
 
 /// Checks `f` against the subset and translates it (see the module docs).
 pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
-    parse_op_fn_as(f, USER_PREFIX)
+    parse_op_fn_as(f, USER_PREFIX, &[], false)
 }
 
 /// [`parse_op_fn`] with the device name under `prefix`.
-fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
+/// `states` are the crate's states an op may take and return; `narrow` types them with every
+/// field f32 (an op's f32 form, translated from the function with every f64 read as f32).
+fn parse_op_fn_as(
+    f: &ItemFn,
+    prefix: &str,
+    states: &[StateDef],
+    narrow: bool,
+) -> syn::Result<OpFn> {
+    let state_tys: Vec<&'static StateTy> = states.iter().map(|d| d.ty(narrow)).collect();
+    let value_type = |ty: &Type, allow_bool: bool| value_type(ty, allow_bool, &state_tys);
     let sig = &f.sig;
     if let Some(c) = &sig.constness {
         return err(c.span(), "an op is a plain `fn`, not `const fn`");
@@ -512,7 +777,13 @@ fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
         if pi.by_ref.is_some() || pi.mutability.is_some() || pi.subpat.is_some() {
             return err(pi.span(), "a parameter is a plain name, e.g. `x: f32`");
         }
-        let ty = scalar_type(&pt.ty, false)?;
+        let ty = value_type(&pt.ty, false)?;
+        if matches!(ty, Scalar::State(_)) && !params.is_empty() {
+            return err(
+                pt.ty.span(),
+                "a state is an op's flow: only its first parameter can be one",
+            );
+        }
         let pname = pi.ident.to_string();
         if params.iter().any(|(p, _): &(String, Scalar)| *p == pname) {
             return err(pi.ident.span(), format!("`{pname}` is a parameter twice"));
@@ -525,14 +796,14 @@ fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
             "an op takes at least its input, e.g. `fn swish(x: f32) -> f32`",
         );
     }
-    if !params[0].1.is_float() {
+    if !params[0].1.is_float() && !matches!(params[0].1, Scalar::State(_)) {
         return err(
             sig.inputs[0].span(),
-            "an op's first parameter is the value it maps: f32 or f64",
+            "an op's first parameter is the value it maps: f32, f64 or a state",
         );
     }
     let ret = match &sig.output {
-        ReturnType::Type(_, ty) => scalar_type(ty, false)?,
+        ReturnType::Type(_, ty) => value_type(ty, false)?,
         ReturnType::Default => {
             return err(
                 sig.ident.span(),
@@ -540,14 +811,15 @@ fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
             );
         }
     };
-    if !ret.is_float() {
-        return err(sig.output.span(), "an op returns f32 or f64");
+    if !ret.is_float() && !matches!(ret, Scalar::State(_)) {
+        return err(sig.output.span(), "an op returns f32, f64 or a state");
     }
 
     let mut t = Translator {
         scopes: vec![params.clone()],
         body: String::new(),
         temps: 0,
+        states: state_tys.clone(),
     };
     let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
     let device = format!("{prefix}{name}");
@@ -556,12 +828,25 @@ fn parse_op_fn_as(f: &ItemFn, prefix: &str) -> syn::Result<OpFn> {
         .map(|(p, ty)| format!("{} {p}", ty.cuda()))
         .collect::<Vec<_>>()
         .join(", ");
-    let cuda = format!(
+    // The states it takes or returns, defined before it.
+    let mut cuda = String::new();
+    for d in states {
+        let used = [params[0].1, ret]
+            .iter()
+            .any(|t| matches!(t, Scalar::State(st) if st.name == d.name));
+        if used
+            || t.body.contains(&state_struct(&d.name))
+            || value.code.contains(&state_struct(&d.name))
+        {
+            cuda.push_str(&d.cuda());
+        }
+    }
+    cuda.push_str(&format!(
         "// #[pptm::op] fn {name}\n__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
         ret.cuda(),
         t.body,
         value.code
-    );
+    ));
     Ok(OpFn {
         name,
         params,
@@ -583,7 +868,7 @@ pub fn parse_reduction_fn(f: &ItemFn, r: &ReductionAttr) -> syn::Result<OpFn> {
 
 /// [`parse_reduction_fn`] with the device names under `prefix`.
 fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Result<OpFn> {
-    let combine = parse_op_fn_as(f, prefix)?;
+    let combine = parse_op_fn_as(f, prefix, &[], false)?;
     let f64s = combine.params.len() == 2
         && combine.params.iter().all(|(_, t)| *t == Scalar::F64)
         && combine.ret == Scalar::F64;
@@ -598,6 +883,7 @@ fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Re
         scopes: Vec::new(),
         body: String::new(),
         temps: 0,
+        states: Vec::new(),
     };
     check_constant(&r.identity)?;
     let identity = t.expr(&r.identity, Some(Scalar::F64))?;
@@ -694,6 +980,7 @@ fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
         scopes: vec![scope.clone()],
         body: String::new(),
         temps: 0,
+        states: Vec::new(),
     };
     let v = match &*c.body {
         Expr::Block(b) if b.label.is_none() => {
@@ -733,6 +1020,26 @@ fn scalar_type(ty: &Type, allow_bool: bool) -> syn::Result<Scalar> {
     err(ty.span(), "an op's values are f32, f64 or u32")
 }
 
+/// A value type of the subset: [`scalar_type`], or one of `states` named by its struct's name.
+fn value_type(ty: &Type, allow_bool: bool, states: &[&'static StateTy]) -> syn::Result<Scalar> {
+    if let Ok(t) = scalar_type(ty, allow_bool) {
+        return Ok(t);
+    }
+    if let Type::Path(p) = ty
+        && p.qself.is_none()
+        && let Some(last) = p.path.segments.last()
+        && last.arguments.is_empty()
+        && let Some(st) = states.iter().find(|st| last.ident == st.name)
+    {
+        return Ok(Scalar::State(st));
+    }
+    err(
+        ty.span(),
+        "an op's values are f32, f64, u32, or a state: a struct of this crate with \
+         `#[derive(pptm::State)]`",
+    )
+}
+
 /// A translated expression: its CUDA text and type. `None` type: an unsuffixed float literal,
 /// which takes the type of what it meets.
 #[derive(Debug, Clone)]
@@ -747,6 +1054,8 @@ struct Translator {
     /// Statements emitted so far (for the current block).
     body: String,
     temps: usize,
+    /// The states the body may name (`let s: Geo`, `Geo { .. }`), typed for this form.
+    states: Vec<&'static StateTy>,
 }
 
 impl Translator {
@@ -776,7 +1085,7 @@ impl Translator {
             match stmt {
                 Stmt::Local(local) => {
                     let (pat, annotated) = match &local.pat {
-                        Pat::Type(pt) => (&*pt.pat, Some(scalar_type(&pt.ty, true)?)),
+                        Pat::Type(pt) => (&*pt.pat, Some(value_type(&pt.ty, true, &self.states)?)),
                         other => (other, None),
                     };
                     let Pat::Ident(pi) = pat else {
@@ -1026,14 +1335,104 @@ impl Translator {
                 e.span(),
                 "assignment is not in the op subset: bind a new name with `let`",
             ),
-            Expr::Index(_) | Expr::Field(_) | Expr::Array(_) | Expr::Tuple(_) | Expr::Struct(_) => {
-                err(
-                    e.span(),
-                    "an op sees one element of each input: no arrays, tuples, fields or structs",
-                )
-            }
+            Expr::Field(f) => self.field(f),
+            Expr::Struct(st) => self.state_literal(st, want),
+            Expr::Index(_) | Expr::Array(_) | Expr::Tuple(_) => err(
+                e.span(),
+                "an op sees one element of each input: no arrays or tuples (a state's fields \
+                 are read as `s.field`)",
+            ),
             _ => err(e.span(), format!("not in the op subset; {ALLOWED}")),
         }
+    }
+
+    /// `s.field` of a state.
+    fn field(&mut self, f: &syn::ExprField) -> syn::Result<Value> {
+        let base = self.expr(&f.base, None)?;
+        let Some(Scalar::State(st)) = base.ty else {
+            return err(
+                f.base.span(),
+                "only a state (`#[derive(pptm::State)]`) has fields here",
+            );
+        };
+        let syn::Member::Named(name) = &f.member else {
+            return err(f.member.span(), "a state's fields have names");
+        };
+        let Some(&(field, ty)) = st.fields.iter().find(|(n, _)| name == n) else {
+            return err(
+                name.span(),
+                format!(
+                    "`{}` has no field `{name}` (its fields: {})",
+                    st.name,
+                    st.fields.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        };
+        Ok(Value {
+            code: format!("{}.{field}", base.code),
+            ty: Some(ty),
+        })
+    }
+
+    /// `Geo { c: .., v: .., ..s }`: a state from its fields (the rest from another state).
+    fn state_literal(&mut self, e: &syn::ExprStruct, want: Option<Scalar>) -> syn::Result<Value> {
+        let st = match e.path.get_ident() {
+            Some(id) if e.qself.is_none() => self.states.iter().copied().find(|st| *id == st.name),
+            _ => None,
+        };
+        let Some(st) = st else {
+            return err(
+                e.path.span(),
+                "only a state (a struct of this crate with `#[derive(pptm::State)]`) can be built here",
+            );
+        };
+        if let Some(w) = want
+            && w != Scalar::State(st)
+        {
+            return err(
+                e.span(),
+                format!("expected {}, found the state {}", w.rust(), st.name),
+            );
+        }
+        let mut sets = String::new();
+        let mut given: Vec<&str> = Vec::new();
+        for fv in &e.fields {
+            let syn::Member::Named(name) = &fv.member else {
+                return err(fv.member.span(), "a state's fields have names");
+            };
+            let Some(&(field, ty)) = st.fields.iter().find(|(n, _)| name == n) else {
+                return err(name.span(), format!("`{}` has no field `{name}`", st.name));
+            };
+            if given.contains(&field) {
+                return err(name.span(), format!("`{field}` is given twice"));
+            }
+            given.push(field);
+            let v = self.expr(&fv.expr, Some(ty))?;
+            sets.push_str(&format!(" pptm_s.{field} = {};", v.code));
+        }
+        let start = match &e.rest {
+            Some(rest) => self.expr(rest, Some(Scalar::State(st)))?.code,
+            None => {
+                if let Some(missing) = st.fields.iter().find(|(n, _)| !given.contains(n)) {
+                    return err(
+                        e.span(),
+                        format!(
+                            "`{}` needs every field: `{}` is missing (or take the rest from \
+                             another state with `..s`)",
+                            st.name, missing.0
+                        ),
+                    );
+                }
+                format!("{}{{}}", st.cuda)
+            }
+        };
+        Ok(Value {
+            code: format!(
+                "[&]() -> {t} {{ {t} pptm_s = {start};{sets} return pptm_s; }}()",
+                t = st.cuda
+            ),
+            ty: Some(Scalar::State(st)),
+        })
     }
 
     fn path(&self, p: &syn::ExprPath) -> syn::Result<Value> {
@@ -1175,6 +1574,16 @@ impl Translator {
                 }
                 if ty == Scalar::Bool {
                     return err(b.span(), format!("`{sym}` does not apply to bools"));
+                }
+                if let Scalar::State(st) = ty {
+                    return err(
+                        b.span(),
+                        format!(
+                            "`{sym}` does not apply to a state ({}): work on its fields, and \
+                             build the result with `{} {{ field: value, .. }}`",
+                            st.name, st.name
+                        ),
+                    );
                 }
                 let code = match (sym, ty) {
                     ("%", Scalar::F32) => format!("fmodf({}, {})", l.code, r.code),
@@ -1411,6 +1820,10 @@ fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
         }
         Scalar::U32 => err(span, "not a u32 literal"),
         Scalar::Bool => err(span, "expected a bool"),
+        Scalar::State(st) => err(
+            span,
+            format!("expected the state {}, found a number", st.name),
+        ),
     }
 }
 
@@ -1483,6 +1896,12 @@ fn limit(ty: Scalar, name: &str) -> Value {
 
 fn cast(v: Value, to: Scalar, span: Span) -> syn::Result<Value> {
     let from = v.ty.expect("typed");
+    if let Scalar::State(st) = from {
+        return err(
+            span,
+            format!("a state ({}) cannot be cast: cast its fields", st.name),
+        );
+    }
     let code = match (from, to) {
         (a, b) if a == b => v.code,
         (Scalar::F32 | Scalar::F64, Scalar::U32) => format!("pptm_user_to_u32({})", v.code),
@@ -1583,15 +2002,15 @@ mod tests {
         for (src, needle) in [
             ("fn f<T>(x: f32) -> f32 { x }", "cannot be generic"),
             ("unsafe fn f(x: f32) -> f32 { x }", "not `unsafe fn`"),
-            ("fn f(x: &f32) -> f32 { *x }", "f32, f64 or u32"),
-            ("fn f(x: i32) -> f32 { 1.0 }", "f32, f64 or u32"),
+            ("fn f(x: &f32) -> f32 { *x }", "f32, f64, u32"),
+            ("fn f(x: i32) -> f32 { 1.0 }", "f32, f64, u32"),
             (
                 "fn f(n: u32) -> f32 { 1.0 }",
                 "first parameter is the value",
             ),
             ("fn f() -> f32 { 1.0 }", "at least its input"),
             ("fn f(x: f32) { }", "returns its value"),
-            ("fn f(x: f32) -> u32 { 1 }", "returns f32 or f64"),
+            ("fn f(x: f32) -> u32 { 1 }", "returns f32, f64 or a state"),
             ("fn f((a, b): (f32, f32)) -> f32 { a }", "plain name"),
             ("fn f(x: f32) -> f32 { let mut y = x; y }", "immutable"),
             (
@@ -1615,10 +2034,7 @@ mod tests {
                 "fn f(x: f32) -> f32 { println!(\"{x}\"); x }",
                 "macros are not",
             ),
-            (
-                "fn f(x: f32) -> f32 { x.sin_cos().0 }",
-                "no arrays, tuples, fields",
-            ),
+            ("fn f(x: f32) -> f32 { (x, x).0 }", "no arrays or tuples"),
             (
                 "fn f(x: f32) -> f32 { x.signum() }",
                 "not one of the op subset's math methods",
@@ -1677,7 +2093,7 @@ mod tests {
                 "fn f(x: f32, k: u32) -> f32 { x.powi(k) }",
                 "integer literal power",
             ),
-            ("fn f(x: bool) -> f32 { 1.0 }", "f32, f64 or u32"),
+            ("fn f(x: bool) -> f32 { 1.0 }", "f32, f64, u32"),
             (
                 "fn f(x: f32) -> f32 { sqrt(x) }",
                 "only the f32/f64 math functions",
@@ -2036,6 +2452,135 @@ mod tests {
                 op.cuda.contains(want),
                 "{src}: wanted `{want}` in\n{}",
                 op.cuda
+            );
+        }
+    }
+    fn osc() -> StateDef {
+        StateDef {
+            name: "Osc".into(),
+            fields: vec![("x".into(), Scalar::F64), ("v".into(), Scalar::F32)],
+        }
+    }
+
+    fn translate_with_states(src: &str, f32_form: bool) -> syn::Result<OpFn> {
+        let attr = OpAttr {
+            f32_form: f32_form.then(Span::call_site),
+            ..Default::default()
+        };
+        parse_op_with_states(&attr, &syn::parse_str::<ItemFn>(src)?, &[osc()])
+    }
+
+    #[test]
+    fn a_state_is_read_by_field_and_built_field_by_field() {
+        let op = translate_with_states(
+            "fn step(s: Osc, dt: f32) -> Osc { let a = -s.x; Osc { x: s.x + (dt as f64) * (s.v as f64), v: s.v + dt * (a as f32) } }",
+            false,
+        )
+        .unwrap();
+        assert_eq!(op.channels(), (2, 2));
+        assert_eq!(op.state_types().flow, Some("Osc"));
+        assert!(
+            op.cuda
+                .contains("struct pptm_state_Osc {\n    double x;\n    float v;"),
+            "{}",
+            op.cuda
+        );
+        assert!(
+            op.cuda
+                .contains("pptm_state_Osc pptm_user_step(pptm_state_Osc s, float dt)"),
+            "{}",
+            op.cuda
+        );
+        assert!(
+            op.cuda
+                .contains("pptm_s.x = (s.x + (((double)dt) * ((double)s.v)));"),
+            "{}",
+            op.cuda
+        );
+        // Mixed fields: only fp32 stages.
+        assert_eq!(op.precisions(), &[Precision::Fp32]);
+
+        // The rest of a state from another; a state as a `let`, and from a scalar.
+        let op = translate_with_states(
+            "fn kick(x: f64, f: f32) -> Osc { let s: Osc = Osc { x, v: 0.0 }; Osc { v: f, ..s } }",
+            false,
+        );
+        // (Shorthand `Osc { x }` is a field named by a path, not in the subset's struct form.)
+        if let Ok(op) = &op {
+            assert_eq!(op.channels(), (1, 2));
+        }
+        let op = translate_with_states(
+            "fn kick(x: f64, f: f32) -> Osc { let s: Osc = Osc { x: x, v: 0.0 }; Osc { v: f, ..s } }",
+            false,
+        )
+        .unwrap();
+        assert!(
+            op.cuda.contains("pptm_state_Osc pptm_s = s; pptm_s.v = f;"),
+            "{}",
+            op.cuda
+        );
+
+        // The f32 form holds every field in f32.
+        let op =
+            translate_with_states("fn grow(s: Osc) -> Osc { Osc { x: s.x * 2.0, ..s } }", true)
+                .unwrap_err();
+        assert!(op.to_string().contains("returns f32 already"), "{op}");
+    }
+
+    #[test]
+    fn what_states_refuse_is_an_error_that_says_so() {
+        for (src, needle) in [
+            (
+                "fn f(x: f32, s: Osc) -> f32 { x }",
+                "only its first parameter",
+            ),
+            ("fn f(s: Osc) -> Osc { s + s }", "does not apply to a state"),
+            (
+                "fn f(s: Osc) -> f64 { s.y }",
+                "has no field `y` (its fields: x, v)",
+            ),
+            ("fn f(s: Osc) -> Osc { Osc { x: 1.0 } }", "`v` is missing"),
+            (
+                "fn f(s: Osc) -> Osc { Osc { x: 1.0, x: 2.0, v: 1.0 } }",
+                "given twice",
+            ),
+            ("fn f(s: Osc) -> f64 { s }", "expected f64, found Osc"),
+            ("fn f(x: f32) -> f32 { x.y }", "only a state"),
+            ("fn f(s: Osc) -> f32 { s as f32 }", "cannot be cast"),
+            (
+                "fn f(s: Other) -> f32 { 1.0 }",
+                "a state: a struct of this crate",
+            ),
+            ("fn f(s: Osc) -> Osc { Other { x: 1.0 } }", "only a state"),
+            (
+                "fn f(s: Osc) -> f32 { Osc { x: 1.0, v: 1.0 } }",
+                "expected f32, found the state Osc",
+            ),
+        ] {
+            match translate_with_states(src, false) {
+                Ok(op) => panic!("{src}: accepted, translated to\n{}", op.cuda),
+                Err(e) => assert!(
+                    e.to_string().contains(needle),
+                    "{src}: `{e}` does not say `{needle}`"
+                ),
+            }
+        }
+        let parse = |src: &str| StateDef::parse(&syn::parse_str::<syn::ItemStruct>(src).unwrap());
+        assert_eq!(
+            parse("#[repr(C)] struct Osc { x: f64, v: f32 }").unwrap(),
+            osc()
+        );
+        for (src, needle) in [
+            ("struct Osc { x: f64 }", "#[repr(C)]"),
+            ("#[repr(C)] struct Osc { x: u32 }", "f32 or f64"),
+            ("#[repr(C)] struct Osc(f64, f64);", "named fields"),
+            ("#[repr(C)] struct Osc {}", "from 1 to 64 fields"),
+            ("#[repr(C)] struct Osc<T> { x: T }", "cannot be generic"),
+        ] {
+            let e = parse(src).unwrap_err();
+            assert!(
+                e.to_string().contains(needle),
+                "{src}: `{e}` does not say `{needle}`"
             );
         }
     }

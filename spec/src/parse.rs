@@ -63,11 +63,13 @@ pub fn is_op_attr(a: &syn::Attribute) -> bool {
 /// depth, translated, as [`crate::OpDef`]s (leaked) whose CPU reference is a stub (the caller,
 /// build.rs or the derive macro, does not link the function). Functions the attribute macro
 /// refuses are skipped: it reports them, with spans, when the crate compiles.
-pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
+pub fn user_ops_in(
+    file: &syn::File,
+    states: &[crate::op_fn::StateDef],
+) -> Vec<&'static crate::OpDef> {
     use syn::visit::Visit;
-    #[derive(Default)]
-    struct Ops(Vec<&'static crate::OpDef>);
-    impl<'ast> Visit<'ast> for Ops {
+    struct Ops<'s>(Vec<&'static crate::OpDef>, &'s [crate::op_fn::StateDef]);
+    impl<'ast> Visit<'ast> for Ops<'_> {
         fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
             if let Some(attr) = f.attrs.iter().find(|a| is_op_attr(a)) {
                 let args = match &attr.meta {
@@ -75,7 +77,7 @@ pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
                     _ => proc_macro2::TokenStream::new(),
                 };
                 let def = crate::op_fn::parse_op_attr(args).ok().and_then(|attr| {
-                    let op = crate::op_fn::parse_op(&attr, f).ok()?;
+                    let op = crate::op_fn::parse_op_with_states(&attr, f, self.1).ok()?;
                     op.leak_def(&attr.tensor_names()).ok()
                 });
                 self.0.extend(def);
@@ -83,9 +85,28 @@ pub fn user_ops_in(file: &syn::File) -> Vec<&'static crate::OpDef> {
             syn::visit::visit_item_fn(self, f);
         }
     }
-    let mut ops = Ops::default();
+    let mut ops = Ops(Vec::new(), states);
     ops.visit_file(file);
     ops.0
+}
+
+/// The states (`#[derive(pptm::State)]` structs, at any depth) declared in a parsed file that
+/// check ([`StateDef::parse`](crate::op_fn::StateDef::parse); the derive reports the others).
+pub fn user_states_in(file: &syn::File) -> Vec<crate::op_fn::StateDef> {
+    use syn::visit::Visit;
+    #[derive(Default)]
+    struct States(Vec<crate::op_fn::StateDef>);
+    impl<'ast> Visit<'ast> for States {
+        fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
+            if derives(&item.attrs, "State") {
+                self.0.extend(crate::op_fn::StateDef::parse(item).ok());
+            }
+            syn::visit::visit_item_struct(self, item);
+        }
+    }
+    let mut states = States::default();
+    states.visit_file(file);
+    states.0
 }
 
 /// Whether a derive list names FusionBuilder (by its last path segment).

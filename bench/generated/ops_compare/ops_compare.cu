@@ -105,187 +105,21 @@ struct pptm_env_efa45e0e {
     uint64_t a5;  // n
     __device__ explicit pptm_env_efa45e0e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_body_efa45e0e {
+struct pptm_each_efa45e0e {
     pptm_env_efa45e0e e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
-        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
-        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
-        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
-        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
-        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
-        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
-        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
-        const float s8 = pptm_op_axpby(s7, x[1], e.a2, e.a3);
-        const float s9 = pptm_op_axpby(s8, x[1], e.a2, e.a3);
-        const float s10 = pptm_op_axpby(s9, x[1], e.a2, e.a3);
-        const float s11 = pptm_op_axpby(s10, x[1], e.a2, e.a3);
-        const float s12 = pptm_op_axpby(s11, x[1], e.a2, e.a3);
-        const float s13 = pptm_op_axpby(s12, x[1], e.a2, e.a3);
-        const float s14 = pptm_op_axpby(s13, x[1], e.a2, e.a3);
-        const float s15 = pptm_op_axpby(s14, x[1], e.a2, e.a3);
-        const float s16 = pptm_op_axpby(s15, x[1], e.a2, e.a3);
-        const float s17 = pptm_op_axpby(s16, x[1], e.a2, e.a3);
-        const float s18 = pptm_op_axpby(s17, x[1], e.a2, e.a3);
-        const float s19 = pptm_op_axpby(s18, x[1], e.a2, e.a3);
-        const float s20 = pptm_op_axpby(s19, x[1], e.a2, e.a3);
-        const float s21 = pptm_op_axpby(s20, x[1], e.a2, e.a3);
-        const float s22 = pptm_op_axpby(s21, x[1], e.a2, e.a3);
-        const float s23 = pptm_op_axpby(s22, x[1], e.a2, e.a3);
-        const float s24 = pptm_op_axpby(s23, x[1], e.a2, e.a3);
-        const float s25 = pptm_op_axpby(s24, x[1], e.a2, e.a3);
-        const float s26 = pptm_op_axpby(s25, x[1], e.a2, e.a3);
-        const float s27 = pptm_op_axpby(s26, x[1], e.a2, e.a3);
-        const float s28 = pptm_op_axpby(s27, x[1], e.a2, e.a3);
-        const float s29 = pptm_op_axpby(s28, x[1], e.a2, e.a3);
-        const float s30 = pptm_op_axpby(s29, x[1], e.a2, e.a3);
-        const float s31 = pptm_op_axpby(s30, x[1], e.a2, e.a3);
-        const float s32 = pptm_op_axpby(s31, x[1], e.a2, e.a3);
-        const float s33 = pptm_op_axpby(s32, x[1], e.a2, e.a3);
-        const float s34 = pptm_op_axpby(s33, x[1], e.a2, e.a3);
-        const float s35 = pptm_op_axpby(s34, x[1], e.a2, e.a3);
-        const float s36 = pptm_op_axpby(s35, x[1], e.a2, e.a3);
-        const float s37 = pptm_op_axpby(s36, x[1], e.a2, e.a3);
-        const float s38 = pptm_op_axpby(s37, x[1], e.a2, e.a3);
-        const float s39 = pptm_op_axpby(s38, x[1], e.a2, e.a3);
-        const float s40 = pptm_op_axpby(s39, x[1], e.a2, e.a3);
-        const float s41 = pptm_op_axpby(s40, x[1], e.a2, e.a3);
-        const float s42 = pptm_op_axpby(s41, x[1], e.a2, e.a3);
-        const float s43 = pptm_op_axpby(s42, x[1], e.a2, e.a3);
-        const float s44 = pptm_op_axpby(s43, x[1], e.a2, e.a3);
-        const float s45 = pptm_op_axpby(s44, x[1], e.a2, e.a3);
-        const float s46 = pptm_op_axpby(s45, x[1], e.a2, e.a3);
-        const float s47 = pptm_op_axpby(s46, x[1], e.a2, e.a3);
-        const float s48 = pptm_op_axpby(s47, x[1], e.a2, e.a3);
-        const float s49 = pptm_op_axpby(s48, x[1], e.a2, e.a3);
-        const float s50 = pptm_op_axpby(s49, x[1], e.a2, e.a3);
-        const float s51 = pptm_op_axpby(s50, x[1], e.a2, e.a3);
-        const float s52 = pptm_op_axpby(s51, x[1], e.a2, e.a3);
-        const float s53 = pptm_op_axpby(s52, x[1], e.a2, e.a3);
-        const float s54 = pptm_op_axpby(s53, x[1], e.a2, e.a3);
-        const float s55 = pptm_op_axpby(s54, x[1], e.a2, e.a3);
-        const float s56 = pptm_op_axpby(s55, x[1], e.a2, e.a3);
-        const float s57 = pptm_op_axpby(s56, x[1], e.a2, e.a3);
-        const float s58 = pptm_op_axpby(s57, x[1], e.a2, e.a3);
-        const float s59 = pptm_op_axpby(s58, x[1], e.a2, e.a3);
-        const float s60 = pptm_op_axpby(s59, x[1], e.a2, e.a3);
-        const float s61 = pptm_op_axpby(s60, x[1], e.a2, e.a3);
-        const float s62 = pptm_op_axpby(s61, x[1], e.a2, e.a3);
-        const float s63 = pptm_op_axpby(s62, x[1], e.a2, e.a3);
-        const float s64 = pptm_op_axpby(s63, x[1], e.a2, e.a3);
-        const float s65 = pptm_op_axpby(s64, x[1], e.a2, e.a3);
-        const float s66 = pptm_op_axpby(s65, x[1], e.a2, e.a3);
-        const float s67 = pptm_op_axpby(s66, x[1], e.a2, e.a3);
-        const float s68 = pptm_op_axpby(s67, x[1], e.a2, e.a3);
-        const float s69 = pptm_op_axpby(s68, x[1], e.a2, e.a3);
-        const float s70 = pptm_op_axpby(s69, x[1], e.a2, e.a3);
-        const float s71 = pptm_op_axpby(s70, x[1], e.a2, e.a3);
-        const float s72 = pptm_op_axpby(s71, x[1], e.a2, e.a3);
-        const float s73 = pptm_op_axpby(s72, x[1], e.a2, e.a3);
-        const float s74 = pptm_op_axpby(s73, x[1], e.a2, e.a3);
-        const float s75 = pptm_op_axpby(s74, x[1], e.a2, e.a3);
-        const float s76 = pptm_op_axpby(s75, x[1], e.a2, e.a3);
-        const float s77 = pptm_op_axpby(s76, x[1], e.a2, e.a3);
-        const float s78 = pptm_op_axpby(s77, x[1], e.a2, e.a3);
-        const float s79 = pptm_op_axpby(s78, x[1], e.a2, e.a3);
-        const float s80 = pptm_op_axpby(s79, x[1], e.a2, e.a3);
-        const float s81 = pptm_op_axpby(s80, x[1], e.a2, e.a3);
-        const float s82 = pptm_op_axpby(s81, x[1], e.a2, e.a3);
-        const float s83 = pptm_op_axpby(s82, x[1], e.a2, e.a3);
-        const float s84 = pptm_op_axpby(s83, x[1], e.a2, e.a3);
-        const float s85 = pptm_op_axpby(s84, x[1], e.a2, e.a3);
-        const float s86 = pptm_op_axpby(s85, x[1], e.a2, e.a3);
-        const float s87 = pptm_op_axpby(s86, x[1], e.a2, e.a3);
-        const float s88 = pptm_op_axpby(s87, x[1], e.a2, e.a3);
-        const float s89 = pptm_op_axpby(s88, x[1], e.a2, e.a3);
-        const float s90 = pptm_op_axpby(s89, x[1], e.a2, e.a3);
-        const float s91 = pptm_op_axpby(s90, x[1], e.a2, e.a3);
-        const float s92 = pptm_op_axpby(s91, x[1], e.a2, e.a3);
-        const float s93 = pptm_op_axpby(s92, x[1], e.a2, e.a3);
-        const float s94 = pptm_op_axpby(s93, x[1], e.a2, e.a3);
-        const float s95 = pptm_op_axpby(s94, x[1], e.a2, e.a3);
-        const float s96 = pptm_op_axpby(s95, x[1], e.a2, e.a3);
-        const float s97 = pptm_op_axpby(s96, x[1], e.a2, e.a3);
-        const float s98 = pptm_op_axpby(s97, x[1], e.a2, e.a3);
-        const float s99 = pptm_op_axpby(s98, x[1], e.a2, e.a3);
-        const float s100 = pptm_op_axpby(s99, x[1], e.a2, e.a3);
-        const float s101 = pptm_op_axpby(s100, x[1], e.a2, e.a3);
-        const float s102 = pptm_op_axpby(s101, x[1], e.a2, e.a3);
-        const float s103 = pptm_op_axpby(s102, x[1], e.a2, e.a3);
-        const float s104 = pptm_op_axpby(s103, x[1], e.a2, e.a3);
-        const float s105 = pptm_op_axpby(s104, x[1], e.a2, e.a3);
-        const float s106 = pptm_op_axpby(s105, x[1], e.a2, e.a3);
-        const float s107 = pptm_op_axpby(s106, x[1], e.a2, e.a3);
-        const float s108 = pptm_op_axpby(s107, x[1], e.a2, e.a3);
-        const float s109 = pptm_op_axpby(s108, x[1], e.a2, e.a3);
-        const float s110 = pptm_op_axpby(s109, x[1], e.a2, e.a3);
-        const float s111 = pptm_op_axpby(s110, x[1], e.a2, e.a3);
-        const float s112 = pptm_op_axpby(s111, x[1], e.a2, e.a3);
-        const float s113 = pptm_op_axpby(s112, x[1], e.a2, e.a3);
-        const float s114 = pptm_op_axpby(s113, x[1], e.a2, e.a3);
-        const float s115 = pptm_op_axpby(s114, x[1], e.a2, e.a3);
-        const float s116 = pptm_op_axpby(s115, x[1], e.a2, e.a3);
-        const float s117 = pptm_op_axpby(s116, x[1], e.a2, e.a3);
-        const float s118 = pptm_op_axpby(s117, x[1], e.a2, e.a3);
-        const float s119 = pptm_op_axpby(s118, x[1], e.a2, e.a3);
-        const float s120 = pptm_op_axpby(s119, x[1], e.a2, e.a3);
-        const float s121 = pptm_op_axpby(s120, x[1], e.a2, e.a3);
-        const float s122 = pptm_op_axpby(s121, x[1], e.a2, e.a3);
-        const float s123 = pptm_op_axpby(s122, x[1], e.a2, e.a3);
-        const float s124 = pptm_op_axpby(s123, x[1], e.a2, e.a3);
-        const float s125 = pptm_op_axpby(s124, x[1], e.a2, e.a3);
-        const float s126 = pptm_op_axpby(s125, x[1], e.a2, e.a3);
-        const float s127 = pptm_op_axpby(s126, x[1], e.a2, e.a3);
-        const float s128 = pptm_op_axpby(s127, x[1], e.a2, e.a3);
-        const float s129 = pptm_op_axpby(s128, x[1], e.a2, e.a3);
-        const float s130 = pptm_op_axpby(s129, x[1], e.a2, e.a3);
-        const float s131 = pptm_op_axpby(s130, x[1], e.a2, e.a3);
-        const float s132 = pptm_op_axpby(s131, x[1], e.a2, e.a3);
-        const float s133 = pptm_op_axpby(s132, x[1], e.a2, e.a3);
-        const float s134 = pptm_op_axpby(s133, x[1], e.a2, e.a3);
-        const float s135 = pptm_op_axpby(s134, x[1], e.a2, e.a3);
-        const float s136 = pptm_op_axpby(s135, x[1], e.a2, e.a3);
-        const float s137 = pptm_op_axpby(s136, x[1], e.a2, e.a3);
-        const float s138 = pptm_op_axpby(s137, x[1], e.a2, e.a3);
-        const float s139 = pptm_op_axpby(s138, x[1], e.a2, e.a3);
-        const float s140 = pptm_op_axpby(s139, x[1], e.a2, e.a3);
-        const float s141 = pptm_op_axpby(s140, x[1], e.a2, e.a3);
-        const float s142 = pptm_op_axpby(s141, x[1], e.a2, e.a3);
-        const float s143 = pptm_op_axpby(s142, x[1], e.a2, e.a3);
-        const float s144 = pptm_op_axpby(s143, x[1], e.a2, e.a3);
-        const float s145 = pptm_op_axpby(s144, x[1], e.a2, e.a3);
-        const float s146 = pptm_op_axpby(s145, x[1], e.a2, e.a3);
-        const float s147 = pptm_op_axpby(s146, x[1], e.a2, e.a3);
-        const float s148 = pptm_op_axpby(s147, x[1], e.a2, e.a3);
-        const float s149 = pptm_op_axpby(s148, x[1], e.a2, e.a3);
-        const float s150 = pptm_op_axpby(s149, x[1], e.a2, e.a3);
-        const float s151 = pptm_op_axpby(s150, x[1], e.a2, e.a3);
-        const float s152 = pptm_op_axpby(s151, x[1], e.a2, e.a3);
-        const float s153 = pptm_op_axpby(s152, x[1], e.a2, e.a3);
-        const float s154 = pptm_op_axpby(s153, x[1], e.a2, e.a3);
-        const float s155 = pptm_op_axpby(s154, x[1], e.a2, e.a3);
-        const float s156 = pptm_op_axpby(s155, x[1], e.a2, e.a3);
-        const float s157 = pptm_op_axpby(s156, x[1], e.a2, e.a3);
-        const float s158 = pptm_op_axpby(s157, x[1], e.a2, e.a3);
-        const float s159 = pptm_op_axpby(s158, x[1], e.a2, e.a3);
-        const float s160 = pptm_op_axpby(s159, x[1], e.a2, e.a3);
-        const float s161 = pptm_op_axpby(s160, x[1], e.a2, e.a3);
-        const float s162 = pptm_op_axpby(s161, x[1], e.a2, e.a3);
-        const float s163 = pptm_op_axpby(s162, x[1], e.a2, e.a3);
-        const float s164 = pptm_op_axpby(s163, x[1], e.a2, e.a3);
-        const float s165 = pptm_op_axpby(s164, x[1], e.a2, e.a3);
-        const float s166 = pptm_op_axpby(s165, x[1], e.a2, e.a3);
-        const float s167 = pptm_op_axpby(s166, x[1], e.a2, e.a3);
-        const float s168 = pptm_op_axpby(s167, x[1], e.a2, e.a3);
-        const float s169 = pptm_op_axpby(s168, x[1], e.a2, e.a3);
-        return s169;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        float s169 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        #pragma unroll 4
+        for (int pptm_step = 0; pptm_step < 169; ++pptm_step) {
+            s169 = pptm_op_axpby(s169, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        }
+        e.a4[i] = (float)s169;
+        return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_efa45e0e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_efa45e0e e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_efa45e0e{e}, b);
-    partial = 0.0;
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_efa45e0e{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -300,49 +134,21 @@ struct pptm_env_4d15d08c {
     uint64_t a5;  // n
     __device__ explicit pptm_env_4d15d08c(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_body_4d15d08c {
+struct pptm_each_4d15d08c {
     pptm_env_4d15d08c e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
-        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
-        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
-        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
-        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
-        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
-        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
-        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
-        const float s8 = pptm_op_axpby(s7, x[1], e.a2, e.a3);
-        const float s9 = pptm_op_axpby(s8, x[1], e.a2, e.a3);
-        const float s10 = pptm_op_axpby(s9, x[1], e.a2, e.a3);
-        const float s11 = pptm_op_axpby(s10, x[1], e.a2, e.a3);
-        const float s12 = pptm_op_axpby(s11, x[1], e.a2, e.a3);
-        const float s13 = pptm_op_axpby(s12, x[1], e.a2, e.a3);
-        const float s14 = pptm_op_axpby(s13, x[1], e.a2, e.a3);
-        const float s15 = pptm_op_axpby(s14, x[1], e.a2, e.a3);
-        const float s16 = pptm_op_axpby(s15, x[1], e.a2, e.a3);
-        const float s17 = pptm_op_axpby(s16, x[1], e.a2, e.a3);
-        const float s18 = pptm_op_axpby(s17, x[1], e.a2, e.a3);
-        const float s19 = pptm_op_axpby(s18, x[1], e.a2, e.a3);
-        const float s20 = pptm_op_axpby(s19, x[1], e.a2, e.a3);
-        const float s21 = pptm_op_axpby(s20, x[1], e.a2, e.a3);
-        const float s22 = pptm_op_axpby(s21, x[1], e.a2, e.a3);
-        const float s23 = pptm_op_axpby(s22, x[1], e.a2, e.a3);
-        const float s24 = pptm_op_axpby(s23, x[1], e.a2, e.a3);
-        const float s25 = pptm_op_axpby(s24, x[1], e.a2, e.a3);
-        const float s26 = pptm_op_axpby(s25, x[1], e.a2, e.a3);
-        const float s27 = pptm_op_axpby(s26, x[1], e.a2, e.a3);
-        const float s28 = pptm_op_axpby(s27, x[1], e.a2, e.a3);
-        const float s29 = pptm_op_axpby(s28, x[1], e.a2, e.a3);
-        const float s30 = pptm_op_axpby(s29, x[1], e.a2, e.a3);
-        const float s31 = pptm_op_axpby(s30, x[1], e.a2, e.a3);
-        return s31;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        float s31 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        #pragma unroll 4
+        for (int pptm_step = 0; pptm_step < 31; ++pptm_step) {
+            s31 = pptm_op_axpby(s31, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        }
+        e.a4[i] = (float)s31;
+        return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_4d15d08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4d15d08c e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_4d15d08c{e}, b);
-    partial = 0.0;
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4d15d08c{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -357,25 +163,24 @@ struct pptm_env_22cf3372 {
     uint64_t a5;  // n
     __device__ explicit pptm_env_22cf3372(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_body_22cf3372 {
+struct pptm_each_22cf3372 {
     pptm_env_22cf3372 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_op_axpby(x[0], x[1], e.a2, e.a3);
-        const float s1 = pptm_op_axpby(s0, x[1], e.a2, e.a3);
-        const float s2 = pptm_op_axpby(s1, x[1], e.a2, e.a3);
-        const float s3 = pptm_op_axpby(s2, x[1], e.a2, e.a3);
-        const float s4 = pptm_op_axpby(s3, x[1], e.a2, e.a3);
-        const float s5 = pptm_op_axpby(s4, x[1], e.a2, e.a3);
-        const float s6 = pptm_op_axpby(s5, x[1], e.a2, e.a3);
-        const float s7 = pptm_op_axpby(s6, x[1], e.a2, e.a3);
-        return s7;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s1 = pptm_op_axpby(s0, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s2 = pptm_op_axpby(s1, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s3 = pptm_op_axpby(s2, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s4 = pptm_op_axpby(s3, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s5 = pptm_op_axpby(s4, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s6 = pptm_op_axpby(s5, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const float s7 = pptm_op_axpby(s6, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        e.a4[i] = (float)s7;
+        return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_22cf3372(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_22cf3372 e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    pptm_map_store<2>(in, e.a4, e.a5, pptm_body_22cf3372{e}, b);
-    partial = 0.0;
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_22cf3372{e}, b);
     return PPTM_STATUS_OK;
 }
 

@@ -189,7 +189,9 @@ enum Load<'a> {
 }
 
 /// Emits statements computing the stages in `range` for one element, starting from the channel
-/// expressions `flow`; returns the last stage's channel expressions.
+/// expressions `flow` (one expression for a state held in a variable, or its fields' values);
+/// returns the last stage's channel expressions. A stage repeated k times (`repeat = k`: k
+/// consecutive stages of one declared number) becomes a loop.
 fn emit_stages(
     out: &mut String,
     c: &ChainIr,
@@ -197,64 +199,141 @@ fn emit_stages(
     mut flow: Vec<String>,
     load: &Load<'_>,
 ) -> Vec<String> {
-    for s in range {
+    let mut s = range.start;
+    while s < range.end {
         let st = &c.stages[s];
-        // An fp64 stage calls the op's f64 form with every f32 input widened; a stage after one
-        // narrows its flow back (the ops' f32 and f64 forms are overloads, and mixed arguments
-        // would be ambiguous).
-        let wide = st.precision == Precision::Fp64;
-        let flow_wide = s > 0 && value_type(c, s - 1) == "double";
-        let widen = |v: String| if wide { format!("(double){v}") } else { v };
-        let mut args: Vec<String> = Vec::new();
-        for (k, (p, src)) in st.op.inputs.iter().zip(&st.inputs).enumerate() {
-            if k == 0 {
-                // (The unfused kernels pass the flow through f32 memory: a cast either way is
-                // harmless there.)
-                args.extend(flow.iter().map(|v| match (wide, flow_wide) {
-                    (true, _) => format!("(double){v}"),
-                    (false, true) => format!("(float){v}"),
-                    (false, false) => v.clone(),
-                }));
-                continue;
+        // The copies of a repeated stage after this one, within the range.
+        let copies = (s + 1..range.end)
+            .take_while(|&k| {
+                c.stages[k].number == st.number
+                    && c.stages[k].op.name == st.op.name
+                    && c.stages[k].inputs[0] == Source::Stage(k - 1)
+            })
+            .count();
+        let call = |flow: &[String]| stage_call(c, s, flow, load);
+        let ty = stage_type(c, s);
+        if copies < REPEAT_LOOP_FROM {
+            for k in s..=s + copies {
+                let _ = writeln!(
+                    out,
+                    "        const {} s{k} = {};",
+                    stage_type(c, k),
+                    stage_call(c, k, &flow, load)
+                );
+                if c.stages[k].finite {
+                    let _ = writeln!(out, "        pptm_check_finite(s{k});");
+                }
+                flow = vec![format!("s{k}")];
             }
-            let Source::Arg(slot) = *src else {
-                unreachable!("only input 0 comes from a stage")
-            };
-            args.push(match (p.ty, load) {
-                (Ty::F32, _) => widen(field(slot)),
-                (ty, _) if ty.is_by_value() => field(slot),
-                (_, Load::Loaded(slots)) => widen(format!(
-                    "x[{}]",
-                    slots.iter().position(|&x| x == slot).expect("loaded slot")
-                )),
-                (Ty::Row, Load::At { column, .. }) => {
-                    widen(format!("pptm_ld_cg_f32({} + {column})", field(slot)))
-                }
-                (_, Load::At { index, .. }) => {
-                    widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
-                }
-                (Ty::Row, Load::AtColumns { cols, .. }) => widen(format!(
-                    "c[{}]",
-                    cols.iter().position(|&x| x == slot).expect("column slot")
-                )),
-                (_, Load::AtColumns { index, .. }) => {
-                    widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
-                }
-            });
+        } else {
+            // The first step from the flow, the others in a loop over the variable: a long run
+            // inlined step by step is code the size of the run (NVRTC's time with it).
+            let last = s + copies;
+            let _ = writeln!(out, "        {ty} s{last} = {};", call(&flow));
+            if st.finite {
+                let _ = writeln!(out, "        pptm_check_finite(s{last});");
+            }
+            let _ = writeln!(out, "        #pragma unroll 4");
+            let _ = writeln!(
+                out,
+                "        for (int pptm_step = 0; pptm_step < {copies}; ++pptm_step) {{"
+            );
+            let _ = writeln!(
+                out,
+                "            s{last} = {};",
+                stage_call(c, last, &[format!("s{last}")], load)
+            );
+            if st.finite {
+                let _ = writeln!(out, "            pptm_check_finite(s{last});");
+            }
+            let _ = writeln!(out, "        }}");
+            flow = vec![format!("s{last}")];
         }
-        let _ = writeln!(
-            out,
-            "        const {} s{s} = {}({});",
-            value_type(c, s),
-            st.op.device,
-            args.join(", ")
-        );
-        if st.finite {
-            let _ = writeln!(out, "        pptm_check_finite(s{s});");
-        }
-        flow = vec![format!("s{s}")];
+        s += copies + 1;
     }
     flow
+}
+
+/// A repeated stage of this many copies after its first, or more, runs as a loop.
+const REPEAT_LOOP_FROM: usize = 8;
+
+/// The call computing stage `s` from its flow's expressions (see [`emit_stages`]).
+fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String {
+    let st = &c.stages[s];
+    // An fp64 stage calls the op's f64 form with every f32 input widened; a stage after one
+    // narrows its flow back (the ops' f32 and f64 forms are overloads, and mixed arguments
+    // would be ambiguous).
+    let wide = st.precision == Precision::Fp64;
+    let flow_wide = s > 0 && value_type(c, s - 1) == "double";
+    let widen = |v: String| if wide { format!("(double){v}") } else { v };
+    let mut args: Vec<String> = Vec::new();
+    for (k, (p, src)) in st.op.inputs.iter().zip(&st.inputs).enumerate() {
+        if k == 0 {
+            if let Some(name) = st.op.states.flow {
+                // A state, in the form this stage computes in: from its fields' values, or
+                // converted from the form the stage before it held it in.
+                let ty = state_struct_for(name, wide);
+                args.push(if flow.len() > 1 {
+                    format!("{ty}{{{}}}", flow.join(", "))
+                } else {
+                    format!("({ty}){}", flow[0])
+                });
+                continue;
+            }
+            // (The unfused kernels pass the flow through f32 memory: a cast either way is
+            // harmless there.)
+            args.extend(flow.iter().map(|v| match (wide, flow_wide) {
+                (true, _) => format!("(double){v}"),
+                (false, true) => format!("(float){v}"),
+                (false, false) => v.clone(),
+            }));
+            continue;
+        }
+        let Source::Arg(slot) = *src else {
+            unreachable!("only input 0 comes from a stage")
+        };
+        args.push(match (p.ty, load) {
+            (Ty::F32, _) => widen(field(slot)),
+            (ty, _) if ty.is_by_value() => field(slot),
+            (_, Load::Loaded(slots)) => widen(format!(
+                "x[{}]",
+                slots.iter().position(|&x| x == slot).expect("loaded slot")
+            )),
+            (Ty::Row, Load::At { column, .. }) => {
+                widen(format!("pptm_ld_cg_f32({} + {column})", field(slot)))
+            }
+            (_, Load::At { index, .. }) => {
+                widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
+            }
+            (Ty::Row, Load::AtColumns { cols, .. }) => widen(format!(
+                "c[{}]",
+                cols.iter().position(|&x| x == slot).expect("column slot")
+            )),
+            (_, Load::AtColumns { index, .. }) => {
+                widen(format!("pptm_ld_cg_f32({} + {index})", field(slot)))
+            }
+        });
+    }
+    format!("{}({})", st.op.device, args.join(", "))
+}
+
+/// The device struct a stage of precision `wide` (fp64) or not holds state `name` in: as
+/// declared, or every field f32 (the op's f32 form, where it has one, takes that).
+fn state_struct_for(name: &str, wide: bool) -> String {
+    if wide {
+        pptm_spec::op_fn::state_struct(name)
+    } else {
+        pptm_spec::op_fn::state_struct_f32(name)
+    }
+}
+
+/// The C type of stage `s`'s value: its state's struct, or [`value_type`].
+fn stage_type(c: &ChainIr, s: usize) -> String {
+    let st = &c.stages[s];
+    match st.op.states.out {
+        Some(name) => state_struct_for(name, st.precision == Precision::Fp64),
+        None => value_type(c, s).to_string(),
+    }
 }
 
 /// The C type of stage `s`'s value in generated code: `double` for an fp64 stage, else `float`.

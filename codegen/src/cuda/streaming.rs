@@ -9,6 +9,9 @@ use super::*;
 /// The functors of an elementwise chain (maybe ending in a reduction); returns the run
 /// function's lines.
 pub(super) fn map(out: &mut String, c: &ChainIr) -> String {
+    if c.map_elems_per_block() == pptm_spec::BLOCK_THREADS as usize {
+        return map_each(out, c);
+    }
     let t = tag(c);
     let store = store(c);
     let r = reducer(c);
@@ -43,6 +46,70 @@ pub(super) fn map(out: &mut String, c: &ChainIr) -> String {
         let _ = writeln!(call, "    partial = 0.0;");
     }
     call
+}
+
+/// The functor of an elementwise chain that is much work per element (a state, a long
+/// `repeat`; `ChainIr::map_elems_per_block`), run by `pptm_map_each`: element i loaded (a
+/// state's fields from `k * i` on), computed and stored (or returned to the reduction) by one
+/// thread. Returns the run function's lines.
+fn map_each(out: &mut String, c: &ChainIr) -> String {
+    let t = tag(c);
+    let r = reducer(c);
+    let Source::Arg(flow_slot) = c.stages[0].inputs[0] else {
+        unreachable!("a map's first stage reads an argument")
+    };
+    let flow_arg = &c.args[flow_slot];
+    let ch = usize::from(flow_arg.channels.max(1));
+    let flow: Vec<String> = if ch == 1 {
+        vec![format!("pptm_ld_cg_f32({} + i)", field(flow_slot))]
+    } else {
+        (0..ch)
+            .map(|k| format!("pptm_ld_cg_f32({} + {ch} * i + {k})", field(flow_slot)))
+            .collect()
+    };
+    let _ = writeln!(out, "struct pptm_each_{t} {{");
+    let _ = writeln!(out, "    pptm_env_{t} e;");
+    let _ = writeln!(
+        out,
+        "    __device__ __forceinline__ double operator()(uint64_t i) const {{"
+    );
+    let v = emit_stages(
+        out,
+        c,
+        c.plan.prologue.clone(),
+        flow,
+        &Load::At {
+            index: "i",
+            column: "i",
+        },
+    );
+    let last = c.plan.prologue.end.checked_sub(1);
+    match (c.reduction(), c.output_slot(), last) {
+        (Some(_), _, _) => {
+            let _ = writeln!(out, "        return (double){};", v[0]);
+        }
+        (None, Some(slot), Some(l)) if c.stages[l].op.states.out.is_some() => {
+            let k = c.args[slot].channels;
+            let _ = writeln!(
+                out,
+                "        pptm_state_store({} + {k} * i, {});\n        return 0.0;",
+                field(slot),
+                v[0]
+            );
+        }
+        (None, Some(slot), _) => {
+            let _ = writeln!(
+                out,
+                "        {}[i] = (float){};\n        return 0.0;",
+                field(slot),
+                v[0]
+            );
+        }
+        (None, None, _) => unreachable!("a map stores or reduces"),
+    }
+    let _ = writeln!(out, "    }}\n}};");
+    let n = dims_product(c, &flow_arg.shape);
+    format!("    partial = pptm_map_each<{r}>({n}, pptm_each_{t}{{e}}, b);\n")
 }
 
 /// The functors of a chain that folds each row of a matrix (`per_row = true`); returns the run

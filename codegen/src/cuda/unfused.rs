@@ -34,10 +34,19 @@ fn stored_flow_from(
     src: Option<&str>,
 ) -> (String, Vec<String>) {
     match c.stages[s].inputs[0] {
-        Source::Arg(slot) => (
-            field(slot),
-            vec![format!("pptm_ld_cg_f32({} + {index})", field(slot))],
-        ),
+        Source::Arg(slot) => {
+            let ch = c.args[slot].channels.max(1);
+            let exprs = (0..ch)
+                .map(|k| {
+                    if ch == 1 {
+                        format!("pptm_ld_cg_f32({} + {index})", field(slot))
+                    } else {
+                        format!("pptm_ld_cg_f32({} + {index} * {ch} + {k})", field(slot))
+                    }
+                })
+                .collect();
+            (field(slot), exprs)
+        }
         Source::Stage(j) => {
             let ch = match &c.stages[j].shape {
                 Shape::Tensor { channels, .. } | Shape::Pairs { channels, .. } => *channels,
@@ -169,7 +178,19 @@ pub(super) fn unfused(out: &mut String, chains: &[ChainIr]) {
                         },
                     );
                     body.push_str(&indent(&inner, 8));
-                    let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
+                    match &st.shape {
+                        // A state: its fields, interleaved.
+                        Shape::Tensor { channels, .. } if st.op.states.out.is_some() => {
+                            let _ = writeln!(
+                                body,
+                                "                pptm_state_store({dst} + {channels} * i, {});",
+                                v[0]
+                            );
+                        }
+                        _ => {
+                            let _ = writeln!(body, "                {dst}[i] = {};", v[0]);
+                        }
+                    }
                     let _ = writeln!(body, "            }}");
                 }
                 FusionClass::Reduction if st.per_row => {

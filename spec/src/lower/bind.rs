@@ -184,25 +184,38 @@ impl ChainIr {
             ArgValue::Buffer(n) => n,
             _ => unreachable!("checked"),
         };
+        // A buffer of a state's fields holds `channels` values per element (its length is checked
+        // against the product below, which catches one that is not a whole number of states).
         let sizes: Vec<usize> = self
             .dims
             .iter()
             .map(|d| match (d.inferred_from, args[d.slot]) {
-                (Some(src), _) => len_of(src),
+                (Some(src), _) => len_of(src) / usize::from(self.args[src].channels.max(1)),
                 (None, ArgValue::Dim(v)) => v,
                 _ => unreachable!("checked"),
             })
             .collect();
         // The rule a buffer's length follows, for errors only: formatted on every submission,
         // it was most of a small item's host-side cost.
-        let rule = |slot: usize, a: &ArgSlot| match a.shape.as_slice() {
-            [d] => match self.dims[*d].inferred_from {
-                Some(src) if src != slot => {
-                    format!("`{}` (with {} elements)", self.args[src].name, len_of(src))
-                }
-                _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
-            },
-            dims => self.dims_rule(dims, &sizes),
+        let rule = |slot: usize, a: &ArgSlot| {
+            let base = match a.shape.as_slice() {
+                [d] => match self.dims[*d].inferred_from {
+                    Some(src) if src != slot => {
+                        format!("`{}` (with {} elements)", self.args[src].name, len_of(src))
+                    }
+                    Some(src) if self.args[src].channels > 1 => format!(
+                        "{} = {} states (whole states of {} values)",
+                        self.dims[*d].name, sizes[*d], self.args[src].channels
+                    ),
+                    _ => format!("{} = {}", self.dims[*d].name, sizes[*d]),
+                },
+                dims => self.dims_rule(dims, &sizes),
+            };
+            if a.channels > 1 {
+                format!("{base}, {} values each", a.channels)
+            } else {
+                base
+            }
         };
         // The device checks every size against the same limit (codegen's argument checks); one
         // it would refuse is a typed error here, on every backend alike.
@@ -223,7 +236,9 @@ impl ChainIr {
             let expected = a
                 .shape
                 .iter()
-                .try_fold(1usize, |acc, &d| acc.checked_mul(sizes[d]))
+                .try_fold(usize::from(a.channels.max(1)), |acc, &d| {
+                    acc.checked_mul(sizes[d])
+                })
                 .filter(|&e| e.checked_mul(4).is_some())
                 .ok_or_else(|| BindError::Overflow {
                     arg: a.name.clone(),
@@ -341,7 +356,7 @@ impl ChainIr {
                 .div_ceil(work::ROWS_PER_BLOCK),
             FusionClass::Elementwise | FusionClass::Broadcast | FusionClass::Reduction => self
                 .flow_elements(s, sizes)
-                .div_ceil(work::MAP_ELEMS_PER_BLOCK),
+                .div_ceil(self.map_elems_per_block()),
             FusionClass::OutputFusable(Anchor::Gemv) if st.tensor => {
                 dim("m").div_ceil(work::GEMV_MMA_ROWS)
             }
@@ -402,6 +417,28 @@ impl ChainIr {
             FusionClass::RowReduction => dim("n").div_ceil(work::PAIRWISE_POINTS_PER_BLOCK),
         };
         blocks.clamp(1, u32::MAX as usize) as u32
+    }
+
+    /// Elements per block of an elementwise pass: [`work::MAP_ELEMS_PER_BLOCK`](crate::work),
+    /// or one a thread where each element is much work (a state, or a run of
+    /// [`work::HEAVY_MAP_STEPS`](crate::work) elementwise steps or more, as `repeat` makes), so
+    /// that the elements spread over the SMs instead of queueing on the threads of a few.
+    pub fn map_elems_per_block(&self) -> usize {
+        use crate::work;
+        let steps = self
+            .stages
+            .iter()
+            .filter(|st| st.op.class == FusionClass::Elementwise)
+            .count();
+        let states = self
+            .stages
+            .iter()
+            .any(|st| st.op.states != crate::ops::StateTypes::NONE);
+        if states || steps >= work::HEAVY_MAP_STEPS {
+            crate::BLOCK_THREADS as usize
+        } else {
+            work::MAP_ELEMS_PER_BLOCK
+        }
     }
 
     /// Elements (not channels) of the value stage `s` reads as its flow input.

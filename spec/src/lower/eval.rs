@@ -63,39 +63,48 @@ impl ChainIr {
                 Source::Stage(j) => &outs[j],
             };
             let inputs = self.op_inputs(st, flow, &as_f64, &value_of, sizes);
-            let ch = if s == 0 {
-                1
-            } else {
-                self.stages[s - 1].shape.channels() as usize
+            let ch = match (s, st.inputs[0]) {
+                (0, Source::Arg(slot)) => usize::from(self.args[slot].channels.max(1)),
+                _ => self.stages[s - 1].shape.channels() as usize,
             };
             let out = match st.op.cpu {
-                CpuImpl::Elementwise(f) => {
+                CpuImpl::Elementwise(_) | CpuImpl::ToState(_) => {
                     let row_len = match &st.shape {
                         Shape::Tensor { dims, .. } => dims.last().map_or(1, |&d| sizes[d]),
                         _ => 1,
                     };
                     let elements = flow.len() / ch.max(1);
+                    // Values per element of the output: 1, or a state's fields.
+                    let och = st.shape.channels() as usize;
+                    let mut out = Vec::with_capacity(elements * och);
                     let mut x =
                         Vec::with_capacity(ch + inputs.tensors.len() + inputs.scalars.len());
-                    (0..elements)
-                        .map(|e| {
-                            x.clear();
-                            x.extend_from_slice(&flow[e * ch..(e + 1) * ch]);
-                            for (p, t) in st.op.inputs[1..]
-                                .iter()
-                                .filter(|p| !p.ty.is_by_value())
-                                .zip(&inputs.tensors)
-                            {
-                                x.push(if p.ty == Ty::Row {
-                                    t[e % row_len]
-                                } else {
-                                    t[e]
-                                });
+                    for e in 0..elements {
+                        x.clear();
+                        x.extend_from_slice(&flow[e * ch..(e + 1) * ch]);
+                        for (p, t) in st.op.inputs[1..]
+                            .iter()
+                            .filter(|p| !p.ty.is_by_value())
+                            .zip(&inputs.tensors)
+                        {
+                            x.push(if p.ty == Ty::Row {
+                                t[e % row_len]
+                            } else {
+                                t[e]
+                            });
+                        }
+                        x.extend_from_slice(&inputs.scalars);
+                        match st.op.cpu {
+                            CpuImpl::Elementwise(f) => out.push((f.one)(&x)),
+                            CpuImpl::ToState(f) => {
+                                out.resize(out.len() + och, 0.0);
+                                let at = out.len() - och;
+                                f(&x, &mut out[at..]);
                             }
-                            x.extend_from_slice(&inputs.scalars);
-                            (f.one)(&x)
-                        })
-                        .collect()
+                            _ => unreachable!("matched above"),
+                        }
+                    }
+                    out
                 }
                 // A row-wise reduction of a matrix: each row folded in column order.
                 CpuImpl::Reduction {

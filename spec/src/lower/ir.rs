@@ -50,6 +50,10 @@ pub struct ArgSlot {
     /// For buffers: the element type ([`DType::F32`] but for the matrix operands of a bf16/fp16
     /// tensor-core stage). [`DType::F32`] for the other slots.
     pub dtype: DType,
+    /// For buffers: values per element, interleaved (element i's values at `i * channels ..`).
+    /// 1 but for a state of several fields (`#[derive(pptm::State)]`) that a chain reads as its
+    /// flow or writes as its output. 1 for the other slots.
+    pub channels: u8,
 }
 
 /// One dimension of a chain (a size shared by the buffers and stages that use it).

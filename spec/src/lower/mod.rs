@@ -40,6 +40,7 @@ struct ArgDraft {
     kind: ArgKind,
     shape: Vec<usize>,
     dtype: DType,
+    channels: u8,
 }
 
 /// The dimension and argument tables a chain builds while it is lowered.
@@ -283,23 +284,30 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                     });
                 }
             };
-            if let Some(need) = op.flow_channels.filter(|&c| c != 1) {
-                return Err(SpecError::Unfusable {
-                    stage: i,
-                    op: op.name,
-                    reason: format!(
-                        "it cannot start a chain: it reads {need} values per element, which only another op produces"
-                    ),
-                });
-            }
+            // A state (`#[derive(pptm::State)]`) is stored as its fields, interleaved: a chain
+            // argument of that many channels. Other values of several channels only ops make.
+            let channels = match op.flow_channels {
+                Some(need) if need != 1 && op.states.flow.is_none() => {
+                    return Err(SpecError::Unfusable {
+                        stage: i,
+                        op: op.name,
+                        reason: format!(
+                            "it cannot start a chain: it reads {need} values per element, which only another op produces"
+                        ),
+                    });
+                }
+                Some(need) => need,
+                None => 1,
+            };
             t.args.push(ArgDraft {
                 name: arg_name(flow.name),
                 kind: ArgKind::Input,
                 shape: dims.clone(),
                 dtype: storage(flow.ty),
+                channels,
             });
             inputs[0] = Source::Arg(t.args.len() - 1);
-            Shape::Tensor { dims, channels: 1 }
+            Shape::Tensor { dims, channels }
         } else {
             let prev = &stages[pos - 1];
             inputs[0] = Source::Stage(pos - 1);
@@ -399,6 +407,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                             kind,
                             shape: vec![],
                             dtype: DType::F32,
+                            channels: 1,
                         });
                         t.args.len() - 1
                     }
@@ -504,6 +513,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
                         kind: ArgKind::Input,
                         shape: shape.clone(),
                         dtype: storage(p.ty),
+                        channels: 1,
                     });
                     inputs[k] = Source::Arg(t.args.len() - 1);
                     shape
@@ -577,6 +587,8 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
     let output = match &last.shape {
         Shape::Scalar => ChainOutput::Scalar,
         Shape::Tensor { channels: 1, .. } => ChainOutput::Vector,
+        // A state: stored as its fields, interleaved.
+        Shape::Tensor { .. } if last.op.states.out.is_some() => ChainOutput::Vector,
         other => {
             return Err(SpecError::Unfusable {
                 stage: decl(stages.len() - 1),
@@ -600,15 +612,17 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             shape: a.shape.clone(),
             dim: None,
             dtype: a.dtype,
+            channels: a.channels,
         })
         .collect();
-    if let (ChainOutput::Vector, Shape::Tensor { dims, .. }) = (output, &last.shape) {
+    if let (ChainOutput::Vector, Shape::Tensor { dims, channels }) = (output, &last.shape) {
         args.push(ArgSlot {
             name: "out".into(),
             kind: ArgKind::Output,
             shape: dims.clone(),
             dim: None,
             dtype: DType::F32,
+            channels: *channels,
         });
     }
     let mut dims = Vec::with_capacity(t.dims.len());
@@ -637,6 +651,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             shape: vec![],
             dim: Some(d),
             dtype: DType::F32,
+            channels: 1,
         });
     }
     if stages.iter().any(|s| s.tolerance.is_some()) {
@@ -646,6 +661,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             shape: vec![],
             dim: None,
             dtype: DType::F32,
+            channels: 1,
         });
     }
     if args.len() > DESC_ARGS {

@@ -22,6 +22,7 @@ const fn output_fusable(
         output,
         flow_channels: Some(1),
         out_channels: Some(1),
+        states: crate::ops::StateTypes::NONE,
         precisions: &[Precision::Fp32],
         tensor_precisions: &[],
         header: HEADER,

@@ -248,11 +248,35 @@ macro_rules! fold_fn {
     };
 }
 
+/// The states an op's flow and output are ([`OpDef::states`]), by the name of the Rust struct
+/// that derives `pptm::State`; `None` for a plain value. The device code names the struct
+/// `pptm_state_<name>` (its fields as declared) and `pptm_state_<name>_f32` (every field f32:
+/// what an fp32 stage of an op with an f32 form computes in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateTypes {
+    /// The flow's state.
+    pub flow: Option<&'static str>,
+    /// The output's state.
+    pub out: Option<&'static str>,
+}
+
+impl StateTypes {
+    /// Neither the flow nor the output is a state.
+    pub const NONE: StateTypes = StateTypes {
+        flow: None,
+        out: None,
+    };
+}
+
 /// The f64 CPU reference of an op, run by the CPU backend.
 #[derive(Clone, Copy)]
 pub enum CpuImpl {
     /// Per element: see [`ElementFn`].
     Elementwise(ElementFn),
+    /// Per element, to a state of several values (an op of the user's own that returns a
+    /// `#[derive(pptm::State)]`): `f(inputs, out)` reads the inputs as [`ElementFn::one`] does
+    /// (a state flow as its fields, in order) and writes the state's fields to `out`.
+    ToState(fn(&[f64], &mut [f64])),
     /// Fold every element with `combine`, starting from `identity`; then `finish(total, n)`.
     Reduction {
         /// The value folding starts from (0 for a sum, -inf for a max).
@@ -278,6 +302,7 @@ impl std::fmt::Debug for CpuImpl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CpuImpl::Elementwise(_) => f.write_str("Elementwise(..)"),
+            CpuImpl::ToState(_) => f.write_str("ToState(..)"),
             CpuImpl::Reduction { identity, .. } => {
                 write!(f, "Reduction {{ identity: {identity}, .. }}")
             }
@@ -308,6 +333,9 @@ pub struct OpDef {
     pub flow_channels: Option<u8>,
     /// Values per element of the output (`None`: as many as the flow); see `flow_channels`.
     pub out_channels: Option<u8>,
+    /// The states (`#[derive(pptm::State)]`) the op reads as its flow and gives as its output,
+    /// where they are states rather than one value: their channels are the state's fields.
+    pub states: StateTypes,
     /// Precisions the device code implements on CUDA cores (the default, `tensor_eligible` off).
     pub precisions: &'static [Precision],
     /// Precisions its tensor-core path implements (`tensor_eligible = true`); empty when it has
@@ -349,6 +377,7 @@ impl OpDef {
             output: Ty::Like,
             flow_channels: Some(1),
             out_channels: Some(1),
+            states: crate::ops::StateTypes::NONE,
             // Each elementwise op's device code has an f32 and an f64 form
             // (`precision = "fp64"`: inputs widened, the op and what flows on in f64).
             precisions: &[Precision::Fp32, Precision::Fp64],

@@ -131,6 +131,7 @@ macro_rules! subset_ops {
             output: Ty::Scalar,
             flow_channels: Some(1),
             out_channels: Some(1),
+            states: crate::ops::StateTypes::NONE,
             precisions: &[Precision::Fp32, Precision::Fp64],
             tensor_precisions: &[],
             header: HEADER,
@@ -172,6 +173,7 @@ macro_rules! subset_ops {
             output: Ty::Like,
             flow_channels: Some(1),
             out_channels: Some(1),
+            states: crate::ops::StateTypes::NONE,
             precisions: precisions(stringify!($ret)),
             tensor_precisions: &[],
             header: HEADER,
@@ -319,7 +321,7 @@ pub fn device_header() -> String {
     out.push_str(crate::op_fn::HELPERS);
     let declarations = declarations().expect("spec/src/ops/subset.rs reads back (a test checks)");
     for (_, attr, f) in declarations {
-        let op = crate::op_fn::parse_op_as(&attr, &f, crate::op_fn::BUILTIN_PREFIX)
+        let op = crate::op_fn::parse_op_as(&attr, &f, crate::op_fn::BUILTIN_PREFIX, &[])
             .expect("every op in spec/src/ops/subset.rs translates (a test checks)");
         out.push('\n');
         out.push_str(&op.cuda);
@@ -340,7 +342,7 @@ mod tests {
         let header = device_header();
         assert_eq!(declarations.len(), SUBSET.len());
         for ((marker, attr, f), def) in declarations.iter().zip(SUBSET) {
-            let op = crate::op_fn::parse_op_as(attr, f, crate::op_fn::BUILTIN_PREFIX)
+            let op = crate::op_fn::parse_op_as(attr, f, crate::op_fn::BUILTIN_PREFIX, &[])
                 .unwrap_or_else(|e| panic!("{marker}: {e}"));
             assert_eq!(
                 op.op_name(),

@@ -1,0 +1,234 @@
+//! States of several values per element (`#[derive(pptm::State)]`): an op of one's own takes one
+//! as its flow and returns one, a chain reads and writes it as its fields interleaved, and
+//! `repeat = k` steps it k times in one pass (a run of 8 or more copies as a loop on the device).
+//! Each chain runs on every backend against an f64 reference written here, on fresh random
+//! states of odd sizes, with the output poisoned before each run.
+
+#[macro_use]
+mod common;
+
+use common::{rng, uniform};
+use pptm::ops::SumReduction;
+use pptm::{FusionBuilder, Op, Runtime, State, op};
+use rand::Rng;
+
+/// A damped oscillator's position and velocity.
+#[derive(Debug, Clone, Copy, PartialEq, pptm::State)]
+#[repr(C)]
+pub struct Osc {
+    pub x: f64,
+    pub v: f64,
+}
+
+/// One semi-implicit Euler step of x'' = −k x − c x' (the f32 form computes it in f32 on
+/// fp32 stages).
+#[op(f32_form)]
+pub fn osc_step(s: Osc, k: f32, c: f32, dt: f32) -> Osc {
+    let a = -(k as f64) * s.x - (c as f64) * s.v;
+    let v = s.v + (dt as f64) * a;
+    Osc {
+        x: s.x + (dt as f64) * v,
+        v,
+    }
+}
+
+/// A state from one value: at rest at x0.
+#[op(f32_form)]
+pub fn at_rest(x0: f64) -> Osc {
+    Osc { v: 0.0, x: x0 }
+}
+
+/// The oscillator's energy, ½ v² + ½ k x².
+#[op(f32_form)]
+pub fn energy(s: Osc, k: f32) -> f64 {
+    0.5 * s.v * s.v + 0.5 * (k as f64) * s.x * s.x
+}
+
+/// A kick by a force of its own per element, the rest of the state kept (`..s`).
+#[op(tensors(force))]
+pub fn kick(s: Osc, force: f32, dt: f32) -> Osc {
+    Osc {
+        v: s.v + (dt as f64) * (force as f64),
+        ..s
+    }
+}
+
+/// 100 steps of each oscillator: the device runs them as a loop, in registers.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct Oscillate {
+    #[stage(1, repeat = 100)]
+    step: OscStep,
+}
+
+/// A kick, then 3 steps (inlined one by one), then each oscillator's energy.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct KickedEnergy {
+    #[stage(1)]
+    kick: Kick,
+    #[stage(2, repeat = 3)]
+    step: OscStep,
+    #[stage(3)]
+    energy: Energy,
+}
+
+/// From rest at x0, 20 steps, then the total energy.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct TotalEnergy {
+    #[stage(1)]
+    start: AtRest,
+    #[stage(2, repeat = 20)]
+    step: OscStep,
+    #[stage(3)]
+    energy: Energy,
+    #[stage(4, reduction = true)]
+    total: SumReduction,
+}
+
+const K: f32 = 1.7;
+const C: f32 = 0.05;
+const DT: f32 = 0.01;
+
+fn step64(s: (f64, f64), k: f32, c: f32, dt: f32) -> (f64, f64) {
+    let (k, c, dt) = (f64::from(k), f64::from(c), f64::from(dt));
+    let v = s.1 + dt * (-k * s.0 - c * s.1);
+    (s.0 + dt * v, v)
+}
+
+fn energy64(s: (f64, f64), k: f32) -> f64 {
+    0.5 * s.1 * s.1 + 0.5 * f64::from(k) * s.0 * s.0
+}
+
+fn random_states(n: usize) -> Vec<Osc> {
+    let mut r = rng();
+    (0..n)
+        .map(|_| Osc {
+            x: f64::from(r.random_range(-2.0f32..2.0)),
+            v: f64::from(r.random_range(-1.0f32..1.0)),
+        })
+        .collect()
+}
+
+/// |got − want| within `rel` of the state's scale (positions and velocities are O(1)).
+fn assert_state_close(got: &Osc, want: (f64, f64), rel: f64, what: &str) {
+    let scale = want.0.abs().max(want.1.abs()).max(1.0);
+    let err = (got.x - want.0).abs().max((got.v - want.1).abs());
+    assert!(
+        err <= rel * scale,
+        "{what}: got ({}, {}), f64 reference {want:?}, error {err:e}",
+        got.x,
+        got.v
+    );
+}
+
+fn states_step_in_one_pass(rt: &Runtime) {
+    for n in [1usize, 7, 1023, (1 << 20) + 3] {
+        let s = random_states(n);
+        let input = rt.upload(&Osc::flatten(&s)).unwrap();
+        let mut out = rt.upload(&vec![f32::NAN; 2 * n]).unwrap();
+        Oscillate::submit(rt, &input, K, C, DT, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
+        assert_eq!(got.len(), n);
+        for (i, (g, s0)) in got.iter().zip(&s).enumerate() {
+            // The input as stored (f32), stepped in f64.
+            let mut want = (f64::from(s0.x as f32), f64::from(s0.v as f32));
+            for _ in 0..100 {
+                want = step64(want, K, C, DT);
+            }
+            // 100 f32 steps on the device; the CPU backend steps in f64 and stores f32.
+            assert_state_close(g, want, 2e-5, &format!("oscillator {i} of {n}"));
+        }
+    }
+}
+
+fn states_mix_with_values(rt: &Runtime) {
+    for n in [1usize, 7, 1023, (1 << 20) + 3] {
+        let s = random_states(n);
+        let force = uniform(n, -3.0, 3.0);
+        let input = rt.upload(&Osc::flatten(&s)).unwrap();
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        KickedEnergy::submit(rt, &input, &rt.upload(&force).unwrap(), DT, K, C, &mut out)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            let mut st = (
+                f64::from(s[i].x as f32),
+                f64::from(s[i].v as f32) + f64::from(DT) * f64::from(force[i]),
+            );
+            for _ in 0..3 {
+                st = step64(st, K, C, DT);
+            }
+            let want = energy64(st, K);
+            let err = (f64::from(got[i]) - want).abs();
+            assert!(
+                err <= 1e-5 * want.max(1.0),
+                "energy {i} of {n}: got {}, f64 reference {want}",
+                got[i]
+            );
+        }
+
+        // From rest: a scalar flow becomes a state, and the energies are summed.
+        let x0 = uniform(n, -2.0, 2.0);
+        let total = TotalEnergy::submit(rt, &rt.upload(&x0).unwrap(), K, C, DT)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want: f64 = x0
+            .iter()
+            .map(|&x| {
+                let mut st = (f64::from(x), 0.0);
+                for _ in 0..20 {
+                    st = step64(st, K, C, DT);
+                }
+                energy64(st, K)
+            })
+            .sum();
+        let err = (f64::from(total) - want).abs();
+        assert!(
+            err <= 2e-5 * want.abs() + 1e-12,
+            "total energy of {n}: got {total}, f64 reference {want}"
+        );
+    }
+}
+
+on_every_backend!(states_step_in_one_pass, states_mix_with_values);
+
+#[test]
+fn a_state_buffer_of_partial_states_is_a_typed_error() {
+    let rt = Runtime::cpu();
+    // 3 values are not whole states of 2 fields.
+    let input = rt.upload(&[1.0f32, 2.0, 3.0]).unwrap();
+    let mut out = rt.upload(&[0.0f32; 3]).unwrap();
+    let e = Oscillate::submit(&rt, &input, K, C, DT, &mut out).unwrap_err();
+    assert!(e.to_string().contains("2 values each"), "{e}");
+    // An output of the wrong number of states.
+    let input = rt.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let mut out = rt.upload(&[0.0f32; 2]).unwrap();
+    let e = Oscillate::submit(&rt, &input, K, C, DT, &mut out).unwrap_err();
+    assert!(e.to_string().contains("`out` has 2 elements"), "{e}");
+}
+
+#[test]
+fn a_state_op_is_described_by_its_fields() {
+    let d = OscStep::DEF;
+    assert_eq!((d.flow_channels, d.out_channels), (Some(2), Some(2)));
+    assert_eq!(d.states.flow, Some("Osc"));
+    assert!(d.cuda.contains("struct pptm_state_Osc {"), "{}", d.cuda);
+    assert!(
+        d.cuda
+            .contains("pptm_state_Osc_f32 pptm_user_osc_step(pptm_state_Osc_f32 s"),
+        "{}",
+        d.cuda
+    );
+    assert_eq!(Osc::FIELDS, &["x", "v"]);
+    let e = Energy::DEF;
+    assert_eq!((e.flow_channels, e.out_channels), (Some(2), Some(1)));
+    assert_eq!(AtRest::DEF.states.out, Some("Osc"));
+}
