@@ -49,6 +49,7 @@ pub use pptm_macros::{FusionBuilder, Pipeline, State, op};
 pub use pptm_runtime::*;
 pub use pptm_spec::ChainIr;
 pub use pptm_spec::Op;
+pub use pptm_spec::{Table, TableCoord};
 
 /// What the derive macro's expansion uses. Not a stable API.
 #[doc(hidden)]

@@ -9,7 +9,7 @@ mod common;
 
 use common::{rng, uniform};
 use pptm::ops::SumReduction;
-use pptm::{FusionBuilder, Op, Runtime, State, op};
+use pptm::{FusionBuilder, Op, Runtime, State, Table, op};
 use rand::Rng;
 
 /// A damped oscillator's position and velocity.
@@ -85,6 +85,41 @@ pub struct TotalEnergy {
     energy: Energy,
     #[stage(4, reduction = true)]
     total: SumReduction,
+}
+
+/// An oscillator whose stiffness is read from a table over (position, column): the table's row
+/// coordinate follows the state, the column is each element's own.
+#[op(f32_form, tensors(col))]
+pub fn table_step(s: Osc, col: f64, stiffness: Table, dt: f32) -> Osc {
+    let k = stiffness.bilinear(4.0 * s.x + 8.0, col);
+    let v = s.v - (dt as f64) * k * s.x;
+    Osc {
+        x: s.x + (dt as f64) * v,
+        v,
+    }
+}
+
+/// A table read at computed coordinates, and at indices.
+#[op(tensors(col))]
+pub fn lookup(x: f32, col: f32, t: Table) -> f32 {
+    let nearest = t.at(x.max(0.0) as u32, col as u32) as f32;
+    t.bilinear(x, col) - 0.5 * nearest + (t.rows() as f32) - (t.cols() as f32)
+}
+
+/// 50 steps through a table.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct TableSteps {
+    #[stage(1, repeat = 50)]
+    step: TableStep,
+}
+
+/// One lookup per element.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct TableLookup {
+    #[stage(1)]
+    read: Lookup,
 }
 
 const K: f32 = 1.7;
@@ -198,7 +233,93 @@ fn states_mix_with_values(rt: &Runtime) {
     }
 }
 
-on_every_backend!(states_step_in_one_pass, states_mix_with_values);
+/// Bilinear interpolation of a row-major table at grid coordinates, each clamped (an f64
+/// reference written apart from pptm's).
+fn bilinear64(t: &[f32], rows: usize, cols: usize, x: f64, y: f64) -> f64 {
+    let x = x.clamp(0.0, (rows - 1) as f64);
+    let y = y.clamp(0.0, (cols - 1) as f64);
+    let (i0, j0) = (x.floor() as usize, y.floor() as usize);
+    let (i1, j1) = ((i0 + 1).min(rows - 1), (j0 + 1).min(cols - 1));
+    let v = |i: usize, j: usize| f64::from(t[i * cols + j]);
+    let (tx, ty) = (x - x.floor(), y - y.floor());
+    let a = v(i0, j0) + ty * (v(i0, j1) - v(i0, j0));
+    let b = v(i1, j0) + ty * (v(i1, j1) - v(i1, j0));
+    a + tx * (b - a)
+}
+
+fn tables_are_read_at_computed_coordinates(rt: &Runtime) {
+    // An odd table, with coordinates beyond its edges on every side.
+    let (rows, cols) = (37usize, 23usize);
+    let table = uniform(rows * cols, 0.5, 3.0);
+    let t = rt.upload(&table).unwrap();
+    for n in [1usize, 7, 1023, (1 << 20) + 3] {
+        let x = uniform(n, -3.0, 40.0);
+        let col = uniform(n, -2.0, 25.0);
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        TableLookup::submit(
+            rt,
+            &rt.upload(&x).unwrap(),
+            &rt.upload(&col).unwrap(),
+            &t,
+            &mut out,
+            rows,
+            cols,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            let (xi, ci) = (f64::from(x[i]), f64::from(col[i]));
+            let near_i = (xi.max(0.0) as usize).min(rows - 1);
+            let near_j = ((ci.max(0.0)) as usize).min(cols - 1);
+            let want = bilinear64(&table, rows, cols, xi, ci)
+                - 0.5 * f64::from(table[near_i * cols + near_j])
+                + rows as f64
+                - cols as f64;
+            let err = (f64::from(got[i]) - want).abs();
+            assert!(
+                err <= 1e-5 * want.abs().max(1.0),
+                "lookup {i} of {n} at ({xi}, {ci}): got {}, f64 reference {want}",
+                got[i]
+            );
+        }
+
+        // 50 steps, the stiffness read where each state is.
+        let s = random_states(n);
+        let cols_of = uniform(n, 0.0, (cols - 1) as f32);
+        let mut out = rt.upload(&vec![f32::NAN; 2 * n]).unwrap();
+        TableSteps::submit(
+            rt,
+            &rt.upload(&Osc::flatten(&s)).unwrap(),
+            &rt.upload(&cols_of).unwrap(),
+            &t,
+            DT,
+            &mut out,
+            rows,
+            cols,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
+        for i in 0..n {
+            let mut st = (f64::from(s[i].x as f32), f64::from(s[i].v as f32));
+            for _ in 0..50 {
+                let k = bilinear64(&table, rows, cols, 4.0 * st.0 + 8.0, f64::from(cols_of[i]));
+                let v = st.1 - f64::from(DT) * k * st.0;
+                st = (st.0 + f64::from(DT) * v, v);
+            }
+            assert_state_close(&got[i], st, 2e-5, &format!("table steps {i} of {n}"));
+        }
+    }
+}
+
+on_every_backend!(
+    states_step_in_one_pass,
+    states_mix_with_values,
+    tables_are_read_at_computed_coordinates
+);
 
 #[test]
 fn a_state_buffer_of_partial_states_is_a_typed_error() {

@@ -854,6 +854,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         let ty = match p.ty {
             pptm_spec::Ty::F32 => quote! { ::pptm::__private::Ty::F32 },
             pptm_spec::Ty::U32 => quote! { ::pptm::__private::Ty::U32 },
+            pptm_spec::Ty::Table(r, c) => quote! { ::pptm::__private::Ty::Table(#r, #c) },
             _ => quote! { ::pptm::__private::Ty::Like },
         };
         quote! { ::pptm::__private::Param { name: #name, ty: #ty } }
@@ -904,18 +905,26 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
             // by-value arguments in order]: each of the function's parameters by its place there.
             // (A state flow is its fields, `flow_channels` values.)
             let flow_len = usize::from(flow_channels);
+            // (Tables are not among the values: they come whole, in order.)
+            let is_table = |p: &pptm_spec::Param| matches!(p.ty, pptm_spec::Ty::Table(..));
             let tensor_count = params
                 .iter()
                 .skip(1)
-                .filter(|p| !p.ty.is_by_value())
+                .filter(|p| !p.ty.is_by_value() && !is_table(p))
                 .count();
-            let (mut next_tensor, mut next_scalar) = (flow_len, flow_len + tensor_count);
-            let call_args = op
+            let (mut next_tensor, mut next_scalar, mut next_table) =
+                (flow_len, flow_len + tensor_count, 0usize);
+            let call_args: Vec<TokenStream2> = op
                 .params
                 .iter()
                 .zip(&params)
                 .enumerate()
                 .map(|(k, ((_, ty), p))| {
+                    if is_table(p) {
+                        next_table += 1;
+                        let t = next_table - 1;
+                        return quote! { tables[#t] };
+                    }
                     let at = if k == 0 {
                         0
                     } else if p.ty.is_by_value() {
@@ -934,19 +943,34 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                         }
                         _ => quote! { v[#at] as u32 },
                     }
-                });
+                })
+                .collect();
             match op.ret {
-                // A state: written to `out` field by field (`CpuImpl::ToState`).
-                Scalar::State(_) => (
-                    quote! {
-                        #[doc(hidden)]
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                        fn #cpu_ident(v: &[f64], out: &mut [f64]) {
+                // A state (its fields to `out`), or a value from tables (`CpuImpl::PerElement`).
+                _ if matches!(op.ret, Scalar::State(_)) || op.has_tables() => {
+                    let store = match op.ret {
+                        Scalar::State(_) => quote! {
                             ::pptm::State::to_values(&#fn_ident(#(#call_args),*), out)
-                        }
-                    },
-                    quote! { ::pptm::__private::CpuImpl::ToState(#cpu_ident) },
-                ),
+                        },
+                        _ => quote! {
+                            out[0] = f64::from(#fn_ident(#(#call_args),*))
+                        },
+                    };
+                    (
+                        quote! {
+                            #[doc(hidden)]
+                            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, unused_variables)]
+                            fn #cpu_ident(
+                                v: &[f64],
+                                tables: &[::pptm::Table<'_>],
+                                out: &mut [f64],
+                            ) {
+                                #store
+                            }
+                        },
+                        quote! { ::pptm::__private::CpuImpl::PerElement(#cpu_ident) },
+                    )
+                }
                 _ => {
                     let ret_cast = if op.ret == Scalar::F32 {
                         quote! { as f64 }

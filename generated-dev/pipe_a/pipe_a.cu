@@ -36,9 +36,12 @@ struct pptm_each_cf5f2dc0 {
     pptm_env_cf5f2dc0 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         float s169 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const auto s169_arg1 = pptm_ld_cg_f32(e.a1 + i);
+        const auto s169_arg2 = e.a2;
+        const auto s169_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 169; ++pptm_step) {
-            s169 = pptm_op_axpby(s169, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+            s169 = pptm_op_axpby(s169, s169_arg1, s169_arg2, s169_arg3);
         }
         e.a4[i] = (float)s169;
         return 0.0;
@@ -64,9 +67,12 @@ struct pptm_each_10072c1f {
     pptm_env_10072c1f e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         float s169 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const auto s169_arg1 = pptm_ld_cg_f32(e.a1 + i);
+        const auto s169_arg2 = e.a2;
+        const auto s169_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 169; ++pptm_step) {
-            s169 = pptm_op_axpby(s169, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+            s169 = pptm_op_axpby(s169, s169_arg1, s169_arg2, s169_arg3);
         }
         const float s170 = pptm_op_square(s169);
         return (double)s170;

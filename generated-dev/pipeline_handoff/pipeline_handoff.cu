@@ -97,9 +97,12 @@ struct pptm_each_1f3fd851 {
     pptm_env_1f3fd851 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         float s169 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const auto s169_arg1 = pptm_ld_cg_f32(e.a1 + i);
+        const auto s169_arg2 = e.a2;
+        const auto s169_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 169; ++pptm_step) {
-            s169 = pptm_op_axpby(s169, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+            s169 = pptm_op_axpby(s169, s169_arg1, s169_arg2, s169_arg3);
         }
         e.a4[i] = (float)s169;
         return 0.0;
@@ -126,9 +129,12 @@ struct pptm_each_d9193ae9 {
     pptm_env_d9193ae9 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         float s169 = pptm_op_axpby(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+        const auto s169_arg1 = pptm_ld_cg_f32(e.a1 + i);
+        const auto s169_arg2 = e.a2;
+        const auto s169_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 169; ++pptm_step) {
-            s169 = pptm_op_axpby(s169, pptm_ld_cg_f32(e.a1 + i), e.a2, e.a3);
+            s169 = pptm_op_axpby(s169, s169_arg1, s169_arg2, s169_arg3);
         }
         e.a4[i] = (float)s169;
         return 0.0;

@@ -41,6 +41,36 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+// A table an op reads at computed coordinates (pptm::Table): f32 values, row-major.
+struct pptm_table {
+    const float* p;
+    unsigned long long rows, cols;
+};
+template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// The value at (i, j), each index clamped to the table.
+template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
+    if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
+    const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
+    return (T)__ldg(t.p + r * t.cols + c);
+}
+// Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
+// pptm_spec::Table::bilinear computes it).
+template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
+    if (t.rows == 0ull || t.cols == 0ull || x != x || y != y) return pptm_table_nan<T>();
+    const T xm = (T)(t.rows - 1ull), ym = (T)(t.cols - 1ull);
+    x = x < (T)0 ? (T)0 : (x > xm ? xm : x);
+    y = y < (T)0 ? (T)0 : (y > ym ? ym : y);
+    const T fx = floor(x), fy = floor(y);
+    const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
+    const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
+    const T tx = x - fx, ty = y - fy;
+    const T v00 = (T)__ldg(t.p + i0 * t.cols + j0), v01 = (T)__ldg(t.p + i0 * t.cols + j1);
+    const T v10 = (T)__ldg(t.p + i1 * t.cols + j0), v11 = (T)__ldg(t.p + i1 * t.cols + j1);
+    const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
+    return a + tx * (b - a);
+}
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows > 4294967295ull ? 4294967295u : (unsigned int)t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols > 4294967295ull ? 4294967295u : (unsigned int)t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 #ifndef PPTM_STATE_Osc_4f07ba2e6b41
@@ -135,6 +165,12 @@ __device__ __forceinline__ pptm_state_Osc pptm_user_kick(pptm_state_Osc s, float
     return [&]() -> pptm_state_Osc { pptm_state_Osc pptm_s = s; pptm_s.v = (s.v + (((double)dt) * ((double)force))); return pptm_s; }();
 }
 
+// #[pptm::op] fn lookup
+__device__ __forceinline__ float pptm_user_lookup(float x, float col, pptm_table t) {
+    const float nearest = ((float)pptm_table_at<double>(t, pptm_user_to_u32(fmaxf(x, 0.0f)), pptm_user_to_u32(col)));
+    return (((pptm_table_bilinear<float>(t, x, col) - (0.5f * nearest)) + ((float)pptm_table_rows(t))) - ((float)pptm_table_cols(t)));
+}
+
 #ifndef PPTM_STATE_Osc_4f07ba2e6b41
 #define PPTM_STATE_Osc_4f07ba2e6b41
 // #[derive(pptm::State)] struct Osc: its fields as declared, and every field f32.
@@ -168,6 +204,42 @@ __device__ __forceinline__ pptm_state_Osc pptm_user_osc_step(pptm_state_Osc s, f
 __device__ __forceinline__ pptm_state_Osc_f32 pptm_user_osc_step(pptm_state_Osc_f32 s, float k, float c, float dt) {
     const float a = (((-k) * s.x) - (c * s.v));
     const float v = (s.v + (dt * a));
+    return [&]() -> pptm_state_Osc_f32 { pptm_state_Osc_f32 pptm_s = pptm_state_Osc_f32{}; pptm_s.x = (s.x + (dt * v)); pptm_s.v = v; return pptm_s; }();
+}
+
+#ifndef PPTM_STATE_Osc_4f07ba2e6b41
+#define PPTM_STATE_Osc_4f07ba2e6b41
+// #[derive(pptm::State)] struct Osc: its fields as declared, and every field f32.
+struct pptm_state_Osc_f32;
+struct pptm_state_Osc {
+    double x;
+    double v;
+    __device__ __forceinline__ operator pptm_state_Osc_f32() const;
+};
+struct pptm_state_Osc_f32 {
+    float x;
+    float v;
+    __device__ __forceinline__ operator pptm_state_Osc() const { return pptm_state_Osc{(double)x, (double)v}; }
+};
+__device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
+// Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
+__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
+__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
+#endif  // PPTM_STATE_Osc_4f07ba2e6b41
+// #[pptm::op] fn table_step
+__device__ __forceinline__ pptm_state_Osc pptm_user_table_step(pptm_state_Osc s, double col, pptm_table stiffness, float dt) {
+    const double k = pptm_table_bilinear<double>(stiffness, ((4.0 * s.x) + 8.0), col);
+    const double v = (s.v - ((((double)dt) * k) * s.x));
+    return [&]() -> pptm_state_Osc { pptm_state_Osc pptm_s = pptm_state_Osc{}; pptm_s.x = (s.x + (((double)dt) * v)); pptm_s.v = v; return pptm_s; }();
+}
+// #[pptm::op(f32_form)] fn table_step
+__device__ __forceinline__ pptm_state_Osc_f32 pptm_user_table_step(pptm_state_Osc_f32 s, float col, pptm_table stiffness, float dt) {
+    const float k = pptm_table_bilinear<float>(stiffness, ((4.0f * s.x) + 8.0f), col);
+    const float v = (s.v - ((dt * k) * s.x));
     return [&]() -> pptm_state_Osc_f32 { pptm_state_Osc_f32 pptm_s = pptm_state_Osc_f32{}; pptm_s.x = (s.x + (dt * v)); pptm_s.v = v; return pptm_s; }();
 }
 
@@ -216,9 +288,12 @@ struct pptm_each_900a0d24 {
     pptm_env_900a0d24 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         pptm_state_Osc_f32 s99 = pptm_user_osc_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, e.a1, e.a2, e.a3);
+        const auto s99_arg1 = e.a1;
+        const auto s99_arg2 = e.a2;
+        const auto s99_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 99; ++pptm_step) {
-            s99 = pptm_user_osc_step((pptm_state_Osc_f32)s99, e.a1, e.a2, e.a3);
+            s99 = pptm_user_osc_step((pptm_state_Osc_f32)s99, s99_arg1, s99_arg2, s99_arg3);
         }
         pptm_state_store(e.a4 + 2 * i, s99);
         return 0.0;
@@ -227,6 +302,66 @@ struct pptm_each_900a0d24 {
 __device__ __noinline__ uint32_t pptm_run_900a0d24(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_900a0d24 e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_900a0d24{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain TableLookup: Lookup (Map pattern)
+// spec hash d0b4993d896b51ed66a91d607988610f40b07cb8451ffd9a749c8f299e9ed07c, opcode 0xd0b4993d
+struct pptm_env_d0b4993d {
+    const float* a0;  // x
+    const float* a1;  // col
+    const float* a2;  // t
+    float* a3;  // out
+    uint64_t a4;  // n
+    uint64_t a5;  // t_rows
+    uint64_t a6;  // t_cols
+    __device__ explicit pptm_env_d0b4993d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_each_d0b4993d {
+    pptm_env_d0b4993d e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6});
+        e.a3[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_d0b4993d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d0b4993d e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d0b4993d{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain TableSteps: TableStep x 50 (Map pattern)
+// spec hash 0f3246ab1ea2fb551987e1d7a73085dc02f583e36566580f06e354507b5a6b7a, opcode 0x0f3246ab
+struct pptm_env_0f3246ab {
+    const float* a0;  // s
+    const float* a1;  // col
+    const float* a2;  // stiffness
+    float a3;  // dt
+    float* a4;  // out
+    uint64_t a5;  // n
+    uint64_t a6;  // stiffness_rows
+    uint64_t a7;  // stiffness_cols
+    __device__ explicit pptm_env_0f3246ab(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
+};
+struct pptm_each_0f3246ab {
+    pptm_env_0f3246ab e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+        const auto s49_arg1 = pptm_ld_cg_f32(e.a1 + i);
+        const auto s49_arg2 = pptm_table{e.a2, e.a6, e.a7};
+        const auto s49_arg3 = e.a3;
+        #pragma unroll 4
+        for (int pptm_step = 0; pptm_step < 49; ++pptm_step) {
+            s49 = pptm_user_table_step((pptm_state_Osc_f32)s49, s49_arg1, s49_arg2, s49_arg3);
+        }
+        pptm_state_store(e.a4 + 2 * i, s49);
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_0f3246ab(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_0f3246ab e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_0f3246ab{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -245,9 +380,12 @@ struct pptm_each_db9db691 {
     __device__ __forceinline__ double operator()(uint64_t i) const {
         const pptm_state_Osc_f32 s0 = pptm_user_at_rest(pptm_ld_cg_f32(e.a0 + i));
         pptm_state_Osc_f32 s20 = pptm_user_osc_step((pptm_state_Osc_f32)s0, e.a1, e.a2, e.a3);
+        const auto s20_arg1 = e.a1;
+        const auto s20_arg2 = e.a2;
+        const auto s20_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 19; ++pptm_step) {
-            s20 = pptm_user_osc_step((pptm_state_Osc_f32)s20, e.a1, e.a2, e.a3);
+            s20 = pptm_user_osc_step((pptm_state_Osc_f32)s20, s20_arg1, s20_arg2, s20_arg3);
         }
         const float s21 = pptm_user_energy((pptm_state_Osc_f32)s20, e.a1);
         return (double)s21;
@@ -268,6 +406,8 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x175fb74eu: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
     case 0x900a0d24u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
+    case 0xd0b4993du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup
+    case 0x0f3246abu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // TableSteps
     case 0xdb9db691u: return ((d.args[0]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // TotalEnergy
     default: return true;
     }
@@ -277,6 +417,8 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x175fb74eu: return pptm_run_175fb74e(d, b, partial);  // KickedEnergy
     case 0x900a0d24u: return pptm_run_900a0d24(d, b, partial);  // Oscillate
+    case 0xd0b4993du: return pptm_run_d0b4993d(d, b, partial);  // TableLookup
+    case 0x0f3246abu: return pptm_run_0f3246ab(d, b, partial);  // TableSteps
     case 0xdb9db691u: return pptm_run_db9db691(d, b, partial);  // TotalEnergy
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -293,6 +435,8 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x175fb74eu: return true;  // KickedEnergy
     case 0x900a0d24u: return true;  // Oscillate
+    case 0xd0b4993du: return true;  // TableLookup
+    case 0x0f3246abu: return true;  // TableSteps
     default: return false;
     }
 }
@@ -389,6 +533,61 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a5;
                 const pptm_state_Osc_f32 s99 = pptm_user_osc_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 2 + 1)}, e.a1, e.a2, e.a3);
                 pptm_state_store(e.a4 + 2 * i, s99);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xd0b4993du: {  // TableLookup
+        const pptm_env_d0b4993d e(d);
+        switch (stage) {
+        case 0: {  // Lookup
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6});
+                e.a3[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x0f3246abu: {  // TableSteps
+        const pptm_env_0f3246ab e(d);
+        switch (stage) {
+        case 0: {  // TableStep
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                pptm_state_store(scratch[0] + 2 * i, s0);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10: case 11: case 12: case 13: case 14: case 15: case 16:
+        case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 24: case 25: case 26: case 27: case 28: case 29: case 30: case 31: case 32:
+        case 33: case 34: case 35: case 36: case 37: case 38: case 39: case 40: case 41: case 42: case 43: case 44: case 45: case 46: case 47: case 48:
+        {  // TableStep x 48
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 2 * i, s1);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 49: {  // TableStep
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                pptm_state_store(e.a4 + 2 * i, s49);
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

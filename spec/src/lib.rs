@@ -28,7 +28,8 @@ pub use lower::{
     MAX_DIM, Pattern, Plan, Shape, Source, SpecError, StageIr, lower, lower_with,
 };
 pub use ops::{
-    Anchor, CpuImpl, ElementFn, FusionClass, Op, OpDef, OpInputs, Param, StateTypes, Ty,
+    Anchor, CpuImpl, ElementFn, FusionClass, Op, OpDef, OpInputs, Param, StateTypes, Table,
+    TableCoord, Ty,
 };
 
 /// Threads per block of every manifold. The generated PTX is compiled for it

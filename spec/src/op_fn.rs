@@ -37,6 +37,9 @@ pub enum Scalar {
     Bool,
     /// A state of several fields (`#[derive(pptm::State)]`): an op's flow, its result, a `let`.
     State(&'static StateTy),
+    /// A table read at computed coordinates (a parameter `t: pptm::Table`; see
+    /// [`Table`](crate::Table)).
+    Table,
 }
 
 impl Scalar {
@@ -47,6 +50,7 @@ impl Scalar {
             Scalar::U32 => "unsigned int",
             Scalar::Bool => "bool",
             Scalar::State(st) => st.cuda,
+            Scalar::Table => "pptm_table",
         }
     }
 
@@ -57,6 +61,7 @@ impl Scalar {
             Scalar::U32 => "u32",
             Scalar::Bool => "bool",
             Scalar::State(st) => st.name,
+            Scalar::Table => "Table",
         }
     }
 
@@ -338,7 +343,15 @@ impl OpFn {
             ty: Ty::Like,
         }];
         for (p, ty) in &self.params[1..] {
-            let catalog_ty = if tensors.contains(p) {
+            let catalog_ty = if *ty == Scalar::Table {
+                if tensors.contains(p) {
+                    return Err(format!(
+                        "`{p}` is a table, read whole: it is not one of `tensors(...)`"
+                    ));
+                }
+                // Its two dimensions, named after it (`gamma_rows`, `gamma_cols`).
+                Ty::Table(leak(&format!("{p}_rows")), leak(&format!("{p}_cols")))
+            } else if tensors.contains(p) {
                 if *ty == Scalar::U32 {
                     return Err(format!("`{p}` is a u32: an input of its own is f32 or f64"));
                 }
@@ -390,8 +403,8 @@ impl OpFn {
                     fold: |_, _| f64::NAN,
                     finish: |_, _| f64::NAN,
                 }
-            } else if self.state_types().out.is_some() {
-                CpuImpl::ToState(|_, out| out.fill(f64::NAN))
+            } else if self.state_types().out.is_some() || self.has_tables() {
+                CpuImpl::PerElement(|_, _, out| out.fill(f64::NAN))
             } else {
                 CpuImpl::Elementwise(crate::element_fn!(|_| f64::NAN))
             },
@@ -401,6 +414,11 @@ impl OpFn {
                 self.name
             )),
         })))
+    }
+
+    /// Whether the op reads a table (a parameter `t: pptm::Table`).
+    pub fn has_tables(&self) -> bool {
+        self.params.iter().any(|(_, t)| *t == Scalar::Table)
     }
 
     /// Whether the op computes in f64: it returns an f64, or a state whose fields are all f64.
@@ -718,6 +736,36 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
+// A table an op reads at computed coordinates (pptm::Table): f32 values, row-major.
+struct pptm_table {
+    const float* p;
+    unsigned long long rows, cols;
+};
+template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// The value at (i, j), each index clamped to the table.
+template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
+    if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
+    const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
+    return (T)__ldg(t.p + r * t.cols + c);
+}
+// Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
+// pptm_spec::Table::bilinear computes it).
+template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
+    if (t.rows == 0ull || t.cols == 0ull || x != x || y != y) return pptm_table_nan<T>();
+    const T xm = (T)(t.rows - 1ull), ym = (T)(t.cols - 1ull);
+    x = x < (T)0 ? (T)0 : (x > xm ? xm : x);
+    y = y < (T)0 ? (T)0 : (y > ym ? ym : y);
+    const T fx = floor(x), fy = floor(y);
+    const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
+    const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
+    const T tx = x - fx, ty = y - fy;
+    const T v00 = (T)__ldg(t.p + i0 * t.cols + j0), v01 = (T)__ldg(t.p + i0 * t.cols + j1);
+    const T v10 = (T)__ldg(t.p + i1 * t.cols + j0), v11 = (T)__ldg(t.p + i1 * t.cols + j1);
+    const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
+    return a + tx * (b - a);
+}
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows > 4294967295ull ? 4294967295u : (unsigned int)t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols > 4294967295ull ? 4294967295u : (unsigned int)t.cols; }
 #endif  // PPTM_OP_HELPERS
 ";
 
@@ -778,6 +826,12 @@ fn parse_op_fn_as(
             return err(pi.span(), "a parameter is a plain name, e.g. `x: f32`");
         }
         let ty = value_type(&pt.ty, false)?;
+        if ty == Scalar::Table && params.is_empty() {
+            return err(
+                pt.ty.span(),
+                "a table is read at computed coordinates: it cannot be an op's flow (its first parameter)",
+            );
+        }
         if matches!(ty, Scalar::State(_)) && !params.is_empty() {
             return err(
                 pt.ty.span(),
@@ -820,6 +874,7 @@ fn parse_op_fn_as(
         body: String::new(),
         temps: 0,
         states: state_tys.clone(),
+        narrow,
     };
     let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
     let device = format!("{prefix}{name}");
@@ -884,6 +939,7 @@ fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Re
         body: String::new(),
         temps: 0,
         states: Vec::new(),
+        narrow: false,
     };
     check_constant(&r.identity)?;
     let identity = t.expr(&r.identity, Some(Scalar::F64))?;
@@ -981,6 +1037,7 @@ fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
         body: String::new(),
         temps: 0,
         states: Vec::new(),
+        narrow: false,
     };
     let v = match &*c.body {
         Expr::Block(b) if b.label.is_none() => {
@@ -1028,15 +1085,29 @@ fn value_type(ty: &Type, allow_bool: bool, states: &[&'static StateTy]) -> syn::
     if let Type::Path(p) = ty
         && p.qself.is_none()
         && let Some(last) = p.path.segments.last()
-        && last.arguments.is_empty()
-        && let Some(st) = states.iter().find(|st| last.ident == st.name)
     {
-        return Ok(Scalar::State(st));
+        // `Table`, `Table<'_>`, `pptm::Table<'a>`.
+        let lifetimes_only = match &last.arguments {
+            syn::PathArguments::None => true,
+            syn::PathArguments::AngleBracketed(a) => a
+                .args
+                .iter()
+                .all(|g| matches!(g, syn::GenericArgument::Lifetime(_))),
+            syn::PathArguments::Parenthesized(_) => false,
+        };
+        if last.ident == "Table" && lifetimes_only {
+            return Ok(Scalar::Table);
+        }
+        if last.arguments.is_empty()
+            && let Some(st) = states.iter().find(|st| last.ident == st.name)
+        {
+            return Ok(Scalar::State(st));
+        }
     }
     err(
         ty.span(),
-        "an op's values are f32, f64, u32, or a state: a struct of this crate with \
-         `#[derive(pptm::State)]`",
+        "an op's values are f32, f64, u32, a `pptm::Table`, or a state: a struct of this \
+         crate with `#[derive(pptm::State)]`",
     )
 }
 
@@ -1056,6 +1127,8 @@ struct Translator {
     temps: usize,
     /// The states the body may name (`let s: Geo`, `Geo { .. }`), typed for this form.
     states: Vec<&'static StateTy>,
+    /// The op's f32 form (every f64 read as f32): a table's `at` gives f32.
+    narrow: bool,
 }
 
 impl Translator {
@@ -1262,7 +1335,10 @@ impl Translator {
                 if m.turbofish.is_some() {
                     return err(m.span(), "method calls take no type arguments here");
                 }
-                let recv = self.expr(&m.receiver, want)?;
+                // A table's methods give a type of their own: its name is typed alone.
+                let table = matches!(&*m.receiver, Expr::Path(p)
+                    if p.path.get_ident().is_some_and(|i| self.lookup(&i.to_string()) == Some(Scalar::Table)));
+                let recv = self.expr(&m.receiver, if table { None } else { want })?;
                 let args: Vec<&Expr> = m.args.iter().collect();
                 self.method(
                     &m.method.to_string(),
@@ -1575,6 +1651,14 @@ impl Translator {
                 if ty == Scalar::Bool {
                     return err(b.span(), format!("`{sym}` does not apply to bools"));
                 }
+                if ty == Scalar::Table {
+                    return err(
+                        b.span(),
+                        format!(
+                            "`{sym}` does not apply to a table: read it with `.at(i, j)` or `.bilinear(x, y)`"
+                        ),
+                    );
+                }
                 if let Scalar::State(st) = ty {
                     return err(
                         b.span(),
@@ -1671,6 +1755,74 @@ impl Translator {
         })
     }
 
+    /// `t.at(i, j)`, `t.bilinear(x, y)`, `t.rows()`, `t.cols()` of a table.
+    fn table_method(
+        &mut self,
+        name: &str,
+        name_span: Span,
+        recv: Value,
+        args: &[&Expr],
+        span: Span,
+    ) -> syn::Result<Value> {
+        let arity = match name {
+            "at" | "bilinear" => 2,
+            "rows" | "cols" => 0,
+            _ => {
+                return err(
+                    name_span,
+                    format!(
+                        "a table has `at(i, j)`, `bilinear(x, y)`, `rows()` and `cols()`, not `{name}`"
+                    ),
+                );
+            }
+        };
+        if args.len() != arity {
+            return err(span, format!("`{name}` takes {arity} argument(s)"));
+        }
+        let t = recv.code;
+        Ok(match name {
+            "at" => {
+                let i = self.expr(args[0], Some(Scalar::U32))?;
+                let j = self.expr(args[1], Some(Scalar::U32))?;
+                let ty = if self.narrow {
+                    Scalar::F32
+                } else {
+                    Scalar::F64
+                };
+                Value {
+                    code: format!("pptm_table_at<{}>({t}, {}, {})", ty.cuda(), i.code, j.code),
+                    ty: Some(ty),
+                }
+            }
+            "bilinear" => {
+                let x = self.expr(args[0], None)?;
+                let ty = match x.ty {
+                    Some(t @ (Scalar::F32 | Scalar::F64)) => t,
+                    _ => {
+                        return err(
+                            args[0].span(),
+                            "`bilinear` takes f32 or f64 coordinates (a literal needs a suffix)",
+                        );
+                    }
+                };
+                let y = self.expr(args[1], Some(ty))?;
+                Value {
+                    code: format!(
+                        "pptm_table_bilinear<{}>({t}, {}, {})",
+                        ty.cuda(),
+                        x.code,
+                        y.code
+                    ),
+                    ty: Some(ty),
+                }
+            }
+            _ => Value {
+                code: format!("pptm_table_{name}({t})"),
+                ty: Some(Scalar::U32),
+            },
+        })
+    }
+
     fn method(
         &mut self,
         name: &str,
@@ -1679,6 +1831,9 @@ impl Translator {
         args: &[&Expr],
         span: Span,
     ) -> syn::Result<Value> {
+        if recv.ty == Some(Scalar::Table) {
+            return self.table_method(name, name_span, recv, args, span);
+        }
         let Some(&(_, arity, f32_fn, f64_fn)) = METHODS.iter().find(|m| m.0 == name) else {
             return err(
                 name_span,
@@ -1824,6 +1979,7 @@ fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
             span,
             format!("expected the state {}, found a number", st.name),
         ),
+        Scalar::Table => err(span, "expected a table, found a number"),
     }
 }
 
@@ -1901,6 +2057,9 @@ fn cast(v: Value, to: Scalar, span: Span) -> syn::Result<Value> {
             span,
             format!("a state ({}) cannot be cast: cast its fields", st.name),
         );
+    }
+    if from == Scalar::Table {
+        return err(span, "a table cannot be cast: cast what it reads");
     }
     let code = match (from, to) {
         (a, b) if a == b => v.code,

@@ -233,6 +233,14 @@ fn emit_stages(
             if st.finite {
                 let _ = writeln!(out, "        pptm_check_finite(s{last});");
             }
+            // The step's other arguments (loads of its buffers at the element) once, before the
+            // loop: they are the same each time.
+            let args = stage_args(c, last, &[format!("s{last}")], load);
+            let mut hoisted = vec![args[0].clone()];
+            for (k, a) in args.iter().enumerate().skip(1) {
+                let _ = writeln!(out, "        const auto s{last}_arg{k} = {a};");
+                hoisted.push(format!("s{last}_arg{k}"));
+            }
             let _ = writeln!(out, "        #pragma unroll 4");
             let _ = writeln!(
                 out,
@@ -240,8 +248,9 @@ fn emit_stages(
             );
             let _ = writeln!(
                 out,
-                "            s{last} = {};",
-                stage_call(c, last, &[format!("s{last}")], load)
+                "            s{last} = {}({});",
+                st.op.device,
+                hoisted.join(", ")
             );
             if st.finite {
                 let _ = writeln!(out, "            pptm_check_finite(s{last});");
@@ -259,6 +268,15 @@ const REPEAT_LOOP_FROM: usize = 8;
 
 /// The call computing stage `s` from its flow's expressions (see [`emit_stages`]).
 fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String {
+    format!(
+        "{}({})",
+        c.stages[s].op.device,
+        stage_args(c, s, flow, load).join(", ")
+    )
+}
+
+/// The arguments of stage `s`'s call, its flow first (as one expression).
+fn stage_args(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> Vec<String> {
     let st = &c.stages[s];
     // An fp64 stage calls the op's f64 form with every f32 input widened; a stage after one
     // narrows its flow back (the ops' f32 and f64 forms are overloads, and mixed arguments
@@ -293,6 +311,16 @@ fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String
             unreachable!("only input 0 comes from a stage")
         };
         args.push(match (p.ty, load) {
+            // A table: its buffer and dimensions, read where the op computes.
+            (Ty::Table(..), _) => {
+                let dims = &c.args[slot].shape;
+                format!(
+                    "pptm_table{{{}, {}, {}}}",
+                    field(slot),
+                    field(c.dims[dims[0]].slot),
+                    field(c.dims[dims[1]].slot)
+                )
+            }
             (Ty::F32, _) => widen(field(slot)),
             (ty, _) if ty.is_by_value() => field(slot),
             (_, Load::Loaded(slots)) => widen(format!(
@@ -314,7 +342,7 @@ fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String
             }
         });
     }
-    format!("{}({})", st.op.device, args.join(", "))
+    args
 }
 
 /// The device struct a stage of precision `wide` (fp64) or not holds state `name` in: as

@@ -128,6 +128,7 @@ pub(super) fn rows(out: &mut String, c: &ChainIr) -> String {
         for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
             if let Source::Arg(slot) = *src
                 && !p.ty.is_by_value()
+                && !matches!(p.ty, Ty::Table(..))
                 && !inputs.contains(&slot)
             {
                 inputs.push(slot);

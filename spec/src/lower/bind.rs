@@ -420,7 +420,7 @@ impl ChainIr {
     }
 
     /// Elements per block of an elementwise pass: [`work::MAP_ELEMS_PER_BLOCK`](crate::work),
-    /// or one a thread where each element is much work (a state, or a run of
+    /// or one a thread where each element is much work (a state, a table, or a run of
     /// [`work::HEAVY_MAP_STEPS`](crate::work) elementwise steps or more, as `repeat` makes), so
     /// that the elements spread over the SMs instead of queueing on the threads of a few.
     pub fn map_elems_per_block(&self) -> usize {
@@ -430,10 +430,16 @@ impl ChainIr {
             .iter()
             .filter(|st| st.op.class == FusionClass::Elementwise)
             .count();
-        let states = self
-            .stages
-            .iter()
-            .any(|st| st.op.states != crate::ops::StateTypes::NONE);
+        // (A table is read whole, never element by element: the vector loads of the light
+        // pass cannot take one.)
+        let states = self.stages.iter().any(|st| {
+            st.op.states != crate::ops::StateTypes::NONE
+                || st
+                    .op
+                    .inputs
+                    .iter()
+                    .any(|p| matches!(p.ty, crate::ops::Ty::Table(..)))
+        });
         if states || steps >= work::HEAVY_MAP_STEPS {
             crate::BLOCK_THREADS as usize
         } else {

@@ -2,7 +2,7 @@
 //! ground truth the CPU backend and the tests compare against.
 
 use super::{ChainIr, ChainOutput, Shape, Source, StageIr};
-use crate::ops::{CpuImpl, FusionClass, OpInputs, Ty};
+use crate::ops::{CpuImpl, FusionClass, OpInputs, Table, Ty};
 
 /// Result of running a chain on the CPU reference.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +68,7 @@ impl ChainIr {
                 _ => self.stages[s - 1].shape.channels() as usize,
             };
             let out = match st.op.cpu {
-                CpuImpl::Elementwise(_) | CpuImpl::ToState(_) => {
+                CpuImpl::Elementwise(_) | CpuImpl::PerElement(_) => {
                     let row_len = match &st.shape {
                         Shape::Tensor { dims, .. } => dims.last().map_or(1, |&d| sizes[d]),
                         _ => 1,
@@ -79,27 +79,36 @@ impl ChainIr {
                     let mut out = Vec::with_capacity(elements * och);
                     let mut x =
                         Vec::with_capacity(ch + inputs.tensors.len() + inputs.scalars.len());
-                    for e in 0..elements {
-                        x.clear();
-                        x.extend_from_slice(&flow[e * ch..(e + 1) * ch]);
-                        for (p, t) in st.op.inputs[1..]
+                    // The op's tables, whole; its other buffers are read per element.
+                    let buffers = || {
+                        st.op.inputs[1..]
                             .iter()
                             .filter(|p| !p.ty.is_by_value())
                             .zip(&inputs.tensors)
-                        {
-                            x.push(if p.ty == Ty::Row {
-                                t[e % row_len]
-                            } else {
-                                t[e]
-                            });
+                    };
+                    let tables: Vec<Table<'_>> = buffers()
+                        .filter_map(|(p, t)| match p.ty {
+                            Ty::Table(r, c) => Table::new(t, inputs.dim(r), inputs.dim(c)),
+                            _ => None,
+                        })
+                        .collect();
+                    for e in 0..elements {
+                        x.clear();
+                        x.extend_from_slice(&flow[e * ch..(e + 1) * ch]);
+                        for (p, t) in buffers() {
+                            match p.ty {
+                                Ty::Table(..) => {}
+                                Ty::Row => x.push(t[e % row_len]),
+                                _ => x.push(t[e]),
+                            }
                         }
                         x.extend_from_slice(&inputs.scalars);
                         match st.op.cpu {
                             CpuImpl::Elementwise(f) => out.push((f.one)(&x)),
-                            CpuImpl::ToState(f) => {
+                            CpuImpl::PerElement(f) => {
                                 out.resize(out.len() + och, 0.0);
                                 let at = out.len() - och;
-                                f(&x, &mut out[at..]);
+                                f(&x, &tables, &mut out[at..]);
                             }
                             _ => unreachable!("matched above"),
                         }

@@ -583,6 +583,21 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
     // Declaration index of the stage at each data-flow position, for errors.
     let decl = |pos: usize| order[pos];
     let plan = plan(&stages, decl)?;
+    // An op that reads a table runs where each element is one thread's work: an elementwise pass
+    // (maybe ending in a reduction), not inside a matrix or pairwise pattern.
+    if plan.pattern != Pattern::Map
+        && let Some(s) = stages
+            .iter()
+            .position(|st| st.op.inputs.iter().any(|p| matches!(p.ty, Ty::Table(..))))
+    {
+        return Err(SpecError::Unfusable {
+            stage: decl(s),
+            op: stages[s].op.name,
+            reason: "it reads a table, which only a chain of elementwise stages (and a reduction \
+                     after them) can: declare it in a chain of its own"
+                .into(),
+        });
+    }
     let last = stages.last().expect("non-empty");
     let output = match &last.shape {
         Shape::Scalar => ChainOutput::Scalar,

@@ -81,6 +81,9 @@ pub enum Ty {
     Pairs(&'static str),
     /// One value: what a reduction produces.
     Scalar,
+    /// A row-major f32 table over two dimensions of its own, read at coordinates an op computes
+    /// (`#[pptm::op(tables(...))]`; see [`Table`]).
+    Table(&'static str, &'static str),
     /// An f32 argument passed by value.
     F32,
     /// A u32 argument passed by value.
@@ -97,6 +100,7 @@ impl Ty {
             Ty::Matrix(..) => "a matrix",
             Ty::Batch(..) => "a stack of matrices",
             Ty::Pairs(_) => "per-pair values",
+            Ty::Table(..) => "a table",
             Ty::Scalar => "a scalar",
             Ty::F32 => "an f32 argument",
             Ty::U32 => "a u32 argument",
@@ -109,6 +113,7 @@ impl Ty {
             Ty::Vector(l) => Some(vec![l]),
             Ty::Matrix(r, c) => Some(vec![r, c]),
             Ty::Batch(s, r, c) => Some(vec![s, r, c]),
+            Ty::Table(r, c) => Some(vec![r, c]),
             _ => None,
         }
     }
@@ -248,6 +253,120 @@ macro_rules! fold_fn {
     };
 }
 
+/// A table an op of the user's own reads at coordinates it computes (`#[pptm::op(tables(t))]`,
+/// a parameter `t: pptm::Table`): `rows x cols` values, row-major. On the CPU backend it holds the
+/// buffer's values widened to f64; on the device, the f32 buffer (read through the read-only
+/// cache). Both read it alike:
+///
+/// * [`Table::at`]`(i, j)`: the value at row i, column j, each index clamped to the table;
+/// * [`Table::bilinear`]`(x, y)`: the bilinear interpolation at row coordinate x and column
+///   coordinate y in grid units (row i at x = i), each clamped to the table; NaN for a NaN
+///   coordinate or an empty table;
+/// * [`Table::rows`], [`Table::cols`]: its size.
+#[derive(Debug, Clone, Copy)]
+pub struct Table<'a> {
+    values: &'a [f64],
+    rows: usize,
+    cols: usize,
+}
+
+/// A coordinate type [`Table::bilinear`] computes in: f32 or f64.
+pub trait TableCoord: Copy + sealed::Sealed {
+    #[doc(hidden)]
+    fn to_f64(self) -> f64;
+    #[doc(hidden)]
+    fn from_f64(v: f64) -> Self;
+    #[doc(hidden)]
+    fn floor(self) -> Self;
+    #[doc(hidden)]
+    fn lerp(a: Self, b: Self, t: Self) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+macro_rules! table_coord {
+    ($t:ty) => {
+        impl TableCoord for $t {
+            fn to_f64(self) -> f64 {
+                f64::from(self)
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn floor(self) -> Self {
+                <$t>::floor(self)
+            }
+            fn lerp(a: Self, b: Self, t: Self) -> Self {
+                a + t * (b - a)
+            }
+        }
+    };
+}
+table_coord!(f32);
+table_coord!(f64);
+
+impl<'a> Table<'a> {
+    /// A table of `rows x cols` values, row-major; `None` unless `values` holds exactly that many.
+    pub fn new(values: &'a [f64], rows: usize, cols: usize) -> Option<Self> {
+        (rows.checked_mul(cols) == Some(values.len())).then_some(Table { values, rows, cols })
+    }
+
+    /// Its rows (saturating at `u32::MAX`).
+    pub fn rows(&self) -> u32 {
+        u32::try_from(self.rows).unwrap_or(u32::MAX)
+    }
+
+    /// Its columns (saturating at `u32::MAX`).
+    pub fn cols(&self) -> u32 {
+        u32::try_from(self.cols).unwrap_or(u32::MAX)
+    }
+
+    /// The value at row i, column j, each clamped to the table (NaN for an empty table).
+    pub fn at(&self, i: u32, j: u32) -> f64 {
+        if self.rows == 0 || self.cols == 0 {
+            return f64::NAN;
+        }
+        let i = (i as usize).min(self.rows - 1);
+        let j = (j as usize).min(self.cols - 1);
+        self.values[i * self.cols + j]
+    }
+
+    /// The bilinear interpolation at row coordinate `x` and column coordinate `y`, in grid units,
+    /// each clamped to the table, computed in the coordinates' type. NaN for a NaN coordinate or
+    /// an empty table.
+    pub fn bilinear<T: TableCoord>(&self, x: T, y: T) -> T {
+        let (xf, yf) = (x.to_f64(), y.to_f64());
+        if self.rows == 0 || self.cols == 0 || xf.is_nan() || yf.is_nan() {
+            return T::from_f64(f64::NAN);
+        }
+        let clamp = |v: T, hi: usize| {
+            let hi_t = T::from_f64((hi - 1) as f64);
+            if v.to_f64() < 0.0 {
+                T::from_f64(0.0)
+            } else if v.to_f64() > hi_t.to_f64() {
+                hi_t
+            } else {
+                v
+            }
+        };
+        let (x, y) = (clamp(x, self.rows), clamp(y, self.cols));
+        let (fx, fy) = (x.floor(), y.floor());
+        let (i0, j0) = (fx.to_f64() as usize, fy.to_f64() as usize);
+        let (i1, j1) = ((i0 + 1).min(self.rows - 1), (j0 + 1).min(self.cols - 1));
+        let at = |i: usize, j: usize| T::from_f64(self.values[i * self.cols + j]);
+        let tx = T::from_f64(x.to_f64() - fx.to_f64());
+        let ty = T::from_f64(y.to_f64() - fy.to_f64());
+        let a = T::lerp(at(i0, j0), at(i0, j1), ty);
+        let b = T::lerp(at(i1, j0), at(i1, j1), ty);
+        T::lerp(a, b, tx)
+    }
+}
+
 /// The states an op's flow and output are ([`OpDef::states`]), by the name of the Rust struct
 /// that derives `pptm::State`; `None` for a plain value. The device code names the struct
 /// `pptm_state_<name>` (its fields as declared) and `pptm_state_<name>_f32` (every field f32:
@@ -273,10 +392,12 @@ impl StateTypes {
 pub enum CpuImpl {
     /// Per element: see [`ElementFn`].
     Elementwise(ElementFn),
-    /// Per element, to a state of several values (an op of the user's own that returns a
-    /// `#[derive(pptm::State)]`): `f(inputs, out)` reads the inputs as [`ElementFn::one`] does
-    /// (a state flow as its fields, in order) and writes the state's fields to `out`.
-    ToState(fn(&[f64], &mut [f64])),
+    /// Per element, for an op of the user's own that returns a state (`#[derive(pptm::State)]`)
+    /// or reads tables (`#[pptm::op(tables(...))]`): `f(inputs, tables, out)` reads the inputs as
+    /// [`ElementFn::one`] does (a state flow as its fields, in order; no tables among them), the
+    /// op's tables in declaration order, and writes its value (a state's fields, in order) to
+    /// `out`.
+    PerElement(fn(&[f64], &[Table<'_>], &mut [f64])),
     /// Fold every element with `combine`, starting from `identity`; then `finish(total, n)`.
     Reduction {
         /// The value folding starts from (0 for a sum, -inf for a max).
@@ -302,7 +423,7 @@ impl std::fmt::Debug for CpuImpl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CpuImpl::Elementwise(_) => f.write_str("Elementwise(..)"),
-            CpuImpl::ToState(_) => f.write_str("ToState(..)"),
+            CpuImpl::PerElement(_) => f.write_str("PerElement(..)"),
             CpuImpl::Reduction { identity, .. } => {
                 write!(f, "Reduction {{ identity: {identity}, .. }}")
             }
