@@ -307,15 +307,21 @@ struct pptm_pass_acc {
 };
 
 // pptm_map_each: an elementwise pass that is much work per element (a state of several values,
-// interleaved; a long run of steps, `repeat = k`): one element per thread at a time, and the body
-// f(i) loads, computes and stores element i itself, returning the value R folds (anything for
-// pptm_no_reducer). No vector loads: what bounds it is the work, not the bytes.
+// interleaved; a table read at computed coordinates; a long run of steps, `repeat = k`): one
+// element per thread at a time, and the body f(i) loads, computes and stores element i itself,
+// returning the value R folds (anything for pptm_no_reducer). No vector loads: what bounds it is
+// the work, not the bytes.
+//
+// Each block takes an equal run of consecutive elements (a whole number of warps): 18,030
+// elements on 132 blocks are 160 a block, every SM busy, rather than 512 a block on 36 of them.
+// Consecutive elements stay in one warp, so neighbours' table reads share cache lines.
 template <class R, class F>
 __device__ __forceinline__ double pptm_map_each(uint64_t n, const F& f, const pptm_block_ctx& b) {
     double acc = R::identity();
-    const uint64_t stride = (uint64_t)b.nblocks * PPTM_BLOCK_THREADS;
-    for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < n; i += stride)
-        acc = R::combine(acc, (double)f(i));
+    const uint64_t per = ((n + b.nblocks - 1) / b.nblocks + 31) / 32 * 32;
+    const uint64_t lo = (uint64_t)b.block * per;
+    const uint64_t hi = lo + per < n ? lo + per : n;
+    for (uint64_t i = lo + threadIdx.x; i < hi; i += PPTM_BLOCK_THREADS) acc = R::combine(acc, (double)f(i));
     return pptm_block_partial<R>(acc, b.red_smem);
 }
 

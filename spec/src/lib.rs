@@ -50,6 +50,10 @@ pub mod work {
     /// An elementwise pass of this many steps or more (`repeat = k` counts k) is heavy: it takes
     /// one element per thread (`ChainIr::map_elems_per_block`), as a pass over a state does.
     pub const HEAVY_MAP_STEPS: usize = 8;
+    /// Elements per block of a heavy elementwise pass (a state, a table, `HEAVY_MAP_STEPS`
+    /// steps or more): a quarter of a block's threads, so that a few thousand elements spread over
+    /// every SM (`pptm_map_each` gives each block an equal run of them, one element a thread).
+    pub const HEAVY_ELEMS_PER_BLOCK: usize = 128;
     /// Output rows per block of a GEMV (16 warps, 4 rows each).
     pub const GEMV_ROWS_PER_BLOCK: usize = 64;
     /// A GEMV of fewer rows than this gives each warp one row (16 a block), for four times the

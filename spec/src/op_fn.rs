@@ -2660,19 +2660,14 @@ mod tests {
         assert_eq!(op.precisions(), &[Precision::Fp32]);
 
         // The rest of a state from another; a state as a `let`, and from a scalar.
+        // (`Osc { x, .. }` is shorthand for `Osc { x: x, .. }`, as in Rust.)
         let op = translate_with_states(
             "fn kick(x: f64, f: f32) -> Osc { let s: Osc = Osc { x, v: 0.0 }; Osc { v: f, ..s } }",
             false,
-        );
-        // (Shorthand `Osc { x }` is a field named by a path, not in the subset's struct form.)
-        if let Ok(op) = &op {
-            assert_eq!(op.channels(), (1, 2));
-        }
-        let op = translate_with_states(
-            "fn kick(x: f64, f: f32) -> Osc { let s: Osc = Osc { x: x, v: 0.0 }; Osc { v: f, ..s } }",
-            false,
         )
         .unwrap();
+        assert_eq!(op.channels(), (1, 2));
+        assert!(op.cuda.contains("pptm_s.x = x;"), "{}", op.cuda);
         assert!(
             op.cuda.contains("pptm_state_Osc pptm_s = s; pptm_s.v = f;"),
             "{}",

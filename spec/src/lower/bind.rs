@@ -420,9 +420,10 @@ impl ChainIr {
     }
 
     /// Elements per block of an elementwise pass: [`work::MAP_ELEMS_PER_BLOCK`](crate::work),
-    /// or one a thread where each element is much work (a state, a table, or a run of
-    /// [`work::HEAVY_MAP_STEPS`](crate::work) elementwise steps or more, as `repeat` makes), so
-    /// that the elements spread over the SMs instead of queueing on the threads of a few.
+    /// or [`work::HEAVY_ELEMS_PER_BLOCK`](crate::work) where each element is much work (a state,
+    /// a table, or a run of [`work::HEAVY_MAP_STEPS`](crate::work) elementwise steps or more, as
+    /// `repeat` makes), so that the elements spread over the SMs instead of queueing on the
+    /// threads of a few.
     pub fn map_elems_per_block(&self) -> usize {
         use crate::work;
         let steps = self
@@ -441,7 +442,7 @@ impl ChainIr {
                     .any(|p| matches!(p.ty, crate::ops::Ty::Table(..)))
         });
         if states || steps >= work::HEAVY_MAP_STEPS {
-            crate::BLOCK_THREADS as usize
+            work::HEAVY_ELEMS_PER_BLOCK
         } else {
             work::MAP_ELEMS_PER_BLOCK
         }
