@@ -841,7 +841,54 @@ fn gemv(a: &[f32], x: &[f64], m: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
         .unzip()
 }
 
+/// Pipelines over two domains dispatched from many threads at once, half of them a then b and
+/// half b then a: each batch's plans enter the queues whole, so no two wait for each other on the
+/// device (interleaved, a's queue could hold one thread's plan before another's while b's held
+/// them the other way round: each head waiting on a plan queued behind the other).
+fn concurrent_pipelines_over_two_domains(rt: &Runtime) {
+    let what = rt.describe();
+    let n = 1023;
+    let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+    let (xb, cb) = (rt.upload(&x).unwrap(), rt.upload(&c).unwrap());
+    let want = blend(
+        0.25,
+        &blend(0.5, &wide(&x), 0.5, &wide(&c)),
+        0.75,
+        &wide(&c),
+    );
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (xb, cb, want, what) = (&xb, &cb, &want, &what);
+            s.spawn(move || {
+                let mut u = rt.upload(&vec![f32::NAN; n]).unwrap();
+                let mut v = rt.upload(&vec![f32::NAN; n]).unwrap();
+                for round in 0..40 {
+                    u.fill(f32::NAN).unwrap();
+                    v.fill(f32::NAN).unwrap();
+                    let mut p = rt.pipeline();
+                    let (x, c) = (p.input(xb), p.input(cb));
+                    let (uo, vo) = (p.output(&mut u), p.output(&mut v));
+                    if t % 2 == 0 {
+                        BlendA::push(&mut p, x, c, 0.5, 0.5, uo).unwrap();
+                        BlendB::push(&mut p, uo, c, 0.25, 0.75, vo).unwrap();
+                    } else {
+                        BlendB::push(&mut p, x, c, 0.5, 0.5, uo).unwrap();
+                        BlendA::push(&mut p, uo, c, 0.25, 0.75, vo).unwrap();
+                    }
+                    p.wait().unwrap();
+                    assert_vec_close(
+                        &v.to_vec().unwrap(),
+                        want,
+                        &format!("{what}: thread {t}, round {round}"),
+                    );
+                }
+            });
+        }
+    });
+}
+
 on_every_backend!(
+    concurrent_pipelines_over_two_domains,
     build_time_pipelines,
     repeated_stages_match_dependent_items,
     kept_pipelines_run_again,

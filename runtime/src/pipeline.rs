@@ -246,6 +246,25 @@ struct OpenLoop {
 /// a plan's `done` words hold it, and another plan of the dispatch waits for its own id there).
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Held while the plans of a batch of several domains are pushed, so that every such batch enters
+/// each queue it shares with another whole, before or after it. A plan waits on the device for
+/// plans of its own batch (and of batches in flight before it); were two batches' pushes to
+/// interleave (threads dispatching pipelines over domains a and b at once), a's queue could hold
+/// batch 2 before batch 1 while b's held batch 1 before batch 2, each head waiting for a plan
+/// queued behind the other: a deadlock the watchdog breaks as a hang. One domain's plans never
+/// wait across queues, so a batch of one domain pushes without it.
+static CROSS_DOMAIN_PUSHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The order guard for pushing the plans of `codes`' domains: held when there are several.
+fn cross_domain_order(codes: &[&'static DomainCode]) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let several = codes.iter().any(|c| c.key != codes[0].key);
+    several.then(|| {
+        CROSS_DOMAIN_PUSHES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    })
+}
+
 /// An item pushed again when a kept pipeline runs on a runtime that runs items at their push.
 type Repush<'p> = Box<dyn Fn(&mut Pipeline<'p>) -> Result<()> + 'p>;
 
@@ -908,6 +927,7 @@ impl<'p> Pipeline<'p> {
         let codes: Vec<&'static DomainCode> = batch.iter().map(|&p| self.plans[p].code).collect();
         let rt = self.rt;
         self.dispatches += 1;
+        let _order = cross_domain_order(&codes);
         rt.with_running(&codes, |manifolds| self.dispatch_on(batch, manifolds))
     }
 
@@ -1360,7 +1380,9 @@ impl<'p> KeptPipeline<'p> {
             .collect();
         let codes: Vec<&'static DomainCode> = p.plans.iter().map(|plan| plan.code).collect();
         let rt = p.rt;
+        let order = cross_domain_order(&codes);
         let dispatched = rt.with_running(&codes, |manifolds| p.redispatch_on(manifolds));
+        drop(order);
         let results = p.collect();
         dispatched?;
         results
