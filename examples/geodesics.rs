@@ -86,6 +86,14 @@ pub struct Geodesics1000 {
     step: GeodesicRk4,
 }
 
+/// 1000 RK4 steps with Γ stored in f16: half the table's bytes, read and widened on the fly.
+#[derive(FusionBuilder)]
+#[fusion(domain = "geodesics")]
+pub struct Geodesics1000F16 {
+    #[stage(1, repeat = 1000, tables = "fp16")]
+    step: GeodesicRk4,
+}
+
 /// Concentrations of the Γ grid's rows, wavelengths of its columns.
 const ROWS: usize = 2000;
 const COLS: usize = 601;
@@ -274,6 +282,42 @@ fn main() -> Result<(), Box<dyn Error>> {
             (n * 3 * 4 * 2 + n * 8 + ROWS * COLS * 4) as f64 / 1e6
         );
         ends.push(got);
+    }
+    // Γ stored in f16: the same integration against the CPU backend's f64 run on the same f16
+    // table (what the storage changes is Γ, by up to 2^-11 of each value).
+    let gamma16: Vec<pptm::f16> = p.gamma.iter().map(|&g| pptm::f16::from_f32(g)).collect();
+    let run16 = |rt: &Runtime| -> Result<(Vec<Geo>, Option<std::time::Duration>), Box<dyn Error>> {
+        let (s, col, alpha, gamma) = (
+            rt.upload(&Geo::flatten(&p.start))?,
+            rt.upload(&p.col)?,
+            rt.upload(&p.alpha)?,
+            rt.upload(&gamma16)?,
+        );
+        let mut out = rt.upload(&vec![f32::NAN; 3 * n])?;
+        let dt = 1.0 / 1000.0f32;
+        let t = Geodesics1000F16::submit(rt, &s, &col, &alpha, &gamma, dt, &mut out, ROWS, COLS)?
+            .wait_timed()?;
+        Ok((Geo::unflatten(&out.to_vec()?)?, t.device))
+    };
+    let (got16, _) = run16(&rt)?;
+    println!(
+        "N = 1000, Γ in f16: end points within {:.2e} (relative) of the f32-table run",
+        max_rel_err(&got16, &ends[1])
+    );
+    if rt.backend() == BackendKind::Gpu {
+        let (want16, _) = run16(&cpu)?;
+        let worst = max_rel_err(&got16, &want16);
+        println!("N = 1000, Γ in f16: within {worst:.2e} of the f64 CPU backend on the same table");
+        if worst > 1e-4 {
+            return Err(format!("f16 table: end-point error {worst:e} exceeds 1e-4").into());
+        }
+        let mut device = Vec::new();
+        for _ in 0..10 {
+            device.extend(run16(&rt)?.1);
+        }
+        if !device.is_empty() {
+            println!("N = 1000, Γ in f16: device {}", Stats::of(device));
+        }
     }
     // RK4's own error: the 100-step end points against the 1000-step ones.
     println!(

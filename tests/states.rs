@@ -122,6 +122,14 @@ pub struct TableLookup {
     read: Lookup,
 }
 
+/// The same lookup with the table stored in f16.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct TableLookup16 {
+    #[stage(1, tables = "fp16")]
+    read: Lookup,
+}
+
 const K: f32 = 1.7;
 const C: f32 = 0.05;
 const DT: f32 = 0.01;
@@ -281,6 +289,39 @@ fn tables_are_read_at_computed_coordinates(rt: &Runtime) {
             assert!(
                 err <= 1e-5 * want.abs().max(1.0),
                 "lookup {i} of {n} at ({xi}, {ci}): got {}, f64 reference {want}",
+                got[i]
+            );
+        }
+
+        // The table stored in f16: the same reads of its f16 values.
+        let table16: Vec<pptm::f16> = table.iter().map(|&v| pptm::f16::from_f32(v)).collect();
+        let table16_wide: Vec<f32> = table16.iter().map(|v| v.to_f32()).collect();
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        TableLookup16::submit(
+            rt,
+            &rt.upload(&x).unwrap(),
+            &rt.upload(&col).unwrap(),
+            &rt.upload(&table16).unwrap(),
+            &mut out,
+            rows,
+            cols,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        let got = out.to_vec().unwrap();
+        for i in 0..n {
+            let (xi, ci) = (f64::from(x[i]), f64::from(col[i]));
+            let near_i = (xi.max(0.0) as usize).min(rows - 1);
+            let near_j = (ci.max(0.0) as usize).min(cols - 1);
+            let want = bilinear64(&table16_wide, rows, cols, xi, ci)
+                - 0.5 * f64::from(table16_wide[near_i * cols + near_j])
+                + rows as f64
+                - cols as f64;
+            let err = (f64::from(got[i]) - want).abs();
+            assert!(
+                err <= 1e-5 * want.abs().max(1.0),
+                "f16 lookup {i} of {n} at ({xi}, {ci}): got {}, f64 reference {want}",
                 got[i]
             );
         }

@@ -614,6 +614,13 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
             }
             None => quote! { ::core::option::Option::None },
         };
+        let tables = match s.tables {
+            Some(d) => {
+                let v = format_ident!("{}", format!("{d:?}"));
+                quote! { ::core::option::Option::Some(::pptm::DType::#v) }
+            }
+            None => quote! { ::core::option::Option::None },
+        };
         let renames = s.args.iter().map(|(p, n)| {
             quote! { (::std::string::String::from(#p), ::std::string::String::from(#n)) }
         });
@@ -630,6 +637,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 per_row: #per_row,
                 args: ::std::vec![#(#renames),*],
                 repeat: #repeat,
+                tables: #tables,
             }
         }
     });

@@ -41,17 +41,29 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
-// A table an op reads at computed coordinates (pptm::Table): f32 values, row-major.
+// A table an op reads at computed coordinates (pptm::Table): row-major, f32 values or (`half`,
+// a stage's `tables = "fp16"`) f16 ones, widened as they are read.
 struct pptm_table {
-    const float* p;
+    const void* p;
     unsigned long long rows, cols;
+    unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// Value k of the table, through the read-only cache.
+__device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
+    if (t.half) {
+        float f;
+        const unsigned short h = __ldg(reinterpret_cast<const unsigned short*>(t.p) + k);
+        asm("{ .reg .b16 a; mov.b16 a, %1; cvt.f32.f16 %0, a; }" : "=f"(f) : "h"(h));
+        return f;
+    }
+    return __ldg(reinterpret_cast<const float*>(t.p) + k);
+}
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
     if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
     const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
-    return (T)__ldg(t.p + r * t.cols + c);
+    return (T)pptm_table_value(t, r * t.cols + c);
 }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
 // pptm_spec::Table::bilinear computes it).
@@ -64,8 +76,8 @@ template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_t
     const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
     const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
     const T tx = x - fx, ty = y - fy;
-    const T v00 = (T)__ldg(t.p + i0 * t.cols + j0), v01 = (T)__ldg(t.p + i0 * t.cols + j1);
-    const T v10 = (T)__ldg(t.p + i1 * t.cols + j0), v11 = (T)__ldg(t.p + i1 * t.cols + j1);
+    const T v00 = (T)pptm_table_value(t, i0 * t.cols + j0), v01 = (T)pptm_table_value(t, i0 * t.cols + j1);
+    const T v10 = (T)pptm_table_value(t, i1 * t.cols + j0), v11 = (T)pptm_table_value(t, i1 * t.cols + j1);
     const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
     return a + tx * (b - a);
 }
@@ -320,7 +332,7 @@ struct pptm_env_d0b4993d {
 struct pptm_each_d0b4993d {
     pptm_env_d0b4993d e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6});
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 0u});
         e.a3[i] = (float)s0;
         return 0.0;
     }
@@ -328,6 +340,32 @@ struct pptm_each_d0b4993d {
 __device__ __noinline__ uint32_t pptm_run_d0b4993d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d0b4993d e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d0b4993d{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain TableLookup16: Lookup (Map pattern)
+// spec hash fbe861e3f4987cd893b8aacdfb9394ec1e10f7962b0431597cf966a2be1f7040, opcode 0xfbe861e3
+struct pptm_env_fbe861e3 {
+    const float* a0;  // x
+    const float* a1;  // col
+    const pptm_f16* a2;  // t
+    float* a3;  // out
+    uint64_t a4;  // n
+    uint64_t a5;  // t_rows
+    uint64_t a6;  // t_cols
+    __device__ explicit pptm_env_fbe861e3(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const pptm_f16*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_each_fbe861e3 {
+    pptm_env_fbe861e3 e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 1u});
+        e.a3[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_fbe861e3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_fbe861e3 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_fbe861e3{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -347,9 +385,9 @@ struct pptm_env_0f3246ab {
 struct pptm_each_0f3246ab {
     pptm_env_0f3246ab e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
         const auto s49_arg1 = pptm_ld_cg_f32(e.a1 + i);
-        const auto s49_arg2 = pptm_table{e.a2, e.a6, e.a7};
+        const auto s49_arg2 = pptm_table{e.a2, e.a6, e.a7, 0u};
         const auto s49_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 49; ++pptm_step) {
@@ -407,6 +445,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x175fb74eu: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
     case 0x900a0d24u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
     case 0xd0b4993du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup
+    case 0xfbe861e3u: return ((d.args[2]) & 1ull) == 0 && ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup16
     case 0x0f3246abu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // TableSteps
     case 0xdb9db691u: return ((d.args[0]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // TotalEnergy
     default: return true;
@@ -418,6 +457,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x175fb74eu: return pptm_run_175fb74e(d, b, partial);  // KickedEnergy
     case 0x900a0d24u: return pptm_run_900a0d24(d, b, partial);  // Oscillate
     case 0xd0b4993du: return pptm_run_d0b4993d(d, b, partial);  // TableLookup
+    case 0xfbe861e3u: return pptm_run_fbe861e3(d, b, partial);  // TableLookup16
     case 0x0f3246abu: return pptm_run_0f3246ab(d, b, partial);  // TableSteps
     case 0xdb9db691u: return pptm_run_db9db691(d, b, partial);  // TotalEnergy
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
@@ -436,6 +476,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0x175fb74eu: return true;  // KickedEnergy
     case 0x900a0d24u: return true;  // Oscillate
     case 0xd0b4993du: return true;  // TableLookup
+    case 0xfbe861e3u: return true;  // TableLookup16
     case 0x0f3246abu: return true;  // TableSteps
     default: return false;
     }
@@ -547,7 +588,23 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a4;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a4;
-                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6});
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 0u});
+                e.a3[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xfbe861e3u: {  // TableLookup16
+        const pptm_env_fbe861e3 e(d);
+        switch (stage) {
+        case 0: {  // Lookup
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 1u});
                 e.a3[i] = s0;
             }
             partial = 0.0;
@@ -563,7 +620,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
                 pptm_state_store(scratch[0] + 2 * i, s0);
             }
             partial = 0.0;
@@ -576,7 +633,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 2 * i, s1);
             }
             partial = 0.0;
@@ -586,7 +643,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7}, e.a3);
+                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
                 pptm_state_store(e.a4 + 2 * i, s49);
             }
             partial = 0.0;

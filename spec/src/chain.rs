@@ -110,6 +110,9 @@ pub struct StageSpec {
     /// produced, all in the one fused pass (an elementwise op only: its output is its flow's
     /// shape). `repeat = 170` is 170 dependent steps with no memory round trip between them.
     pub repeat: Option<u32>,
+    /// `tables = "fp16"`, if written: the stage's tables (`pptm::Table` parameters of its op) are
+    /// stored in f16, half the bytes, and widened as they are read; f32 (`"fp32"`) otherwise.
+    pub tables: Option<crate::DType>,
 }
 
 /// A chain as declared with `#[derive(FusionBuilder)]`.

@@ -259,6 +259,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             per_row: args.per_row,
             args: args.renames,
             repeat: args.repeat,
+            tables: args.tables,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -459,6 +460,7 @@ struct StageArgs {
     finite: Option<bool>,
     per_row: Option<bool>,
     repeat: Option<u32>,
+    tables: Option<crate::DType>,
     renames: Vec<(String, String)>,
     spans: Vec<(&'static str, Span)>,
 }
@@ -479,6 +481,7 @@ impl Parse for StageArgs {
             finite: None,
             per_row: None,
             repeat: None,
+            tables: None,
             renames: Vec::new(),
             spans: Vec::new(),
         };
@@ -507,10 +510,11 @@ impl Parse for StageArgs {
                     "finite",
                     "per_row",
                     "repeat",
+                    "tables",
                 ],
                 "unknown stage attribute",
                 "`reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row`, \
-                 `repeat` or `args(...)`",
+                 `repeat`, `tables` or `args(...)`",
                 &args.spans,
             )?;
             match name {
@@ -536,6 +540,22 @@ impl Parse for StageArgs {
                         }
                     };
                     args.tolerance = Some(Tolerance(value));
+                    args.spans.push((name, lit.span()));
+                }
+                "tables" => {
+                    let lit: LitStr = input.parse()?;
+                    args.tables = Some(match lit.value().as_str() {
+                        "fp32" => crate::DType::F32,
+                        "fp16" => crate::DType::F16,
+                        other => {
+                            return Err(syn::Error::new(
+                                lit.span(),
+                                format!(
+                                    "`tables` stores tables in \"fp32\" or \"fp16\", not \"{other}\""
+                                ),
+                            ));
+                        }
+                    });
                     args.spans.push((name, lit.span()));
                 }
                 "repeat" => {

@@ -41,17 +41,29 @@ template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi)
 template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
     return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
 }
-// A table an op reads at computed coordinates (pptm::Table): f32 values, row-major.
+// A table an op reads at computed coordinates (pptm::Table): row-major, f32 values or (`half`,
+// a stage's `tables = "fp16"`) f16 ones, widened as they are read.
 struct pptm_table {
-    const float* p;
+    const void* p;
     unsigned long long rows, cols;
+    unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// Value k of the table, through the read-only cache.
+__device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
+    if (t.half) {
+        float f;
+        const unsigned short h = __ldg(reinterpret_cast<const unsigned short*>(t.p) + k);
+        asm("{ .reg .b16 a; mov.b16 a, %1; cvt.f32.f16 %0, a; }" : "=f"(f) : "h"(h));
+        return f;
+    }
+    return __ldg(reinterpret_cast<const float*>(t.p) + k);
+}
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
     if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
     const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
-    return (T)__ldg(t.p + r * t.cols + c);
+    return (T)pptm_table_value(t, r * t.cols + c);
 }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
 // pptm_spec::Table::bilinear computes it).
@@ -64,8 +76,8 @@ template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_t
     const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
     const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
     const T tx = x - fx, ty = y - fy;
-    const T v00 = (T)__ldg(t.p + i0 * t.cols + j0), v01 = (T)__ldg(t.p + i0 * t.cols + j1);
-    const T v10 = (T)__ldg(t.p + i1 * t.cols + j0), v11 = (T)__ldg(t.p + i1 * t.cols + j1);
+    const T v00 = (T)pptm_table_value(t, i0 * t.cols + j0), v01 = (T)pptm_table_value(t, i0 * t.cols + j1);
+    const T v10 = (T)pptm_table_value(t, i1 * t.cols + j0), v11 = (T)pptm_table_value(t, i1 * t.cols + j1);
     const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
     return a + tx * (b - a);
 }

@@ -315,10 +315,11 @@ fn stage_args(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> Vec<St
             (Ty::Table(..), _) => {
                 let dims = &c.args[slot].shape;
                 format!(
-                    "pptm_table{{{}, {}, {}}}",
+                    "pptm_table{{{}, {}, {}, {}u}}",
                     field(slot),
                     field(c.dims[dims[0]].slot),
-                    field(c.dims[dims[1]].slot)
+                    field(c.dims[dims[1]].slot),
+                    u32::from(c.args[slot].dtype == DType::F16)
                 )
             }
             (Ty::F32, _) => widen(field(slot)),

@@ -141,6 +141,8 @@ pub struct StageIr {
     /// value per row. (A reduction after a pairwise op folds rows without it: see
     /// [`ChainIr::folds_rows`].)
     pub per_row: bool,
+    /// `tables = "fp16"`: the storage of its tables where it is not f32.
+    pub tables: Option<DType>,
 }
 
 impl StageIr {

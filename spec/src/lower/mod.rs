@@ -252,8 +252,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         // unless the stage is guarded (the guard recomputes from the f32 values).
         let storage = |ty: Ty| match ty {
             ty if ty.is_matrix() && !guarded => DType::matrix_storage(precision),
+            Ty::Table(..) => st.tables.unwrap_or(DType::F32),
             _ => DType::F32,
         };
+        if st.tables.is_some() && !op.inputs.iter().any(|p| matches!(p.ty, Ty::Table(..))) {
+            return Err(SpecError::Unfusable {
+                stage: i,
+                op: op.name,
+                reason: "`tables` sets how its tables are stored, but it reads no table".into(),
+            });
+        }
 
         // The flow input: the previous stage's output, or a chain argument for the first stage.
         let flow = op.inputs[0];
@@ -572,6 +580,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             finite: st.finite.unwrap_or(false),
             // Only where it folds a matrix: after a pairwise op every reduction folds rows.
             per_row: folds_matrix,
+            tables: st.tables.filter(|&d| d != DType::F32),
             renames: {
                 let mut r = st.args.clone();
                 r.sort();
@@ -700,6 +709,10 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
         }
         if s.per_row {
             canonical.push_str(" per_row");
+        }
+        // (Only where it is not the default, so that other chains' hashes stay as they were.)
+        if let Some(DType::F16) = s.tables {
+            canonical.push_str(" tables=f16");
         }
         if !s.op.cuda.is_empty() {
             // An op of the user's own is its code: a changed body is a changed chain.
