@@ -130,6 +130,21 @@ pub struct TableLookup16 {
     read: Lookup,
 }
 
+/// Whether `submitted` is the unfused-graph variant's typed refusal of a chain of more than a few
+/// stages beside a resident manifold (runtime/src/gpu/graphs.rs; docs/ops.md): said, and the
+/// check skipped. Any other result, error or not, is the caller's to judge.
+fn graph_unavailable<T>(rt: &Runtime, submitted: &pptm::Result<T>) -> bool {
+    match submitted {
+        Err(e @ pptm::Error::GraphUnavailable { .. })
+            if rt.config().variant == pptm::Variant::UnfusedGraph =>
+        {
+            eprintln!("{}: {e}", rt.describe());
+            true
+        }
+        _ => false,
+    }
+}
+
 const K: f32 = 1.7;
 const C: f32 = 0.05;
 const DT: f32 = 0.01;
@@ -171,10 +186,11 @@ fn states_step_in_one_pass(rt: &Runtime) {
         let s = random_states(n);
         let input = rt.upload(&Osc::flatten(&s)).unwrap();
         let mut out = rt.upload(&vec![f32::NAN; 2 * n]).unwrap();
-        Oscillate::submit(rt, &input, K, C, DT, &mut out)
-            .unwrap()
-            .wait()
-            .unwrap();
+        let submitted = Oscillate::submit(rt, &input, K, C, DT, &mut out);
+        if graph_unavailable(rt, &submitted) {
+            return;
+        }
+        submitted.unwrap().wait().unwrap();
         let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
         assert_eq!(got.len(), n);
         for (i, (g, s0)) in got.iter().zip(&s).enumerate() {
@@ -219,10 +235,12 @@ fn states_mix_with_values(rt: &Runtime) {
 
         // From rest: a scalar flow becomes a state, and the energies are summed.
         let x0 = uniform(n, -2.0, 2.0);
-        let total = TotalEnergy::submit(rt, &rt.upload(&x0).unwrap(), K, C, DT)
-            .unwrap()
-            .wait()
-            .unwrap();
+        let x0_buffer = rt.upload(&x0).unwrap();
+        let submitted = TotalEnergy::submit(rt, &x0_buffer, K, C, DT);
+        if graph_unavailable(rt, &submitted) {
+            continue;
+        }
+        let total = submitted.unwrap().wait().unwrap();
         let want: f64 = x0
             .iter()
             .map(|&x| {
@@ -330,19 +348,15 @@ fn tables_are_read_at_computed_coordinates(rt: &Runtime) {
         let s = random_states(n);
         let cols_of = uniform(n, 0.0, (cols - 1) as f32);
         let mut out = rt.upload(&vec![f32::NAN; 2 * n]).unwrap();
-        TableSteps::submit(
-            rt,
-            &rt.upload(&Osc::flatten(&s)).unwrap(),
-            &rt.upload(&cols_of).unwrap(),
-            &t,
-            DT,
-            &mut out,
-            rows,
-            cols,
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
+        let (start, cols_buffer) = (
+            rt.upload(&Osc::flatten(&s)).unwrap(),
+            rt.upload(&cols_of).unwrap(),
+        );
+        let submitted = TableSteps::submit(rt, &start, &cols_buffer, &t, DT, &mut out, rows, cols);
+        if graph_unavailable(rt, &submitted) {
+            continue;
+        }
+        submitted.unwrap().wait().unwrap();
         let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
         for i in 0..n {
             let mut st = (f64::from(s[i].x as f32), f64::from(s[i].v as f32));
