@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peers of examples/geodesics.rs: 18,030 geodesics by RK4 on a Christoffel table.
 
-    python3 bench/peers_geodesics.py [--steps 100,1000] [--out FILE] [--quick]
+    python3 bench/peers_geodesics.py [--steps 100,1000] [--out FILE] [--bench-json FILE] [--quick]
                                      [--variants eager,graph,compile,compile-graph,torchdiffeq]
                                      [--cpu-smoke]
 
@@ -24,6 +24,9 @@ synchronised work, after warm-up (compilation and capture excluded), for about 2
 most, 5 at least); median and p99. Each variant's end points are compared with a float64 classical
 RK4 whose Γ is an exact bilinear interpolation written with tensor indexing. Without CUDA,
 --cpu-smoke runs the reference and the eager variant on the CPU (10 steps unless --steps says).
+--bench-json also writes the rows as pptm-bench results (source "peers", chain "geodesics", size
+small for N = 100 and large for N = 1000), which bench/run merges into REPORT.md beside pptm-bench's
+case `geodesics`.
 """
 
 import argparse
@@ -285,12 +288,51 @@ def print_row(r):
           f"{num('steps_per_s', '12.3e')}  {r['status']}: {r['note']}", flush=True)
 
 
+# pptm-bench's sizes of its case `geodesics` (bench/src/cases.rs), by step count.
+BENCH_SIZES = {100: "small", 1000: "large"}
+BENCH_NAMES = {"eager": "torch eager", "graph": "torch eager + CUDA graph",
+               "compile": "torch.compile default, step looped",
+               "compile-graph": "torch.compile default + CUDA graph",
+               "torchdiffeq": "torchdiffeq rk4 (3/8 rule)"}
+
+
+def bench_measurement(variant, steps, device_s, host_s, err, total):
+    """One row of pptm-bench's results schema (bench/src/record.rs, Measurement)."""
+    def stat(ts):
+        ts = sorted(ts)
+        return dict(median=ts[len(ts) // 2] * 1e6,
+                    p99=ts[min(len(ts) * 99 // 100, len(ts) - 1)] * 1e6, reps=len(ts))
+    host = stat(host_s)
+    return dict(chain="geodesics", size=BENCH_SIZES[steps],
+                shape=f"{GEODESICS} geodesics x {steps} steps, Γ {NC} x {NL}", x=float(steps),
+                variant=BENCH_NAMES[variant], host_us=host,
+                device_us=stat(device_s) if device_s else None,
+                # As cases.rs counts them: states in and out, columns and α, Γ once; 120 flops
+                # a geodesic-step.
+                gbps=(GEODESICS * 32 + NC * NL * 4) / (host["median"] * 1e3),
+                tflops=120.0 * GEODESICS * steps / (host["median"] * 1e6),
+                max_rel_err=err, value=total)
+
+
+def write_bench_json(torch, path, results, quick):
+    import datetime
+    doc = dict(schema="pptm-bench/1", source="peers",
+               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               commit=f"torch {torch.__version__}", quick=quick,
+               device=dict(name=torch.cuda.get_device_name(), driver="", clocks=[]),
+               results=results, refused=[])
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path} ({len(results)} measurements)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", help="RK4 step counts, comma-separated (default 100,1000; "
                                     "10 with --cpu-smoke)")
     ap.add_argument("--out", help="write one JSON object per (variant, N) line here "
                                   "(default: print them on stdout)")
+    ap.add_argument("--bench-json", help="also write pptm-bench results (schema pptm-bench/1) here")
     ap.add_argument("--quick", action="store_true", help="few repetitions, for a smoke run")
     ap.add_argument("--variants", help=f"comma-separated, of {','.join(VARIANTS)} (default: all; "
                                        "eager with --cpu-smoke)")
@@ -321,7 +363,7 @@ def main():
     print(f"{GEODESICS} geodesics, Γ table {NC} x {NL} f32, classical RK4, N = "
           f"{', '.join(map(str, steps_list))}")
     p = problem(torch, device)
-    rows, compiled = [], {}
+    rows, compiled, bench = [], {}, []
     print(f"{'variant':<14} {'N':>5} {'median µs':>12} {'p99 µs':>12} {'host med µs':>12} "
           f"{'host p99 µs':>12} {'reps':>5} {'max rel':>10} {'geo-steps/s':>12}  status: note")
     for steps in steps_list:
@@ -334,7 +376,10 @@ def main():
                     with torch.no_grad():
                         t0 = time.perf_counter()
                         run, note = setup(torch, variant, p, steps, compiled)
-                        err = max_rel_err(torch, run(), want)
+                        end = run()
+                        err = max_rel_err(torch, end, want)
+                        total = float(torch.stack(tuple(end)).double().sum().item()
+                                      if isinstance(end, tuple) else end.double().sum().item())
                         ready = time.perf_counter() - t0
                         device_s, host_s = measure(torch, run, cuda, budget, max_reps, min_reps)
                     # Without CUDA events (CPU smoke), the host times stand for the device's.
@@ -347,6 +392,9 @@ def main():
                             host_median_us=statistics.median(host_s) * 1e6,
                             host_p99_us=percentile99(host_s) * 1e6, reps=len(host_s),
                             max_rel_err=err, steps_per_s=GEODESICS * steps / med)
+                    if cuda and steps in BENCH_SIZES:
+                        bench.append(bench_measurement(variant, steps, device_s, host_s, err,
+                                                       total))
                 except Skipped as e:
                     r = row(variant, steps, "skipped", str(e))
                 except Exception as e:  # a peer that fails is reported, and the others still run
@@ -361,6 +409,8 @@ def main():
                     torch.cuda.empty_cache()
             rows.append(r)
             print_row(r)
+    if a.bench_json:
+        write_bench_json(torch, a.bench_json, bench, a.quick)
     lines = "".join(json.dumps(r) + "\n" for r in rows)
     if a.out:
         with open(a.out, "w") as f:

@@ -244,6 +244,11 @@ pub fn all() -> Vec<Case> {
             cases.push(dependent_gemv(how, size, stages));
         }
     }
+    // 18,030 geodesics by RK4 on a Christoffel grid (examples/geodesics.rs), each integration
+    // one submission: 100 steps and 1000.
+    for (size, steps) in [("small", 100usize), ("large", 1000)] {
+        cases.push(geodesics(size, steps));
+    }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
     for (size, (rows, cols)) in
         SIZES
@@ -256,7 +261,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 24] = [
+pub const CHAINS: [&str; 25] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -281,6 +286,7 @@ pub const CHAINS: [&str; 24] = [
     "matmul_bias_gelu_bf16",
     "matmul_bias_gelu_fp8",
     "batched_matmul_bias_gelu_bf16",
+    "geodesics",
 ];
 
 fn scalar(t: pptm::Timed<f32>, read: bool) -> Sample {
@@ -1311,5 +1317,63 @@ mod tests {
                 case.shape
             );
         }
+    }
+}
+
+/// The geodesics example's system (examples/geodesics/system.rs, shared with the example): every
+/// geodesic's end state (c, v, A) after `steps` RK4 steps over t in [0, 1], one submission.
+/// The reference is the CPU backend, which runs the op's f64 function.
+fn geodesics(size: &'static str, steps: usize) -> Case {
+    use crate::geodesic_system::{COLS, Geo, Geodesics100, Geodesics1000, ROWS, problem};
+    use pptm::State;
+    let n = problem().start.len();
+    let geodesic_steps = (n * steps) as f64;
+    Case {
+        chain: "geodesics",
+        domain: Geodesics1000::DOMAIN.name,
+        size,
+        shape: format!("{n} geodesics x {steps} steps, Γ {ROWS} x {COLS}"),
+        x: steps as f64,
+        // The states in and out, each geodesic's column and α, and Γ once; four Γ lookups a step
+        // of four values each come from L1/L2, not counted.
+        bytes: (n * (3 * 4 * 2 + 8) + ROWS * COLS * 4) as f64,
+        // About 120 flops a step (four stages: a bilinear lookup, tanh, the updates).
+        flops: 120.0 * geodesic_steps,
+        prepare: Box::new(move |rt| {
+            let p = problem();
+            let (start, col, alpha, gamma) = (
+                rt.upload(&Geo::flatten(&p.start))?,
+                rt.upload(&p.col)?,
+                rt.upload(&p.alpha)?,
+                rt.upload(&p.gamma)?,
+            );
+            let mut end = rt.upload(&vec![f32::NAN; 3 * n])?;
+            let dt = 1.0 / steps as f32;
+            Ok(Box::new(move |read| {
+                let (s, c, a, g) = (&start, &col, &alpha, &gamma);
+                let timed = match steps {
+                    100 => Geodesics100::submit(rt, s, c, a, g, dt, &mut end, ROWS, COLS)?
+                        .wait_timed()?,
+                    _ => Geodesics1000::submit(rt, s, c, a, g, dt, &mut end, ROWS, COLS)?
+                        .wait_timed()?,
+                };
+                vector(timed.device, &end, read)
+            }))
+        }),
+        expect: Box::new(move || {
+            let p = problem();
+            let want = crate::geodesic_system::end_states(&Runtime::cpu(), &p, steps)
+                .expect("the CPU backend integrates the reference");
+            // Each value against its geodesic's largest field, as the example measures.
+            let at = sample_indices(3 * want.len())
+                .into_iter()
+                .map(|i| {
+                    let g = &want[i / 3];
+                    let scale = g.c.abs().max(g.v.abs()).max(g.a.abs()).max(1e-6);
+                    (i, [g.c, g.v, g.a][i % 3], scale)
+                })
+                .collect();
+            Expect::Elements { at, exact: false }
+        }),
     }
 }

@@ -21,6 +21,10 @@
 
 mod cases;
 mod cublas;
+/// The geodesics example's op, state and chains, shared with it (pptm's codegen follows the path).
+#[allow(dead_code)]
+#[path = "../../examples/geodesics/system.rs"]
+mod geodesic_system;
 mod own_ops;
 mod record;
 mod report;

@@ -41,6 +41,14 @@ pub fn build_script() {
             println!("cargo:rerun-if-changed={}", path.display());
         }
     }
+    // Modules that a `#[path = "..."]` brings in from outside those folders (scan::rust_files).
+    let skip: Vec<&str> = library.skip.iter().map(String::as_str).collect();
+    let dirs: Vec<&str> = library.op_dirs.iter().map(String::as_str).collect();
+    if let Ok(files) = crate::scan::rust_files(&root, &dirs, &skip) {
+        for f in files.iter().filter(|f| f.starts_with("..") || f.is_absolute()) {
+            println!("cargo:rerun-if-changed={}", root.join(f).display());
+        }
+    }
     // The ops of the crates this one depends on, for this crate's chains (their edits change its
     // generated code), and this crate's own for its dependents.
     let dependency_ops = crate::project::dependency_op_dirs();

@@ -100,14 +100,107 @@ pub enum ScanError {
 }
 
 /// Every .rs file under `dirs` of `root` (relative to it, sorted), skipping any path that starts
-/// with one of `skip`.
+/// with one of `skip`, and the files that their `#[path = "..."]` modules name wherever those
+/// are: a module shared with another crate (an example's op that a benchmark also runs) is part
+/// of each crate that declares it, and may lie outside the crate's folder (then its path
+/// starts with `..`).
 pub fn rust_files(root: &Path, dirs: &[&str], skip: &[&str]) -> Result<Vec<PathBuf>, ScanError> {
     let mut files = Vec::new();
     for dir in dirs {
         collect_rs(root, &root.join(dir), skip, &mut files)?;
     }
+    let mut next = 0;
+    while next < files.len() {
+        for found in path_modules(root, &files[next]) {
+            let rel = found.to_string_lossy().replace('\\', "/");
+            if !files.contains(&found) && !skip.iter().any(|s| rel.starts_with(s)) {
+                files.push(found);
+            }
+        }
+        next += 1;
+    }
     files.sort();
     Ok(files)
+}
+
+/// The existing files that the `#[path = "..."]` module declarations (`mod m;`) of `file` name,
+/// relative to `root`. As rustc resolves them: from the declaring file's folder, and inside
+/// inline modules from a folder per module (after one named after the file, unless it is a
+/// crate root or a mod.rs). A file that does not parse names none (rustc reports it).
+fn path_modules(root: &Path, file: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+        return Vec::new();
+    };
+    if !text.contains("path") {
+        return Vec::new();
+    }
+    let Ok(parsed) = syn::parse_file(&text) else {
+        return Vec::new();
+    };
+    let dir = file.parent().unwrap_or(Path::new("")).to_path_buf();
+    let crate_root = file.parent().is_some_and(|d| {
+        ["src", "src/bin", "examples", "tests", "benches"]
+            .iter()
+            .any(|r| d == Path::new(r))
+    });
+    let mod_rs = crate_root || file.file_name().is_some_and(|n| n == "mod.rs");
+    let nested = if mod_rs {
+        dir.clone()
+    } else {
+        dir.join(file.file_stem().unwrap_or_default())
+    };
+    let mut out = Vec::new();
+    path_modules_in(root, &parsed.items, &dir, &nested, &mut out);
+    out
+}
+
+/// [`path_modules`] over `items`, whose `#[path]`s resolve from `dir`; inline modules among
+/// them resolve theirs from `nested`/name.
+fn path_modules_in(root: &Path, items: &[syn::Item], dir: &Path, nested: &Path, out: &mut Vec<PathBuf>) {
+    for item in items {
+        let syn::Item::Mod(m) = item else { continue };
+        match &m.content {
+            Some((_, inner)) => {
+                let here = nested.join(m.ident.to_string());
+                path_modules_in(root, inner, &here, &here, out);
+            }
+            None => {
+                let path = m.attrs.iter().find_map(|a| match &a.meta {
+                    syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+                        syn::Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Str(s),
+                            ..
+                        }) => Some(s.value()),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+                if let Some(path) = path {
+                    let rel = lexically_normal(&dir.join(path));
+                    if root.join(&rel).is_file() {
+                        out.push(rel);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `path` with `.` removed and each `..` taking the folder before it away, where there is one:
+/// `examples/../../x.rs` is `../x.rs`.
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut parts: Vec<Component<'_>> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(parts.last(), Some(Component::Normal(_))) => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    parts.iter().collect()
 }
 
 /// The files among `files` (relative to `root`) that parse, with their paths; the others are
@@ -397,6 +490,69 @@ mod tests {
             Some(&PathBuf::from("src/deep/again.rs")),
             "the first file, in sorted order"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn modules_at_a_path_are_scanned_wherever_they_are() {
+        let dir = std::env::temp_dir().join(format!("pptm-scan-path-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["app/src/inner", "app/examples/nest/deep", "shared"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let chain = |name: &str| {
+            format!(
+                r#"#[derive(FusionBuilder)] #[fusion(domain = "d")]
+                   struct {name} {{ #[stage(1)] s: Square, #[stage(2)] t: SumReduction }}"#
+            )
+        };
+        // A module outside the crate (shared with another), one nested in an inline module of a
+        // crate root, one in an inline module of a non-root file, and a path that names nothing.
+        std::fs::write(
+            dir.join("app/src/lib.rs"),
+            r#"#[path = "../../shared/./sys.rs"] mod sys;
+               mod inner;
+               #[path = "missing.rs"] mod missing;"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("shared/sys.rs"), chain("Shared")).unwrap();
+        std::fs::write(
+            dir.join("app/src/inner.rs"),
+            r#"mod a { #[path = "x.rs"] mod x; }"#,
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.join("app/src/inner/a")).unwrap();
+        std::fs::write(dir.join("app/src/inner/a/x.rs"), chain("Inner")).unwrap();
+        std::fs::write(
+            dir.join("app/examples/e.rs"),
+            r#"mod nest { #[path = "deep/y.rs"] mod y; }"#,
+        )
+        .unwrap();
+        std::fs::write(dir.join("app/examples/nest/deep/y.rs"), chain("Deep")).unwrap();
+        let app = dir.join("app");
+        let files = rust_files(&app, &["src", "examples"], &[]).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| f.to_string_lossy().replace('\\', "/"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "../shared/sys.rs",
+                "examples/e.rs",
+                "examples/nest/deep/y.rs",
+                "src/inner/a/x.rs",
+                "src/inner.rs",
+                "src/lib.rs"
+            ]
+        );
+        let found = scan(&app, &["src"], &["src"], &[], &[]).unwrap();
+        let mut chains: Vec<&str> = found.chains.iter().map(|c| c.name.as_str()).collect();
+        chains.sort();
+        assert_eq!(chains, ["Inner", "Shared"]);
+        // Skipped paths stay skipped, whoever names them.
+        let files = rust_files(&app, &["src"], &["../shared"]).unwrap();
+        assert!(!files.contains(&PathBuf::from("../shared/sys.rs")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

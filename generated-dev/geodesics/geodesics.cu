@@ -44,7 +44,9 @@ template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x)
 // a stage's `tables = "fp16"`) f16 ones, widened as they are read.
 struct pptm_table {
     const void* p;
-    unsigned long long rows, cols;
+    // Each side is below 2^32 (binding refuses a larger table: BindError::TableTooLarge), so
+    // indices are 32-bit and only an offset needs 64 bits: one wide multiply-add.
+    unsigned int rows, cols;
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
@@ -58,30 +60,39 @@ __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned 
     }
     return __ldg(reinterpret_cast<const float*>(t.p) + k);
 }
+__device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table& t, unsigned int i, unsigned int j) {
+    return (unsigned long long)i * t.cols + j;
+}
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
-    const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
-    return (T)pptm_table_value(t, r * t.cols + c);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
+// floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
+__device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __float2uint_rd(x); }
+__device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
-// pptm_spec::Table::bilinear computes it).
+// pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
+// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0ull || t.cols == 0ull || x != x || y != y) return pptm_table_nan<T>();
-    const T xm = (T)(t.rows - 1ull), ym = (T)(t.cols - 1ull);
-    x = x < (T)0 ? (T)0 : (x > xm ? xm : x);
-    y = y < (T)0 ? (T)0 : (y > ym ? ym : y);
-    const T fx = floor(x), fy = floor(y);
-    const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
-    const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
-    const T tx = x - fx, ty = y - fy;
-    const T v00 = (T)pptm_table_value(t, i0 * t.cols + j0), v01 = (T)pptm_table_value(t, i0 * t.cols + j1);
-    const T v10 = (T)pptm_table_value(t, i1 * t.cols + j0), v11 = (T)pptm_table_value(t, i1 * t.cols + j1);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    const bool nan_in = x != x || y != y;
+    const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
+    const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
+    const unsigned long long k = pptm_table_offset(t, i0, j0);
+    // The next row and column, or the same ones at the table's last.
+    const unsigned long long di = i0 + 1u < t.rows ? t.cols : 0u;
+    const unsigned int dj = j0 + 1u < t.cols ? 1u : 0u;
+    const T v00 = (T)pptm_table_value(t, k), v01 = (T)pptm_table_value(t, k + dj);
+    const T v10 = (T)pptm_table_value(t, k + di), v11 = (T)pptm_table_value(t, k + di + dj);
+    const T tx = xc - (T)i0, ty = yc - (T)j0;
     const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
-    return a + tx * (b - a);
+    const T r = a + tx * (b - a);
+    return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows > 4294967295ull ? 4294967295u : (unsigned int)t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols > 4294967295ull ? 4294967295u : (unsigned int)t.cols; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 #ifndef PPTM_STATE_Geo_fbe78088e553
@@ -102,10 +113,8 @@ struct pptm_state_Geo_f32 {
 };
 __device__ __forceinline__ pptm_state_Geo::operator pptm_state_Geo_f32() const { return pptm_state_Geo_f32{(float)c, (float)v, (float)a}; }
 // Element i of an interleaved f32 buffer of Geos starts at p = base + 3 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Geo& s) { s.c = p[0]; s.v = p[1]; s.a = p[2]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Geo& s) { p[0] = (float)s.c; p[1] = (float)s.v; p[2] = (float)s.a; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Geo& s) { pptm_check_finite(s.c); pptm_check_finite(s.v); pptm_check_finite(s.a); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Geo_f32& s) { s.c = p[0]; s.v = p[1]; s.a = p[2]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Geo_f32& s) { p[0] = (float)s.c; p[1] = (float)s.v; p[2] = (float)s.a; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Geo_f32& s) { pptm_check_finite(s.c); pptm_check_finite(s.v); pptm_check_finite(s.a); }
 #endif  // PPTM_STATE_Geo_fbe78088e553
@@ -169,8 +178,8 @@ __device__ __forceinline__ pptm_state_Geo_f32 pptm_user_geodesic_rk4(pptm_state_
 }
 
 // chain Geodesics100: GeodesicRk4 x 100 (Map pattern)
-// spec hash 4783f2ed27b988657491231460a4106377401b814924d25df3cef44fdeb515cb, opcode 0x4783f2ed
-struct pptm_env_4783f2ed {
+// spec hash cad36d734be5b010fc7e2d097235073e1b7b59c3210a06662d7b2c6bdbb8effb, opcode 0xcad36d73
+struct pptm_env_cad36d73 {
     const float* a0;  // s
     const float* a1;  // col
     const float* a2;  // alpha
@@ -180,15 +189,15 @@ struct pptm_env_4783f2ed {
     uint64_t a6;  // n
     uint64_t a7;  // gamma_rows
     uint64_t a8;  // gamma_cols
-    __device__ explicit pptm_env_4783f2ed(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+    __device__ explicit pptm_env_cad36d73(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
-struct pptm_each_4783f2ed {
-    pptm_env_4783f2ed e;
+struct pptm_each_cad36d73 {
+    pptm_env_cad36d73 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+        pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
         const auto s99_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s99_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s99_arg3 = pptm_table{e.a3, e.a7, e.a8, 0u};
+        const auto s99_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u};
         const auto s99_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 99; ++pptm_step) {
@@ -198,15 +207,15 @@ struct pptm_each_4783f2ed {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_4783f2ed(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_4783f2ed e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_4783f2ed{e}, b);
+__device__ __noinline__ uint32_t pptm_run_cad36d73(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_cad36d73 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_cad36d73{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain Geodesics1000: GeodesicRk4 x 1000 (Map pattern)
-// spec hash b589ede53c2e32fb0cedfe820dff56810c2e55e77e21a85410ba8792776bb270, opcode 0xb589ede5
-struct pptm_env_b589ede5 {
+// spec hash 62aa570b06b3ffe977b3df58b3ff0afbc70d0790ee4b938d2f3289a8ec7d246c, opcode 0x62aa570b
+struct pptm_env_62aa570b {
     const float* a0;  // s
     const float* a1;  // col
     const float* a2;  // alpha
@@ -216,15 +225,15 @@ struct pptm_env_b589ede5 {
     uint64_t a6;  // n
     uint64_t a7;  // gamma_rows
     uint64_t a8;  // gamma_cols
-    __device__ explicit pptm_env_b589ede5(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+    __device__ explicit pptm_env_62aa570b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
-struct pptm_each_b589ede5 {
-    pptm_env_b589ede5 e;
+struct pptm_each_62aa570b {
+    pptm_env_62aa570b e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
         const auto s999_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s999_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s999_arg3 = pptm_table{e.a3, e.a7, e.a8, 0u};
+        const auto s999_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u};
         const auto s999_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 999; ++pptm_step) {
@@ -234,15 +243,15 @@ struct pptm_each_b589ede5 {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_b589ede5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_b589ede5 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_b589ede5{e}, b);
+__device__ __noinline__ uint32_t pptm_run_62aa570b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_62aa570b e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_62aa570b{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain Geodesics1000F16: GeodesicRk4 x 1000 (Map pattern)
-// spec hash 5ac2b96b48c71626ab12d127f22cc4f21a19b8535f49823ffb2867c208251f24, opcode 0x5ac2b96b
-struct pptm_env_5ac2b96b {
+// spec hash a83fad7acfbd94990d3bed7075b002568739ad6c64f17201929c35d5cfca3f15, opcode 0xa83fad7a
+struct pptm_env_a83fad7a {
     const float* a0;  // s
     const float* a1;  // col
     const float* a2;  // alpha
@@ -252,15 +261,15 @@ struct pptm_env_5ac2b96b {
     uint64_t a6;  // n
     uint64_t a7;  // gamma_rows
     uint64_t a8;  // gamma_cols
-    __device__ explicit pptm_env_5ac2b96b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const pptm_f16*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+    __device__ explicit pptm_env_a83fad7a(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const pptm_f16*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
-struct pptm_each_5ac2b96b {
-    pptm_env_5ac2b96b e;
+struct pptm_each_a83fad7a {
+    pptm_env_a83fad7a e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 1u}, e.a4);
+        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
         const auto s999_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s999_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s999_arg3 = pptm_table{e.a3, e.a7, e.a8, 1u};
+        const auto s999_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u};
         const auto s999_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 999; ++pptm_step) {
@@ -270,26 +279,26 @@ struct pptm_each_5ac2b96b {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_5ac2b96b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_5ac2b96b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_5ac2b96b{e}, b);
+__device__ __noinline__ uint32_t pptm_run_a83fad7a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_a83fad7a e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_a83fad7a{e}, b);
     return PPTM_STATUS_OK;
 }
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
-    case 0x4783f2edu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics100
-    case 0xb589ede5u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics1000
-    case 0x5ac2b96bu: return ((d.args[3]) & 1ull) == 0 && ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics1000F16
+    case 0xcad36d73u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics100
+    case 0x62aa570bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics1000
+    case 0xa83fad7au: return ((d.args[3]) & 1ull) == 0 && ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // Geodesics1000F16
     default: return true;
     }
 }
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
-    case 0x4783f2edu: return pptm_run_4783f2ed(d, b, partial);  // Geodesics100
-    case 0xb589ede5u: return pptm_run_b589ede5(d, b, partial);  // Geodesics1000
-    case 0x5ac2b96bu: return pptm_run_5ac2b96b(d, b, partial);  // Geodesics1000F16
+    case 0xcad36d73u: return pptm_run_cad36d73(d, b, partial);  // Geodesics100
+    case 0x62aa570bu: return pptm_run_62aa570b(d, b, partial);  // Geodesics1000
+    case 0xa83fad7au: return pptm_run_a83fad7a(d, b, partial);  // Geodesics1000F16
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -302,9 +311,9 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
-    case 0x4783f2edu: return true;  // Geodesics100
-    case 0xb589ede5u: return true;  // Geodesics1000
-    case 0x5ac2b96bu: return true;  // Geodesics1000F16
+    case 0xcad36d73u: return true;  // Geodesics100
+    case 0x62aa570bu: return true;  // Geodesics1000
+    case 0xa83fad7au: return true;  // Geodesics1000F16
     default: return false;
     }
 }
@@ -318,14 +327,14 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
-    case 0x4783f2edu: {  // Geodesics100
-        const pptm_env_4783f2ed e(d);
+    case 0xcad36d73u: {  // Geodesics100
+        const pptm_env_cad36d73 e(d);
         switch (stage) {
         case 0: {  // GeodesicRk4
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -342,7 +351,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -352,7 +361,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(e.a5 + 3 * i, s99);
             }
             partial = 0.0;
@@ -361,14 +370,14 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xb589ede5u: {  // Geodesics1000
-        const pptm_env_b589ede5 e(d);
+    case 0x62aa570bu: {  // Geodesics1000
+        const pptm_env_62aa570b e(d);
         switch (stage) {
         case 0: {  // GeodesicRk4
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -441,7 +450,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -451,7 +460,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
                 pptm_state_store(e.a5 + 3 * i, s999);
             }
             partial = 0.0;
@@ -460,14 +469,14 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x5ac2b96bu: {  // Geodesics1000F16
-        const pptm_env_5ac2b96b e(d);
+    case 0xa83fad7au: {  // Geodesics1000F16
+        const pptm_env_a83fad7a e(d);
         switch (stage) {
         case 0: {  // GeodesicRk4
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -540,7 +549,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -550,7 +559,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, e.a7, e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
                 pptm_state_store(e.a5 + 3 * i, s999);
             }
             partial = 0.0;

@@ -45,7 +45,9 @@ template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x)
 // a stage's `tables = "fp16"`) f16 ones, widened as they are read.
 struct pptm_table {
     const void* p;
-    unsigned long long rows, cols;
+    // Each side is below 2^32 (binding refuses a larger table: BindError::TableTooLarge), so
+    // indices are 32-bit and only an offset needs 64 bits: one wide multiply-add.
+    unsigned int rows, cols;
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
@@ -59,30 +61,39 @@ __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned 
     }
     return __ldg(reinterpret_cast<const float*>(t.p) + k);
 }
+__device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table& t, unsigned int i, unsigned int j) {
+    return (unsigned long long)i * t.cols + j;
+}
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
-    const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
-    return (T)pptm_table_value(t, r * t.cols + c);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
+// floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
+__device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __float2uint_rd(x); }
+__device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
-// pptm_spec::Table::bilinear computes it).
+// pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
+// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0ull || t.cols == 0ull || x != x || y != y) return pptm_table_nan<T>();
-    const T xm = (T)(t.rows - 1ull), ym = (T)(t.cols - 1ull);
-    x = x < (T)0 ? (T)0 : (x > xm ? xm : x);
-    y = y < (T)0 ? (T)0 : (y > ym ? ym : y);
-    const T fx = floor(x), fy = floor(y);
-    const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
-    const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
-    const T tx = x - fx, ty = y - fy;
-    const T v00 = (T)pptm_table_value(t, i0 * t.cols + j0), v01 = (T)pptm_table_value(t, i0 * t.cols + j1);
-    const T v10 = (T)pptm_table_value(t, i1 * t.cols + j0), v11 = (T)pptm_table_value(t, i1 * t.cols + j1);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    const bool nan_in = x != x || y != y;
+    const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
+    const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
+    const unsigned long long k = pptm_table_offset(t, i0, j0);
+    // The next row and column, or the same ones at the table's last.
+    const unsigned long long di = i0 + 1u < t.rows ? t.cols : 0u;
+    const unsigned int dj = j0 + 1u < t.cols ? 1u : 0u;
+    const T v00 = (T)pptm_table_value(t, k), v01 = (T)pptm_table_value(t, k + dj);
+    const T v10 = (T)pptm_table_value(t, k + di), v11 = (T)pptm_table_value(t, k + di + dj);
+    const T tx = xc - (T)i0, ty = yc - (T)j0;
     const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
-    return a + tx * (b - a);
+    const T r = a + tx * (b - a);
+    return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows > 4294967295ull ? 4294967295u : (unsigned int)t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols > 4294967295ull ? 4294967295u : (unsigned int)t.cols; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 #ifndef PPTM_STATE_Osc_4f07ba2e6b41
@@ -101,10 +112,8 @@ struct pptm_state_Osc_f32 {
 };
 __device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
 // Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
@@ -133,10 +142,8 @@ struct pptm_state_Osc_f32 {
 };
 __device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
 // Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
@@ -165,10 +172,8 @@ struct pptm_state_Osc_f32 {
 };
 __device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
 // Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
@@ -199,10 +204,8 @@ struct pptm_state_Osc_f32 {
 };
 __device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
 // Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
@@ -235,10 +238,8 @@ struct pptm_state_Osc_f32 {
 };
 __device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
 // Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
-__device__ __forceinline__ void pptm_state_load(const float* p, pptm_state_Osc_f32& s) { s.x = p[0]; s.v = p[1]; }
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
@@ -256,8 +257,8 @@ __device__ __forceinline__ pptm_state_Osc_f32 pptm_user_table_step(pptm_state_Os
 }
 
 // chain KickedEnergy: Kick -> OscStep x 3 -> Energy (Map pattern)
-// spec hash 175fb74e8cbb846afa87e8ff1a8341bfd2868dc66232e8b20ece6c8345232ab0, opcode 0x175fb74e
-struct pptm_env_175fb74e {
+// spec hash 9fa959024d217daf26995c18e9b777431b39b38bb9d1260ba87d70501ee940e4, opcode 0x9fa95902
+struct pptm_env_9fa95902 {
     const float* a0;  // s
     const float* a1;  // force
     float a2;  // dt
@@ -265,10 +266,10 @@ struct pptm_env_175fb74e {
     float a4;  // c
     float* a5;  // out
     uint64_t a6;  // n
-    __device__ explicit pptm_env_175fb74e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]) {}
+    __device__ explicit pptm_env_9fa95902(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]) {}
 };
-struct pptm_each_175fb74e {
-    pptm_env_175fb74e e;
+struct pptm_each_9fa95902 {
+    pptm_env_9fa95902 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         const pptm_state_Osc_f32 s0 = pptm_user_kick(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), e.a2);
         const pptm_state_Osc_f32 s1 = pptm_user_osc_step((pptm_state_Osc_f32)s0, e.a3, e.a4, e.a2);
@@ -279,25 +280,25 @@ struct pptm_each_175fb74e {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_175fb74e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_175fb74e e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_175fb74e{e}, b);
+__device__ __noinline__ uint32_t pptm_run_9fa95902(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_9fa95902 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_9fa95902{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain Oscillate: OscStep x 100 (Map pattern)
-// spec hash 900a0d248e5dafc76840f04179a971eed0261eb38f95aa9f79c9c2c05a31b614, opcode 0x900a0d24
-struct pptm_env_900a0d24 {
+// spec hash 4dcb6ca661a6e3978a3c15537502a3ad64a368737e78084c00ccadcba12b6daf, opcode 0x4dcb6ca6
+struct pptm_env_4dcb6ca6 {
     const float* a0;  // s
     float a1;  // k
     float a2;  // c
     float a3;  // dt
     float* a4;  // out
     uint64_t a5;  // n
-    __device__ explicit pptm_env_900a0d24(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
+    __device__ explicit pptm_env_4dcb6ca6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]) {}
 };
-struct pptm_each_900a0d24 {
-    pptm_env_900a0d24 e;
+struct pptm_each_4dcb6ca6 {
+    pptm_env_4dcb6ca6 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         pptm_state_Osc_f32 s99 = pptm_user_osc_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, e.a1, e.a2, e.a3);
         const auto s99_arg1 = e.a1;
@@ -311,9 +312,9 @@ struct pptm_each_900a0d24 {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_900a0d24(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_900a0d24 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_900a0d24{e}, b);
+__device__ __noinline__ uint32_t pptm_run_4dcb6ca6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_4dcb6ca6 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4dcb6ca6{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -332,7 +333,7 @@ struct pptm_env_d0b4993d {
 struct pptm_each_d0b4993d {
     pptm_env_d0b4993d e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 0u});
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 0u});
         e.a3[i] = (float)s0;
         return 0.0;
     }
@@ -358,7 +359,7 @@ struct pptm_env_fbe861e3 {
 struct pptm_each_fbe861e3 {
     pptm_env_fbe861e3 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 1u});
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 1u});
         e.a3[i] = (float)s0;
         return 0.0;
     }
@@ -370,8 +371,8 @@ __device__ __noinline__ uint32_t pptm_run_fbe861e3(const pptm_desc& d, const ppt
 }
 
 // chain TableSteps: TableStep x 50 (Map pattern)
-// spec hash 0f3246ab1ea2fb551987e1d7a73085dc02f583e36566580f06e354507b5a6b7a, opcode 0x0f3246ab
-struct pptm_env_0f3246ab {
+// spec hash 80b6e17cf122f73be1dd4686e4e1a5b944c1f3e735a19237bfee64d343bb4310, opcode 0x80b6e17c
+struct pptm_env_80b6e17c {
     const float* a0;  // s
     const float* a1;  // col
     const float* a2;  // stiffness
@@ -380,14 +381,14 @@ struct pptm_env_0f3246ab {
     uint64_t a5;  // n
     uint64_t a6;  // stiffness_rows
     uint64_t a7;  // stiffness_cols
-    __device__ explicit pptm_env_0f3246ab(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
+    __device__ explicit pptm_env_80b6e17c(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
 };
-struct pptm_each_0f3246ab {
-    pptm_env_0f3246ab e;
+struct pptm_each_80b6e17c {
+    pptm_env_80b6e17c e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
+        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
         const auto s49_arg1 = pptm_ld_cg_f32(e.a1 + i);
-        const auto s49_arg2 = pptm_table{e.a2, e.a6, e.a7, 0u};
+        const auto s49_arg2 = pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u};
         const auto s49_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 49; ++pptm_step) {
@@ -397,24 +398,24 @@ struct pptm_each_0f3246ab {
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_0f3246ab(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_0f3246ab e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_0f3246ab{e}, b);
+__device__ __noinline__ uint32_t pptm_run_80b6e17c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_80b6e17c e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_80b6e17c{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain TotalEnergy: AtRest -> OscStep x 20 -> Energy -> SumReduction (Map pattern)
-// spec hash db9db6910e7f0c030f31f2da2839c809fbdc6b7f999dbc45edcb12233162e259, opcode 0xdb9db691
-struct pptm_env_db9db691 {
+// spec hash 0a0c3382475a002903b0d19126c1bc50447644f83b07bc7f7077c2b586feff93, opcode 0x0a0c3382
+struct pptm_env_0a0c3382 {
     const float* a0;  // x0
     float a1;  // k
     float a2;  // c
     float a3;  // dt
     uint64_t a4;  // n
-    __device__ explicit pptm_env_db9db691(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(d.args[4]) {}
+    __device__ explicit pptm_env_0a0c3382(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(__uint_as_float((uint32_t)d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(d.args[4]) {}
 };
-struct pptm_each_db9db691 {
-    pptm_env_db9db691 e;
+struct pptm_each_0a0c3382 {
+    pptm_env_0a0c3382 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
         const pptm_state_Osc_f32 s0 = pptm_user_at_rest(pptm_ld_cg_f32(e.a0 + i));
         pptm_state_Osc_f32 s20 = pptm_user_osc_step((pptm_state_Osc_f32)s0, e.a1, e.a2, e.a3);
@@ -429,55 +430,55 @@ struct pptm_each_db9db691 {
         return (double)s21;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_db9db691(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_db9db691 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_db9db691{e}, b);
+__device__ __noinline__ uint32_t pptm_run_0a0c3382(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_0a0c3382 e(d);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_0a0c3382{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_db9db691(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_db9db691 e(d);
+__device__ __forceinline__ double pptm_finish_0a0c3382(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_0a0c3382 e(d);
     double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
     return v;
 }
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
-    case 0x175fb74eu: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
-    case 0x900a0d24u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
+    case 0x9fa95902u: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
+    case 0x4dcb6ca6u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
     case 0xd0b4993du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup
     case 0xfbe861e3u: return ((d.args[2]) & 1ull) == 0 && ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup16
-    case 0x0f3246abu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // TableSteps
-    case 0xdb9db691u: return ((d.args[0]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // TotalEnergy
+    case 0x80b6e17cu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // TableSteps
+    case 0x0a0c3382u: return ((d.args[0]) & 3ull) == 0 && (d.args[4]) < (1ull << 48);  // TotalEnergy
     default: return true;
     }
 }
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
-    case 0x175fb74eu: return pptm_run_175fb74e(d, b, partial);  // KickedEnergy
-    case 0x900a0d24u: return pptm_run_900a0d24(d, b, partial);  // Oscillate
+    case 0x9fa95902u: return pptm_run_9fa95902(d, b, partial);  // KickedEnergy
+    case 0x4dcb6ca6u: return pptm_run_4dcb6ca6(d, b, partial);  // Oscillate
     case 0xd0b4993du: return pptm_run_d0b4993d(d, b, partial);  // TableLookup
     case 0xfbe861e3u: return pptm_run_fbe861e3(d, b, partial);  // TableLookup16
-    case 0x0f3246abu: return pptm_run_0f3246ab(d, b, partial);  // TableSteps
-    case 0xdb9db691u: return pptm_run_db9db691(d, b, partial);  // TotalEnergy
+    case 0x80b6e17cu: return pptm_run_80b6e17c(d, b, partial);  // TableSteps
+    case 0x0a0c3382u: return pptm_run_0a0c3382(d, b, partial);  // TotalEnergy
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
-    case 0xdb9db691u: return pptm_finish_db9db691(d, partials, nblocks, smem);  // TotalEnergy
+    case 0x0a0c3382u: return pptm_finish_0a0c3382(d, partials, nblocks, smem);  // TotalEnergy
     default: return 0.0;
     }
 }
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
-    case 0x175fb74eu: return true;  // KickedEnergy
-    case 0x900a0d24u: return true;  // Oscillate
+    case 0x9fa95902u: return true;  // KickedEnergy
+    case 0x4dcb6ca6u: return true;  // Oscillate
     case 0xd0b4993du: return true;  // TableLookup
     case 0xfbe861e3u: return true;  // TableLookup16
-    case 0x0f3246abu: return true;  // TableSteps
+    case 0x80b6e17cu: return true;  // TableSteps
     default: return false;
     }
 }
@@ -491,8 +492,8 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
-    case 0x175fb74eu: {  // KickedEnergy
-        const pptm_env_175fb74e e(d);
+    case 0x9fa95902u: {  // KickedEnergy
+        const pptm_env_9fa95902 e(d);
         switch (stage) {
         case 0: {  // Kick
             const uint64_t count = e.a6;
@@ -538,8 +539,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x900a0d24u: {  // Oscillate
-        const pptm_env_900a0d24 e(d);
+    case 0x4dcb6ca6u: {  // Oscillate
+        const pptm_env_4dcb6ca6 e(d);
         switch (stage) {
         case 0: {  // OscStep
             const uint64_t count = e.a5;
@@ -588,7 +589,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a4;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a4;
-                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 0u});
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 0u});
                 e.a3[i] = s0;
             }
             partial = 0.0;
@@ -604,7 +605,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a4;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a4;
-                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a5, e.a6, 1u});
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 1u});
                 e.a3[i] = s0;
             }
             partial = 0.0;
@@ -613,14 +614,14 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x0f3246abu: {  // TableSteps
-        const pptm_env_0f3246ab e(d);
+    case 0x80b6e17cu: {  // TableSteps
+        const pptm_env_80b6e17c e(d);
         switch (stage) {
         case 0: {  // TableStep
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
                 pptm_state_store(scratch[0] + 2 * i, s0);
             }
             partial = 0.0;
@@ -633,7 +634,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 2 * i, s1);
             }
             partial = 0.0;
@@ -643,7 +644,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, e.a6, e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
                 pptm_state_store(e.a4 + 2 * i, s49);
             }
             partial = 0.0;
@@ -652,8 +653,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xdb9db691u: {  // TotalEnergy
-        const pptm_env_db9db691 e(d);
+    case 0x0a0c3382u: {  // TotalEnergy
+        const pptm_env_0a0c3382 e(d);
         switch (stage) {
         case 0: {  // AtRest
             const uint64_t count = e.a4;
@@ -711,8 +712,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
 
 __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
     switch (((uint64_t)d.opcode << 8) | stage) {
-    case 0xdb9db69116ull: {  // TotalEnergy stage 22
-        const pptm_env_db9db691 e(d);
+    case 0x0a0c338216ull: {  // TotalEnergy stage 22
+        const pptm_env_0a0c3382 e(d);
         const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
         if (threadIdx.x == 0) { scratch[22 % PPTM_MAX_STAGES][0] = (float)v; out->value = v; }
         return;

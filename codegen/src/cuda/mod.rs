@@ -311,11 +311,12 @@ fn stage_args(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> Vec<St
             unreachable!("only input 0 comes from a stage")
         };
         args.push(match (p.ty, load) {
-            // A table: its buffer and dimensions, read where the op computes.
+            // A table: its buffer and dimensions (each below 2^32, which binding checks), read
+            // where the op computes.
             (Ty::Table(..), _) => {
                 let dims = &c.args[slot].shape;
                 format!(
-                    "pptm_table{{{}, {}, {}, {}u}}",
+                    "pptm_table{{{}, (unsigned int){}, (unsigned int){}, {}u}}",
                     field(slot),
                     field(c.dims[dims[0]].slot),
                     field(c.dims[dims[1]].slot),

@@ -69,6 +69,17 @@ pub enum BindError {
         /// The size it was given or inferred to have.
         size: usize,
     },
+    /// A side of a table (`pptm::Table`) is 2^32 or more: the device indexes a table's rows and
+    /// columns with 32-bit integers.
+    #[error("table `{arg}` is {rows} x {cols}; each side of a table is below 2^32")]
+    TableTooLarge {
+        /// The table argument's name.
+        arg: String,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+    },
     /// A stage's output, which no buffer holds (a GEMV-T reduced to a scalar), would not fit in
     /// memory: the CPU backend computes it in f64 (and the unfused variant stores it).
     #[error("the output of `{op}` would have more elements than fit in memory ({rule})")]
@@ -252,6 +263,24 @@ impl ChainIr {
                     got,
                     rule: rule(slot, a),
                 });
+            }
+        }
+        // Tables are indexed by 32-bit rows and columns on the device (op_fn's pptm_table).
+        for st in &self.stages {
+            for (p, src) in st.op.inputs.iter().zip(&st.inputs) {
+                let (crate::ops::Ty::Table(..), Source::Arg(slot)) = (p.ty, src) else {
+                    continue;
+                };
+                let a = &self.args[*slot];
+                if let [r, c] = a.shape[..] {
+                    if sizes[r] > u32::MAX as usize || sizes[c] > u32::MAX as usize {
+                        return Err(BindError::TableTooLarge {
+                            arg: a.name.clone(),
+                            rows: sizes[r],
+                            cols: sizes[c],
+                        });
+                    }
+                }
             }
         }
         // Every stage's output must fit in memory too, as f64 values, even where no buffer holds

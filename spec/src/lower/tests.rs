@@ -1129,3 +1129,54 @@ fn finite_is_accepted_where_values_are_computed_and_refused_inside_patterns() {
         "{err}"
     );
 }
+
+/// An elementwise op reading a table, as `#[pptm::op]` declares one (`t: pptm::Table`).
+static TABLE_LOOKUP: OpDef = OpDef {
+    name: "TableLookup",
+    class: FusionClass::Elementwise,
+    inputs: &[
+        crate::ops::param("x", crate::ops::Ty::Vector("n")),
+        crate::ops::param("t", crate::ops::Ty::Table("t_rows", "t_cols")),
+    ],
+    output: crate::ops::Ty::Vector("n"),
+    flow_channels: None,
+    out_channels: None,
+    states: crate::ops::StateTypes::NONE,
+    precisions: &[Precision::Fp32],
+    tensor_precisions: &[],
+    header: "",
+    cuda: "",
+    device: "pptm_user_table_lookup",
+    cpu: crate::ops::CpuImpl::PerElement(|x, t, out| out[0] = x[0] + t[0].at(0, 0)),
+    check: None,
+    doc: "",
+};
+
+#[test]
+fn a_table_side_of_2_pow_32_is_refused_at_binding() {
+    let ir = lower_with(&chain(vec![stage(1, "TableLookup")]), &[&TABLE_LOOKUP]).unwrap();
+    let names: Vec<&str> = ir.args.iter().map(|a| a.name.as_str()).collect();
+    let args = |rows: usize, cols: usize| -> Vec<ArgValue> {
+        names
+            .iter()
+            .map(|&n| match n {
+                "x" => ArgValue::Buffer(3),
+                "t" => ArgValue::Buffer(rows * cols),
+                "out" => ArgValue::Buffer(3),
+                "t_rows" => ArgValue::Dim(rows),
+                "t_cols" => ArgValue::Dim(cols),
+                _ => ArgValue::Inferred,
+            })
+            .collect()
+    };
+    let big = u32::MAX as usize + 1;
+    assert!(ir.bind(&args(u32::MAX as usize, 1)).is_ok());
+    for (rows, cols) in [(big, 1), (1, big), (big, 2)] {
+        match ir.bind(&args(rows, cols)) {
+            Err(BindError::TableTooLarge { arg, rows: r, cols: c }) => {
+                assert_eq!((arg.as_str(), r, c), ("t", rows, cols))
+            }
+            other => panic!("{rows} x {cols}: {other:?}"),
+        }
+    }
+}

@@ -46,7 +46,9 @@ template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x)
 // a stage's `tables = "fp16"`) f16 ones, widened as they are read.
 struct pptm_table {
     const void* p;
-    unsigned long long rows, cols;
+    // Each side is below 2^32 (binding refuses a larger table: BindError::TableTooLarge), so
+    // indices are 32-bit and only an offset needs 64 bits: one wide multiply-add.
+    unsigned int rows, cols;
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
@@ -60,30 +62,39 @@ __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned 
     }
     return __ldg(reinterpret_cast<const float*>(t.p) + k);
 }
+__device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table& t, unsigned int i, unsigned int j) {
+    return (unsigned long long)i * t.cols + j;
+}
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0ull || t.cols == 0ull) return pptm_table_nan<T>();
-    const unsigned long long r = i < t.rows - 1ull ? i : t.rows - 1ull, c = j < t.cols - 1ull ? j : t.cols - 1ull;
-    return (T)pptm_table_value(t, r * t.cols + c);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
+// floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
+__device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __float2uint_rd(x); }
+__device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
-// pptm_spec::Table::bilinear computes it).
+// pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
+// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0ull || t.cols == 0ull || x != x || y != y) return pptm_table_nan<T>();
-    const T xm = (T)(t.rows - 1ull), ym = (T)(t.cols - 1ull);
-    x = x < (T)0 ? (T)0 : (x > xm ? xm : x);
-    y = y < (T)0 ? (T)0 : (y > ym ? ym : y);
-    const T fx = floor(x), fy = floor(y);
-    const unsigned long long i0 = (unsigned long long)fx, j0 = (unsigned long long)fy;
-    const unsigned long long i1 = i0 + 1ull < t.rows ? i0 + 1ull : i0, j1 = j0 + 1ull < t.cols ? j0 + 1ull : j0;
-    const T tx = x - fx, ty = y - fy;
-    const T v00 = (T)pptm_table_value(t, i0 * t.cols + j0), v01 = (T)pptm_table_value(t, i0 * t.cols + j1);
-    const T v10 = (T)pptm_table_value(t, i1 * t.cols + j0), v11 = (T)pptm_table_value(t, i1 * t.cols + j1);
+    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
+    const bool nan_in = x != x || y != y;
+    const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
+    const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
+    const unsigned long long k = pptm_table_offset(t, i0, j0);
+    // The next row and column, or the same ones at the table's last.
+    const unsigned long long di = i0 + 1u < t.rows ? t.cols : 0u;
+    const unsigned int dj = j0 + 1u < t.cols ? 1u : 0u;
+    const T v00 = (T)pptm_table_value(t, k), v01 = (T)pptm_table_value(t, k + dj);
+    const T v10 = (T)pptm_table_value(t, k + di), v11 = (T)pptm_table_value(t, k + di + dj);
+    const T tx = xc - (T)i0, ty = yc - (T)j0;
     const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
-    return a + tx * (b - a);
+    const T r = a + tx * (b - a);
+    return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows > 4294967295ull ? 4294967295u : (unsigned int)t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols > 4294967295ull ? 4294967295u : (unsigned int)t.cols; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 // #[pptm::op] fn huber
