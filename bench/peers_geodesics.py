@@ -316,10 +316,16 @@ def bench_measurement(variant, steps, device_s, host_s, err, total):
 
 def write_bench_json(torch, path, results, quick):
     import datetime
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=30).stdout.strip().splitlines()[0]
+    except Exception:  # no nvidia-smi: the field stays empty
+        driver = ""
     doc = dict(schema="pptm-bench/1", source="peers",
                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                commit=f"torch {torch.__version__}", quick=quick,
-               device=dict(name=torch.cuda.get_device_name(), driver="", clocks=[]),
+               device=dict(name=torch.cuda.get_device_name(), driver=driver, clocks=[]),
                results=results, refused=[])
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

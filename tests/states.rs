@@ -370,10 +370,48 @@ fn tables_are_read_at_computed_coordinates(rt: &Runtime) {
     }
 }
 
+/// An empty table reads NaN everywhere, and a NaN coordinate reads NaN from any table: on the
+/// device as on the CPU (where reads take no branch, an empty table is one cell of NaN there).
+fn empty_tables_and_nan_coordinates_read_nan(rt: &Runtime) {
+    let n = 7;
+    let x = rt.upload(&uniform(n, -1.0, 5.0)).unwrap();
+    let col = rt.upload(&uniform(n, -1.0, 5.0)).unwrap();
+    let empty = rt.upload::<f32>(&[]).unwrap();
+    for (rows, cols) in [(0usize, 4usize), (4, 0), (0, 0)] {
+        let mut out = rt.upload(&vec![0.0f32; n]).unwrap();
+        TableLookup::submit(rt, &x, &col, &empty, &mut out, rows, cols)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let got = out.to_vec().unwrap();
+        assert!(
+            got.iter().all(|v| v.is_nan()),
+            "{rows} x {cols} table: {got:?}"
+        );
+    }
+    let (rows, cols) = (3usize, 5usize);
+    let table = rt.upload(&uniform(rows * cols, 0.5, 3.0)).unwrap();
+    let mut xs = uniform(n, 0.0, 2.0);
+    xs[2] = f32::NAN;
+    let mut cs = uniform(n, 0.0, 4.0);
+    cs[5] = f32::NAN;
+    let mut out = rt.upload(&vec![0.0f32; n]).unwrap();
+    let (xb, cb) = (rt.upload(&xs).unwrap(), rt.upload(&cs).unwrap());
+    TableLookup::submit(rt, &xb, &cb, &table, &mut out, rows, cols)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = out.to_vec().unwrap();
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.is_nan(), i == 2 || i == 5, "element {i}: {v}");
+    }
+}
+
 on_every_backend!(
     states_step_in_one_pass,
     states_mix_with_values,
-    tables_are_read_at_computed_coordinates
+    tables_are_read_at_computed_coordinates,
+    empty_tables_and_nan_coordinates_read_nan
 );
 
 #[test]

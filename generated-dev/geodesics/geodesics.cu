@@ -50,6 +50,14 @@ struct pptm_table {
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// A NaN both as an f32 and, in its first two bytes, as an f16: what an empty table reads.
+__device__ const unsigned int pptm_table_nan_cell = 0x7fc07e00u;
+// The table a chain passes, made so that every read needs no branch: an empty one (no rows or
+// no columns) becomes one cell of NaN, so every read of it is NaN, as on the CPU.
+__device__ __forceinline__ pptm_table pptm_table_make(const void* p, unsigned long long rows, unsigned long long cols, unsigned int half) {
+    if (rows == 0ull || cols == 0ull) return pptm_table{&pptm_table_nan_cell, 1u, 1u, half};
+    return pptm_table{p, (unsigned int)rows, (unsigned int)cols, half};
+}
 // Value k of the table, through the read-only cache.
 __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
     if (t.half) {
@@ -65,7 +73,6 @@ __device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table
 }
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
 // floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
@@ -73,10 +80,10 @@ __device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __flo
 __device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
 // pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
-// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// on the critical path of a time step that reads the table (examples/geodesics.rs), and a
+// branch would keep the loop-invariant column's arithmetic from leaving the loop. A NaN
 // coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     const bool nan_in = x != x || y != y;
     const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
     const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
@@ -91,8 +98,10 @@ template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_t
     const T r = a + tx * (b - a);
     return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
+// (An empty table, made one cell of NaN, still says it has no rows and no columns.)
+__device__ __forceinline__ bool pptm_table_empty(const pptm_table& t) { return t.p == &pptm_table_nan_cell; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 #ifndef PPTM_STATE_Geo_fbe78088e553
@@ -194,10 +203,10 @@ struct pptm_env_cad36d73 {
 struct pptm_each_cad36d73 {
     pptm_env_cad36d73 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+        pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
         const auto s99_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s99_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s99_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u};
+        const auto s99_arg3 = pptm_table_make(e.a3, e.a7, e.a8, 0u);
         const auto s99_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 99; ++pptm_step) {
@@ -230,10 +239,10 @@ struct pptm_env_62aa570b {
 struct pptm_each_62aa570b {
     pptm_env_62aa570b e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
         const auto s999_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s999_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s999_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u};
+        const auto s999_arg3 = pptm_table_make(e.a3, e.a7, e.a8, 0u);
         const auto s999_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 999; ++pptm_step) {
@@ -266,10 +275,10 @@ struct pptm_env_a83fad7a {
 struct pptm_each_a83fad7a {
     pptm_env_a83fad7a e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
+        pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + 3 * i + 0), pptm_ld_cg_f32(e.a0 + 3 * i + 1), pptm_ld_cg_f32(e.a0 + 3 * i + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 1u), e.a4);
         const auto s999_arg1 = pptm_ld_cg_f32(e.a1 + i);
         const auto s999_arg2 = pptm_ld_cg_f32(e.a2 + i);
-        const auto s999_arg3 = pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u};
+        const auto s999_arg3 = pptm_table_make(e.a3, e.a7, e.a8, 1u);
         const auto s999_arg4 = e.a4;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 999; ++pptm_step) {
@@ -334,7 +343,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -351,7 +360,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -361,7 +370,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s99 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(e.a5 + 3 * i, s99);
             }
             partial = 0.0;
@@ -377,7 +386,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -450,7 +459,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -460,7 +469,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 0u}, e.a4);
+                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 0u), e.a4);
                 pptm_state_store(e.a5 + 3 * i, s999);
             }
             partial = 0.0;
@@ -476,7 +485,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s0 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(e.a0 + i * 3 + 0), pptm_ld_cg_f32(e.a0 + i * 3 + 1), pptm_ld_cg_f32(e.a0 + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 1u), e.a4);
                 pptm_state_store(scratch[0] + 3 * i, s0);
             }
             partial = 0.0;
@@ -549,7 +558,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s1 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 1u), e.a4);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 3 * i, s1);
             }
             partial = 0.0;
@@ -559,7 +568,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a6;
-                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table{e.a3, (unsigned int)e.a7, (unsigned int)e.a8, 1u}, e.a4);
+                const pptm_state_Geo_f32 s999 = pptm_user_geodesic_rk4(pptm_state_Geo_f32{pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 0), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 1), pptm_ld_cg_f32(scratch[998 % PPTM_MAX_STAGES] + i * 3 + 2)}, pptm_ld_cg_f32(e.a1 + i), pptm_ld_cg_f32(e.a2 + i), pptm_table_make(e.a3, e.a7, e.a8, 1u), e.a4);
                 pptm_state_store(e.a5 + 3 * i, s999);
             }
             partial = 0.0;

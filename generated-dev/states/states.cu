@@ -51,6 +51,14 @@ struct pptm_table {
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// A NaN both as an f32 and, in its first two bytes, as an f16: what an empty table reads.
+__device__ const unsigned int pptm_table_nan_cell = 0x7fc07e00u;
+// The table a chain passes, made so that every read needs no branch: an empty one (no rows or
+// no columns) becomes one cell of NaN, so every read of it is NaN, as on the CPU.
+__device__ __forceinline__ pptm_table pptm_table_make(const void* p, unsigned long long rows, unsigned long long cols, unsigned int half) {
+    if (rows == 0ull || cols == 0ull) return pptm_table{&pptm_table_nan_cell, 1u, 1u, half};
+    return pptm_table{p, (unsigned int)rows, (unsigned int)cols, half};
+}
 // Value k of the table, through the read-only cache.
 __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
     if (t.half) {
@@ -66,7 +74,6 @@ __device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table
 }
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
 // floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
@@ -74,10 +81,10 @@ __device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __flo
 __device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
 // pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
-// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// on the critical path of a time step that reads the table (examples/geodesics.rs), and a
+// branch would keep the loop-invariant column's arithmetic from leaving the loop. A NaN
 // coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     const bool nan_in = x != x || y != y;
     const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
     const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
@@ -92,8 +99,10 @@ template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_t
     const T r = a + tx * (b - a);
     return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
+// (An empty table, made one cell of NaN, still says it has no rows and no columns.)
+__device__ __forceinline__ bool pptm_table_empty(const pptm_table& t) { return t.p == &pptm_table_nan_cell; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 #ifndef PPTM_STATE_Osc_4f07ba2e6b41
@@ -333,7 +342,7 @@ struct pptm_env_d0b4993d {
 struct pptm_each_d0b4993d {
     pptm_env_d0b4993d e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 0u});
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u));
         e.a3[i] = (float)s0;
         return 0.0;
     }
@@ -359,7 +368,7 @@ struct pptm_env_fbe861e3 {
 struct pptm_each_fbe861e3 {
     pptm_env_fbe861e3 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 1u});
+        const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 1u));
         e.a3[i] = (float)s0;
         return 0.0;
     }
@@ -386,9 +395,9 @@ struct pptm_env_80b6e17c {
 struct pptm_each_80b6e17c {
     pptm_env_80b6e17c e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
+        pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), e.a3);
         const auto s49_arg1 = pptm_ld_cg_f32(e.a1 + i);
-        const auto s49_arg2 = pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u};
+        const auto s49_arg2 = pptm_table_make(e.a2, e.a6, e.a7, 0u);
         const auto s49_arg3 = e.a3;
         #pragma unroll 4
         for (int pptm_step = 0; pptm_step < 49; ++pptm_step) {
@@ -589,7 +598,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a4;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a4;
-                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 0u});
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u));
                 e.a3[i] = s0;
             }
             partial = 0.0;
@@ -605,7 +614,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a4;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a4;
-                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a5, (unsigned int)e.a6, 1u});
+                const float s0 = pptm_user_lookup(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 1u));
                 e.a3[i] = s0;
             }
             partial = 0.0;
@@ -621,7 +630,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s0 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), e.a3);
                 pptm_state_store(scratch[0] + 2 * i, s0);
             }
             partial = 0.0;
@@ -634,7 +643,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s1 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), e.a3);
                 pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 2 * i, s1);
             }
             partial = 0.0;
@@ -644,7 +653,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
             const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
                 [[maybe_unused]] const uint64_t col = i % e.a5;
-                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table{e.a2, (unsigned int)e.a6, (unsigned int)e.a7, 0u}, e.a3);
+                const pptm_state_Osc_f32 s49 = pptm_user_table_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[48 % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), e.a3);
                 pptm_state_store(e.a4 + 2 * i, s49);
             }
             partial = 0.0;

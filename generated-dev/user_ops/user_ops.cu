@@ -53,6 +53,14 @@ struct pptm_table {
     unsigned int half;
 };
 template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// A NaN both as an f32 and, in its first two bytes, as an f16: what an empty table reads.
+__device__ const unsigned int pptm_table_nan_cell = 0x7fc07e00u;
+// The table a chain passes, made so that every read needs no branch: an empty one (no rows or
+// no columns) becomes one cell of NaN, so every read of it is NaN, as on the CPU.
+__device__ __forceinline__ pptm_table pptm_table_make(const void* p, unsigned long long rows, unsigned long long cols, unsigned int half) {
+    if (rows == 0ull || cols == 0ull) return pptm_table{&pptm_table_nan_cell, 1u, 1u, half};
+    return pptm_table{p, (unsigned int)rows, (unsigned int)cols, half};
+}
 // Value k of the table, through the read-only cache.
 __device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
     if (t.half) {
@@ -68,7 +76,6 @@ __device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table
 }
 // The value at (i, j), each index clamped to the table.
 template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
 }
 // floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
@@ -76,10 +83,10 @@ __device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __flo
 __device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
 // Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
 // pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
-// on the critical path of a time step that reads the table (examples/geodesics.rs). A NaN
+// on the critical path of a time step that reads the table (examples/geodesics.rs), and a
+// branch would keep the loop-invariant column's arithmetic from leaving the loop. A NaN
 // coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
 template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
-    if (t.rows == 0u || t.cols == 0u) return pptm_table_nan<T>();
     const bool nan_in = x != x || y != y;
     const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
     const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
@@ -94,8 +101,10 @@ template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_t
     const T r = a + tx * (b - a);
     return nan_in ? pptm_table_nan<T>() : r;
 }
-__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return t.rows; }
-__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return t.cols; }
+// (An empty table, made one cell of NaN, still says it has no rows and no columns.)
+__device__ __forceinline__ bool pptm_table_empty(const pptm_table& t) { return t.p == &pptm_table_nan_cell; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.cols; }
 #endif  // PPTM_OP_HELPERS
 
 // #[pptm::op] fn huber

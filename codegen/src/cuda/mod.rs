@@ -316,7 +316,7 @@ fn stage_args(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> Vec<St
             (Ty::Table(..), _) => {
                 let dims = &c.args[slot].shape;
                 format!(
-                    "pptm_table{{{}, (unsigned int){}, (unsigned int){}, {}u}}",
+                    "pptm_table_make({}, {}, {}, {}u)",
                     field(slot),
                     field(c.dims[dims[0]].slot),
                     field(c.dims[dims[1]].slot),
