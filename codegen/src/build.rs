@@ -45,7 +45,10 @@ pub fn build_script() {
     let skip: Vec<&str> = library.skip.iter().map(String::as_str).collect();
     let dirs: Vec<&str> = library.op_dirs.iter().map(String::as_str).collect();
     if let Ok(files) = crate::scan::rust_files(&root, &dirs, &skip) {
-        for f in files.iter().filter(|f| f.starts_with("..") || f.is_absolute()) {
+        for f in files
+            .iter()
+            .filter(|f| f.starts_with("..") || f.is_absolute())
+        {
             println!("cargo:rerun-if-changed={}", root.join(f).display());
         }
     }

@@ -156,7 +156,13 @@ fn path_modules(root: &Path, file: &Path) -> Vec<PathBuf> {
 
 /// [`path_modules`] over `items`, whose `#[path]`s resolve from `dir`; inline modules among
 /// them resolve theirs from `nested`/name.
-fn path_modules_in(root: &Path, items: &[syn::Item], dir: &Path, nested: &Path, out: &mut Vec<PathBuf>) {
+fn path_modules_in(
+    root: &Path,
+    items: &[syn::Item],
+    dir: &Path,
+    nested: &Path,
+    out: &mut Vec<PathBuf>,
+) {
     for item in items {
         let syn::Item::Mod(m) = item else { continue };
         match &m.content {

@@ -1173,7 +1173,11 @@ fn a_table_side_of_2_pow_32_is_refused_at_binding() {
     assert!(ir.bind(&args(u32::MAX as usize, 1)).is_ok());
     for (rows, cols) in [(big, 1), (1, big), (big, 2)] {
         match ir.bind(&args(rows, cols)) {
-            Err(BindError::TableTooLarge { arg, rows: r, cols: c }) => {
+            Err(BindError::TableTooLarge {
+                arg,
+                rows: r,
+                cols: c,
+            }) => {
                 assert_eq!((arg.as_str(), r, c), ("t", rows, cols))
             }
             other => panic!("{rows} x {cols}: {other:?}"),
