@@ -1269,57 +1269,6 @@ fn matmul_bias_gelu_fp8(size: &'static str, m: usize, k: usize, n: usize) -> Cas
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generator_is_counter_based_and_in_range() {
-        let long = uniform(3, 1000);
-        assert_eq!(&long[..10], &uniform(3, 10)[..]);
-        assert!(long.iter().all(|&v| v > 0.0 && v <= 1.0));
-        assert_ne!(uniform(3, 10), uniform(4, 10));
-        // The first values of stream 1: bench/peers.py checks it reproduces these same bits.
-        let bits: Vec<u32> = uniform(1, 3).iter().map(|v| v.to_bits()).collect();
-        assert_eq!(bits, [1054667070, 1061088142, 1061144647]);
-    }
-
-    #[test]
-    fn check_flags_wrong_results() {
-        let want = Expect::Scalar {
-            value: 2.0,
-            scale: 2.0,
-        };
-        assert!(check(&want, &Got::Scalar(2.0)).unwrap() == 0.0);
-        assert!(check(&want, &Got::Scalar(2.1)).unwrap() > 1e-2);
-        assert!(check(&want, &Got::Scalar(f64::NAN)).is_err());
-        let want = Expect::Elements {
-            at: vec![(0, 1.0, 1.0), (2, 3.0, 3.0)],
-            exact: true,
-        };
-        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.0])).unwrap() == 0.0);
-        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.5])).is_err());
-        assert!(check(&want, &Got::Vector(vec![1.0])).is_err());
-    }
-
-    #[test]
-    fn every_case_has_a_reference_on_the_cpu_backend() {
-        // The small cases, end to end on the CPU backend: inputs, submission, read-back, check.
-        let rt = Runtime::cpu();
-        for case in all().into_iter().filter(|c| c.size == "small") {
-            let mut run = (case.prepare)(&rt).unwrap();
-            let got = run(true).unwrap().got.unwrap();
-            let err = check(&(case.expect)(), &got).unwrap();
-            assert!(
-                err < 1e-4,
-                "{} {}: relative error {err}",
-                case.chain,
-                case.shape
-            );
-        }
-    }
-}
-
 /// The geodesics example's system (examples/geodesics/system.rs, shared with the example): every
 /// geodesic's end state (c, v, A) after `steps` RK4 steps over t in [0, 1], one submission.
 /// The reference is the CPU backend, which runs the op's f64 function.
@@ -1375,5 +1324,56 @@ fn geodesics(size: &'static str, steps: usize) -> Case {
                 .collect();
             Expect::Elements { at, exact: false }
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generator_is_counter_based_and_in_range() {
+        let long = uniform(3, 1000);
+        assert_eq!(&long[..10], &uniform(3, 10)[..]);
+        assert!(long.iter().all(|&v| v > 0.0 && v <= 1.0));
+        assert_ne!(uniform(3, 10), uniform(4, 10));
+        // The first values of stream 1: bench/peers.py checks it reproduces these same bits.
+        let bits: Vec<u32> = uniform(1, 3).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(bits, [1054667070, 1061088142, 1061144647]);
+    }
+
+    #[test]
+    fn check_flags_wrong_results() {
+        let want = Expect::Scalar {
+            value: 2.0,
+            scale: 2.0,
+        };
+        assert!(check(&want, &Got::Scalar(2.0)).unwrap() == 0.0);
+        assert!(check(&want, &Got::Scalar(2.1)).unwrap() > 1e-2);
+        assert!(check(&want, &Got::Scalar(f64::NAN)).is_err());
+        let want = Expect::Elements {
+            at: vec![(0, 1.0, 1.0), (2, 3.0, 3.0)],
+            exact: true,
+        };
+        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.0])).unwrap() == 0.0);
+        assert!(check(&want, &Got::Vector(vec![1.0, 9.0, 3.5])).is_err());
+        assert!(check(&want, &Got::Vector(vec![1.0])).is_err());
+    }
+
+    #[test]
+    fn every_case_has_a_reference_on_the_cpu_backend() {
+        // The small cases, end to end on the CPU backend: inputs, submission, read-back, check.
+        let rt = Runtime::cpu();
+        for case in all().into_iter().filter(|c| c.size == "small") {
+            let mut run = (case.prepare)(&rt).unwrap();
+            let got = run(true).unwrap().got.unwrap();
+            let err = check(&(case.expect)(), &got).unwrap();
+            assert!(
+                err < 1e-4,
+                "{} {}: relative error {err}",
+                case.chain,
+                case.shape
+            );
+        }
     }
 }

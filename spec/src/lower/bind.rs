@@ -272,14 +272,14 @@ impl ChainIr {
                     continue;
                 };
                 let a = &self.args[*slot];
-                if let [r, c] = a.shape[..] {
-                    if sizes[r] > u32::MAX as usize || sizes[c] > u32::MAX as usize {
-                        return Err(BindError::TableTooLarge {
-                            arg: a.name.clone(),
-                            rows: sizes[r],
-                            cols: sizes[c],
-                        });
-                    }
+                if let [r, c] = a.shape[..]
+                    && (sizes[r] > u32::MAX as usize || sizes[c] > u32::MAX as usize)
+                {
+                    return Err(BindError::TableTooLarge {
+                        arg: a.name.clone(),
+                        rows: sizes[r],
+                        cols: sizes[c],
+                    });
                 }
             }
         }
