@@ -130,6 +130,32 @@ pub struct TableLookup16 {
     read: Lookup,
 }
 
+/// Springs to every anchor within reach: a loop over a table of anchors (row j's position in
+/// column 0, stiffness in column 1), a `let mut` state whose field accumulates, and an `if`
+/// statement for the cutoff. The neighbour sum of a pair potential has this shape.
+#[op(f32_form)]
+pub fn pull(s: Osc, anchors: Table, reach: f32, dt: f32) -> Osc {
+    let mut out = s;
+    let mut force = 0.0_f64;
+    for j in 0..anchors.rows() {
+        let d = anchors.at(j, 0) - s.x;
+        if d.abs() < reach as f64 {
+            force += anchors.at(j, 1) * d;
+        }
+    }
+    out.v += (dt as f64) * force;
+    out.x = s.x + (dt as f64) * out.v;
+    out
+}
+
+/// 12 pulls in one pass.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct Pulled {
+    #[stage(1, repeat = 12)]
+    step: Pull,
+}
+
 /// Whether `submitted` is the unfused-graph variant's typed refusal of a chain of more than a few
 /// stages beside a resident manifold (runtime/src/gpu/graphs.rs; docs/ops.md): said, and the
 /// check skipped. Any other result, error or not, is the caller's to judge.
@@ -407,7 +433,49 @@ fn empty_tables_and_nan_coordinates_read_nan(rt: &Runtime) {
     }
 }
 
+/// Loops, `let mut` and assignments in an op (`Pull`): 12 steps over a table of anchors against
+/// the same loop written here in f64.
+fn ops_loop_over_a_table(rt: &Runtime) {
+    let anchors_n = 37usize;
+    let mut anchors = Vec::with_capacity(2 * anchors_n);
+    for (p, k) in uniform(anchors_n, -4.0, 4.0)
+        .into_iter()
+        .zip(uniform(anchors_n, 0.1, 2.0))
+    {
+        anchors.extend([p, k]);
+    }
+    let t = rt.upload(&anchors).unwrap();
+    let (reach, dt) = (1.5f32, 0.01f32);
+    for n in [1usize, 7, 1023, 4099] {
+        let s = random_states(n);
+        let mut out = rt.upload(&vec![f32::NAN; 2 * n]).unwrap();
+        let start = rt.upload(&Osc::flatten(&s)).unwrap();
+        let submitted = Pulled::submit(rt, &start, &t, reach, dt, &mut out, anchors_n, 2);
+        if graph_unavailable(rt, &submitted) {
+            return;
+        }
+        submitted.unwrap().wait().unwrap();
+        let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
+        for i in 0..n {
+            let mut st = (f64::from(s[i].x as f32), f64::from(s[i].v as f32));
+            for _ in 0..12 {
+                let mut force = 0.0;
+                for j in 0..anchors_n {
+                    let d = f64::from(anchors[2 * j]) - st.0;
+                    if d.abs() < f64::from(reach) {
+                        force += f64::from(anchors[2 * j + 1]) * d;
+                    }
+                }
+                let v = st.1 + f64::from(dt) * force;
+                st = (st.0 + f64::from(dt) * v, v);
+            }
+            assert_state_close(&got[i], st, 2e-5, &format!("pulled {i} of {n}"));
+        }
+    }
+}
+
 on_every_backend!(
+    ops_loop_over_a_table,
     states_step_in_one_pass,
     states_mix_with_values,
     tables_are_read_at_computed_coordinates,

@@ -252,6 +252,62 @@ __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { ppt
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
 #endif  // PPTM_STATE_Osc_4f07ba2e6b41
+// #[pptm::op] fn pull
+__device__ __forceinline__ pptm_state_Osc pptm_user_pull(pptm_state_Osc s, pptm_table anchors, float reach, float dt) {
+    pptm_state_Osc out = s;
+    double force = 0.0;
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(anchors);
+        for (unsigned int j = 0u; j < pptm_end_0; ++j) {
+            const double d = (pptm_table_at<double>(anchors, j, 0u) - s.x);
+            if ((fabs(d) < ((double)reach))) {
+                force += (pptm_table_at<double>(anchors, j, 1u) * d);
+            }
+        }
+    }
+    out.v += (((double)dt) * force);
+    out.x = (s.x + (((double)dt) * out.v));
+    return out;
+}
+// #[pptm::op(f32_form)] fn pull
+__device__ __forceinline__ pptm_state_Osc_f32 pptm_user_pull(pptm_state_Osc_f32 s, pptm_table anchors, float reach, float dt) {
+    pptm_state_Osc_f32 out = s;
+    float force = 0.0f;
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(anchors);
+        for (unsigned int j = 0u; j < pptm_end_0; ++j) {
+            const float d = (pptm_table_at<float>(anchors, j, 0u) - s.x);
+            if ((fabsf(d) < reach)) {
+                force += (pptm_table_at<float>(anchors, j, 1u) * d);
+            }
+        }
+    }
+    out.v += (dt * force);
+    out.x = (s.x + (dt * out.v));
+    return out;
+}
+
+#ifndef PPTM_STATE_Osc_4f07ba2e6b41
+#define PPTM_STATE_Osc_4f07ba2e6b41
+// #[derive(pptm::State)] struct Osc: its fields as declared, and every field f32.
+struct pptm_state_Osc_f32;
+struct pptm_state_Osc {
+    double x;
+    double v;
+    __device__ __forceinline__ operator pptm_state_Osc_f32() const;
+};
+struct pptm_state_Osc_f32 {
+    float x;
+    float v;
+    __device__ __forceinline__ operator pptm_state_Osc() const { return pptm_state_Osc{(double)x, (double)v}; }
+};
+__device__ __forceinline__ pptm_state_Osc::operator pptm_state_Osc_f32() const { return pptm_state_Osc_f32{(float)x, (float)v}; }
+// Element i of an interleaved f32 buffer of Oscs starts at p = base + 2 * i.
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Osc_f32& s) { p[0] = (float)s.x; p[1] = (float)s.v; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Osc_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.v); }
+#endif  // PPTM_STATE_Osc_4f07ba2e6b41
 // #[pptm::op] fn table_step
 __device__ __forceinline__ pptm_state_Osc pptm_user_table_step(pptm_state_Osc s, double col, pptm_table stiffness, float dt) {
     const double k = pptm_table_bilinear<double>(stiffness, ((4.0 * s.x) + 8.0), col);
@@ -324,6 +380,40 @@ struct pptm_each_4dcb6ca6 {
 __device__ __noinline__ uint32_t pptm_run_4dcb6ca6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4dcb6ca6 e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4dcb6ca6{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain Pulled: Pull x 12 (Map pattern)
+// spec hash 69542c5b22f47c4ca3df30a9a65764d99c8fb8f7cdd692a3a5e0ae4fd3593d2b, opcode 0x69542c5b
+struct pptm_env_69542c5b {
+    const float* a0;  // s
+    const float* a1;  // anchors
+    float a2;  // reach
+    float a3;  // dt
+    float* a4;  // out
+    uint64_t a5;  // n
+    uint64_t a6;  // anchors_rows
+    uint64_t a7;  // anchors_cols
+    __device__ explicit pptm_env_69542c5b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]) {}
+};
+struct pptm_each_69542c5b {
+    pptm_env_69542c5b e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        pptm_state_Osc_f32 s11 = pptm_user_pull(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_table_make(e.a1, e.a6, e.a7, 0u), e.a2, e.a3);
+        const auto s11_arg1 = pptm_table_make(e.a1, e.a6, e.a7, 0u);
+        const auto s11_arg2 = e.a2;
+        const auto s11_arg3 = e.a3;
+        #pragma unroll 4
+        for (int pptm_step = 0; pptm_step < 11; ++pptm_step) {
+            s11 = pptm_user_pull((pptm_state_Osc_f32)s11, s11_arg1, s11_arg2, s11_arg3);
+        }
+        pptm_state_store(e.a4 + 2 * i, s11);
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_69542c5b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_69542c5b e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_69542c5b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -454,6 +544,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x9fa95902u: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
     case 0x4dcb6ca6u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
+    case 0x69542c5bu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // Pulled
     case 0xd0b4993du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup
     case 0xfbe861e3u: return ((d.args[2]) & 1ull) == 0 && ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup16
     case 0x80b6e17cu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // TableSteps
@@ -466,6 +557,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x9fa95902u: return pptm_run_9fa95902(d, b, partial);  // KickedEnergy
     case 0x4dcb6ca6u: return pptm_run_4dcb6ca6(d, b, partial);  // Oscillate
+    case 0x69542c5bu: return pptm_run_69542c5b(d, b, partial);  // Pulled
     case 0xd0b4993du: return pptm_run_d0b4993d(d, b, partial);  // TableLookup
     case 0xfbe861e3u: return pptm_run_fbe861e3(d, b, partial);  // TableLookup16
     case 0x80b6e17cu: return pptm_run_80b6e17c(d, b, partial);  // TableSteps
@@ -485,6 +577,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x9fa95902u: return true;  // KickedEnergy
     case 0x4dcb6ca6u: return true;  // Oscillate
+    case 0x69542c5bu: return true;  // Pulled
     case 0xd0b4993du: return true;  // TableLookup
     case 0xfbe861e3u: return true;  // TableLookup16
     case 0x80b6e17cu: return true;  // TableSteps
@@ -584,6 +677,43 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a5;
                 const pptm_state_Osc_f32 s99 = pptm_user_osc_step(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[98 % PPTM_MAX_STAGES] + i * 2 + 1)}, e.a1, e.a2, e.a3);
                 pptm_state_store(e.a4 + 2 * i, s99);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x69542c5bu: {  // Pulled
+        const pptm_env_69542c5b e(d);
+        switch (stage) {
+        case 0: {  // Pull
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s0 = pptm_user_pull(pptm_state_Osc_f32{pptm_ld_cg_f32(e.a0 + i * 2 + 0), pptm_ld_cg_f32(e.a0 + i * 2 + 1)}, pptm_table_make(e.a1, e.a6, e.a7, 0u), e.a2, e.a3);
+                pptm_state_store(scratch[0] + 2 * i, s0);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10:
+        {  // Pull x 10
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s1 = pptm_user_pull(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 0), pptm_ld_cg_f32(scratch[(stage - 1) % PPTM_MAX_STAGES] + i * 2 + 1)}, pptm_table_make(e.a1, e.a6, e.a7, 0u), e.a2, e.a3);
+                pptm_state_store(scratch[stage % PPTM_MAX_STAGES] + 2 * i, s1);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 11: {  // Pull
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const pptm_state_Osc_f32 s11 = pptm_user_pull(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[10] + i * 2 + 0), pptm_ld_cg_f32(scratch[10] + i * 2 + 1)}, pptm_table_make(e.a1, e.a6, e.a7, 0u), e.a2, e.a3);
+                pptm_state_store(e.a4 + 2 * i, s11);
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

@@ -4,7 +4,12 @@
 //! reference, so the subset is chosen to mean the same thing on both sides:
 //!
 //! * parameters are plain names of type `f32`, `f64` or `u32`; the result is `f32` or `f64`;
-//! * the body is `let` bindings (immutable, each with a value) and a final expression;
+//! * the body is statements and a final expression. Statements: `let` (each with a value; `let
+//!   mut` for a name that changes), assignments (`=`, `+=`, `-=`, `*=`, `/=`) to a `let mut` name
+//!   or to a field of a state bound so, `for j in a..b { ... }` over a `u32` range (the bound
+//!   evaluated once), and `if` whose branches are statements. A block that gives a value (an
+//!   `if`'s branch, a `{ ... }` expression) only binds with `let`: the translation evaluates it
+//!   inside an expression, where C++ leaves the order of side effects open;
 //! * expressions: names, literals, `+ - * / %`, comparisons, `&& || !`, unary `-`, parentheses,
 //!   `if`/`else` (both branches), `as` between `f32`, `f64` and `u32`, the constants of
 //!   `f32::consts`/`f64::consts` (also through `std::` or `core::`), and the math methods in
@@ -799,9 +804,9 @@ fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
 }
 
 /// What the subset allows, for errors.
-const ALLOWED: &str = "an op's body may use `let` bindings, arithmetic, comparisons, `&&`/`||`/`!`, \
-    `if`/`else`, `as` casts between f32/f64/u32, f32/f64 constants and math methods (see \
-    pptm-spec's op_fn module)";
+const ALLOWED: &str = "an op's body may use `let` (and `let mut`) bindings, assignments, \
+    `for` loops over u32 ranges, arithmetic, comparisons, `&&`/`||`/`!`, `if`/`else`, `as` casts \
+    between f32/f64/u32, f32/f64 constants and math methods (see pptm-spec's op_fn module)";
 
 /// Checks `f` against the subset and translates it (see the module docs).
 pub fn parse_op_fn(f: &ItemFn) -> syn::Result<OpFn> {
@@ -895,11 +900,12 @@ fn parse_op_fn_as(
     }
 
     let mut t = Translator {
-        scopes: vec![params.clone()],
+        scopes: vec![immutable(&params)],
         body: String::new(),
         temps: 0,
         states: state_tys.clone(),
         narrow,
+        in_value: 0,
     };
     let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
     let device = format!("{prefix}{name}");
@@ -965,6 +971,7 @@ fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Re
         temps: 0,
         states: Vec::new(),
         narrow: false,
+        in_value: 0,
     };
     check_constant(&r.identity)?;
     let identity = t.expr(&r.identity, Some(Scalar::F64))?;
@@ -1058,11 +1065,12 @@ fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
         return err(ty.span(), "`finish` returns f64");
     }
     let mut t = Translator {
-        scopes: vec![scope.clone()],
+        scopes: vec![immutable(&scope)],
         body: String::new(),
         temps: 0,
         states: Vec::new(),
         narrow: false,
+        in_value: 0,
     };
     let v = match &*c.body {
         Expr::Block(b) if b.label.is_none() => {
@@ -1145,8 +1153,8 @@ struct Value {
 }
 
 struct Translator {
-    /// Names in scope, innermost last.
-    scopes: Vec<Vec<(String, Scalar)>>,
+    /// Names in scope, innermost last, and whether each is `let mut`.
+    scopes: Vec<Vec<(String, Scalar, bool)>>,
     /// Statements emitted so far (for the current block).
     body: String,
     temps: usize,
@@ -1154,16 +1162,67 @@ struct Translator {
     states: Vec<&'static StateTy>,
     /// The op's f32 form (every f64 read as f32): a table's `at` gives f32.
     narrow: bool,
+    /// Inside a block that gives a value (an `if`'s branch, a block expression): assignments and
+    /// loops are refused there, because the translation evaluates such blocks inside expressions,
+    /// where C++ leaves the order of operands' side effects open and Rust does not.
+    in_value: usize,
+}
+
+/// Why an assignment or a loop is refused inside a block that gives a value.
+const VALUE_BLOCK_ONLY: &str = "assignments, `let mut` and loops are statements of the op's body, \
+    of a loop or of an `if` without a value; a block that gives a value (an `if`'s branch, a \
+    `{ ... }` expression) only binds with `let`";
+
+/// An expression that is a statement, giving no value: an assignment, a loop, an `if` whose
+/// branches end in statements (or that has no `else`).
+fn is_statement_expr(e: &Expr) -> bool {
+    match e {
+        Expr::Assign(_) | Expr::ForLoop(_) => true,
+        Expr::Binary(b) => matches!(
+            b.op,
+            BinOp::AddAssign(_)
+                | BinOp::SubAssign(_)
+                | BinOp::MulAssign(_)
+                | BinOp::DivAssign(_)
+                | BinOp::RemAssign(_)
+                | BinOp::BitAndAssign(_)
+                | BinOp::BitOrAssign(_)
+                | BinOp::BitXorAssign(_)
+                | BinOp::ShlAssign(_)
+                | BinOp::ShrAssign(_)
+        ),
+        Expr::If(i) => {
+            let unit = |stmts: &[Stmt]| !matches!(stmts.last(), Some(Stmt::Expr(e, None)) if !is_statement_expr(e));
+            unit(&i.then_branch.stmts)
+                && match i.else_branch.as_ref().map(|(_, e)| &**e) {
+                    None => true,
+                    Some(Expr::Block(b)) => unit(&b.block.stmts),
+                    Some(nested @ Expr::If(_)) => is_statement_expr(nested),
+                    Some(_) => false,
+                }
+        }
+        _ => false,
+    }
+}
+
+/// A scope of names bound once (parameters).
+fn immutable(names: &[(String, Scalar)]) -> Vec<(String, Scalar, bool)> {
+    names.iter().map(|(n, t)| (n.clone(), *t, false)).collect()
 }
 
 impl Translator {
     fn lookup(&self, name: &str) -> Option<Scalar> {
+        self.binding(name).map(|(t, _)| t)
+    }
+
+    /// The innermost binding of `name`: its type, and whether it is `let mut`.
+    fn binding(&self, name: &str) -> Option<(Scalar, bool)> {
         self.scopes
             .iter()
             .rev()
             .flat_map(|s| s.iter().rev())
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| *t)
+            .find(|(n, _, _)| n == name)
+            .map(|(_, t, m)| (*t, *m))
     }
 
     /// Translates a block's statements into `self.body` (indented `depth`) and returns its final
@@ -1175,80 +1234,13 @@ impl Translator {
         want: Option<Scalar>,
         depth: usize,
     ) -> syn::Result<Value> {
-        let indent = "    ".repeat(depth);
         self.scopes.push(Vec::new());
-        let mut tail = None;
-        for (i, stmt) in stmts.iter().enumerate() {
-            let last = i + 1 == stmts.len();
-            match stmt {
-                Stmt::Local(local) => {
-                    let (pat, annotated) = match &local.pat {
-                        Pat::Type(pt) => (&*pt.pat, Some(value_type(&pt.ty, true, &self.states)?)),
-                        other => (other, None),
-                    };
-                    let Pat::Ident(pi) = pat else {
-                        return err(
-                            pat.span(),
-                            "a `let` binds one name, e.g. `let t = x * 0.5_f32;`",
-                        );
-                    };
-                    if let Some(m) = &pi.mutability {
-                        return err(
-                            m.span(),
-                            "an op's bindings are immutable: bind a new name instead of `let mut`",
-                        );
-                    }
-                    if pi.by_ref.is_some() || pi.subpat.is_some() {
-                        return err(pi.span(), "a `let` binds one name");
-                    }
-                    let Some(init) = &local.init else {
-                        return err(local.span(), "a `let` needs its value");
-                    };
-                    if let Some((else_token, _)) = &init.diverge {
-                        return err(else_token.span(), "`let ... else` is not in the op subset");
-                    }
-                    let v = self.expr(&init.expr, annotated)?;
-                    let ty = match (annotated, v.ty) {
-                        (Some(a), _) => a,
-                        (None, Some(t)) => t,
-                        (None, None) => {
-                            return err(
-                                init.expr.span(),
-                                "give this literal a type: `0.5_f32`, or `let c: f32 = 0.5;` (the translator does not infer it from later uses)",
-                            );
-                        }
-                    };
-                    let name = pi.ident.to_string();
-                    self.body.push_str(&format!(
-                        "{indent}const {} {name} = {};\n",
-                        ty.cuda(),
-                        v.code
-                    ));
-                    self.scopes.last_mut().expect("pushed").push((name, ty));
-                }
-                Stmt::Expr(e, None) if last => tail = Some(e),
-                Stmt::Expr(Expr::Return(r), _) => {
-                    return err(
-                        r.span(),
-                        "an op ends with its value as the last expression, not `return`",
-                    );
-                }
-                Stmt::Expr(e, _) => {
-                    return err(
-                        e.span(),
-                        format!("a statement that is not a `let` has no effect here; {ALLOWED}"),
-                    );
-                }
-                Stmt::Item(item) => {
-                    return err(item.span(), "an op cannot declare items inside its body");
-                }
-                Stmt::Macro(m) => {
-                    return err(
-                        m.span(),
-                        "macros are not in the op subset (the body is translated to CUDA)",
-                    );
-                }
-            }
+        let (tail, body) = match stmts.split_last() {
+            Some((Stmt::Expr(e, None), rest)) if !is_statement_expr(e) => (Some(e), rest),
+            _ => (None, stmts),
+        };
+        for stmt in body {
+            self.stmt(stmt, depth)?;
         }
         let Some(tail) = tail else {
             return err(
@@ -1259,6 +1251,271 @@ impl Translator {
         let v = self.expr(tail, want)?;
         self.scopes.pop();
         Ok(v)
+    }
+
+    /// Translates statements that give no value (a loop's body, an `if` without a value) into
+    /// `self.body`, in a scope of their own.
+    fn statements(&mut self, stmts: &[Stmt], depth: usize) -> syn::Result<()> {
+        self.scopes.push(Vec::new());
+        for stmt in stmts {
+            self.stmt(stmt, depth)?;
+        }
+        self.scopes.pop();
+        Ok(())
+    }
+
+    /// One statement: a `let` (or `let mut`), an assignment to a `let mut` name (or a field of a
+    /// state bound so), a `for` loop over a `u32` range, or an `if` whose branches are statements.
+    fn stmt(&mut self, stmt: &Stmt, depth: usize) -> syn::Result<()> {
+        let indent = "    ".repeat(depth);
+        match stmt {
+            Stmt::Local(local) => {
+                let (pat, annotated) = match &local.pat {
+                    Pat::Type(pt) => (&*pt.pat, Some(value_type(&pt.ty, true, &self.states)?)),
+                    other => (other, None),
+                };
+                let Pat::Ident(pi) = pat else {
+                    return err(
+                        pat.span(),
+                        "a `let` binds one name, e.g. `let t = x * 0.5_f32;`",
+                    );
+                };
+                let mutable = pi.mutability.is_some();
+                if let Some(m) = &pi.mutability
+                    && self.in_value > 0
+                {
+                    return err(m.span(), VALUE_BLOCK_ONLY);
+                }
+                if pi.by_ref.is_some() || pi.subpat.is_some() {
+                    return err(pi.span(), "a `let` binds one name");
+                }
+                let Some(init) = &local.init else {
+                    return err(local.span(), "a `let` needs its value");
+                };
+                if let Some((else_token, _)) = &init.diverge {
+                    return err(else_token.span(), "`let ... else` is not in the op subset");
+                }
+                let v = self.expr(&init.expr, annotated)?;
+                let ty = match (annotated, v.ty) {
+                    (Some(a), _) => a,
+                    (None, Some(t)) => t,
+                    (None, None) => {
+                        return err(
+                            init.expr.span(),
+                            "give this literal a type: `0.5_f32`, or `let c: f32 = 0.5;` (the translator does not infer it from later uses)",
+                        );
+                    }
+                };
+                if mutable && ty == Scalar::Table {
+                    return err(pi.span(), "a table is read, never assigned: drop the `mut`");
+                }
+                let name = pi.ident.to_string();
+                self.body.push_str(&format!(
+                    "{indent}{}{} {name} = {};\n",
+                    if mutable { "" } else { "const " },
+                    ty.cuda(),
+                    v.code
+                ));
+                self.scopes
+                    .last_mut()
+                    .expect("pushed")
+                    .push((name, ty, mutable));
+            }
+            Stmt::Expr(Expr::Return(r), _) => {
+                return err(
+                    r.span(),
+                    "an op ends with its value as the last expression, not `return`",
+                );
+            }
+            Stmt::Expr(e, _) if is_statement_expr(e) => {
+                if self.in_value > 0 {
+                    return err(e.span(), VALUE_BLOCK_ONLY);
+                }
+                match e {
+                    Expr::Assign(a) => {
+                        let (target, ty) = self.place(&a.left)?;
+                        let v = self.expr(&a.right, Some(ty))?;
+                        self.body
+                            .push_str(&format!("{indent}{target} = {};\n", v.code));
+                    }
+                    Expr::Binary(b) => {
+                        let op = match b.op {
+                            BinOp::AddAssign(_) => "+=",
+                            BinOp::SubAssign(_) => "-=",
+                            BinOp::MulAssign(_) => "*=",
+                            BinOp::DivAssign(_) => "/=",
+                            _ => {
+                                return err(
+                                    b.op.span(),
+                                    "of the compound assignments, `+=`, `-=`, `*=` and `/=` are in the op subset",
+                                );
+                            }
+                        };
+                        let (target, ty) = self.place(&b.left)?;
+                        if !ty.is_float() && ty != Scalar::U32 {
+                            return err(
+                                b.left.span(),
+                                format!("`{op}` applies to f32, f64 or u32"),
+                            );
+                        }
+                        let v = self.expr(&b.right, Some(ty))?;
+                        self.body
+                            .push_str(&format!("{indent}{target} {op} {};\n", v.code));
+                    }
+                    Expr::ForLoop(f) => self.for_loop(f, depth)?,
+                    Expr::If(i) => self.if_stmt(i, depth)?,
+                    _ => unreachable!("is_statement_expr"),
+                }
+            }
+            Stmt::Expr(e, _) => {
+                return err(
+                    e.span(),
+                    format!(
+                        "a statement that is not a `let`, an assignment, a `for` or an `if` has no effect here; {ALLOWED}"
+                    ),
+                );
+            }
+            Stmt::Item(item) => {
+                return err(item.span(), "an op cannot declare items inside its body");
+            }
+            Stmt::Macro(m) => {
+                return err(
+                    m.span(),
+                    "macros are not in the op subset (the body is translated to CUDA)",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// What an assignment may change: a `let mut` name, or a field of a state bound so.
+    fn place(&mut self, e: &Expr) -> syn::Result<(String, Scalar)> {
+        let (name, field) = match e {
+            Expr::Path(p) => (p.path.get_ident(), None),
+            Expr::Field(f) => match (&*f.base, &f.member) {
+                (Expr::Path(p), syn::Member::Named(m)) => (p.path.get_ident(), Some(m)),
+                _ => (None, None),
+            },
+            _ => (None, None),
+        };
+        let Some(name) = name else {
+            return err(
+                e.span(),
+                "an assignment changes a `let mut` name, or a field of a state bound with `let mut`",
+            );
+        };
+        let Some((ty, mutable)) = self.binding(&name.to_string()) else {
+            return err(name.span(), format!("`{name}` is not bound here"));
+        };
+        if !mutable {
+            return err(
+                name.span(),
+                format!("`{name}` is not `let mut`: only names bound with `let mut` change"),
+            );
+        }
+        match (field, ty) {
+            (None, ty) => Ok((name.to_string(), ty)),
+            (Some(m), Scalar::State(st)) => {
+                let Some((_, fty)) = st.fields.iter().find(|(f, _)| m == f) else {
+                    return err(m.span(), format!("`{}` has no field `{m}`", st.name));
+                };
+                Ok((format!("{name}.{m}"), *fty))
+            }
+            (Some(m), _) => err(
+                m.span(),
+                format!("`{name}` is not a state: it has no fields"),
+            ),
+        }
+    }
+
+    /// `for i in a..b { ... }`: `i` a u32 from a up to b (excluded), b evaluated once, as Rust
+    /// evaluates the range once.
+    fn for_loop(&mut self, f: &syn::ExprForLoop, depth: usize) -> syn::Result<()> {
+        let indent = "    ".repeat(depth);
+        if let Some(l) = &f.label {
+            return err(l.span(), "loop labels are not in the op subset");
+        }
+        let name = match &*f.pat {
+            Pat::Wild(_) => format!("pptm_i_{}", self.temps),
+            Pat::Ident(pi)
+                if pi.mutability.is_none() && pi.by_ref.is_none() && pi.subpat.is_none() =>
+            {
+                pi.ident.to_string()
+            }
+            other => return err(other.span(), "a `for` binds one name: `for j in 0..n`"),
+        };
+        let Expr::Range(r) = &*f.expr else {
+            return err(f.expr.span(), "a `for` runs over a range of u32: `0..n`");
+        };
+        let (Some(from), Some(to), syn::RangeLimits::HalfOpen(_)) = (&r.start, &r.end, &r.limits)
+        else {
+            return err(
+                r.span(),
+                "a `for` runs over a half-open range of u32: `a..b`",
+            );
+        };
+        let from = self.expr(from, Some(Scalar::U32))?;
+        let to = self.expr(to, Some(Scalar::U32))?;
+        let end = format!("pptm_end_{}", self.temps);
+        self.temps += 1;
+        self.body.push_str(&format!(
+            "{indent}{{
+{indent}    const unsigned int {end} = {};
+{indent}    for (unsigned int {name} = {}; {name} < {end}; ++{name}) {{
+",
+            to.code, from.code
+        ));
+        self.scopes.push(vec![(name, Scalar::U32, false)]);
+        self.statements(&f.body.stmts, depth + 2)?;
+        self.scopes.pop();
+        self.body.push_str(&format!(
+            "{indent}    }}
+{indent}}}
+"
+        ));
+        Ok(())
+    }
+
+    /// An `if` whose branches are statements (no value): `if r < cut { f += g; }`.
+    fn if_stmt(&mut self, i: &syn::ExprIf, depth: usize) -> syn::Result<()> {
+        let indent = "    ".repeat(depth);
+        let cond = self.expr(&i.cond, Some(Scalar::Bool))?;
+        self.body.push_str(&format!(
+            "{indent}if ({}) {{
+",
+            cond.code
+        ));
+        self.statements(&i.then_branch.stmts, depth + 1)?;
+        match i.else_branch.as_ref().map(|(_, e)| &**e) {
+            None => self.body.push_str(&format!(
+                "{indent}}}
+"
+            )),
+            Some(Expr::Block(b)) => {
+                self.body.push_str(&format!(
+                    "{indent}}} else {{
+"
+                ));
+                self.statements(&b.block.stmts, depth + 1)?;
+                self.body.push_str(&format!(
+                    "{indent}}}
+"
+                ));
+            }
+            Some(Expr::If(nested)) => {
+                self.body.push_str(&format!(
+                    "{indent}}} else {{
+"
+                ));
+                self.if_stmt(nested, depth + 1)?;
+                self.body.push_str(&format!(
+                    "{indent}}}
+"
+                ));
+            }
+            Some(other) => return err(other.span(), "`else` takes a block"),
+        }
+        Ok(())
     }
 
     fn expr(&mut self, e: &Expr, want: Option<Scalar>) -> syn::Result<Value> {
@@ -1344,7 +1601,10 @@ impl Translator {
                     )
                 })?;
                 let saved = std::mem::take(&mut self.body);
-                let v = self.block(&b.block.stmts, b.span(), Some(ty), 2)?;
+                self.in_value += 1;
+                let v = self.block(&b.block.stmts, b.span(), Some(ty), 2);
+                self.in_value -= 1;
+                let v = v?;
                 let inner = std::mem::replace(&mut self.body, saved);
                 let _ = cond_free;
                 Ok(Value {
@@ -1419,7 +1679,7 @@ impl Translator {
             Expr::Loop(_) | Expr::While(_) | Expr::ForLoop(_) => err(
                 e.span(),
                 format!(
-                    "loops are not in the op subset (an elementwise op is straight-line code); {ALLOWED}"
+                    "`loop` and `while` are not in the op subset, and a `for` is a statement, not a value: loops run over u32 ranges, `for j in 0..n {{ ... }}`; {ALLOWED}"
                 ),
             ),
             Expr::Closure(_) => err(e.span(), "closures are not in the op subset"),
@@ -1768,7 +2028,10 @@ impl Translator {
             )
         })?;
         let saved = std::mem::take(&mut self.body);
-        let v = self.block(stmts, span, Some(ty), 2)?;
+        self.in_value += 1;
+        let v = self.block(stmts, span, Some(ty), 2);
+        self.in_value -= 1;
+        let v = v?;
         let inner = std::mem::replace(&mut self.body, saved);
         Ok(Value {
             code: format!(
@@ -2182,6 +2445,35 @@ mod tests {
     }
 
     #[test]
+    fn loops_and_assignments_translate_to_statements() {
+        let op = translate(
+            "fn f(x: f32, n: u32) -> f32 {
+                 let mut total = 0.0_f32;
+                 for j in 0..n {
+                     let w = j as f32;
+                     if w < x { total += w; } else if w > 10.0_f32 { total -= 1.0_f32; }
+                 }
+                 total *= 2.0_f32;
+                 total
+             }",
+        )
+        .unwrap();
+        for needle in [
+            "float total = 0.0f;",
+            "const unsigned int pptm_end_0 = n;",
+            "for (unsigned int j = 0u; j < pptm_end_0; ++j) {",
+            "const float w = ((float)j);",
+            "total += w;",
+            "} else {",
+            "total -= 1.0f;",
+            "total *= 2.0f;",
+            "return total;",
+        ] {
+            assert!(op.cuda.contains(needle), "no `{needle}` in\n{}", op.cuda);
+        }
+    }
+
+    #[test]
     fn what_the_subset_refuses_is_an_error_that_says_so() {
         for (src, needle) in [
             ("fn f<T>(x: f32) -> f32 { x }", "cannot be generic"),
@@ -2196,23 +2488,56 @@ mod tests {
             ("fn f(x: f32) { }", "returns its value"),
             ("fn f(x: f32) -> u32 { 1 }", "returns f32, f64 or a state"),
             ("fn f((a, b): (f32, f32)) -> f32 { a }", "plain name"),
-            ("fn f(x: f32) -> f32 { let mut y = x; y }", "immutable"),
+            (
+                "fn f(x: f32) -> f32 { let y = x; y = 2.0_f32; y }",
+                "not `let mut`",
+            ),
+            ("fn f(x: f32) -> f32 { x = 2.0_f32; x }", "not `let mut`"),
+            (
+                "fn f(x: f32) -> f32 { let mut y = x; y += 1.0_f64; y }",
+                "expected f32",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let mut y = x; y %= 2.0_f32; y }",
+                "compound assignments",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let mut y = x; if x > 0.0_f32 { y += 1.0_f32; y } else { y } }",
+                "a block that gives a value",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let y: f32 = { let mut z = x; z }; y }",
+                "a block that gives a value",
+            ),
+            (
+                "fn f(x: f32) -> f32 { for j in 0..=3 { } x }",
+                "half-open range",
+            ),
+            (
+                "fn f(x: f32) -> f32 { for j in 0..x { } x }",
+                "expected u32",
+            ),
+            ("fn f(x: f32) -> f32 { 'a: for j in 0..3 { } x }", "labels"),
+            (
+                "fn f(x: f32) -> f32 { let mut y = x; for j in 0..3 { j = 1; } y }",
+                "not `let mut`",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let mut y = x; for j in 0..3 { y += 1.0_f32; } }",
+                "must end with the op's value",
+            ),
             (
                 "fn f(x: f32) -> f32 { let c = 0.5; x * c }",
                 "give this literal a type",
             ),
             ("fn f(x: f32) -> f32 { return x; }", "not `return`"),
             (
-                "fn f(x: f32) -> f32 { let mut s = 0.0_f32; for i in 0..3 { } s }",
-                "immutable",
-            ),
-            (
-                "fn f(x: f32) -> f32 { for i in 0..3 { } x }",
+                "fn f(x: f32) -> f32 { while x > 0.0_f32 { } x }",
                 "has no effect",
             ),
             (
                 "fn f(x: f32) -> f32 { loop { } }",
-                "loops are not in the op subset",
+                "`loop` and `while` are not in the op subset",
             ),
             (
                 "fn f(x: f32) -> f32 { println!(\"{x}\"); x }",

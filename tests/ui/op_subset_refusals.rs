@@ -43,16 +43,10 @@ fn mutable_parameter(mut x: f32) -> f32 { x }
 fn twice(x: f32, x: f32) -> f32 { x }
 
 #[pptm::op]
-fn mutable_binding(x: f32) -> f32 { let mut y = x; y }
-
-#[pptm::op]
 fn untyped_literal(x: f32) -> f32 { let c = 0.5; x * c }
 
 #[pptm::op]
 fn early_return(x: f32) -> f32 { return x; }
-
-#[pptm::op]
-fn a_loop(x: f32) -> f32 { for i in 0..3 {} x }
 
 #[pptm::op]
 fn endless(x: f32) -> f32 { loop {} }
