@@ -298,10 +298,8 @@ BENCH_NAMES = {"eager": "torch eager", "graph": "torch eager + CUDA graph",
 
 def bench_measurement(variant, steps, device_s, host_s, err, total):
     """One row of pptm-bench's results schema (bench/src/record.rs, Measurement)."""
-    def stat(ts):
-        ts = sorted(ts)
-        return dict(median=ts[len(ts) // 2] * 1e6,
-                    p99=ts[min(len(ts) * 99 // 100, len(ts) - 1)] * 1e6, reps=len(ts))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from peers import stat  # the same median and p99 as peers.py's rows
     host = stat(host_s)
     return dict(chain="geodesics", size=BENCH_SIZES[steps],
                 shape=f"{GEODESICS} geodesics x {steps} steps, Γ {NC} x {NL}", x=float(steps),
