@@ -3,7 +3,7 @@
 
     python3 bench/peers_md.py [--atoms 10,50,100,1000,10000] [--steps 1000] [--width 64]
                               [--variants eager,graph,compile,compile-graph] [--out FILE]
-                              [--quick] [--cpu-smoke]
+                              [--quick] [--cpu-smoke] [--check-forces FILE]
 
 The model, fixed here so that pptm's version can be held to it (every weight comes from the
 splitmix64 streams of bench/peers.py's `uniform`, as pptm-bench's inputs do):
@@ -13,7 +13,8 @@ splitmix64 streams of bench/peers.py's `uniform`, as pptm-bench's inputs do):
     with the mean removed. Free boundaries (a cluster, no periodic images).
   * neighbours: pairs closer than r_c = 5 within a Verlet list of radius r_c + skin (skin = 1),
     held as an n x M index table (M: the most neighbours of any atom at the first build, times
-    1.5; a padded entry points at the atom itself and is masked). The list is rebuilt from all
+    2, at most n − 1; a padded entry points at the atom itself and is masked; the cluster
+    contracts, so a rebuild that finds more grows the table). The list is rebuilt from all
     pairs (in blocks, so 10,000 atoms fit) when an atom has moved since the
     last build by more than 0.4 (under skin / 2, which keeps the list exact; the check runs every
     10 steps, and the fastest atom cannot cover the other 0.1 in between: asserted).
@@ -112,7 +113,7 @@ def ssp(torch, x):
 
 def neighbour_table(torch, x, capacity=None, block=2048):
     """Every atom's neighbours within r_c + skin, as an n x M table (M = capacity, or the most
-    found times 1.5) and a mask; padded entries point at the atom itself."""
+    found times 2, at most n − 1) and a mask; padded entries point at the atom itself."""
     n = x.shape[0]
     lists = []
     for lo in range(0, n, block):
@@ -124,7 +125,7 @@ def neighbour_table(torch, x, capacity=None, block=2048):
     near = torch.cat(lists)
     counts = near.sum(dim=1)
     most = int(counts.max().item()) if n > 1 else 0
-    m = capacity if capacity is not None else max(1, math.ceil(most * 1.5))
+    m = capacity if capacity is not None else max(1, min(n - 1, 2 * most))
     if most > m:
         raise RuntimeError(f"an atom has {most} neighbours, the table holds {m}")
     k = min(m, n)
@@ -211,7 +212,7 @@ def nve_drift(torch, p, n, steps, device):
     assert 2 * vmax * DT * CHECK_EVERY < SKIN / 2 - REBUILD_AT, "the step outruns the checks"
     for s in range(steps):
         if s % CHECK_EVERY == 0 and float((x - built_at).norm(dim=1).max()) > REBUILD_AT:
-            table, valid, _ = neighbour_table(torch, x, capacity=m)
+            table, valid, m = neighbour_table(torch, x, capacity=None)
             built_at, rebuilds = x.clone(), rebuilds + 1
         v = v + 0.5 * DT * f
         x = x + DT * v
@@ -222,11 +223,14 @@ def nve_drift(torch, p, n, steps, device):
 
 
 def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
-    """Per-step latencies (device s or None, host s) of runs of 100 steps, and the check count."""
+    """Per-step latencies (device s or None, host s) of runs of 100 steps from the start state."""
     d = torch.float32
     x, v = system(torch, n, d, device)
     table, valid, m = neighbour_table(torch, x)
     _, f = forces(torch, p, x, table, valid)
+    # Every timed run starts from the same state (the cluster contracts as it runs, so runs that
+    # followed each other would time denser and denser lists).
+    start = [t.clone() for t in (x, v, f, table, valid)]
     step = make_step(torch, p, table, valid)
     if variant in ("compile", "compile-graph"):
         if n not in compiled:
@@ -256,6 +260,12 @@ def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
     vmax = float(v.norm(dim=1).max())
     assert 2 * vmax * DT * chunk < SKIN / 2 - REBUILD_AT, "the step size outruns the list checks"
 
+    def reset():
+        nonlocal built_at
+        for t, t0 in zip((x, v, f, table, valid), start):
+            t.copy_(t0)
+        built_at = x.clone()
+
     def run(steps=100):
         nonlocal built_at
         for _ in range(steps // chunk):
@@ -266,10 +276,13 @@ def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
                 valid.copy_(vmask)
                 built_at = x.clone()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    reset()
     run()
     sync()
     device_s, host_s = [], []
     for _ in range(reps):
+        reset()
+        sync()
         if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -284,6 +297,31 @@ def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
     return (device_s or None), host_s
 
 
+def check_forces(torch, path, device):
+    """Compares the start forces pptm wrote (examples/md.rs --write-forces) with autograd's, in
+    float64 and float32: the largest difference over the largest autograd force."""
+    worst = 0.0
+    for line in open(path):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        n, width = row["atoms"], row["width"]
+        got = torch.tensor(row["forces"], dtype=torch.float64).reshape(n, 3)
+        for dtype in (torch.float64, torch.float32):
+            p = model_weights(torch, width, dtype, device)
+            x, _ = system(torch, n, dtype, device)
+            table, valid, _ = neighbour_table(torch, x)
+            _, f = forces(torch, p, x, table, valid)
+            f = f.double().cpu()
+            err = float((got - f).abs().max()) / max(float(f.abs().max()), 1e-30)
+            name = str(dtype).replace("torch.", "")
+            print(f"{n} atoms: pptm's forces against PyTorch autograd in {name}: {err:.2e} "
+                  f"(bar 1e-4)")
+            if dtype == torch.float64:
+                worst = max(worst, err)
+    return worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--atoms", help="system sizes (default 10,50,100,1000,10000; 10,50 with "
@@ -295,6 +333,8 @@ def main():
     ap.add_argument("--out", help="write one JSON object per (variant, atoms) line here")
     ap.add_argument("--quick", action="store_true", help="few repetitions")
     ap.add_argument("--cpu-smoke", action="store_true", help="no CUDA: checks and eager on the CPU")
+    ap.add_argument("--check-forces", metavar="FILE",
+                    help="compare the forces examples/md.rs --write-forces wrote, and exit")
     a = ap.parse_args()
     try:
         import torch
@@ -306,6 +346,9 @@ def main():
         print("peers_md.py: CUDA is not available; pass --cpu-smoke", file=sys.stderr)
         sys.exit(2)
     device = "cuda" if cuda else "cpu"
+    if a.check_forces:
+        worst = check_forces(torch, a.check_forces, device)
+        sys.exit(0 if worst <= 1e-4 else 1)
     sizes = [int(s) for s in (a.atoms or ("10,50,100,1000,10000" if cuda else "10,50")).split(",")]
     steps = a.steps or (1000 if cuda else 100)
     variants = (a.variants or (",".join(VARIANTS) if cuda else "eager")).split(",")

@@ -9,7 +9,7 @@ mod common;
 
 use common::uniform;
 use pptm::ops::{Axpby, Gemv, Square, SumReduction};
-use pptm::{BackendKind, Error, FusionBuilder, Pipeline, Runtime, Variant};
+use pptm::{BackendKind, Error, FusionBuilder, Pipeline, Runtime, Table, Variant, op};
 
 /// α x + β y, in domain `pipe_a`.
 #[derive(FusionBuilder)]
@@ -100,6 +100,20 @@ pub struct SumSquaresB2 {
     square: Square,
     #[stage(2, reduction = true)]
     total: SumReduction,
+}
+
+/// Element `rows − 1 − idx` of a one-column table: any element of it, from any block.
+#[op]
+pub fn mirror(idx: f32, t: Table) -> f32 {
+    t.at(t.rows() - 1 - idx as u32, 0) as f32
+}
+
+/// A buffer reversed, read as a table, in domain `pipe_a`.
+#[derive(FusionBuilder)]
+#[fusion(domain = "pipe_a")]
+pub struct Reverse {
+    #[stage(1)]
+    mirror: Mirror,
 }
 
 const SIZES: [usize; 4] = [1, 7, 1023, (1 << 20) + 3];
@@ -236,6 +250,32 @@ fn writes_wait_for_earlier_readers_and_writers(rt: &Runtime) {
             &blend(2.0, &x64, 0.0, &x64),
             &format!("{what}: z, n = {n}"),
         );
+    }
+}
+
+/// An item that reads a buffer as a table reads any element of it from any block, so it waits
+/// for the whole of the item that wrote it (RAW), and a later writer waits for the whole of it
+/// (WAR), even where both items spread the same elements over the same blocks.
+fn table_reads_wait_for_whole_items(rt: &Runtime) {
+    let what = rt.describe();
+    for n in SIZES {
+        let idx: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let (u0, c) = (uniform(n, -2.0, 2.0), uniform(n, -2.0, 2.0));
+        let (ib, cb) = (rt.upload(&idx).unwrap(), rt.upload(&c).unwrap());
+        let mut u = rt.upload(&u0).unwrap();
+        let mut v = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut w = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut p = rt.pipeline();
+        let (ii, ci) = (p.input(&ib), p.input(&cb));
+        let (uo, vo, wo) = (p.output(&mut u), p.output(&mut v), p.output(&mut w));
+        Reverse::push(&mut p, ii, uo, vo, n, 1).unwrap(); // v = reversed u
+        Reverse::push(&mut p, ii, ci, uo, n, 1).unwrap(); // u = reversed c, after v read u
+        Reverse::push(&mut p, ii, vo, wo, n, 1).unwrap(); // w = reversed v = the first u
+        p.wait().unwrap();
+        let reversed = |x: &[f32]| x.iter().rev().copied().collect::<Vec<f32>>();
+        assert_eq!(v.to_vec().unwrap(), reversed(&u0), "{what}: v, n = {n}");
+        assert_eq!(u.to_vec().unwrap(), reversed(&c), "{what}: u, n = {n}");
+        assert_eq!(w.to_vec().unwrap(), u0, "{what}: w, n = {n}");
     }
 }
 
@@ -899,6 +939,7 @@ on_every_backend!(
     bad_loops_are_refused,
     dependent_steps_across_domains,
     writes_wait_for_earlier_readers_and_writers,
+    table_reads_wait_for_whole_items,
     a_failing_item_fails_its_pipeline,
     a_dropped_pipeline_loses_nothing,
     bad_handles_are_refused

@@ -25,6 +25,7 @@ mod cublas;
 #[allow(dead_code)]
 #[path = "../../examples/geodesics/system.rs"]
 mod geodesic_system;
+mod inputs;
 mod own_ops;
 mod record;
 mod report;

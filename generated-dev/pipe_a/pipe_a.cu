@@ -21,6 +21,96 @@
 #include "pptm/ops/linalg.cuh"
 #include "pptm/ops/subset.cuh"
 
+#ifndef PPTM_OP_HELPERS
+#define PPTM_OP_HELPERS
+// Rust's powi: repeated squaring (a negative power inverts the result).
+template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
+    unsigned int e = n < 0 ? 0u - (unsigned int)n : (unsigned int)n;
+    T r = (T)1, b = x;
+    while (e != 0u) {
+        if (e & 1u) r *= b;
+        b *= b;
+        e >>= 1;
+    }
+    return n < 0 ? (T)1 / r : r;
+}
+// Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
+template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+// Rust's `as u32` from a float: saturating, NaN to 0.
+template <class T> __device__ __forceinline__ unsigned int pptm_user_to_u32(T x) {
+    return x != x ? 0u : x <= (T)0 ? 0u : x >= (T)4294967295.0 ? 4294967295u : (unsigned int)x;
+}
+// A table an op reads at computed coordinates (pptm::Table): row-major, f32 values or (`half`,
+// a stage's `tables = "fp16"`) f16 ones, widened as they are read.
+struct pptm_table {
+    const void* p;
+    // Each side is below 2^32 (binding refuses a larger table: BindError::TableTooLarge), so
+    // indices are 32-bit and only an offset needs 64 bits: one wide multiply-add.
+    unsigned int rows, cols;
+    unsigned int half;
+};
+template <class T> __device__ __forceinline__ T pptm_table_nan() { return (T)__longlong_as_double(0x7ff8000000000000ll); }
+// A NaN both as an f32 and, in its first two bytes, as an f16: what an empty table reads.
+__device__ const unsigned int pptm_table_nan_cell = 0x7fc07e00u;
+// The table a chain passes, made so that every read needs no branch: an empty one (no rows or
+// no columns) becomes one cell of NaN, so every read of it is NaN, as on the CPU.
+__device__ __forceinline__ pptm_table pptm_table_make(const void* p, unsigned long long rows, unsigned long long cols, unsigned int half) {
+    if (rows == 0ull || cols == 0ull) return pptm_table{&pptm_table_nan_cell, 1u, 1u, half};
+    return pptm_table{p, (unsigned int)rows, (unsigned int)cols, half};
+}
+// Value k of the table, through the read-only cache.
+__device__ __forceinline__ float pptm_table_value(const pptm_table& t, unsigned long long k) {
+    if (t.half) {
+        float f;
+        const unsigned short h = __ldg(reinterpret_cast<const unsigned short*>(t.p) + k);
+        asm("{ .reg .b16 a; mov.b16 a, %1; cvt.f32.f16 %0, a; }" : "=f"(f) : "h"(h));
+        return f;
+    }
+    return __ldg(reinterpret_cast<const float*>(t.p) + k);
+}
+__device__ __forceinline__ unsigned long long pptm_table_offset(const pptm_table& t, unsigned int i, unsigned int j) {
+    return (unsigned long long)i * t.cols + j;
+}
+// The value at (i, j), each index clamped to the table.
+template <class T> __device__ __forceinline__ T pptm_table_at(const pptm_table& t, unsigned int i, unsigned int j) {
+    return (T)pptm_table_value(t, pptm_table_offset(t, min(i, t.rows - 1u), min(j, t.cols - 1u)));
+}
+// floor(x) as an index, in one conversion, for 0 <= x < 2^32; NaN gives 0.
+__device__ __forceinline__ unsigned int pptm_table_floor(float x) { return __float2uint_rd(x); }
+__device__ __forceinline__ unsigned int pptm_table_floor(double x) { return __double2uint_rd(x); }
+// Bilinear interpolation at (x, y) in grid units, each clamped to the table, in T (as
+// pptm_spec::Table::bilinear computes it). No branch on the coordinates: the index arithmetic is
+// on the critical path of a time step that reads the table (examples/geodesics.rs), and a
+// branch would keep the loop-invariant column's arithmetic from leaving the loop. A NaN
+// coordinate reads cell (0, 0) (its index converts to 0), and the result is NaN.
+template <class T> __device__ __forceinline__ T pptm_table_bilinear(const pptm_table& t, T x, T y) {
+    const bool nan_in = x != x || y != y;
+    const T xc = fmin(fmax(x, (T)0), (T)(t.rows - 1u)), yc = fmin(fmax(y, (T)0), (T)(t.cols - 1u));
+    const unsigned int i0 = pptm_table_floor(xc), j0 = pptm_table_floor(yc);
+    const unsigned long long k = pptm_table_offset(t, i0, j0);
+    // The next row and column, or the same ones at the table's last.
+    const unsigned long long di = i0 + 1u < t.rows ? t.cols : 0u;
+    const unsigned int dj = j0 + 1u < t.cols ? 1u : 0u;
+    const T v00 = (T)pptm_table_value(t, k), v01 = (T)pptm_table_value(t, k + dj);
+    const T v10 = (T)pptm_table_value(t, k + di), v11 = (T)pptm_table_value(t, k + di + dj);
+    const T tx = xc - (T)i0, ty = yc - (T)j0;
+    const T a = v00 + ty * (v01 - v00), b = v10 + ty * (v11 - v10);
+    const T r = a + tx * (b - a);
+    return nan_in ? pptm_table_nan<T>() : r;
+}
+// (An empty table, made one cell of NaN, still says it has no rows and no columns.)
+__device__ __forceinline__ bool pptm_table_empty(const pptm_table& t) { return t.p == &pptm_table_nan_cell; }
+__device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.rows; }
+__device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.cols; }
+#endif  // PPTM_OP_HELPERS
+
+// #[pptm::op] fn mirror
+__device__ __forceinline__ float pptm_user_mirror(float idx, pptm_table t) {
+    return ((float)pptm_table_at<double>(t, ((pptm_table_rows(t) - 1u) - pptm_user_to_u32(idx)), 0u));
+}
+
 // chain Blend170A: Axpby x 170 (Map pattern)
 // spec hash cf5f2dc08ca869413118c517237c0148954b015723a80ed5e591cc982b3692c6, opcode 0xcf5f2dc0
 struct pptm_env_cf5f2dc0 {
@@ -232,6 +322,31 @@ __device__ __forceinline__ uint32_t pptm_run_087e7583(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+// chain Reverse: Mirror (Map pattern)
+// spec hash 5539843e3ea45458a130f7ad7e3bcd1ad4a8d39ccc9992da00be5981329a066c, opcode 0x5539843e
+struct pptm_env_5539843e {
+    const float* a0;  // idx
+    const float* a1;  // t
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // t_rows
+    uint64_t a5;  // t_cols
+    __device__ explicit pptm_env_5539843e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]), a5(d.args[5]) {}
+};
+struct pptm_each_5539843e {
+    pptm_env_5539843e e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_mirror(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u));
+        e.a2[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_5539843e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_5539843e e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_5539843e{e}, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain SquareA: Square (Map pattern)
 // spec hash ae2e8146302d920dd3ac40be84ea2927c06d1f70d38cc8977af2b47b06793dfb, opcode 0xae2e8146
 struct pptm_env_ae2e8146 {
@@ -290,6 +405,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x1ab6bc14u: return ((d.args[0] | d.args[1] | d.args[6] | d.args[7] | d.args[10]) & 3ull) == 0 && (d.args[11] | d.args[12]) < (1ull << 48);  // BlendGemvStepsPart1
     case 0xbd3506f7u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // BlendGemvStepsPart2
     case 0x087e7583u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4]) < (1ull << 48);  // GemvA
+    case 0x5539843eu: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // Reverse
     case 0xae2e8146u: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // SquareA
     case 0x89e9f21du: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // SumSquaresB2
     default: return true;
@@ -304,6 +420,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x1ab6bc14u: return pptm_run_1ab6bc14(d, b, partial);  // BlendGemvStepsPart1
     case 0xbd3506f7u: return pptm_run_bd3506f7(d, b, partial);  // BlendGemvStepsPart2
     case 0x087e7583u: return pptm_run_087e7583(d, b, partial);  // GemvA
+    case 0x5539843eu: return pptm_run_5539843e(d, b, partial);  // Reverse
     case 0xae2e8146u: return pptm_run_ae2e8146(d, b, partial);  // SquareA
     case 0x89e9f21du: return pptm_run_89e9f21d(d, b, partial);  // SumSquaresB2
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
@@ -325,6 +442,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0x1ab6bc14u: return true;  // BlendGemvStepsPart1
     case 0xbd3506f7u: return true;  // BlendGemvStepsPart2
     case 0x087e7583u: return true;  // GemvA
+    case 0x5539843eu: return true;  // Reverse
     case 0xae2e8146u: return true;  // SquareA
     default: return false;
     }
@@ -512,6 +630,22 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         switch (stage) {
         case 0: {  // Gemv
             pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_load_at{e.a0}, pptm_pass_acc{}, e.a2, b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x5539843eu: {  // Reverse
+        const pptm_env_5539843e e(d);
+        switch (stage) {
+        case 0: {  // Mirror
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_user_mirror(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u));
+                e.a2[i] = s0;
+            }
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

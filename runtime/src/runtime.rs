@@ -116,6 +116,9 @@ pub(crate) struct PlannedItem {
 pub(crate) struct Tile {
     pub elements: usize,
     pub blocks: u32,
+    /// The pass's grain (`ChainIr::map_elems_per_block`): a light pass strides over the
+    /// elements, a heavy one gives each block a run of them, so only equal grains line up.
+    pub per_block: usize,
     pub aligned: bool,
 }
 
@@ -1459,9 +1462,14 @@ impl Runtime {
                 match route {
                     Route::Manifold(r) if matches!(mode, SubmitMode::Plan) => {
                         drop(r);
-                        let tile = (ir.plan.pattern == pptm_spec::Pattern::Map).then(|| Tile {
+                        // A chain that reads a table reads any element of it from any block:
+                        // no tile, so its hazards wait for whole items.
+                        let tile = (ir.plan.pattern == pptm_spec::Pattern::Map
+                            && !ir.reads_tables())
+                        .then(|| Tile {
                             elements: ir.flow_elements(0, &sizes),
                             blocks: desc.blocks,
+                            per_block: ir.map_elems_per_block(),
                             aligned,
                         });
                         Ok(Routed::Planned(PlannedItem {

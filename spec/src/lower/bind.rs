@@ -462,19 +462,28 @@ impl ChainIr {
             .count();
         // (A table is read whole, never element by element: the vector loads of the light
         // pass cannot take one.)
-        let states = self.stages.iter().any(|st| {
-            st.op.states != crate::ops::StateTypes::NONE
-                || st
-                    .op
-                    .inputs
-                    .iter()
-                    .any(|p| matches!(p.ty, crate::ops::Ty::Table(..)))
-        });
+        let states = self.reads_tables()
+            || self
+                .stages
+                .iter()
+                .any(|st| st.op.states != crate::ops::StateTypes::NONE);
         if states || steps >= work::HEAVY_MAP_STEPS {
             work::HEAVY_ELEMS_PER_BLOCK
         } else {
             work::MAP_ELEMS_PER_BLOCK
         }
+    }
+
+    /// Whether a stage reads a table: a buffer read at computed coordinates, any element of it
+    /// from any thread (so an item that reads a buffer this way waits for the whole of the item
+    /// that wrote it, never tile by tile).
+    pub fn reads_tables(&self) -> bool {
+        self.stages.iter().any(|st| {
+            st.op
+                .inputs
+                .iter()
+                .any(|p| matches!(p.ty, crate::ops::Ty::Table(..)))
+        })
     }
 
     /// Elements (not channels) of the value stage `s` reads as its flow input.

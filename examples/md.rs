@@ -1,0 +1,335 @@
+//! Molecular dynamics with a learned-style force field (the model, its ops and the pipeline of
+//! a step: md/system.rs): a whole trajectory of velocity Verlet steps as one submission, with
+//! the forces from a backward pass written as ops.
+//!
+//! For each system size it:
+//! * checks the forces against central differences of the model's energy evaluated directly in
+//!   f64 (the filter network at every distance, no table; up to 50 atoms), and on a GPU against
+//!   the CPU backend, which computes in f64 (bar 1e-4 of the largest force);
+//! * checks the potential energy against the direct evaluation;
+//! * integrates 1000 NVE steps in runs of 50, and reports the drift of the total energy over the
+//!   initial kinetic energy (bar 1e-3), the list's capacity and the fastest atom against the
+//!   list's skin;
+//! * times runs of 1000 steps from the start state, each one submission, and prints the time a
+//!   step (median, p99) and the host round trips.
+//!
+//! bench/peers_md.py runs the same model in PyTorch; `--write-forces FILE` writes the forces at
+//! the start of each size for its `--check-forces FILE`.
+//!
+//!     cargo run --release --example md [-- --atoms 10,100 --write-forces FILE]
+
+use std::error::Error;
+
+use pptm::timing::Stats;
+use pptm::{BackendKind, Runtime, State};
+
+#[path = "../bench/src/inputs.rs"]
+mod inputs;
+#[path = "md/system.rs"]
+mod system;
+use system::*;
+
+/// Width of the model's features.
+const WIDTH: usize = 64;
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let rt = Runtime::new()?;
+    let gpu = rt.backend() == BackendKind::Gpu;
+    match rt.gpu_info() {
+        Some(g) => println!("backend: GPU ({}, {} SMs)", g.name, g.sm_count),
+        None => println!("backend: CPU (no usable GPU); the figures below are the CPU backend's"),
+    }
+    let sizes: Vec<usize> = match flag("--atoms") {
+        Some(list) => list
+            .split(',')
+            .map(|s| s.trim().parse())
+            .collect::<Result<_, _>>()?,
+        None if gpu => vec![10, 50, 100, 1000],
+        None => vec![10],
+    };
+    // The CPU backend is the f64 reference, not a fast path: it runs fewer steps.
+    let (steps, segment) = if gpu { (1000, 50) } else { (100, 50) };
+    let model = Model::new(WIDTH);
+    println!(
+        "width {WIDTH}, {BLOCKS} interaction blocks, r_c {R_CUT}, skin {SKIN}, dt {DT}, filters tabulated at {FILTER_POINTS} distances"
+    );
+    let cpu = Runtime::cpu();
+    let mut written = Vec::new();
+    for n in sizes {
+        let atoms = start(n);
+        let slots = list_columns(&atoms);
+        let mut md = Md::new(&rt, &model, &atoms, slots, FILTER_POINTS)?;
+        let (forces, at_start, profile) = md.evaluate(&rt)?;
+        let scale = largest(&forces);
+        println!("{n} atoms: a list of {slots} columns; largest force {scale:.3e}");
+        if gpu {
+            let mut reference = Md::new(&cpu, &model, &atoms, slots, FILTER_POINTS)?;
+            let (want, _, _) = reference.evaluate(&cpu)?;
+            if args.iter().any(|a| a == "--diagnose") {
+                diagnose(&md, &reference)?;
+                print_profile(&profile);
+            }
+            let err = relative(&forces, &want);
+            println!("  forces against the f64 CPU backend: {err:.1e}");
+            check(err, 1e-4, "forces against the CPU backend")?;
+        }
+        // The potential energy against the model evaluated directly.
+        let e = reference_energy(&model, &atoms);
+        let err = (at_start.potential - e).abs() / e.abs().max(1.0);
+        println!(
+            "  potential energy {:.6} (direct f64: {e:.6}, {err:.1e})",
+            at_start.potential
+        );
+        check(err, 1e-4, "potential energy against the direct model")?;
+        if n <= 50 {
+            let fd = finite_difference_error(&model, &atoms, &forces, 6);
+            println!("  forces against central differences of the direct energy: {fd:.1e}");
+            check(fd, 1e-3, "forces against finite differences")?;
+        }
+        written.push((n, forces));
+
+        // NVE: `steps` steps in runs of `segment`, the total energy after each.
+        let e0 = at_start.potential + at_start.kinetic;
+        let (mut drift, mut round_trips, mut fastest, mut most) = (0.0f64, 0u64, 0.0f64, 0);
+        for _ in 0..steps / segment {
+            let end = md.run(&rt, segment)?;
+            drift = drift.max((end.potential + end.kinetic - e0).abs() / at_start.kinetic);
+            round_trips = round_trips.max(end.round_trips);
+            let state = Atom::unflatten(&md.end.to_vec()?)?;
+            fastest = state
+                .iter()
+                .map(|a| (a.vx * a.vx + a.vy * a.vy + a.vz * a.vz).sqrt())
+                .fold(fastest, f64::max);
+            most = most.max(most_neighbours(&state));
+            md.start.write(&Atom::flatten(&state))?;
+        }
+        println!(
+            "  NVE over {steps} steps: drift {drift:.2e} of the kinetic energy (bar 1e-3); \
+             {round_trips} round trip(s) a run of {segment}; at most {most} neighbours in the \
+             list's {slots} columns; fastest atom {fastest:.2} (the list holds while it stays \
+             under {:.0})",
+            (SKIN / 2.0) / (REBUILD_EVERY as f64 * DT)
+        );
+        check(drift, 1e-3, "energy drift")?;
+        if most > slots {
+            return Err(format!("{most} neighbours overflow the list's {slots} columns").into());
+        }
+        if fastest * REBUILD_EVERY as f64 * DT >= SKIN / 2.0 {
+            return Err(format!("an atom at speed {fastest} outruns the list's skin").into());
+        }
+
+        // Timing: runs of `steps` steps from the start state, each one submission.
+        md.start.write(&Atom::flatten(&atoms))?;
+        let reps = if gpu { 10 } else { 1 };
+        let mut times = Vec::with_capacity(reps);
+        let mut trips = 0;
+        for rep in 0..=reps {
+            let t = std::time::Instant::now();
+            let end = md.run(&rt, steps)?;
+            let took = t.elapsed();
+            trips = end.round_trips;
+            if rep > 0 {
+                times.push(took / steps as u32);
+            }
+        }
+        println!(
+            "  {steps} steps as one pipeline: {} a step ({trips} host round trip(s) a run)",
+            Stats::of(times)
+        );
+    }
+    if let Some(path) = flag("--write-forces") {
+        let lines: Vec<String> = written
+            .iter()
+            .map(|(n, f)| {
+                let flat: Vec<String> = f.iter().flatten().map(|v| format!("{v:e}")).collect();
+                format!(
+                    "{{\"atoms\": {n}, \"width\": {WIDTH}, \"forces\": [{}]}}",
+                    flat.join(", ")
+                )
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n")?;
+        println!("wrote the start forces to {path}");
+    }
+    Ok(())
+}
+
+/// Each buffer of the last evaluation on both backends: its NaNs and the largest difference.
+fn diagnose(got: &Md, want: &Md) -> Result<(), Box<dyn Error>> {
+    for ((name, g), (_, w)) in got.buffers()?.iter().zip(want.buffers()?) {
+        let nans = g.iter().filter(|v| v.is_nan()).count();
+        let diff = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        println!(
+            "  {name:>10}: {} values, {nans} NaN, largest difference {diff:.2e} (largest value {scale:.2e}); first {:?}",
+            g.len(),
+            &g[..g.len().min(6)]
+        );
+    }
+    Ok(())
+}
+
+/// The forces' items on the device: each one's time and the gap before it.
+fn print_profile(profile: &[(String, Option<(u64, u64)>)]) {
+    let mut last_end = None;
+    let (mut busy, mut gaps) = (0u64, 0u64);
+    for (name, span) in profile {
+        if let Some((a, b)) = span {
+            let gap = last_end.map_or(0, |e: u64| a.saturating_sub(e));
+            println!(
+                "  {name:>16}: {:8.2} µs (after {:6.2} µs)",
+                (b - a) as f64 / 1e3,
+                gap as f64 / 1e3
+            );
+            busy += b - a;
+            gaps += gap;
+            last_end = Some(*b);
+        }
+    }
+    println!(
+        "  items {:.1} µs, hand-offs {:.1} µs",
+        busy as f64 / 1e3,
+        gaps as f64 / 1e3
+    );
+}
+
+fn check(err: f64, bar: f64, what: &str) -> Result<(), Box<dyn Error>> {
+    if err.is_nan() || err > bar {
+        return Err(format!("{what}: {err:e} exceeds {bar:e}").into());
+    }
+    Ok(())
+}
+
+fn largest(forces: &[[f64; 3]]) -> f64 {
+    forces.iter().flatten().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// The largest difference of two force sets over the larger force of `want`.
+fn relative(got: &[[f64; 3]], want: &[[f64; 3]]) -> f64 {
+    let diff = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(a, b)| {
+            if a.is_nan() {
+                f64::INFINITY
+            } else {
+                (a - b).abs()
+            }
+        })
+        .fold(0.0, f64::max);
+    diff / largest(want).max(1e-30)
+}
+
+/// The largest difference of `forces` from central differences of [`reference_energy`] over
+/// `coords` coordinates spread over the atoms, relative to the largest force.
+fn finite_difference_error(
+    model: &Model,
+    atoms: &[Atom],
+    forces: &[[f64; 3]],
+    coords: usize,
+) -> f64 {
+    let h = 1e-5;
+    let n = atoms.len();
+    let mut worst = 0.0f64;
+    for k in 0..coords.min(3 * n) {
+        let (i, c) = ((k * 7919) % n, k % 3);
+        let moved = |d: f64| {
+            let mut a = atoms.to_vec();
+            match c {
+                0 => a[i].x += d,
+                1 => a[i].y += d,
+                _ => a[i].z += d,
+            }
+            reference_energy(model, &a)
+        };
+        let fd = -(moved(h) - moved(-h)) / (2.0 * h);
+        worst = worst.max((fd - forces[i][c]).abs());
+    }
+    worst / largest(forces).max(1e-30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Few distances: the tables build fast in a debug test, and Hermite interpolation is still
+    /// within 1e-6 of the network.
+    const POINTS: usize = 256;
+
+    /// The forces of the CPU backend are the gradient of the model's energy evaluated directly
+    /// (every coordinate, central differences), and its potential energy is that energy, for
+    /// one atom (no edges) and for 7.
+    #[test]
+    fn forces_are_the_gradient_of_the_direct_energy() {
+        let rt = Runtime::cpu();
+        let model = Model::new(WIDTH);
+        for n in [1usize, 7] {
+            let atoms = start(n);
+            let mut md = Md::new(&rt, &model, &atoms, list_columns(&atoms), POINTS).unwrap();
+            let (forces, at, _) = md.evaluate(&rt).unwrap();
+            let e = reference_energy(&model, &atoms);
+            assert!(
+                (at.potential - e).abs() < 1e-5 * e.abs().max(1.0),
+                "{n} atoms: {} against {e}",
+                at.potential
+            );
+            let kinetic: f64 = atoms
+                .iter()
+                .map(|a| 0.5 * f64::from((a.vx * a.vx + a.vy * a.vy + a.vz * a.vz) as f32))
+                .sum();
+            assert!((at.kinetic - kinetic).abs() < 1e-5 * kinetic.max(1.0));
+            if n == 1 {
+                assert_eq!(forces, vec![[0.0; 3]], "one atom feels no force");
+                continue;
+            }
+            let err = finite_difference_error(&model, &atoms, &forces, 3 * n);
+            assert!(
+                err < 1e-4,
+                "{n} atoms: forces {err:e} from finite differences"
+            );
+        }
+    }
+
+    /// A short NVE run conserves the total energy, and its state is written in full.
+    #[test]
+    fn a_run_conserves_energy() {
+        let rt = Runtime::cpu();
+        let model = Model::new(WIDTH);
+        let atoms = start(7);
+        let mut md = Md::new(&rt, &model, &atoms, list_columns(&atoms), POINTS).unwrap();
+        let (_, at, _) = md.evaluate(&rt).unwrap();
+        let end = md.run(&rt, 20).unwrap();
+        let drift = (end.potential + end.kinetic - at.potential - at.kinetic).abs() / at.kinetic;
+        assert!(drift < 1e-4, "drift {drift:e}");
+        let state = md.end.to_vec().unwrap();
+        assert!(state.iter().all(|v| v.is_finite()), "{state:?}");
+        let moved = Atom::unflatten(&state).unwrap();
+        assert!(moved.iter().zip(&atoms).all(|(a, b)| a != b));
+    }
+
+    /// A run of steps that are not a whole number of list rebuilds is a typed error.
+    #[test]
+    fn runs_are_whole_rebuild_periods() {
+        let rt = Runtime::cpu();
+        let model = Model::new(WIDTH);
+        let atoms = start(3);
+        let mut md = Md::new(&rt, &model, &atoms, 2, POINTS).unwrap();
+        for steps in [0, 7] {
+            assert!(matches!(
+                md.run(&rt, steps),
+                Err(pptm::Error::BadArguments { .. })
+            ));
+        }
+    }
+}
