@@ -16,7 +16,10 @@
 //! bench/peers_md.py runs the same model in PyTorch; `--write-forces FILE` writes the forces at
 //! the start of each size for its `--check-forces FILE`.
 //!
-//!     cargo run --release --example md [-- --atoms 10,100 --write-forces FILE]
+//! On a GPU, `--diagnose` also compares every buffer of a force evaluation with the CPU
+//! backend's and prints each item's time on the device.
+//!
+//!     cargo run --release --example md [-- --atoms 10,100 --write-forces FILE --diagnose]
 
 use std::error::Error;
 
