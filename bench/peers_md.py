@@ -4,6 +4,7 @@
     python3 bench/peers_md.py [--atoms 10,50,100,1000,10000] [--steps 1000] [--width 64]
                               [--variants eager,graph,compile,compile-graph] [--out FILE]
                               [--quick] [--cpu-smoke] [--check-forces FILE]
+                              [--bench-json FILE]
 
 The model, fixed here so that pptm's version can be held to it (every weight comes from the
 splitmix64 streams of bench/peers.py's `uniform`, as pptm-bench's inputs do):
@@ -42,6 +43,11 @@ Variants, float32 on CUDA, one MD step = forces + a Verlet update (the list chec
   * compile-graph  -- the compiled step, 10 steps captured in one CUDA graph
 Each prints the per-step latency (median and p99 over runs of 100 steps, CUDA events and host
 clocks around synchronised work, after warm-up).
+
+--bench-json also writes the rows at 10, 100 and 1000 atoms as pptm-bench results (source
+"peers", chain "md", sizes small, medium, large; one run of 100 steps each, its total energy at
+the end checked against the float64 start's, as pptm-bench's case `md` is), which bench/run
+merges into REPORT.md.
 """
 
 import argparse
@@ -294,7 +300,33 @@ def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
         host_s.append((time.perf_counter() - t0) / 100)
         if cuda:
             device_s.append(a.elapsed_time(b) * 1e-3 / 100)
-    return (device_s or None), host_s
+    e, _ = forces(torch, p, x, table, valid)
+    total = float(e) + 0.5 * float((v.double() * v.double()).sum())
+    return (device_s or None), host_s, total
+
+
+# pptm-bench's sizes of its case `md` (bench/src/cases.rs), by atom count, and its variants' names.
+BENCH_SIZES = {10: "small", 100: "medium", 1000: "large"}
+BENCH_STEPS = 100
+BENCH_NAMES = {"eager": "torch eager", "graph": "torch eager + CUDA graph",
+               "compile": "torch.compile default", "compile-graph": "torch.compile + CUDA graph"}
+
+
+def bench_measurement(variant, n, m, width, device_s, host_s, total, e0, kin0):
+    """One row of pptm-bench's results schema (bench/src/record.rs, Measurement): a run of
+    BENCH_STEPS steps, with the bytes and flops cases.rs counts for the case `md`."""
+    from peers import stat  # the same median and p99 as peers.py's rows
+    runs = [t * BENCH_STEPS for t in host_s]
+    host = stat(runs)
+    points = 512  # pptm's filter tables (examples/md/system.rs FILTER_POINTS)
+    bytes_ = n * 6 * 4 * 2 + 3 * points * 2 * width * 4
+    flops = BENCH_STEPS * (19 * 2 * n * width * width + 6 * 12 * n * m * width)
+    return dict(chain="md", size=BENCH_SIZES[n],
+                shape=f"{n} atoms x {BENCH_STEPS} steps, width {width}, a list of {m}",
+                x=float(n), variant=BENCH_NAMES[variant], host_us=host,
+                device_us=stat([t * BENCH_STEPS for t in device_s]) if device_s else None,
+                gbps=bytes_ / (host["median"] * 1e3), tflops=flops / (host["median"] * 1e6),
+                max_rel_err=abs(total - e0) / max(kin0, abs(e0)), value=total)
 
 
 def check_forces(torch, path, device):
@@ -333,6 +365,8 @@ def main():
     ap.add_argument("--out", help="write one JSON object per (variant, atoms) line here")
     ap.add_argument("--quick", action="store_true", help="few repetitions")
     ap.add_argument("--cpu-smoke", action="store_true", help="no CUDA: checks and eager on the CPU")
+    ap.add_argument("--bench-json", metavar="FILE",
+                    help="also write pptm-bench results (schema pptm-bench/1) here")
     ap.add_argument("--check-forces", metavar="FILE",
                     help="compare the forces examples/md.rs --write-forces wrote, and exit")
     a = ap.parse_args()
@@ -357,10 +391,13 @@ def main():
           f"width {a.width}, {BLOCKS} interaction blocks, r_c {R_CUT}, skin {SKIN}, dt {DT}")
     p64 = model_weights(torch, a.width, torch.float64, device)
     p32 = model_weights(torch, a.width, torch.float32, device)
-    rows, compiled = [], {}
+    rows, compiled, bench = [], {}, []
     for n in sizes:
-        x, _ = system(torch, n, torch.float64, device)
+        x, v = system(torch, n, torch.float64, device)
         table, valid, m = neighbour_table(torch, x)
+        e_start, _ = forces(torch, p64, x, table, valid)
+        kin0 = 0.5 * float((v * v).sum())
+        e0 = float(e_start) + kin0
         fd = finite_difference_check(torch, p64, x, table, valid)
         drift, rebuilds = nve_drift(torch, p64, n, steps, device) if n <= 1000 else (None, None)
         print(f"{n} atoms: a list of {m} columns; forces vs finite differences "
@@ -372,7 +409,8 @@ def main():
                        force_fd_err=fd, nve_drift=drift, steps=steps)
             try:
                 with torch.no_grad():
-                    dev, host = timed_run(torch, variant, p32, n, cuda, reps, device, compiled)
+                    dev, host, total = timed_run(torch, variant, p32, n, cuda, reps, device,
+                                                 compiled)
                 timed = dev or host
                 row.update(status="ok", step_us=statistics.median(timed) * 1e6,
                            step_p99_us=sorted(timed)[min(len(timed) - 1,
@@ -380,10 +418,16 @@ def main():
                            host_step_us=statistics.median(host) * 1e6, reps=len(host))
                 print(f"  {variant:<14} {row['step_us']:10.1f} µs a step "
                       f"(p99 {row['step_p99_us']:.1f}; host {row['host_step_us']:.1f})", flush=True)
+                if n in BENCH_SIZES:
+                    bench.append(bench_measurement(variant, n, m, a.width, dev, host, total, e0,
+                                                   kin0))
             except Exception as e:  # a failing peer is reported; the others still run
                 row.update(status="failed", note=f"{type(e).__name__}: {str(e)[:200]}")
                 print(f"  {variant:<14} failed: {row['note']}", flush=True)
             rows.append(row)
+    if a.bench_json:
+        from peers_geodesics import write_bench_json  # the same document as the geodesics peers'
+        write_bench_json(torch, a.bench_json, bench, a.quick)
     if a.out:
         with open(a.out, "w") as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))

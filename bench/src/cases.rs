@@ -233,6 +233,11 @@ pub fn all() -> Vec<Case> {
     for (size, steps) in [("small", 100usize), ("large", 1000)] {
         cases.push(geodesics(size, steps));
     }
+    // Molecular dynamics with a learned force field (examples/md.rs): 100 velocity Verlet steps
+    // of 10, 100 and 1000 atoms, one submission.
+    for (size, atoms) in SIZES.into_iter().zip([10usize, 100, 1000]) {
+        cases.push(md(size, atoms));
+    }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
     for (size, (rows, cols)) in
         SIZES
@@ -245,7 +250,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 25] = [
+pub const CHAINS: [&str; 26] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -271,6 +276,7 @@ pub const CHAINS: [&str; 25] = [
     "matmul_bias_gelu_fp8",
     "batched_matmul_bias_gelu_bf16",
     "geodesics",
+    "md",
 ];
 
 fn scalar(t: pptm::Timed<f32>, read: bool) -> Sample {
@@ -1311,9 +1317,71 @@ fn geodesics(size: &'static str, steps: usize) -> Case {
     }
 }
 
+/// Steps of one timed run of the case `md`.
+pub const MD_STEPS: usize = 100;
+
+/// The molecular-dynamics example's system (examples/md/system.rs, shared with it): `MD_STEPS`
+/// velocity Verlet steps of `atoms` atoms from the start state, one pipeline (one submission on
+/// the GPU; the run also evaluates the forces at its start and end). The check is the total
+/// energy at the end against the start's, which the f64 CPU backend evaluates: the run conserves
+/// it (examples/md.rs measures the drift over 1000 steps), and a wrong force would not.
+fn md(size: &'static str, atoms: usize) -> Case {
+    use crate::md_system::{FILTER_POINTS, Md, Model, VerletStep, list_columns, start};
+    const WIDTH: usize = 64;
+    let slots = list_columns(&start(atoms));
+    let (n, f, m) = (atoms as f64, WIDTH as f64, slots as f64);
+    Case {
+        chain: "md",
+        domain: VerletStep::DOMAIN.name,
+        size,
+        shape: format!("{atoms} atoms x {MD_STEPS} steps, width {WIDTH}, a list of {slots}"),
+        x: atoms as f64,
+        // The state in and out and the filter tables once (the rest stays in L2).
+        bytes: n * 6.0 * 4.0 * 2.0 + 3.0 * FILTER_POINTS as f64 * 2.0 * f * 4.0,
+        // A step: 19 dense layers of n x F x F (forward, backward), and six convolutions over
+        // n x M edges of F features, about 12 flops a feature-edge.
+        flops: MD_STEPS as f64 * (19.0 * 2.0 * n * f * f + 6.0 * 12.0 * n * m * f),
+        prepare: Box::new(move |rt| {
+            let a = start(atoms);
+            let mut md = Md::new(rt, &Model::new(WIDTH), &a, slots, FILTER_POINTS)?;
+            Ok(Box::new(move |read| {
+                let end = md.run(rt, MD_STEPS)?;
+                Ok(Sample {
+                    device: None,
+                    got: read.then(|| Got::Scalar(end.potential + end.kinetic)),
+                })
+            }))
+        }),
+        expect: Box::new(move || {
+            let cpu = Runtime::cpu();
+            let a = start(atoms);
+            let (_, at, _) = Md::new(&cpu, &Model::new(WIDTH), &a, slots, FILTER_POINTS)
+                .and_then(|mut md| md.evaluate(&cpu))
+                .expect("the CPU backend evaluates the start state");
+            Expect::Scalar {
+                value: at.potential + at.kinetic,
+                scale: at.kinetic,
+            }
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The case `md` on the CPU backend passes its own check: a run of MD_STEPS steps ends at
+    /// the start's total energy, within pptm-bench's bar.
+    #[test]
+    fn the_md_case_conserves_energy_on_the_cpu() {
+        let case = md("small", 10);
+        let want = (case.expect)();
+        let rt = Runtime::cpu();
+        let mut run = (case.prepare)(&rt).unwrap();
+        let got = run(true).unwrap().got.unwrap();
+        let err = check(&want, &got).unwrap();
+        assert!(err < 1e-4, "{err:e}");
+    }
 
     #[test]
     fn generator_is_counter_based_and_in_range() {

@@ -26,6 +26,10 @@ mod cublas;
 #[path = "../../examples/geodesics/system.rs"]
 mod geodesic_system;
 mod inputs;
+/// The MD example's model, ops, chains and pipeline, shared with it.
+#[allow(dead_code)]
+#[path = "../../examples/md/system.rs"]
+mod md_system;
 mod own_ops;
 mod record;
 mod report;

@@ -557,6 +557,7 @@ fn plot(files: &[(PathBuf, Results)], path: &Path) -> Result<(), BoxError> {
             | "dependent_gemv_kept" => "dependent steps",
             "matmul_bias_gelu" => "m (shapes in REPORT.md)",
             "geodesics" => "RK4 steps",
+            "md" => "atoms",
             _ => "matrix side (m = n)",
         };
         let mut chart = ChartBuilder::on(area)
