@@ -19,7 +19,7 @@
 //! On a GPU, `--diagnose` also compares every buffer of a force evaluation with the CPU
 //! backend's and prints each item's time on the device.
 //!
-//!     cargo run --release --example md [-- --atoms 10,100 --write-forces FILE --diagnose]
+//!     cargo run --release --example md [-- --atoms 10,100 --width 128 --write-forces FILE --diagnose]
 
 use std::error::Error;
 
@@ -32,7 +32,7 @@ mod inputs;
 mod system;
 use system::*;
 
-/// Width of the model's features.
+/// Width of the model's features (`--width` takes 64 or 128, as bench/peers_md.py does).
 const WIDTH: usize = 64;
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -58,9 +58,16 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     // The CPU backend is the f64 reference, not a fast path: it runs fewer steps.
     let (steps, segment) = if gpu { (1000, 50) } else { (100, 50) };
-    let model = Model::new(WIDTH);
+    let width = match flag("--width") {
+        Some(w) => match w.parse::<usize>() {
+            Ok(w @ (64 | 128)) => w,
+            _ => return Err(format!("--width {w}: the model's width is 64 or 128").into()),
+        },
+        None => WIDTH,
+    };
+    let model = Model::new(width);
     println!(
-        "width {WIDTH}, {BLOCKS} interaction blocks, r_c {R_CUT}, skin {SKIN}, dt {DT}, filters tabulated at {FILTER_POINTS} distances"
+        "width {width}, {BLOCKS} interaction blocks, r_c {R_CUT}, skin {SKIN}, dt {DT}, filters tabulated at {FILTER_POINTS} distances"
     );
     let cpu = Runtime::cpu();
     let mut written = Vec::new();
@@ -152,7 +159,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             .map(|(n, f)| {
                 let flat: Vec<String> = f.iter().flatten().map(|v| format!("{v:e}")).collect();
                 format!(
-                    "{{\"atoms\": {n}, \"width\": {WIDTH}, \"forces\": [{}]}}",
+                    "{{\"atoms\": {n}, \"width\": {width}, \"forces\": [{}]}}",
                     flat.join(", ")
                 )
             })
@@ -276,8 +283,8 @@ mod tests {
     #[test]
     fn forces_are_the_gradient_of_the_direct_energy() {
         let rt = Runtime::cpu();
-        let model = Model::new(WIDTH);
-        for n in [1usize, 7] {
+        for (n, width) in [(1usize, WIDTH), (7, WIDTH), (4, 128)] {
+            let model = Model::new(width);
             let atoms = start(n);
             let mut md = Md::new(&rt, &model, &atoms, list_columns(&atoms), POINTS).unwrap();
             let (forces, at, _) = md.evaluate(&rt).unwrap();
