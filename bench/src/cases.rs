@@ -1348,7 +1348,7 @@ fn md(size: &'static str, atoms: usize) -> Case {
                 let end = md.run(rt, MD_STEPS)?;
                 Ok(Sample {
                     device: None,
-                    got: read.then(|| Got::Scalar(end.potential + end.kinetic)),
+                    got: read.then_some(Got::Scalar(end.potential + end.kinetic)),
                 })
             }))
         }),
