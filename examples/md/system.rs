@@ -796,6 +796,10 @@ struct Handles<'p> {
     partials: [PipeOutput; BLOCKS],
 }
 
+/// Items of a pipeline, named, each with its span on the device's clock (ns) where the backend
+/// measures one.
+pub type ItemSpans = Vec<(String, Option<(u64, u64)>)>;
+
 /// What one run gives: the energies at its end.
 #[derive(Debug, Clone, Copy)]
 pub struct RunEnd {
@@ -1035,11 +1039,7 @@ impl Md {
     /// The forces F_i = −∂E/∂x_i at the start state, by the backward pass, and the potential
     /// and kinetic energies there: one pipeline. Also each item of the forces, named, with its
     /// span on the device's clock (ns) where the backend measures one.
-    #[allow(clippy::type_complexity)]
-    pub fn evaluate(
-        &mut self,
-        rt: &Runtime,
-    ) -> pptm::Result<(Vec<[f64; 3]>, RunEnd, Vec<(String, Option<(u64, u64)>)>)> {
+    pub fn evaluate(&mut self, rt: &Runtime) -> pptm::Result<(Vec<[f64; 3]>, RunEnd, ItemSpans)> {
         let shape = (self.n, self.width, self.slots, self.points);
         let mut p = rt.pipeline();
         let h = Md::handles(
