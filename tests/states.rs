@@ -156,6 +156,56 @@ pub struct Pulled {
     step: Pull,
 }
 
+/// A weighted local quadratic fit at `s` through a table of points (x in column 0, y in column
+/// 1): the normal equations of the basis (1, d, d²), d = x − s, with Gaussian weights, built and
+/// solved by elimination in local arrays; the fit's value at s. A small least-squares problem
+/// per element, as a continuum fit per spectrum is.
+#[op(f32_form)]
+pub fn local_quadratic(s: f64, points: Table, width: f32) -> f64 {
+    let mut a = [0.0_f64; 9];
+    let mut b = [0.0_f64; 3];
+    let w2 = width as f64 * width as f64;
+    for j in 0..points.rows() {
+        let d = points.at(j, 0) - s;
+        let w = (-(d * d) / w2).exp();
+        let basis = [1.0, d, d * d];
+        for r in 0..3 {
+            b[r] += w * basis[r] * points.at(j, 1);
+            for c in 0..3 {
+                a[3 * r + c] += w * basis[r] * basis[c];
+            }
+        }
+    }
+    // Elimination without pivoting: the matrix is symmetric positive definite.
+    for k in 0..3 {
+        for r in k + 1..3 {
+            let f = a[3 * r + k] / a[3 * k + k];
+            for c in k..3 {
+                a[3 * r + c] -= f * a[3 * k + c];
+            }
+            b[r] -= f * b[k];
+        }
+    }
+    let mut x = [0.0_f64; 3];
+    for i in 0..3 {
+        let r = 2 - i;
+        let mut acc = b[r];
+        for c in r + 1..3 {
+            acc -= a[3 * r + c] * x[c];
+        }
+        x[r] = acc / a[3 * r + r];
+    }
+    x[0]
+}
+
+/// The fit at every element.
+#[derive(FusionBuilder)]
+#[fusion(domain = "states")]
+pub struct LocalFit {
+    #[stage(1)]
+    fit: LocalQuadratic,
+}
+
 /// Whether `submitted` is the unfused-graph variant's typed refusal of a chain of more than a few
 /// stages beside a resident manifold (runtime/src/gpu/graphs.rs; docs/ops.md): said, and the
 /// check skipped. Any other result, error or not, is the caller's to judge.
@@ -474,7 +524,72 @@ fn ops_loop_over_a_table(rt: &Runtime) {
     }
 }
 
+/// Local arrays in an op (`LocalQuadratic`): a 3 x 3 system per element, against the same fit
+/// solved here by Cramer's rule in f64.
+fn ops_solve_small_systems_in_local_arrays(rt: &Runtime) {
+    let m = 64usize;
+    let xs = uniform(m, -4.0, 4.0);
+    let ys: Vec<f32> = xs
+        .iter()
+        .zip(uniform(m, -0.1, 0.1))
+        .map(|(&x, e)| (f64::from(x).sin() as f32) + e)
+        .collect();
+    let table: Vec<f32> = xs.iter().zip(&ys).flat_map(|(&x, &y)| [x, y]).collect();
+    let t = rt.upload(&table).unwrap();
+    let width = 1.5f32;
+    let fit = |s: f64| {
+        let (mut a, mut b) = ([[0.0f64; 3]; 3], [0.0f64; 3]);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            let d = f64::from(x) - s;
+            let w = (-(d * d) / f64::from(width).powi(2)).exp();
+            let basis = [1.0, d, d * d];
+            for r in 0..3 {
+                b[r] += w * basis[r] * f64::from(y);
+                for c in 0..3 {
+                    a[r][c] += w * basis[r] * basis[c];
+                }
+            }
+        }
+        let det = |m: [[f64; 3]; 3]| {
+            m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+                - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+        };
+        let mut first = a;
+        for r in 0..3 {
+            first[r][0] = b[r];
+        }
+        det(first) / det(a)
+    };
+    for n in [1usize, 7, 1023, 4099] {
+        let at = uniform(n, -3.0, 3.0);
+        let input = rt.upload(&at).unwrap();
+        let mut out = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let submitted = LocalFit::submit(rt, &input, &t, width, &mut out, m, 2);
+        if graph_unavailable(rt, &submitted) {
+            return;
+        }
+        submitted.unwrap().wait().unwrap();
+        for (i, (&got, &s)) in out.to_vec().unwrap().iter().zip(&at).enumerate() {
+            let want = fit(f64::from(s));
+            // The CPU backend runs the f64 function; the device its f32 form, where the normal
+            // equations lose about their condition number times 2^-24.
+            let bar = if rt.backend() == pptm::BackendKind::Cpu {
+                1e-6
+            } else {
+                1e-3
+            };
+            assert!(
+                (f64::from(got) - want).abs() <= bar,
+                "{}: fit {i} of {n} at {s}: {got} against {want}",
+                rt.describe()
+            );
+        }
+    }
+}
+
 on_every_backend!(
+    ops_solve_small_systems_in_local_arrays,
     ops_loop_over_a_table,
     states_step_in_one_pass,
     states_mix_with_values,

@@ -191,6 +191,151 @@ __device__ __forceinline__ pptm_state_Osc pptm_user_kick(pptm_state_Osc s, float
     return [&]() -> pptm_state_Osc { pptm_state_Osc pptm_s = s; pptm_s.v = (s.v + (((double)dt) * ((double)force))); return pptm_s; }();
 }
 
+// #[pptm::op] fn local_quadratic
+__device__ __forceinline__ double pptm_user_local_quadratic(double s, pptm_table points, float width) {
+    double a[9];
+    {
+        const double pptm_fill_0 = 0.0;
+        for (unsigned int pptm_k = 0u; pptm_k < 9u; ++pptm_k) a[pptm_k] = pptm_fill_0;
+    }
+    double b[3];
+    {
+        const double pptm_fill_1 = 0.0;
+        for (unsigned int pptm_k = 0u; pptm_k < 3u; ++pptm_k) b[pptm_k] = pptm_fill_1;
+    }
+    const double w2 = (((double)width) * ((double)width));
+    {
+        const unsigned int pptm_end_2 = pptm_table_rows(points);
+        for (unsigned int j = 0u; j < pptm_end_2; ++j) {
+            const double d = (pptm_table_at<double>(points, j, 0u) - s);
+            const double w = exp(((-(d * d)) / w2));
+            double basis[3] = {1.0, d, (d * d)};
+            {
+                const unsigned int pptm_end_3 = 3u;
+                for (unsigned int r = 0u; r < pptm_end_3; ++r) {
+                    b[min(r, 2u)] += ((w * basis[min(r, 2u)]) * pptm_table_at<double>(points, j, 1u));
+                    {
+                        const unsigned int pptm_end_4 = 3u;
+                        for (unsigned int c = 0u; c < pptm_end_4; ++c) {
+                            a[min(((3u * r) + c), 8u)] += ((w * basis[min(r, 2u)]) * basis[min(c, 2u)]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    {
+        const unsigned int pptm_end_5 = 3u;
+        for (unsigned int k = 0u; k < pptm_end_5; ++k) {
+            {
+                const unsigned int pptm_end_6 = 3u;
+                for (unsigned int r = (k + 1u); r < pptm_end_6; ++r) {
+                    const double f = (a[min(((3u * r) + k), 8u)] / a[min(((3u * k) + k), 8u)]);
+                    {
+                        const unsigned int pptm_end_7 = 3u;
+                        for (unsigned int c = k; c < pptm_end_7; ++c) {
+                            a[min(((3u * r) + c), 8u)] -= (f * a[min(((3u * k) + c), 8u)]);
+                        }
+                    }
+                    b[min(r, 2u)] -= (f * b[min(k, 2u)]);
+                }
+            }
+        }
+    }
+    double x[3];
+    {
+        const double pptm_fill_8 = 0.0;
+        for (unsigned int pptm_k = 0u; pptm_k < 3u; ++pptm_k) x[pptm_k] = pptm_fill_8;
+    }
+    {
+        const unsigned int pptm_end_9 = 3u;
+        for (unsigned int i = 0u; i < pptm_end_9; ++i) {
+            const unsigned int r = (2u - i);
+            double acc = b[min(r, 2u)];
+            {
+                const unsigned int pptm_end_10 = 3u;
+                for (unsigned int c = (r + 1u); c < pptm_end_10; ++c) {
+                    acc -= (a[min(((3u * r) + c), 8u)] * x[min(c, 2u)]);
+                }
+            }
+            x[min(r, 2u)] = (acc / a[min(((3u * r) + r), 8u)]);
+        }
+    }
+    return x[min(0u, 2u)];
+}
+// #[pptm::op(f32_form)] fn local_quadratic
+__device__ __forceinline__ float pptm_user_local_quadratic(float s, pptm_table points, float width) {
+    float a[9];
+    {
+        const float pptm_fill_0 = 0.0f;
+        for (unsigned int pptm_k = 0u; pptm_k < 9u; ++pptm_k) a[pptm_k] = pptm_fill_0;
+    }
+    float b[3];
+    {
+        const float pptm_fill_1 = 0.0f;
+        for (unsigned int pptm_k = 0u; pptm_k < 3u; ++pptm_k) b[pptm_k] = pptm_fill_1;
+    }
+    const float w2 = (width * width);
+    {
+        const unsigned int pptm_end_2 = pptm_table_rows(points);
+        for (unsigned int j = 0u; j < pptm_end_2; ++j) {
+            const float d = (pptm_table_at<float>(points, j, 0u) - s);
+            const float w = expf(((-(d * d)) / w2));
+            float basis[3] = {1.0f, d, (d * d)};
+            {
+                const unsigned int pptm_end_3 = 3u;
+                for (unsigned int r = 0u; r < pptm_end_3; ++r) {
+                    b[min(r, 2u)] += ((w * basis[min(r, 2u)]) * pptm_table_at<float>(points, j, 1u));
+                    {
+                        const unsigned int pptm_end_4 = 3u;
+                        for (unsigned int c = 0u; c < pptm_end_4; ++c) {
+                            a[min(((3u * r) + c), 8u)] += ((w * basis[min(r, 2u)]) * basis[min(c, 2u)]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    {
+        const unsigned int pptm_end_5 = 3u;
+        for (unsigned int k = 0u; k < pptm_end_5; ++k) {
+            {
+                const unsigned int pptm_end_6 = 3u;
+                for (unsigned int r = (k + 1u); r < pptm_end_6; ++r) {
+                    const float f = (a[min(((3u * r) + k), 8u)] / a[min(((3u * k) + k), 8u)]);
+                    {
+                        const unsigned int pptm_end_7 = 3u;
+                        for (unsigned int c = k; c < pptm_end_7; ++c) {
+                            a[min(((3u * r) + c), 8u)] -= (f * a[min(((3u * k) + c), 8u)]);
+                        }
+                    }
+                    b[min(r, 2u)] -= (f * b[min(k, 2u)]);
+                }
+            }
+        }
+    }
+    float x[3];
+    {
+        const float pptm_fill_8 = 0.0f;
+        for (unsigned int pptm_k = 0u; pptm_k < 3u; ++pptm_k) x[pptm_k] = pptm_fill_8;
+    }
+    {
+        const unsigned int pptm_end_9 = 3u;
+        for (unsigned int i = 0u; i < pptm_end_9; ++i) {
+            const unsigned int r = (2u - i);
+            float acc = b[min(r, 2u)];
+            {
+                const unsigned int pptm_end_10 = 3u;
+                for (unsigned int c = (r + 1u); c < pptm_end_10; ++c) {
+                    acc -= (a[min(((3u * r) + c), 8u)] * x[min(c, 2u)]);
+                }
+            }
+            x[min(r, 2u)] = (acc / a[min(((3u * r) + r), 8u)]);
+        }
+    }
+    return x[min(0u, 2u)];
+}
+
 // #[pptm::op] fn lookup
 __device__ __forceinline__ float pptm_user_lookup(float x, float col, pptm_table t) {
     const float nearest = ((float)pptm_table_at<double>(t, pptm_user_to_u32(fmaxf(x, 0.0f)), pptm_user_to_u32(col)));
@@ -348,6 +493,32 @@ struct pptm_each_9fa95902 {
 __device__ __noinline__ uint32_t pptm_run_9fa95902(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9fa95902 e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_9fa95902{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain LocalFit: LocalQuadratic (Map pattern)
+// spec hash 937e18507af3117b21937a7cba3da7bff45e2c3db8519670373786a653d125d6, opcode 0x937e1850
+struct pptm_env_937e1850 {
+    const float* a0;  // s
+    const float* a1;  // points
+    float a2;  // width
+    float* a3;  // out
+    uint64_t a4;  // n
+    uint64_t a5;  // points_rows
+    uint64_t a6;  // points_cols
+    __device__ explicit pptm_env_937e1850(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_each_937e1850 {
+    pptm_env_937e1850 e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_local_quadratic(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
+        e.a3[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_937e1850(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_937e1850 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_937e1850{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -543,6 +714,7 @@ __device__ __forceinline__ double pptm_finish_0a0c3382(const pptm_desc& d, const
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x9fa95902u: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6]) < (1ull << 48);  // KickedEnergy
+    case 0x937e1850u: return ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // LocalFit
     case 0x4dcb6ca6u: return ((d.args[0] | d.args[4]) & 3ull) == 0 && (d.args[5]) < (1ull << 48);  // Oscillate
     case 0x69542c5bu: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // Pulled
     case 0xd0b4993du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // TableLookup
@@ -556,6 +728,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0x9fa95902u: return pptm_run_9fa95902(d, b, partial);  // KickedEnergy
+    case 0x937e1850u: return pptm_run_937e1850(d, b, partial);  // LocalFit
     case 0x4dcb6ca6u: return pptm_run_4dcb6ca6(d, b, partial);  // Oscillate
     case 0x69542c5bu: return pptm_run_69542c5b(d, b, partial);  // Pulled
     case 0xd0b4993du: return pptm_run_d0b4993d(d, b, partial);  // TableLookup
@@ -576,6 +749,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x9fa95902u: return true;  // KickedEnergy
+    case 0x937e1850u: return true;  // LocalFit
     case 0x4dcb6ca6u: return true;  // Oscillate
     case 0x69542c5bu: return true;  // Pulled
     case 0xd0b4993du: return true;  // TableLookup
@@ -634,6 +808,22 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a6;
                 const float s4 = pptm_user_energy(pptm_state_Osc_f32{pptm_ld_cg_f32(scratch[3] + i * 2 + 0), pptm_ld_cg_f32(scratch[3] + i * 2 + 1)}, e.a3);
                 e.a5[i] = s4;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x937e1850u: {  // LocalFit
+        const pptm_env_937e1850 e(d);
+        switch (stage) {
+        case 0: {  // LocalQuadratic
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_local_quadratic(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
+                e.a3[i] = s0;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

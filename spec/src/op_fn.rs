@@ -7,7 +7,10 @@
 //! * the body is statements and a final expression. Statements: `let` (each with a value; `let
 //!   mut` for a name that changes), assignments (`=`, `+=`, `-=`, `*=`, `/=`) to a `let mut` name
 //!   or to a field of a state bound so, `for j in a..b { ... }` over a `u32` range (the bound
-//!   evaluated once), and `if` whose branches are statements. A block that gives a value (an
+//!   evaluated once), `if` whose branches are statements, and local arrays (`let mut a =
+//!   [0.0_f64; 9];`, `[v0, v1, ...]`; f32, f64 or u32, 1 to [`MAX_ARRAY_LEN`] elements) read and
+//!   written as `a[k]` with a u32 index, which the device clamps to the array (the CPU backend,
+//!   running the function itself, panics past the end as Rust does). A block that gives a value (an
 //!   `if`'s branch, a `{ ... }` expression) only binds with `let`: the translation evaluates it
 //!   inside an expression, where C++ leaves the order of side effects open;
 //! * expressions: names, literals, `+ - * / %`, comparisons, `&& || !`, unary `-`, parentheses,
@@ -45,7 +48,52 @@ pub enum Scalar {
     /// A table read at computed coordinates (a parameter `t: pptm::Table`; see
     /// [`Table`](crate::Table)).
     Table,
+    /// A fixed-size array local to the op (`let mut a = [0.0_f64; 8];`), read and written
+    /// element by element (`a[k]`, k a u32).
+    Array(ArrayTy),
 }
+
+/// A local array's element type and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayTy {
+    /// f32, f64 or u32.
+    pub elem: ArrayElem,
+    /// Between 1 and [`MAX_ARRAY_LEN`].
+    pub len: u32,
+}
+
+/// What a local array holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArrayElem {
+    /// `f32` values.
+    F32,
+    /// `f64` values.
+    F64,
+    /// `u32` values.
+    U32,
+}
+
+impl ArrayElem {
+    fn scalar(self) -> Scalar {
+        match self {
+            ArrayElem::F32 => Scalar::F32,
+            ArrayElem::F64 => Scalar::F64,
+            ArrayElem::U32 => Scalar::U32,
+        }
+    }
+
+    fn of(s: Scalar) -> Option<ArrayElem> {
+        match s {
+            Scalar::F32 => Some(ArrayElem::F32),
+            Scalar::F64 => Some(ArrayElem::F64),
+            Scalar::U32 => Some(ArrayElem::U32),
+            _ => None,
+        }
+    }
+}
+
+/// The longest local array: it lives in each thread's registers or local memory.
+pub const MAX_ARRAY_LEN: u32 = 1024;
 
 impl Scalar {
     fn cuda(self) -> &'static str {
@@ -56,6 +104,8 @@ impl Scalar {
             Scalar::Bool => "bool",
             Scalar::State(st) => st.cuda,
             Scalar::Table => "pptm_table",
+            // (An array's declaration is written apart: this is its element's type.)
+            Scalar::Array(a) => a.elem.scalar().cuda(),
         }
     }
 
@@ -67,6 +117,7 @@ impl Scalar {
             Scalar::Bool => "bool",
             Scalar::State(st) => st.name,
             Scalar::Table => "Table",
+            Scalar::Array(_) => "an array",
         }
     }
 
@@ -804,8 +855,8 @@ fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
 }
 
 /// What the subset allows, for errors.
-const ALLOWED: &str = "an op's body may use `let` (and `let mut`) bindings, assignments, \
-    `for` loops over u32 ranges, arithmetic, comparisons, `&&`/`||`/`!`, `if`/`else`, `as` casts \
+const ALLOWED: &str = "an op's body may use `let` (and `let mut`) bindings, local arrays \
+    (`let mut a = [0.0_f64; 8];`, `a[k]`), assignments, `for` loops over u32 ranges, arithmetic, comparisons, `&&`/`||`/`!`, `if`/`else`, `as` casts \
     between f32/f64/u32, f32/f64 constants and math methods (see pptm-spec's op_fn module)";
 
 /// Checks `f` against the subset and translates it (see the module docs).
@@ -1144,6 +1195,21 @@ fn value_type(ty: &Type, allow_bool: bool, states: &[&'static StateTy]) -> syn::
     )
 }
 
+/// An array's length: an integer literal from 1 to [`MAX_ARRAY_LEN`].
+fn array_len(e: &Expr) -> syn::Result<u32> {
+    if let Expr::Lit(l) = e
+        && let Lit::Int(i) = &l.lit
+        && let Ok(n) = i.base10_parse::<u32>()
+        && (1..=MAX_ARRAY_LEN).contains(&n)
+    {
+        return Ok(n);
+    }
+    err(
+        e.span(),
+        format!("an array's length is an integer literal from 1 to {MAX_ARRAY_LEN}"),
+    )
+}
+
 /// A translated expression: its CUDA text and type. `None` type: an unsuffixed float literal,
 /// which takes the type of what it meets.
 #[derive(Debug, Clone)]
@@ -1270,9 +1336,17 @@ impl Translator {
         let indent = "    ".repeat(depth);
         match stmt {
             Stmt::Local(local) => {
-                let (pat, annotated) = match &local.pat {
-                    Pat::Type(pt) => (&*pt.pat, Some(value_type(&pt.ty, true, &self.states)?)),
+                let (pat, annotation) = match &local.pat {
+                    Pat::Type(pt) => (&*pt.pat, Some(&*pt.ty)),
                     other => (other, None),
+                };
+                let is_array = matches!(
+                    local.init.as_ref().map(|i| &*i.expr),
+                    Some(Expr::Repeat(_) | Expr::Array(_))
+                );
+                let annotated = match annotation {
+                    Some(ty) if !is_array => Some(value_type(ty, true, &self.states)?),
+                    _ => None,
                 };
                 let Pat::Ident(pi) = pat else {
                     return err(
@@ -1294,6 +1368,9 @@ impl Translator {
                 };
                 if let Some((else_token, _)) = &init.diverge {
                     return err(else_token.span(), "`let ... else` is not in the op subset");
+                }
+                if is_array {
+                    return self.array_let(pi, &local.pat, &init.expr, depth);
                 }
                 let v = self.expr(&init.expr, annotated)?;
                 let ty = match (annotated, v.ty) {
@@ -1388,8 +1465,19 @@ impl Translator {
         Ok(())
     }
 
-    /// What an assignment may change: a `let mut` name, or a field of a state bound so.
+    /// What an assignment may change: a `let mut` name, a field of a state bound so, or an
+    /// element of an array bound so.
     fn place(&mut self, e: &Expr) -> syn::Result<(String, Scalar)> {
+        if let Expr::Index(ix) = e {
+            let (code, elem, mutable) = self.element(ix)?;
+            if !mutable {
+                return err(
+                    ix.expr.span(),
+                    "this array is not `let mut`: only arrays bound with `let mut` change",
+                );
+            }
+            return Ok((code, elem));
+        }
         let (name, field) = match e {
             Expr::Path(p) => (p.path.get_ident(), None),
             Expr::Field(f) => match (&*f.base, &f.member) {
@@ -1414,6 +1502,10 @@ impl Translator {
             );
         }
         match (field, ty) {
+            (None, Scalar::Array(_)) => err(
+                name.span(),
+                format!("`{name}` is an array: assign its elements, `{name}[k] = ...`"),
+            ),
             (None, ty) => Ok((name.to_string(), ty)),
             (Some(m), Scalar::State(st)) => {
                 let Some((_, fty)) = st.fields.iter().find(|(f, _)| m == f) else {
@@ -1426,6 +1518,154 @@ impl Translator {
                 format!("`{name}` is not a state: it has no fields"),
             ),
         }
+    }
+
+    /// `let a = [v; N];` or `let a = [v0, v1, ...];` (maybe `mut`, maybe annotated
+    /// `[f64; N]`): a local array of f32, f64 or u32, N a literal from 1 to MAX_ARRAY_LEN.
+    fn array_let(
+        &mut self,
+        pi: &syn::PatIdent,
+        pat: &Pat,
+        init: &Expr,
+        depth: usize,
+    ) -> syn::Result<()> {
+        let indent = "    ".repeat(depth);
+        if self.in_value > 0 {
+            return err(
+                init.span(),
+                "an array is declared among statements, not inside a block that gives a value",
+            );
+        }
+        let annotated = match pat {
+            Pat::Type(pt) => match &*pt.ty {
+                Type::Array(a) => {
+                    Some((scalar_type(&a.elem, false)?, array_len(&a.len)?, a.span()))
+                }
+                other => {
+                    return err(other.span(), "an array's type is written `[f64; N]`");
+                }
+            },
+            _ => None,
+        };
+        let want = annotated.map(|(t, _, _)| t);
+        let (values, len) = match init {
+            Expr::Repeat(r) => (vec![self.expr(&r.expr, want)?], array_len(&r.len)?),
+            Expr::Array(a) => {
+                let mut values = Vec::with_capacity(a.elems.len());
+                let mut ty = want;
+                for v in &a.elems {
+                    let v = self.expr(v, ty)?;
+                    ty = ty.or(v.ty);
+                    values.push(v);
+                }
+                let len = u32::try_from(values.len()).unwrap_or(u32::MAX);
+                if len == 0 || len > MAX_ARRAY_LEN {
+                    return err(
+                        init.span(),
+                        format!("an array holds 1 to {MAX_ARRAY_LEN} elements"),
+                    );
+                }
+                // An untyped literal before the first typed element takes its type.
+                if let Some(t) = ty {
+                    for (v, e) in values.iter_mut().zip(&a.elems) {
+                        if v.ty.is_none() {
+                            *v = self.expr(e, Some(t))?;
+                        }
+                    }
+                }
+                (values, len)
+            }
+            _ => unreachable!("called for arrays"),
+        };
+        let ty = match (want, values.iter().find_map(|v| v.ty)) {
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => {
+                return err(
+                    init.span(),
+                    "give the elements a type: `[0.0_f64; 8]`, or `let a: [f64; 8] = [0.0; 8];`",
+                );
+            }
+        };
+        let Some(elem) = ArrayElem::of(ty) else {
+            return err(init.span(), "an array holds f32, f64 or u32 values");
+        };
+        if let Some(v) = values.iter().find(|v| v.ty.is_some_and(|t| t != ty)) {
+            return err(
+                init.span(),
+                format!(
+                    "every element of an array has one type: {} and {}",
+                    ty.rust(),
+                    v.ty.map_or("a literal", Scalar::rust)
+                ),
+            );
+        }
+        if let Some((_, n, span)) = annotated
+            && n != len
+        {
+            return err(
+                span,
+                format!("the type says {n} elements, the value has {len}"),
+            );
+        }
+        let name = pi.ident.to_string();
+        let cuda = ty.cuda();
+        if let [v] = &values[..]
+            && matches!(init, Expr::Repeat(_))
+        {
+            // The value once, then every element.
+            let fill = format!("pptm_fill_{}", self.temps);
+            self.temps += 1;
+            self.body.push_str(&format!(
+                "{indent}{cuda} {name}[{len}];\n{indent}{{\n{indent}    const {cuda} {fill} = {};\n\
+                 {indent}    for (unsigned int pptm_k = 0u; pptm_k < {len}u; ++pptm_k) {name}[pptm_k] = {fill};\n\
+                 {indent}}}\n",
+                v.code
+            ));
+        } else {
+            let list: Vec<&str> = values.iter().map(|v| v.code.as_str()).collect();
+            self.body.push_str(&format!(
+                "{indent}{cuda} {name}[{len}] = {{{}}};\n",
+                list.join(", ")
+            ));
+        }
+        self.scopes.last_mut().expect("pushed").push((
+            name,
+            Scalar::Array(ArrayTy { elem, len }),
+            pi.mutability.is_some(),
+        ));
+        Ok(())
+    }
+
+    /// `a[k]`, `a` a local array and `k` a u32: its CUDA text, the element's type, and whether
+    /// `a` is `let mut`. On the device an index past the end reads or writes the last element
+    /// (never outside the array); the CPU backend, which runs the function itself, panics there
+    /// as Rust does.
+    fn element(&mut self, ix: &syn::ExprIndex) -> syn::Result<(String, Scalar, bool)> {
+        let name = match &*ix.expr {
+            Expr::Path(p) => p.path.get_ident(),
+            _ => None,
+        };
+        let Some(name) = name else {
+            return err(ix.expr.span(), "only a local array is indexed: `a[k]`");
+        };
+        let Some((Scalar::Array(a), mutable)) = self.binding(&name.to_string()) else {
+            return err(
+                name.span(),
+                format!(
+                    "`{name}` is not a local array: an op sees one element of each input (a \
+                     table is read with `t.at(i, j)`, a state's fields as `s.field`)"
+                ),
+            );
+        };
+        let k = self.expr(&ix.index, Some(Scalar::U32))?;
+        if k.ty != Some(Scalar::U32) {
+            return err(ix.index.span(), "an array's index is a u32");
+        }
+        Ok((
+            format!("{name}[min({}, {}u)]", k.code, a.len - 1),
+            a.elem.scalar(),
+            mutable,
+        ))
     }
 
     /// `for i in a..b { ... }`: `i` a u32 from a up to b (excluded), b evaluated once, as Rust
@@ -1698,10 +1938,21 @@ impl Translator {
             ),
             Expr::Field(f) => self.field(f),
             Expr::Struct(st) => self.state_literal(st, want),
-            Expr::Index(_) | Expr::Array(_) | Expr::Tuple(_) => err(
+            Expr::Index(ix) => {
+                let (code, elem, _) = self.element(ix)?;
+                Ok(Value {
+                    code,
+                    ty: Some(elem),
+                })
+            }
+            Expr::Array(_) | Expr::Repeat(_) => err(
                 e.span(),
-                "an op sees one element of each input: no arrays or tuples (a state's fields \
-                 are read as `s.field`)",
+                "an array is bound by `let` (`let mut a = [0.0_f64; 8];`) and used element by \
+                 element: it is not a value of its own",
+            ),
+            Expr::Tuple(_) => err(
+                e.span(),
+                "tuples are not in the op subset (a state's fields are read as `s.field`)",
             ),
             _ => err(e.span(), format!("not in the op subset; {ALLOWED}")),
         }
@@ -1808,6 +2059,13 @@ impl Translator {
             .collect();
         if segs.len() == 1 {
             return match self.lookup(&segs[0]) {
+                Some(Scalar::Array(_)) => err(
+                    p.span(),
+                    format!(
+                        "`{0}` is an array: it is read element by element, `{0}[k]`",
+                        segs[0]
+                    ),
+                ),
                 Some(ty) => Ok(Value {
                     code: segs[0].clone(),
                     ty: Some(ty),
@@ -2268,6 +2526,7 @@ fn literal_as(code: &str, ty: Scalar, span: Span) -> syn::Result<Value> {
             format!("expected the state {}, found a number", st.name),
         ),
         Scalar::Table => err(span, "expected a table, found a number"),
+        Scalar::Array(_) => err(span, "expected an array, found a number"),
     }
 }
 
@@ -2474,8 +2733,113 @@ mod tests {
     }
 
     #[test]
+    fn local_arrays_translate() {
+        let op = translate(
+            "fn fit(x: f64, t: Table) -> f64 {
+                 let mut m = [0.0_f64; 9];
+                 let w: [f64; 3] = [1.0, 2.0, 3.0];
+                 let mut at = [0_u32; 2];
+                 for k in 0..3 {
+                     m[k * 4] += w[k] * x;
+                 }
+                 at[1] = 2;
+                 m[at[1]] + w[0] + t.at(at[0], 0)
+             }",
+        )
+        .unwrap();
+        for needle in [
+            "double m[9];",
+            "const double pptm_fill_",
+            "for (unsigned int pptm_k = 0u; pptm_k < 9u; ++pptm_k) m[pptm_k] = pptm_fill_",
+            "double w[3] = {1.0, 2.0, 3.0};",
+            "unsigned int at[2];",
+            "m[min((k * 4u), 8u)] += (w[min(k, 2u)] * x);",
+            "at[min(1u, 1u)] = 2u;",
+            "m[min(at[min(1u, 1u)], 8u)]",
+        ] {
+            assert!(op.cuda.contains(needle), "no `{needle}` in\n{}", op.cuda);
+        }
+        // The f32 form narrows the elements.
+        let f = parse_op_fn_as(
+            &narrowed(
+                &syn::parse_str::<ItemFn>(
+                    "fn g(x: f64) -> f64 { let a: [f64; 2] = [x, 0.5]; a[0] * a[1] }",
+                )
+                .unwrap(),
+            ),
+            USER_PREFIX,
+            &[],
+            true,
+        )
+        .unwrap();
+        assert!(f.cuda.contains("float a[2] = {x, 0.5f};"), "{}", f.cuda);
+    }
+
+    #[test]
     fn what_the_subset_refuses_is_an_error_that_says_so() {
         for (src, needle) in [
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 0]; a[0] }",
+                "integer literal from 1 to 1024",
+            ),
+            (
+                "fn f(x: f32, n: u32) -> f32 { let a = [x; n]; a[0] }",
+                "integer literal from 1 to 1024",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 2000]; a[0] }",
+                "integer literal from 1 to 1024",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [1.0_f32, 2.0_f64]; a[0] }",
+                "expected f32",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [1.0; 4]; a[0] }",
+                "give the elements a type",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 4]; a + x }",
+                "read element by element",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 4]; let b = a; x }",
+                "read element by element",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 4]; a[1] = x; a[0] }",
+                "not `let mut`",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let mut a = [x; 4]; a = [x; 4]; a[0] }",
+                "assign its elements",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a = [x; 4]; a[x] }",
+                "expected u32",
+            ),
+            ("fn f(x: f32) -> f32 { x[0] }", "not a local array"),
+            (
+                "fn f(x: f32) -> f32 { let a = [true; 2]; x }",
+                "f32, f64 or u32 values",
+            ),
+            (
+                "fn f(x: f32) -> f32 { if x > 0.0_f32 { let a = [x; 2]; a[0] } else { x } }",
+                "not inside a block that gives a value",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let a: [f32; 3] = [x; 2]; a[0] }",
+                "the type says 3",
+            ),
+            ("fn f(a: [f32; 4]) -> f32 { a[0] }", "f32, f64, u32"),
+            (
+                "fn f(x: f32) -> f32 { [x; 2][0] }",
+                "only a local array is indexed",
+            ),
+            (
+                "fn f(x: f32) -> f32 { let y = [x; 2]; x + [x; 2].len() as f32 }",
+                "bound by `let`",
+            ),
             ("fn f<T>(x: f32) -> f32 { x }", "cannot be generic"),
             ("unsafe fn f(x: f32) -> f32 { x }", "not `unsafe fn`"),
             ("fn f(x: &f32) -> f32 { *x }", "f32, f64, u32"),
@@ -2543,7 +2907,10 @@ mod tests {
                 "fn f(x: f32) -> f32 { println!(\"{x}\"); x }",
                 "macros are not",
             ),
-            ("fn f(x: f32) -> f32 { (x, x).0 }", "no arrays or tuples"),
+            (
+                "fn f(x: f32) -> f32 { (x, x).0 }",
+                "tuples are not in the op subset",
+            ),
             (
                 "fn f(x: f32) -> f32 { x.signum() }",
                 "not one of the op subset's math methods",

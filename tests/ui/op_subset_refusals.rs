@@ -100,6 +100,15 @@ fn an_assignment(x: f32) -> f32 { let y = x; y = 2.0; y }
 fn an_index(x: f32) -> f32 { [x][0] }
 
 #[pptm::op]
+fn a_whole_array(x: f32) -> f32 { let a = [x; 4]; a[0] + a }
+
+#[pptm::op]
+fn a_float_index(x: f32) -> f32 { let a = [x; 4]; a[x] }
+
+#[pptm::op]
+fn an_array_length_not_literal(x: f32, n: u32) -> f32 { let a = [x; n]; a[0] }
+
+#[pptm::op]
 fn a_reference(x: f32) -> f32 { let y = &x; x }
 
 #[pptm::op]
