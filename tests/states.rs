@@ -573,11 +573,12 @@ fn ops_solve_small_systems_in_local_arrays(rt: &Runtime) {
         for (i, (&got, &s)) in out.to_vec().unwrap().iter().zip(&at).enumerate() {
             let want = fit(f64::from(s));
             // The CPU backend runs the f64 function; the device its f32 form, where the normal
-            // equations lose about their condition number times 2^-24.
+            // equations lose about their condition number times 2^-24 (about 1e-6 here, in a
+            // float32 simulation of the same solve).
             let bar = if rt.backend() == pptm::BackendKind::Cpu {
                 1e-6
             } else {
-                1e-3
+                1e-4
             };
             assert!(
                 (f64::from(got) - want).abs() <= bar,
