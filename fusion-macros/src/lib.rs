@@ -812,6 +812,26 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// The op's function as the CPU backend compiles it: each local array index `a[k]`, a `u32` in
+/// the op subset (as on the device), becomes `a[{ let k: u32 = k; k as usize }]`, since Rust
+/// indexes with `usize`. A loop variable that indexes an array is then a `u32` like any other.
+fn with_u32_indices(f: &syn::ItemFn) -> syn::ItemFn {
+    use syn::visit_mut::VisitMut;
+    struct Indices;
+    impl VisitMut for Indices {
+        fn visit_expr_index_mut(&mut self, ix: &mut syn::ExprIndex) {
+            syn::visit_mut::visit_expr_index_mut(self, ix);
+            let k = &ix.index;
+            *ix.index = syn::parse_quote_spanned! {k.span()=>
+                { let pptm_index: u32 = #k; pptm_index as usize }
+            };
+        }
+    }
+    let mut f = f.clone();
+    Indices.visit_item_fn_mut(&mut f);
+    f
+}
+
 fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     use pptm_spec::op_fn::{Scalar, parse_op_attr, parse_op_with_states};
     let attr = parse_op_attr(attr)?;
@@ -1006,6 +1026,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
             }
         }
     };
+    let f = with_u32_indices(f);
     Ok(quote! {
         #f
 

@@ -2111,7 +2111,7 @@ impl Translator {
             "LOG10_E" => std::f64::consts::LOG10_E,
             "FRAC_PI_2" => std::f64::consts::FRAC_PI_2,
             "FRAC_2_SQRT_PI" => std::f64::consts::FRAC_2_SQRT_PI,
-            "MAX" | "MIN" | "EPSILON" | "MIN_POSITIVE" | "INFINITY" | "NEG_INFINITY" => {
+            "MAX" | "MIN" | "EPSILON" | "MIN_POSITIVE" | "INFINITY" | "NEG_INFINITY" | "NAN" => {
                 return Ok(limit(ty, name));
             }
             other => {
@@ -2545,6 +2545,14 @@ fn f32_literal(v: f64, span: Span) -> syn::Result<Value> {
 
 /// A float as CUDA source that reads back to exactly `v` in `ty`.
 fn float_text(v: f64, ty: Scalar) -> String {
+    if v.is_nan() {
+        // The quiet NaN Rust's `f32::NAN` and `f64::NAN` are.
+        return if ty == Scalar::F32 {
+            "__int_as_float(0x7fc00000)".to_string()
+        } else {
+            "__longlong_as_double(0x7ff8000000000000ll)".to_string()
+        };
+    }
     if v.is_infinite() {
         let inf = if ty == Scalar::F32 {
             "__int_as_float(0x7f800000)"
@@ -2589,6 +2597,7 @@ fn limit(ty: Scalar, name: &str) -> Value {
         (_, "EPSILON") => f64::EPSILON,
         (_, "MIN_POSITIVE") => f64::MIN_POSITIVE,
         (_, "INFINITY") => f64::INFINITY,
+        (_, "NAN") => f64::NAN,
         _ => f64::NEG_INFINITY,
     };
     Value {
@@ -3294,6 +3303,14 @@ mod tests {
             (
                 "fn f(x: f64) -> f64 { f64::MAX + f64::MIN + f64::EPSILON + f64::MIN_POSITIVE + f64::INFINITY + f64::NEG_INFINITY }",
                 "return (((((1.7976931348623157e308 + -1.7976931348623157e308) + 2.220446049250313e-16) + 2.2250738585072014e-308) + __longlong_as_double(0x7ff0000000000000ll)) + (-__longlong_as_double(0x7ff0000000000000ll)));",
+            ),
+            (
+                "fn f(x: f32) -> f32 { f32::NAN + x }",
+                "return (__int_as_float(0x7fc00000) + x);",
+            ),
+            (
+                "fn f(x: f64) -> f64 { if x > 0.0 { x } else { f64::NAN } }",
+                "return ((x > 0.0) ? x : __longlong_as_double(0x7ff8000000000000ll));",
             ),
             ("fn f(x: f32) -> f32 { x as f32 }", "return x;"),
             ("fn f(x: f32) -> f64 { x as f64 }", "return ((double)x);"),
