@@ -15,6 +15,7 @@
 #define PPTM_GEMV_MMA_ROWS 16
 #define PPTM_GEMV_T_NARROW_BELOW 4096
 #define PPTM_GEMV_T_NARROW_COLS 8
+#define PPTM_WIDE_REGISTERS 1
 #include "pptm/abi.h"
 #include "pptm/device.cuh"
 #include "pptm/fuse.cuh"

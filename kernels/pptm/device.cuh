@@ -40,6 +40,11 @@ __device__ __forceinline__ uint8_t* pptm_dynamic_smem() {
     extern __shared__ __align__(1024) uint8_t pptm_dsmem[];
     return pptm_dsmem;
 }
+#elif defined(PPTM_WIDE_REGISTERS)
+// A domain of heavy elementwise passes only (codegen's `wide_registers`): one block an SM, 128
+// registers a thread, so that an op's own loop keeps its sums in registers.
+#define PPTM_MIN_BLOCKS_PER_SM 1
+#define PPTM_WGMMA_RUN_INLINE __noinline__
 #else
 #define PPTM_MIN_BLOCKS_PER_SM 2
 #define PPTM_WGMMA_RUN_INLINE __noinline__

@@ -314,14 +314,21 @@ struct pptm_pass_acc {
 //
 // Each block takes an equal run of consecutive elements (a whole number of warps): 18,030
 // elements on 132 blocks are 160 a block, every SM busy, rather than 512 a block on 36 of them.
-// Consecutive elements stay in one warp, so neighbours' table reads share cache lines.
+// Consecutive elements stay in one warp, so neighbours' table reads share cache lines. Thread 0
+// reports progress once a round (pptm_tick), so an item that takes longer than the watchdog's
+// deadline is not taken for a hang while its rounds finish.
 template <class R, class F>
 __device__ __forceinline__ double pptm_map_each(uint64_t n, const F& f, const pptm_block_ctx& b) {
     double acc = R::identity();
     const uint64_t per = ((n + b.nblocks - 1) / b.nblocks + 31) / 32 * 32;
     const uint64_t lo = (uint64_t)b.block * per;
     const uint64_t hi = lo + per < n ? lo + per : n;
-    for (uint64_t i = lo + threadIdx.x; i < hi; i += PPTM_BLOCK_THREADS) acc = R::combine(acc, (double)f(i));
+    for (uint64_t i = lo + threadIdx.x; i < hi; i += PPTM_BLOCK_THREADS) {
+        // Progress for the watchdog once a round of elements: a round of a heavy op (a χ² over
+        // thousands of pixels an element) can take milliseconds, an item of rounds seconds.
+        pptm_tick(b);
+        acc = R::combine(acc, (double)f(i));
+    }
     return pptm_block_partial<R>(acc, b.red_smem);
 }
 

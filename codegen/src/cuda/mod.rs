@@ -91,6 +91,8 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     // kernels of one block an SM (kernels/pptm/device.cuh).
     if chains.iter().any(|c| hopper_tensor(&c)) {
         let _ = writeln!(out, "#define PPTM_HOPPER_TENSOR 1");
+    } else if wide_registers(chains) {
+        let _ = writeln!(out, "#define PPTM_WIDE_REGISTERS 1");
     }
     let _ = writeln!(out, "#include \"pptm/abi.h\"");
     let _ = writeln!(out, "#include \"pptm/device.cuh\"");
@@ -127,6 +129,20 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     unfused(&mut out, chains);
     out.push_str("\n#include \"pptm/manifold.cuh\"\n");
     out
+}
+
+/// Whether a domain's kernels run one block an SM with 128 registers a thread rather than two
+/// with 64 (kernels/pptm/device.cuh): a domain of elementwise chains only, one of which is heavy
+/// (a state, a table read or a long repeat, run by `pptm_map_each`). Such a pass is an op of the
+/// user's own with a loop of its own, whose sums live in registers: examples/spectra.rs's χ²
+/// holds 32 f64 sums, which under 64 registers spilled 456 bytes a thread. A domain with matrix
+/// or pairwise patterns keeps two blocks an SM, for the loads in flight its streaming passes
+/// want.
+pub fn wide_registers(chains: &[ChainIr]) -> bool {
+    chains.iter().all(|c| c.plan.pattern == Pattern::Map)
+        && chains
+            .iter()
+            .any(|c| c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK)
 }
 
 /// Whether the chain has a tensor-core stage that the Hopper TMA + wgmma path can take: a product

@@ -419,3 +419,18 @@ fn output_is_deterministic() {
         domain_source("inference", &[kl])
     );
 }
+
+#[test]
+fn heavy_elementwise_domains_get_wide_registers() {
+    // Sigmoid x 20 is a heavy pass (pptm_map_each); a domain of it alone runs one block an SM
+    // with 128 registers a thread. Beside a GEMV chain, or with only light passes, it does not.
+    let mut heavy = spec("Heavy", &["Sigmoid", "SumReduction"]);
+    heavy.stages[0].repeat = Some(20);
+    let heavy = lower(&heavy).unwrap();
+    let light = chain("Light", &["Sigmoid", "SumReduction"]);
+    let gemv = chain("Product", &["Gemv"]);
+    let wide = "#define PPTM_WIDE_REGISTERS 1";
+    assert!(domain_source("inference", &[heavy.clone(), light.clone()]).contains(wide));
+    assert!(!domain_source("inference", std::slice::from_ref(&light)).contains(wide));
+    assert!(!domain_source("inference", &[heavy, gemv]).contains(wide));
+}
