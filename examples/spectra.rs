@@ -8,9 +8,10 @@
 //! * the splines against a whole Thomas solve in f64;
 //! * on a GPU, the χ² grid against the CPU backend (f64), bar 1e-4 relative;
 //! * the χ² grid against a direct f64 fit (Householder QR, residuals summed), bar 1e-5 relative;
-//! * the best fits against the spectra's true template row and velocity;
-//! and prints the rate in spectra a second: the batches' device work (spectra resident), and
-//! end to end (upload, fit, results on the host).
+//! * the best fits against the spectra's true template row and velocity.
+//!
+//! It prints the rate in spectra a second: the batches' device work (spectra resident), and end
+//! to end (upload, fit, results on the host).
 //!
 //! bench/peers_spectra.py checks the same grid against NumPy/SciPy and times PyTorch on it:
 //! `--write-case DIR` writes the inputs and the results for it.

@@ -103,6 +103,7 @@ pub fn chebyshev(x: f64, degree: usize) -> Vec<f64> {
 
 /// min over c of Σ_p w_p (d_p − model_p Σ_j c_j T_j(x_p))², by Householder QR of the weighted
 /// design matrix and the residuals summed directly. NaN when no pixel has weight.
+#[allow(clippy::needless_range_loop)] // column loops over a row-major matrix read clearest so
 pub fn chi2(flux: &[f32], ivar: &[f32], model: &[f64], degree: usize) -> f64 {
     let np = flux.len();
     let cols = degree + 1;

@@ -34,6 +34,9 @@
 //! from an index tensor (0, 1, 2, ...), held in f32: exact up to 2^24 elements, which caps a
 //! batch (`Fitter` checks it).
 
+// The ops are in the op subset, which has no `saturating_sub`.
+#![allow(clippy::implicit_saturating_sub)]
+
 use pptm::{Buffer, FusionBuilder, Runtime, State, Table, op};
 
 /// The speed of light, km/s.
@@ -471,7 +474,7 @@ pub fn prepare(rt: &Runtime, t: &Templates) -> pptm::Result<Buffer<f32>> {
             )));
         }
     }
-    if !(0.0..=1.0).contains(&t.limb) || !(t.grid.step > 0.0) {
+    if !(0.0..=1.0).contains(&t.limb) || t.grid.step.is_nan() || t.grid.step <= 0.0 {
         return Err(bad(format!(
             "limb darkening {} (0 to 1), grid step {}",
             t.limb, t.grid.step
@@ -574,14 +577,17 @@ impl Fitter {
             )));
         }
         if velocities.count == 0
-            || (0..velocities.count).any(|r| !(velocities.at(r).abs() <= MAX_VELOCITY))
+            || (0..velocities.count).any(|r| {
+                let v = velocities.at(r).abs();
+                v.is_nan() || v > MAX_VELOCITY
+            })
         {
             return Err(bad(format!(
                 "{} velocities from {} km/s by {} km/s: at least one, each within ±{MAX_VELOCITY} km/s",
                 velocities.count, velocities.start, velocities.step
             )));
         }
-        if pixels.len == 0 || !(pixels.step > 0.0) || batch == 0 {
+        if pixels.len == 0 || pixels.step.is_nan() || pixels.step <= 0.0 || batch == 0 {
             return Err(bad(format!(
                 "{} pixels of step {}, batches of {batch}: at least one pixel and one spectrum",
                 pixels.len, pixels.step
