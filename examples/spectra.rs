@@ -316,7 +316,6 @@ fn write_case(
     fits: &[Fit],
     fitter: &Fitter,
 ) -> Result<(), Box<dyn Error>> {
-    let _ = fitter;
     std::fs::create_dir_all(dir)?;
     let t = &set.templates;
     let write = |name: &str, v: &[f32]| -> std::io::Result<()> {
@@ -357,6 +356,7 @@ fn write_case(
         .flat_map(|f| [f.chi2 as f32, f.row as f32, f.velocity as f32])
         .collect();
     write("best.f32", &best)?;
+    write("knots.f32", &fitter.knots()?)?;
     Ok(())
 }
 

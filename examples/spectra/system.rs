@@ -18,7 +18,7 @@
 //!   influence it: the system is diagonally dominant (1, 4, 1), so a knot's influence decays by
 //!   2 − √3 = 0.268 a knot and [`SWEEP_WINDOW`] = 32 knots reach 5e-19, far below f64 rounding.
 //!   Near the ends, where the window reaches the boundary, the sweeps are exactly Thomas's.
-//! * **Doppler shift** ([`chi2_grid`]): pixel p at velocity v_r reads the spline at template
+//! * **Doppler shift** ([`model_grid`]): pixel p at velocity v_r reads the spline at template
 //!   coordinate u = A_p F_r + G_p + H_r (a log grid: u = (ln λ_p − η_r − a) / h; a linear one:
 //!   u = (λ_p e^(−η_r) − a) / h; η = atanh(v / c)). The four terms come from the host in f64
 //!   (each as an f32 pair, hi + lo): ln λ in f32 would misplace the shift by 0.05 knots.
@@ -29,8 +29,11 @@
 //! * **Best fit** ([`best_fit`]): per spectrum the lowest χ² over (b, r), with the velocity
 //!   refined by the parabola through the grid's three points around it.
 //!
-//! Work is spread as one element a thread: (row, knot) for the templates, (spectrum, row,
-//! velocity) for the χ² grid, a spectrum for the best fit. Each op finds its element's coordinates
+//! Every spectrum shares the pixel grid, so the model of each (pixel, row, velocity) is one
+//! table, made once per fitter; each χ² reads its column.
+//!
+//! Work is spread as one element a thread: (row, knot) for the templates, (pixel, row, velocity)
+//! for the models, (spectrum, row, velocity) for the χ² grid, a spectrum for the best fit. Each op finds its element's coordinates
 //! from an index tensor (0, 1, 2, ...), held in f32: exact up to 2^24 elements, which caps a
 //! batch (`Fitter` checks it).
 
@@ -171,26 +174,46 @@ pub fn spline_back(idx: f64, sweep: Table, y: Table) -> Knot {
     Knot { y: y.at(b, i), m }
 }
 
-/// χ² of spectrum s against template row b at velocity r, idx = (s B + b) R + r, the continuum
-/// (degree `degree`, at most 10) marginalised. `obs`: the spectra, each row its pixels' (flux,
-/// inverse variance) pairs; `knots`: the rows' [`Knot`]s; `coords`: the Doppler shift's terms,
-/// one row per pixel (A hi, A lo, G hi, G lo), then one per velocity (F hi, F lo, H hi, H lo),
-/// so that pixel p at velocity r reads the spline at u = A_p F_r + G_p + H_r. A pixel of zero
-/// weight is left out (its flux may be NaN); a spectrum with none gives NaN.
+/// The model of pixel p at template row b and velocity r, idx = p (B R) + b R + r: row b's
+/// spline at template coordinate u = A_p F_r + G_p + H_r. `knots`: the rows' [`Knot`]s;
+/// `coords`: the Doppler shift's terms, one row per pixel (A hi, A lo, G hi, G lo), then one per
+/// velocity (F hi, F lo, H hi, H lo). Every spectrum shares the pixel grid, so this table is made
+/// once and each χ² reads it: pixel-major, so that a warp's consecutive velocities read
+/// consecutive values.
 #[op]
-pub fn chi2_grid(idx: f64, obs: Table, knots: Table, coords: Table, degree: u32) -> f64 {
+pub fn model_grid(idx: f64, knots: Table, coords: Table, pixels: u32) -> f64 {
     let e = idx as u32;
-    let pixels = obs.cols() / 2;
-    let rows = knots.rows();
     let velocities = coords.rows() - pixels;
+    let grid = knots.rows() * velocities;
+    let p = e / grid;
+    let b = (e % grid) / velocities;
     let r = e % velocities;
-    let b = (e / velocities) % rows;
-    let s = e / (velocities * rows);
     let points = knots.cols() / 2;
     let last = if points >= 2 { points - 2 } else { 0 };
-    let top = last as f64 + 1.0;
     let f = coords.at(pixels + r, 0) + coords.at(pixels + r, 1);
     let h = coords.at(pixels + r, 2) + coords.at(pixels + r, 3);
+    let u = (coords.at(p, 0) + coords.at(p, 1)) * f + (coords.at(p, 2) + coords.at(p, 3)) + h;
+    let uc = u.max(0.0).min(last as f64 + 1.0);
+    let cell = uc as u32;
+    let k = if cell > last { last } else { cell };
+    let t = uc - k as f64;
+    let q = 1.0 - t;
+    q * knots.at(b, 2 * k)
+        + t * knots.at(b, 2 * k + 2)
+        + ((q * q * q - q) * knots.at(b, 2 * k + 1) + (t * t * t - t) * knots.at(b, 2 * k + 3))
+            / 6.0
+}
+
+/// χ² of spectrum s against template row b at velocity r, idx = s (B R) + b R + r, the
+/// continuum (degree `degree`, at most 10) marginalised. `obs`: the spectra, each row its pixels'
+/// (flux, inverse variance) pairs; `models`: [`model_grid`]'s table (pixels x B R). A pixel of
+/// zero weight is left out (its flux may be NaN); a spectrum with none gives NaN.
+#[op]
+pub fn chi2_grid(idx: f64, obs: Table, models: Table, degree: u32) -> f64 {
+    let e = idx as u32;
+    let pixels = models.rows();
+    let j = e % models.cols();
+    let s = e / models.cols();
     let scale = if pixels > 1 {
         2.0 / (pixels - 1) as f64
     } else {
@@ -203,22 +226,10 @@ pub fn chi2_grid(idx: f64, obs: Table, knots: Table, coords: Table, degree: u32)
         let w = obs.at(s, 2 * p + 1);
         if w > 0.0 {
             let d = obs.at(s, 2 * p);
-            let u =
-                (coords.at(p, 0) + coords.at(p, 1)) * f + (coords.at(p, 2) + coords.at(p, 3)) + h;
-            let uc = u.max(0.0).min(top);
-            let cell = uc as u32;
-            let k = if cell > last { last } else { cell };
-            // The spline on cell k, in f32: the value is a short sum of O(1) terms.
-            let t = (uc - k as f64) as f32;
-            let q = 1.0_f32 - t;
-            let model = q * knots.at(b, 2 * k) as f32
-                + t * knots.at(b, 2 * k + 2) as f32
-                + ((q * q * q - q) * knots.at(b, 2 * k + 1) as f32
-                    + (t * t * t - t) * knots.at(b, 2 * k + 3) as f32)
-                    / 6.0;
+            let model = models.at(p, j);
             let x = p as f64 * scale - 1.0;
-            let wm = w * model as f64;
-            let wmm = wm * model as f64;
+            let wm = w * model;
+            let wmm = wm * model;
             let wdm = wm * d;
             dd += w * d * d;
             mom[0] += wmm;
@@ -342,6 +353,14 @@ pub struct SecondDerivatives {
     back: SplineBack,
 }
 
+/// The models every spectrum is fitted with, over (pixel, row, velocity).
+#[derive(FusionBuilder)]
+#[fusion(domain = "spectra")]
+pub struct Models {
+    #[stage(1)]
+    model: ModelGrid,
+}
+
 /// The χ² grid, over (spectrum, row, velocity).
 #[derive(FusionBuilder)]
 #[fusion(domain = "spectra")]
@@ -418,7 +437,7 @@ fn split(x: f64) -> [f32; 2] {
 }
 
 /// The Doppler shift's terms: pixel p at velocity r reads template coordinate
-/// u = A_p F_r + G_p + H_r; [`chi2_grid`]'s `coords` table, one row of (hi, lo, hi, lo) per pixel
+/// u = A_p F_r + G_p + H_r; [`model_grid`]'s `coords` table, one row of (hi, lo, hi, lo) per pixel
 /// and then per velocity.
 pub fn shift_terms(templates: &Grid, pixels: &Grid, velocities: &Velocities) -> Vec<f32> {
     let mut out = Vec::with_capacity(4 * (pixels.len + velocities.count));
@@ -532,13 +551,13 @@ pub fn prepare(rt: &Runtime, t: &Templates) -> pptm::Result<Buffer<f32>> {
 /// The χ² grid and best fits of batches of spectra against prepared templates, on one runtime.
 pub struct Fitter {
     rows: usize,
-    points: usize,
     pixels: usize,
     velocities: Velocities,
     degree: u32,
     batch: usize,
     knots: Buffer<f32>,
-    coords: Buffer<f32>,
+    /// [`model_grid`]'s table, made once: pixels x (rows x velocities).
+    models: Buffer<f32>,
     idx_grid: Buffer<f32>,
     idx_spectra: Buffer<f32>,
     obs: Buffer<f32>,
@@ -554,7 +573,8 @@ pub struct BatchFit {
 
 impl Fitter {
     /// A fitter of batches of up to `batch` spectra on the `pixels` grid against `knots` (from
-    /// [`prepare`] of `templates`, on `rt`).
+    /// [`prepare`] of `templates`, on `rt`). It computes the models every spectrum is fitted
+    /// with (one item).
     pub fn new(
         rt: &Runtime,
         templates: &Templates,
@@ -600,17 +620,38 @@ impl Fitter {
                 velocities.count
             )));
         }
+        let models_len = pixels.len * rows * velocities.count;
+        if models_len > MAX_ELEMENTS {
+            return Err(bad(format!(
+                "{} pixels x {rows} rows x {} velocities is {models_len} models: at most {MAX_ELEMENTS}",
+                pixels.len, velocities.count
+            )));
+        }
         let up = |v: &[f32]| rt.upload(v);
         let poisoned = |len: usize| rt.upload(&vec![f32::NAN; len]);
+        let coords = up(&shift_terms(&templates.grid, pixels, &velocities))?;
+        let mut models = poisoned(models_len)?;
+        Models::submit(
+            rt,
+            &up(&iota(models_len))?,
+            &knots,
+            &coords,
+            pixels.len as u32,
+            &mut models,
+            rows,
+            2 * points,
+            pixels.len + velocities.count,
+            4,
+        )?
+        .wait()?;
         Ok(Fitter {
             rows,
-            points,
             pixels: pixels.len,
             velocities,
             degree,
             batch,
             knots,
-            coords: up(&shift_terms(&templates.grid, pixels, &velocities))?,
+            models,
             idx_grid: up(&iota(grid))?,
             idx_spectra: up(&iota(batch))?,
             obs: poisoned(2 * batch * pixels.len)?,
@@ -649,27 +690,20 @@ impl Fitter {
         let mut p = rt.pipeline();
         let idx_grid = p.input(&self.idx_grid);
         let idx_spectra = p.input(&self.idx_spectra);
-        let (obs, knots, coords) = (
-            p.input(&self.obs),
-            p.input(&self.knots),
-            p.input(&self.coords),
-        );
+        let (obs, models) = (p.input(&self.obs), p.input(&self.models));
         let chi2 = p.output(&mut self.chi2);
         let fits = p.output(&mut self.fits);
         ChiSquares::push(
             &mut p,
             idx_grid,
             obs,
-            knots,
-            coords,
+            models,
             self.degree,
             chi2,
             self.batch,
             2 * self.pixels,
-            rows,
-            2 * self.points,
-            self.pixels + r,
-            4,
+            self.pixels,
+            rows * r,
         )?;
         BestFits::push(
             &mut p,
@@ -684,6 +718,11 @@ impl Fitter {
         )?;
         p.wait()?;
         Ok(())
+    }
+
+    /// The prepared template rows: each knot's (y, M), row by row.
+    pub fn knots(&self) -> pptm::Result<Vec<f32>> {
+        self.knots.to_vec()
     }
 
     /// The last run's results for its first `spectra` spectra.

@@ -185,19 +185,11 @@ __device__ __forceinline__ double pptm_user_broaden(double idx, pptm_table templ
 }
 
 // #[pptm::op] fn chi2_grid
-__device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs, pptm_table knots, pptm_table coords, unsigned int degree) {
+__device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs, pptm_table models, unsigned int degree) {
     const unsigned int e = pptm_user_to_u32(idx);
-    const unsigned int pixels = (pptm_table_cols(obs) / 2u);
-    const unsigned int rows = pptm_table_rows(knots);
-    const unsigned int velocities = (pptm_table_rows(coords) - pixels);
-    const unsigned int r = (e % velocities);
-    const unsigned int b = ((e / velocities) % rows);
-    const unsigned int s = (e / (velocities * rows));
-    const unsigned int points = (pptm_table_cols(knots) / 2u);
-    const unsigned int last = ((points >= 2u) ? (points - 2u) : 0u);
-    const double top = (((double)last) + 1.0);
-    const double f = (pptm_table_at<double>(coords, (pixels + r), 0u) + pptm_table_at<double>(coords, (pixels + r), 1u));
-    const double h = (pptm_table_at<double>(coords, (pixels + r), 2u) + pptm_table_at<double>(coords, (pixels + r), 3u));
+    const unsigned int pixels = pptm_table_rows(models);
+    const unsigned int j = (e % pptm_table_cols(models));
+    const unsigned int s = (e / pptm_table_cols(models));
     const double scale = ((pixels > 1u) ? (2.0 / ((double)(pixels - 1u))) : 0.0);
     double mom[21];
     {
@@ -216,16 +208,10 @@ __device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs
             const double w = pptm_table_at<double>(obs, s, ((2u * p) + 1u));
             if ((w > 0.0)) {
                 const double d = pptm_table_at<double>(obs, s, (2u * p));
-                const double u = ((((pptm_table_at<double>(coords, p, 0u) + pptm_table_at<double>(coords, p, 1u)) * f) + (pptm_table_at<double>(coords, p, 2u) + pptm_table_at<double>(coords, p, 3u))) + h);
-                const double uc = fmin(fmax(u, 0.0), top);
-                const unsigned int cell = pptm_user_to_u32(uc);
-                const unsigned int k = ((cell > last) ? last : cell);
-                const float t = ((float)(uc - ((double)k)));
-                const float q = (1.0f - t);
-                const float model = (((q * ((float)pptm_table_at<double>(knots, b, (2u * k)))) + (t * ((float)pptm_table_at<double>(knots, b, ((2u * k) + 2u))))) + ((((((q * q) * q) - q) * ((float)pptm_table_at<double>(knots, b, ((2u * k) + 1u)))) + ((((t * t) * t) - t) * ((float)pptm_table_at<double>(knots, b, ((2u * k) + 3u))))) / 6.0f));
+                const double model = pptm_table_at<double>(models, p, j);
                 const double x = ((((double)p) * scale) - 1.0);
-                const double wm = (w * ((double)model));
-                const double wmm = (wm * ((double)model));
+                const double wm = (w * model);
+                const double wmm = (wm * model);
                 const double wdm = (wm * d);
                 dd += ((w * d) * d);
                 mom[min(0u, 20u)] += wmm;
@@ -315,6 +301,27 @@ __device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs
         }
     }
     return ((mom[min(0u, 20u)] > 0.0) ? (dd - fit) : __longlong_as_double(0x7ff8000000000000ll));
+}
+
+// #[pptm::op] fn model_grid
+__device__ __forceinline__ double pptm_user_model_grid(double idx, pptm_table knots, pptm_table coords, unsigned int pixels) {
+    const unsigned int e = pptm_user_to_u32(idx);
+    const unsigned int velocities = (pptm_table_rows(coords) - pixels);
+    const unsigned int grid = (pptm_table_rows(knots) * velocities);
+    const unsigned int p = (e / grid);
+    const unsigned int b = ((e % grid) / velocities);
+    const unsigned int r = (e % velocities);
+    const unsigned int points = (pptm_table_cols(knots) / 2u);
+    const unsigned int last = ((points >= 2u) ? (points - 2u) : 0u);
+    const double f = (pptm_table_at<double>(coords, (pixels + r), 0u) + pptm_table_at<double>(coords, (pixels + r), 1u));
+    const double h = (pptm_table_at<double>(coords, (pixels + r), 2u) + pptm_table_at<double>(coords, (pixels + r), 3u));
+    const double u = ((((pptm_table_at<double>(coords, p, 0u) + pptm_table_at<double>(coords, p, 1u)) * f) + (pptm_table_at<double>(coords, p, 2u) + pptm_table_at<double>(coords, p, 3u))) + h);
+    const double uc = fmin(fmax(u, 0.0), (((double)last) + 1.0));
+    const unsigned int cell = pptm_user_to_u32(uc);
+    const unsigned int k = ((cell > last) ? last : cell);
+    const double t = (uc - ((double)k));
+    const double q = (1.0 - t);
+    return (((q * pptm_table_at<double>(knots, b, (2u * k))) + (t * pptm_table_at<double>(knots, b, ((2u * k) + 2u)))) + ((((((q * q) * q) - q) * pptm_table_at<double>(knots, b, ((2u * k) + 1u))) + ((((t * t) * t) - t) * pptm_table_at<double>(knots, b, ((2u * k) + 3u)))) / 6.0));
 }
 
 #ifndef PPTM_STATE_Knot_675fa4237853
@@ -466,34 +473,31 @@ __device__ __noinline__ uint32_t pptm_run_23577e9f(const pptm_desc& d, const ppt
 }
 
 // chain ChiSquares: Chi2Grid (Map pattern)
-// spec hash 3b0ec5eeff297bb8cd6fd9b2e6b6ce7afb3a0bb7985e6f2c3edb3cf6aaca2577, opcode 0x3b0ec5ee
-struct pptm_env_3b0ec5ee {
+// spec hash f90295c81c089984a62b0fd51c83672ec98c13832fa0c885147149900fa490aa, opcode 0xf90295c8
+struct pptm_env_f90295c8 {
     const float* a0;  // idx
     const float* a1;  // obs
-    const float* a2;  // knots
-    const float* a3;  // coords
-    uint32_t a4;  // degree
-    float* a5;  // out
-    uint64_t a6;  // n
-    uint64_t a7;  // obs_rows
-    uint64_t a8;  // obs_cols
-    uint64_t a9;  // knots_rows
-    uint64_t a10;  // knots_cols
-    uint64_t a11;  // coords_rows
-    uint64_t a12;  // coords_cols
-    __device__ explicit pptm_env_3b0ec5ee(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4((uint32_t)d.args[4]), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]) {}
+    const float* a2;  // models
+    uint32_t a3;  // degree
+    float* a4;  // out
+    uint64_t a5;  // n
+    uint64_t a6;  // obs_rows
+    uint64_t a7;  // obs_cols
+    uint64_t a8;  // models_rows
+    uint64_t a9;  // models_cols
+    __device__ explicit pptm_env_f90295c8(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3((uint32_t)d.args[3]), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
 };
-struct pptm_each_3b0ec5ee {
-    pptm_env_3b0ec5ee e;
+struct pptm_each_f90295c8 {
+    pptm_env_f90295c8 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), e.a4);
-        e.a5[i] = (float)s0;
+        const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
+        e.a4[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_3b0ec5ee(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_3b0ec5ee e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_3b0ec5ee{e}, b);
+__device__ __noinline__ uint32_t pptm_run_f90295c8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_f90295c8 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_f90295c8{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -519,6 +523,35 @@ struct pptm_each_6d6b1f95 {
 __device__ __noinline__ uint32_t pptm_run_6d6b1f95(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6d6b1f95 e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_6d6b1f95{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain Models: ModelGrid (Map pattern)
+// spec hash 1870f32ef57947e2cb90e58957d7d72f2443cf14d1e60f8f39c150b6b8961624, opcode 0x1870f32e
+struct pptm_env_1870f32e {
+    const float* a0;  // idx
+    const float* a1;  // knots
+    const float* a2;  // coords
+    uint32_t a3;  // pixels
+    float* a4;  // out
+    uint64_t a5;  // n
+    uint64_t a6;  // knots_rows
+    uint64_t a7;  // knots_cols
+    uint64_t a8;  // coords_rows
+    uint64_t a9;  // coords_cols
+    __device__ explicit pptm_env_1870f32e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3((uint32_t)d.args[3]), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
+};
+struct pptm_each_1870f32e {
+    pptm_env_1870f32e e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_model_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
+        e.a4[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_1870f32e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_1870f32e e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_1870f32e{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -554,8 +587,9 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x58d53b06u: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // BestFits
     case 0x23577e9fu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12]) < (1ull << 48);  // Broadening
-    case 0x3b0ec5eeu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12]) < (1ull << 48);  // ChiSquares
+    case 0xf90295c8u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // ChiSquares
     case 0x6d6b1f95u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // ForwardSweep
+    case 0x1870f32eu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // Models
     case 0xd787af03u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // SecondDerivatives
     default: return true;
     }
@@ -565,8 +599,9 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x58d53b06u: return pptm_run_58d53b06(d, b, partial);  // BestFits
     case 0x23577e9fu: return pptm_run_23577e9f(d, b, partial);  // Broadening
-    case 0x3b0ec5eeu: return pptm_run_3b0ec5ee(d, b, partial);  // ChiSquares
+    case 0xf90295c8u: return pptm_run_f90295c8(d, b, partial);  // ChiSquares
     case 0x6d6b1f95u: return pptm_run_6d6b1f95(d, b, partial);  // ForwardSweep
+    case 0x1870f32eu: return pptm_run_1870f32e(d, b, partial);  // Models
     case 0xd787af03u: return pptm_run_d787af03(d, b, partial);  // SecondDerivatives
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -582,8 +617,9 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x58d53b06u: return true;  // BestFits
     case 0x23577e9fu: return true;  // Broadening
-    case 0x3b0ec5eeu: return true;  // ChiSquares
+    case 0xf90295c8u: return true;  // ChiSquares
     case 0x6d6b1f95u: return true;  // ForwardSweep
+    case 0x1870f32eu: return true;  // Models
     case 0xd787af03u: return true;  // SecondDerivatives
     default: return false;
     }
@@ -630,15 +666,15 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x3b0ec5eeu: {  // ChiSquares
-        const pptm_env_3b0ec5ee e(d);
+    case 0xf90295c8u: {  // ChiSquares
+        const pptm_env_f90295c8 e(d);
         switch (stage) {
         case 0: {  // Chi2Grid
-            const uint64_t count = e.a6;
+            const uint64_t count = e.a5;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a6;
-                const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), e.a4);
-                e.a5[i] = s0;
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
+                e.a4[i] = s0;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;
@@ -655,6 +691,22 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a3;
                 const pptm_state_Sweep_f32 s0 = pptm_user_spline_sweep(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u));
                 pptm_state_store(e.a2 + 2 * i, s0);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x1870f32eu: {  // Models
+        const pptm_env_1870f32e e(d);
+        switch (stage) {
+        case 0: {  // ModelGrid
+            const uint64_t count = e.a5;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a5;
+                const float s0 = pptm_user_model_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
+                e.a4[i] = s0;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;
