@@ -16,8 +16,12 @@
 //! bench/peers_spectra.py checks the same grid against NumPy/SciPy and times PyTorch on it:
 //! `--write-case DIR` writes the inputs and the results for it.
 //!
+//! `--gpus N` (or `all`) then fits the spectra again on N GPUs at once (one runtime each,
+//! [`Runtime::every_gpu`]), the batches shared out as each GPU finishes one, and prints the rate
+//! against one GPU's.
+//!
 //!     cargo run --release --example spectra [-- --spectra 65536 --batch 8192 --pixels 4000
-//!         --degree 10 --grid log|linear --write-case DIR]
+//!         --degree 10 --grid log|linear --write-case DIR --gpus all]
 
 use std::error::Error;
 use std::path::Path;
@@ -256,7 +260,130 @@ fn main() -> Result<(), Box<dyn Error>> {
         write_case(Path::new(&dir), &set, &data, &chi2, &fits, &fitter)?;
         println!("  case written to {dir} (bench/peers_spectra.py --check / --torch)");
     }
+    drop(fitter);
+
+    // Several GPUs: one runtime each, the batches shared out as each GPU finishes one.
+    if let Some(g) = flag("--gpus").filter(|_| gpu) {
+        let all = Runtime::every_gpu(rt.config())?;
+        let n = match g.as_str() {
+            "all" => all.len(),
+            v => v
+                .parse::<usize>()
+                .map_err(|_| format!("--gpus {v}: a number or all"))?
+                .min(all.len()),
+        };
+        println!("  {n} of {} GPUs, batches of {batch}:", all.len());
+        let mut rates = Vec::new();
+        for group in [&all[..1], &all[..n]] {
+            let out = sharded(group, &set, &data, batch)?;
+            let err = relative(&out.chi2, chi2.iter().map(|&x| f64::from(x)));
+            println!(
+                "    {} GPU(s): end to end {:.0} spectra/s ({:.3} s); device work {:.0} spectra/s; χ² against the first run's: {err:.1e}",
+                group.len(),
+                spectra as f64 / out.wall_s,
+                out.wall_s,
+                out.device_rate
+            );
+            check(err, 1e-6, "χ² on several GPUs against one")?;
+            rates.push((spectra as f64 / out.wall_s, out.device_rate));
+            if n == 1 {
+                break;
+            }
+        }
+        if let [one, many] = rates[..] {
+            println!(
+                "    {n} GPUs against 1: {:.2}x end to end, {:.2}x device work",
+                many.0 / one.0,
+                many.1 / one.1
+            );
+        }
+    }
     Ok(())
+}
+
+/// What [`sharded`] gives: the χ² grid in spectrum order, the time from the first batch to the
+/// last result, and the rate of the GPUs' resident batches run at once.
+struct Sharded {
+    chi2: Vec<f32>,
+    wall_s: f64,
+    device_rate: f64,
+}
+
+/// Fits every spectrum of `data` on the runtimes `rts` at once, a thread each: each prepares
+/// the templates and a fitter, then takes the next batch not taken (so a faster GPU takes more),
+/// loads it, runs it and reads its results. Then each runs its last batch 10 times over, all at
+/// once, for the device-work rate.
+fn sharded(
+    rts: &[Runtime],
+    set: &Setting,
+    data: &reference::Spectra,
+    batch: usize,
+) -> Result<Sharded, Box<dyn Error>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Barrier, Mutex};
+    let pixels = set.pixels.len;
+    let spectra = data.truth.len();
+    let batches = spectra.div_ceil(batch);
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Vec<f32>>>> = Mutex::new(vec![None; batches]);
+    let ready = Barrier::new(rts.len() + 1);
+    let done = Barrier::new(rts.len() + 1);
+    let reps = 10;
+    let (wall_s, device_s) = std::thread::scope(|scope| -> Result<(f64, f64), Box<dyn Error>> {
+        let workers: Vec<_> = rts
+            .iter()
+            .map(|rt| {
+                let (next, results, ready, done) = (&next, &results, &ready, &done);
+                scope.spawn(move || -> pptm::Result<()> {
+                    let t = &set.templates;
+                    let knots = prepare(rt, t);
+                    let fitter = knots.and_then(|k| {
+                        Fitter::new(rt, t, k, &set.pixels, set.velocities, set.degree, batch)
+                    });
+                    ready.wait();
+                    // Every thread meets the others at `done`, an error or not (the caller
+                    // waits there too).
+                    let fitted = fitter.and_then(|mut fitter| {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= batches {
+                                return Ok(fitter);
+                            }
+                            let range = i * batch * pixels..((i + 1) * batch).min(spectra) * pixels;
+                            let n = fitter.load(&data.flux[range.clone()], &data.ivar[range])?;
+                            fitter.run(rt)?;
+                            let chi2 = fitter.results(n)?.chi2;
+                            results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(chi2);
+                        }
+                    });
+                    done.wait();
+                    let mut fitter = fitted?;
+                    for _ in 0..reps {
+                        fitter.run(rt)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        ready.wait();
+        let start = Instant::now();
+        done.wait();
+        let wall = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        for w in workers {
+            w.join().map_err(|_| "a GPU's thread panicked")??;
+        }
+        Ok((wall, start.elapsed().as_secs_f64()))
+    })?;
+    let mut chi2 = Vec::new();
+    for r in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        chi2.extend(r.ok_or("a batch was not fitted")?);
+    }
+    Ok(Sharded {
+        chi2,
+        wall_s,
+        device_rate: (rts.len() * batch * reps) as f64 / device_s,
+    })
 }
 
 /// The largest relative difference of a χ² grid from a reference, NaN where the reference is NaN

@@ -218,3 +218,28 @@ fn child_describes_runtime_new() {
         Err(e) => panic!("unexpected: {e:?}"),
     }
 }
+
+/// `Runtime::every_gpu`: one runtime a device, each on its own device and working; without a GPU
+/// the same error as `Runtime::gpu` (NoGpu here, where no driver is installed).
+#[test]
+fn every_gpu_opens_one_runtime_a_device() {
+    match Runtime::every_gpu(&pptm::Config::default()) {
+        Ok(all) => {
+            assert!(!all.is_empty());
+            for (i, rt) in all.iter().enumerate() {
+                assert_eq!(rt.backend(), BackendKind::Gpu);
+                assert_eq!(rt.config().device, i);
+                let x = rt.upload(&[1.0f32, 2.0, 3.0]).unwrap();
+                assert_eq!(x.to_vec().unwrap(), [1.0, 2.0, 3.0]);
+            }
+            println!("every_gpu: {} runtime(s)", all.len());
+        }
+        Err(e) => {
+            assert!(
+                !gpu_here(),
+                "a GPU runtime opens here, but every_gpu failed: {e}"
+            );
+            assert!(matches!(e, Error::NoGpu(_) | Error::Driver { .. }), "{e:?}");
+        }
+    }
+}

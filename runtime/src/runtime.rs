@@ -561,6 +561,21 @@ impl Runtime {
         Self::gpu_with(Config::default())
     }
 
+    /// One runtime on each GPU of the host, in device order, each with `config`'s settings and
+    /// its own `device`: a group to shard independent batch work over (examples/spectra.rs
+    /// `--gpus`). No GPU is [`Error::NoGpu`]. Each runtime is independent (its own manifolds,
+    /// buffers and queue); a buffer belongs to the runtime that made it.
+    pub fn every_gpu(config: &Config) -> Result<Vec<Self>> {
+        (0..Device::count()?)
+            .map(|device| {
+                Self::gpu_with(Config {
+                    device,
+                    ..config.clone()
+                })
+            })
+            .collect()
+    }
+
     /// As [`Runtime::gpu`], with settings.
     pub fn gpu_with(config: Config) -> Result<Self> {
         config.validate()?;

@@ -168,16 +168,16 @@ impl Device {
         Ok(d)
     }
 
-    fn open_new(ordinal: usize) -> Result<Arc<Device>> {
+    /// How many GPUs the driver shows this process (`CUDA_VISIBLE_DEVICES` applies). No driver
+    /// library or no device is [`Error::NoGpu`]; a driver that fails to start is
+    /// [`Error::Driver`].
+    pub fn count() -> Result<usize> {
         // SAFETY: probes for the driver library without calling into it.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::NoGpu(
                 "the CUDA driver library (libcuda.so) is not installed".into(),
             ));
         }
-        // No device at all (none installed, or CUDA_VISIBLE_DEVICES hides them all) is "no GPU";
-        // any other failure of cuInit is a driver that is there but broken, and says so: a test
-        // suite must not mistake it for an absent GPU and skip.
         result::init().map_err(|e| {
             if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE {
                 Error::NoGpu(format!(
@@ -193,7 +193,15 @@ impl Device {
         if count <= 0 {
             return Err(Error::NoGpu("the CUDA driver reports no device".into()));
         }
-        if ordinal >= count as usize {
+        Ok(count as usize)
+    }
+
+    fn open_new(ordinal: usize) -> Result<Arc<Device>> {
+        // No device at all (none installed, or CUDA_VISIBLE_DEVICES hides them all) is "no GPU";
+        // any other failure of cuInit is a driver that is there but broken, and says so: a test
+        // suite must not mistake it for an absent GPU and skip.
+        let count = Self::count()?;
+        if ordinal >= count {
             return Err(Error::NoGpu(format!(
                 "device {ordinal} requested but only {count} present"
             )));
