@@ -561,6 +561,8 @@ pub struct Fitter {
     idx_grid: Buffer<f32>,
     idx_spectra: Buffer<f32>,
     obs: Buffer<f32>,
+    /// The host's copy of a batch's interleaved (flux, weight) rows, reused batch to batch.
+    staging: Vec<f32>,
     chi2: Buffer<f32>,
     fits: Buffer<f32>,
 }
@@ -655,6 +657,7 @@ impl Fitter {
             idx_grid: up(&iota(grid))?,
             idx_spectra: up(&iota(batch))?,
             obs: poisoned(2 * batch * pixels.len)?,
+            staging: vec![0.0; 2 * batch * pixels.len],
             chi2: poisoned(grid)?,
             fits: poisoned(3 * batch)?,
         })
@@ -674,12 +677,13 @@ impl Fitter {
                 self.batch
             )));
         }
-        let mut obs = vec![0.0; 2 * self.batch * self.pixels];
-        for (i, (f, w)) in flux.iter().zip(ivar).enumerate() {
-            obs[2 * i] = *f;
-            obs[2 * i + 1] = *w;
+        let (filled, rest) = self.staging.split_at_mut(2 * flux.len());
+        for ((pair, f), w) in filled.chunks_exact_mut(2).zip(flux).zip(ivar) {
+            pair[0] = *f;
+            pair[1] = *w;
         }
-        self.obs.write(&obs)?;
+        rest.fill(0.0);
+        self.obs.write(&self.staging)?;
         Ok(n)
     }
 
