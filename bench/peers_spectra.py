@@ -67,6 +67,10 @@ GEMMs over the pixels (TF32 off); A_jk = (μ_(j+k) + μ_|j−k|) / 2 and the sol
                                      the moments' float32 rounding into ~1e-3 of χ²
   * eager-f64, compile-f64        -- the normal form with the per-pixel work in float64 (GEMMs on
                                      the FP64 units)
+  * eager-lstsq                   -- as the seed's GPU port fits: each fit's weighted design matrix
+                                     (batch, B R, Np, D + 1) in float32, torch.linalg.lstsq
+                                     (batched QR), χ² from the residuals; batches cut to keep the
+                                     design matrices under ~2 GB
 compile is torch.compile of the per-batch function (default mode). Each variant is timed over the
 whole case after two warm-up passes (compilation excluded), with CUDA events and the host clock
 around synchronised work, 10 repetitions (3 with --quick); median and p99; spectra per second =
@@ -106,6 +110,7 @@ VARIANTS = {
     "compile-normal": (True, "normal", "float32"),
     "eager-f64": (False, "normal", "float64"),
     "compile-f64": (True, "normal", "float64"),
+    "eager-lstsq": (False, "lstsq", "float32"),
 }
 
 
@@ -553,7 +558,17 @@ def make_chi2_batch(torch, form, v0, dv):
         As = A * scale[..., :, None] * scale[..., None, :] + torch.diag_embed(ridge)
         L, _ = torch.linalg.cholesky_ex(As)
         c = torch.cholesky_solve((rhs * scale)[..., None], L)[..., 0] * scale
-        if form == "normal":
+        if form == "lstsq":
+            # As the seed's GPU port does it: every fit's weighted design matrix, (n, B R, Np,
+            # D + 1), solved by a batched least-squares solve (QR), χ² from the residuals. The
+            # normal equations above are left unused.
+            sw = w.sqrt()
+            X = (sw[:, None, :, None] * S[None, :, :, None]) * cheb[:D1].T[None, None, :, :]
+            y = (sw * d)[:, None, :, None].expand(n, B * R, npx, 1)
+            coef = torch.linalg.lstsq(X, y).solution
+            res = y - X @ coef
+            chi2 = (res * res).sum(dim=(-2, -1)).to(f64)
+        elif form == "normal":
             chi2 = dd[:, None] - (rhs * c).sum(dim=-1)
         else:
             # Σ_p w (d − S Σ_j c_j T_j)², over (n, B R, Np) in the work precision.
@@ -568,7 +583,10 @@ def make_chi2_batch(torch, form, v0, dv):
 
 def batch_bytes(case, form, work_bytes, batch):
     """The largest tensor of a batch, bytes."""
-    per_spectrum = case.B * case.R * case.Np * work_bytes if form == "residual" else 0
+    per_spectrum = {
+        "residual": case.B * case.R * case.Np * work_bytes,
+        "lstsq": case.B * case.R * case.Np * (case.D + 1) * work_bytes,
+    }.get(form, 0)
     fixed = case.B * case.R * (2 * case.D + 1) * case.Np * work_bytes  # the μ GEMM's operand
     return max(batch * per_spectrum, fixed, batch * case.B * case.R * (case.D + 1) ** 2 * 8)
 
