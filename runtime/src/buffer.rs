@@ -6,6 +6,7 @@ use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
 use crate::host::{HostData, HostRead, HostWrite};
+use crate::host_pool::HostBuffer;
 
 /// A fixed-length array of `T` owned by one [`Runtime`](crate::Runtime).
 ///
@@ -157,6 +158,29 @@ impl<T: Element> Buffer<T> {
             Storage::Device(_) => {}
         }
         Ok(())
+    }
+
+    /// Copies the contents into `dst`, a host buffer of the buffer's length. From a GPU
+    /// runtime's pool `dst` is pinned, and the copy goes straight from the device into it (one
+    /// transfer, no staging); otherwise this is [`Buffer::read_into`].
+    pub fn read_to_host(&self, dst: &mut HostBuffer<T>) -> Result<()> {
+        match &self.storage {
+            Storage::Device(d) if dst.is_pinned() && self.len == dst.len() && self.len > 0 => d
+                .device
+                .download_direct(bytemuck::cast_slice_mut(&mut dst[..]), d.ptr),
+            _ => self.read_into(dst),
+        }
+    }
+
+    /// Overwrites the contents with `src`, a host buffer of the buffer's length: straight from
+    /// pinned memory to the device on the GPU backend (see [`Buffer::read_to_host`]).
+    pub fn write_from_host(&mut self, src: &HostBuffer<T>) -> Result<()> {
+        match &self.storage {
+            Storage::Device(d) if src.is_pinned() && self.len == src.len() && self.len > 0 => d
+                .device
+                .upload_direct(d.ptr, bytemuck::cast_slice(&src[..])),
+            _ => self.write(src),
+        }
     }
 
     /// Overwrites the contents with `src`, which must have the buffer's length.

@@ -284,6 +284,27 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// This backend or platform cannot do what was asked.
+    #[error("not supported here: {what}")]
+    Unsupported {
+        /// What was asked.
+        what: String,
+    },
+
+    /// No tile of the smallest size the planner may choose fits the memory it was given
+    /// ([`crate::tiles::TilePlanner`]).
+    #[error(
+        "no tile fits: the smallest ({tile} x {tile}) needs {needed} bytes, the budget is {budget} bytes"
+    )]
+    TileTooLarge {
+        /// The smallest tile edge tried.
+        tile: u64,
+        /// Bytes that tile needs.
+        needed: u64,
+        /// Bytes the planner may use.
+        budget: u64,
+    },
+
     /// Memory could not be allocated.
     #[error("out of memory allocating {bytes} bytes")]
     OutOfMemory {

@@ -23,11 +23,13 @@ mod error;
 mod gpu;
 mod guard;
 mod host;
+pub mod host_pool;
 mod pipeline;
 mod runtime;
 mod state;
 mod sync;
 mod ticket;
+pub mod tiles;
 pub mod tune;
 
 pub use buffer::Buffer;
@@ -42,6 +44,7 @@ pub use element::{DType, Element, F8E4M3, bf16, f16};
 pub use error::{Error, Result};
 pub use gpu::baseline;
 pub use guard::GuardStats;
+pub use host_pool::{HostBuffer, HostPoolStats};
 #[doc(hidden)]
 pub use linkme;
 pub use pipeline::{
@@ -50,6 +53,6 @@ pub use pipeline::{
 };
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;
-pub use runtime::{BackendKind, Config, GpuInfo, Runtime, Variant};
+pub use runtime::{BackendKind, Config, GpuInfo, MemoryInfo, Runtime, Variant};
 pub use state::State;
 pub use ticket::{ProductPaths, Ticket, Timed};

@@ -16,6 +16,7 @@ use crate::gpu::manifold::Gates;
 use crate::gpu::signals::Signals;
 use crate::gpu::{Device, Launcher, Manifold};
 use crate::guard::{GuardBook, GuardNote, GuardStats};
+use crate::host_pool::{HostBuffer, HostPool, HostPoolStats};
 use crate::ticket::Ticket;
 
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
@@ -173,6 +174,9 @@ pub struct Config {
     /// ([`Runtime::wait_for_stream`]) before the watchdog may take the wait for a hang. Default
     /// 10 s.
     pub stream_patience: Duration,
+    /// Idle bytes the pool of host buffers keeps for reuse ([`Runtime::host_buffer`]); a buffer
+    /// dropped beyond that is freed. Default 1 GiB.
+    pub host_pool_bytes: usize,
 }
 
 impl Default for Config {
@@ -194,6 +198,7 @@ impl Default for Config {
             variant: Variant::Fused,
             stream_patience: Duration::from_secs(10),
             plan_arena_bytes: 4 << 20,
+            host_pool_bytes: 1 << 30,
             park_when_idle: ms_from_env("PPTM_PARK_MS")
                 .map_or(Some(Duration::from_millis(100)), |ms| {
                     (ms > 0).then(|| Duration::from_millis(ms))
@@ -472,12 +477,44 @@ pub struct Runtime {
     backend: Backend,
     /// The accuracy guard's shapes and counters (chains with a `tolerance` stage).
     guards: Arc<GuardBook>,
+    /// Host buffers for direct copies ([`Runtime::host_buffer`]): pinned on the GPU backend.
+    host_pool: Arc<HostPool>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
     }
+}
+
+/// Free and total bytes of a runtime's memory ([`Runtime::memory_info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now.
+    pub free_bytes: usize,
+    /// Bytes in all.
+    pub total_bytes: usize,
+}
+
+/// The host's available and total memory, from `/proc/meminfo` (Linux).
+fn host_memory_info() -> Result<(usize, usize)> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| Error::Unsupported {
+        what: format!("reading the host's memory size (/proc/meminfo: {e})"),
+    })?;
+    parse_meminfo(&text).ok_or_else(|| Error::Unsupported {
+        what: "reading the host's memory size (/proc/meminfo has no MemTotal/MemAvailable)".into(),
+    })
+}
+
+/// (MemAvailable, MemTotal) in bytes from the text of `/proc/meminfo`.
+fn parse_meminfo(text: &str) -> Option<(usize, usize)> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<usize>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("MemAvailable")?, field("MemTotal")?))
 }
 
 /// The GPU a runtime runs on ([`Runtime::gpu_info`]).
@@ -543,6 +580,7 @@ impl Runtime {
     }
 
     fn cpu_because(config: Config, why: String) -> Self {
+        let host_pool = HostPool::new(None, config.host_pool_bytes);
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
@@ -551,6 +589,7 @@ impl Runtime {
                 reference: false,
             },
             guards: Arc::default(),
+            host_pool,
         };
         tracing::info!("pptm: {}", rt.describe());
         rt
@@ -596,9 +635,11 @@ impl Runtime {
             }
             _ => None,
         };
+        let host_pool = HostPool::new(Some(device.clone()), config.host_pool_bytes);
         let rt = Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             config,
+            host_pool,
             backend: Backend::Gpu {
                 device,
                 fleet,
@@ -692,6 +733,41 @@ impl Runtime {
                 Ok(b)
             }
         }
+    }
+
+    /// A host buffer of `len` elements from this runtime's pool: pinned on the GPU backend, so
+    /// [`Buffer::read_to_host`] and [`Buffer::write_from_host`] copy straight between it and the
+    /// device. Memory a dropped host buffer gave back is reused (then it holds what its last user
+    /// left); new memory is zeroed. See [`crate::host_pool`].
+    pub fn host_buffer<T: Element>(&self, len: usize) -> Result<HostBuffer<T>> {
+        self.host_pool.take(len)
+    }
+
+    /// What the pool of host buffers has allocated, reused and holds.
+    pub fn host_pool_stats(&self) -> HostPoolStats {
+        self.host_pool.stats()
+    }
+
+    /// Frees every idle host buffer of the pool now. (On the GPU backend, while a manifold is
+    /// resident the pinned memory is released when the last one stops: `cuMemFreeHost` waits
+    /// for every running kernel.)
+    pub fn trim_host_pool(&self) {
+        self.host_pool.trim()
+    }
+
+    /// Free and total bytes of the memory this runtime's buffers live in: the GPU's memory as the
+    /// driver counts it, or on the CPU backend the host's available and total memory
+    /// (`/proc/meminfo`; elsewhere [`Error::Unsupported`]). A planner sizes its tiles to a
+    /// fraction of the free bytes ([`crate::tiles::TilePlanner`]).
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        let (free_bytes, total_bytes) = match &self.backend {
+            Backend::Gpu { device, .. } => device.memory_info()?,
+            Backend::Cpu { .. } => host_memory_info()?,
+        };
+        Ok(MemoryInfo {
+            free_bytes,
+            total_bytes,
+        })
     }
 
     /// A zeroed buffer of `len` elements.
@@ -1725,5 +1801,25 @@ impl Drop for Runtime {
         if let Err(e) = self.shutdown() {
             tracing::error!("pptm: shutdown: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_meminfo;
+
+    #[test]
+    fn meminfo_gives_available_and_total_bytes() {
+        let text =
+            "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   12288000 kB\n";
+        assert_eq!(
+            parse_meminfo(text),
+            Some((12_288_000 * 1024, 24_576_000 * 1024))
+        );
+        assert_eq!(parse_meminfo("MemTotal: 10 kB\n"), None);
+        assert_eq!(
+            parse_meminfo("MemTotal: ten kB\nMemAvailable: 5 kB\n"),
+            None
+        );
     }
 }

@@ -558,6 +558,24 @@ impl Device {
         }
     }
 
+    /// `bytes` of page-locked host memory, pinned for every context (portable), for copies
+    /// straight to and from device memory (`download_direct`, `upload_direct`). Free it with
+    /// `free_pinned`. (`cuMemHostAlloc` runs beside resident manifolds; see the module docs.)
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<*mut c_void> {
+        self.bind()?;
+        // SAFETY: allocates `bytes` of pinned memory; the caller frees it with free_pinned.
+        unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .map_err(|e| Error::driver("cuMemHostAlloc", e))
+    }
+
+    /// Frees memory from `alloc_pinned`, now or when the last resident manifold stops.
+    pub fn free_pinned(&self, host: *mut c_void) {
+        if self.wedged.load(Ordering::Acquire) {
+            return;
+        }
+        self.free_host(host);
+    }
+
     /// Frees pinned host memory now, or when the last resident manifold stops (cuMemFreeHost
     /// waits for every running kernel, and a manifold runs until it is shut down).
     fn free_host(&self, host: *mut c_void) {
@@ -873,6 +891,45 @@ impl Device {
             }
             Ok(())
         })
+    }
+}
+
+impl Device {
+    /// Copies device memory straight into `dst`, which must be pinned host memory
+    /// (`alloc_pinned`): one DMA transfer on the transfer stream, waited for.
+    pub fn download_direct(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
+        self.with_transfer(|t| {
+            // SAFETY: the caller's device buffer has dst.len() bytes from src; dst is borrowed
+            // mutably until the copy, waited for below, completes.
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), t.stream)
+            })?;
+            t.wait()
+        })
+    }
+
+    /// Copies `src`, which must be pinned host memory (`alloc_pinned`), straight to device
+    /// memory: one DMA transfer on the transfer stream, waited for.
+    pub fn upload_direct(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
+        self.with_transfer(|t| {
+            // SAFETY: the caller's device buffer has src.len() bytes from dst; src is borrowed
+            // until the copy, waited for below, completes.
+            check("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), t.stream)
+            })?;
+            t.wait()
+        })
+    }
+
+    /// Free and total bytes of the device's memory, as the driver counts them.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two integers; a query that launches nothing.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free, total))
     }
 }
 
