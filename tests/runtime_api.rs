@@ -186,7 +186,59 @@ fn items_after_idling_complete(rt: &Runtime) {
     }
 }
 
+/// Host buffers from the runtime's pool (pinned on a GPU) copy both ways, exactly, at odd sizes,
+/// into outputs poisoned first; a wrong length is a typed error; dropped buffers are reused.
+fn host_buffers_copy_both_ways_and_are_reused(rt: &Runtime) {
+    for len in [1usize, 7, 1023, (1 << 20) + 3] {
+        let data = common::uniform(len, -1.0, 1.0);
+        let mut host = rt.host_buffer::<f32>(len).unwrap();
+        assert_eq!(host.len(), len);
+        assert_eq!(host.is_pinned(), rt.backend() == BackendKind::Gpu);
+        host.copy_from_slice(&data);
+        let mut dev = rt.alloc::<f32>(len).unwrap();
+        dev.fill(f32::NAN).unwrap();
+        dev.write_from_host(&host).unwrap();
+        assert_eq!(dev.to_vec().unwrap(), data, "{len}: host buffer to device");
+        let mut back = rt.host_buffer::<f32>(len).unwrap();
+        back.fill(f32::NAN);
+        dev.read_to_host(&mut back).unwrap();
+        assert_eq!(&back[..], &data[..], "{len}: device to host buffer");
+        let mut other = rt.host_buffer::<f32>(len + 1).unwrap();
+        assert!(matches!(dev.read_to_host(&mut other), Err(Error::SliceLength { .. })));
+        assert!(matches!(dev.write_from_host(&other), Err(Error::SliceLength { .. })));
+    }
+    // Another element type through the same pool.
+    let halves: Vec<pptm::bf16> = (0..77).map(|i| pptm::bf16::from_f32(i as f32 * 0.5)).collect();
+    let mut host = rt.host_buffer::<pptm::bf16>(halves.len()).unwrap();
+    host.copy_from_slice(&halves);
+    let mut dev = rt.alloc::<pptm::bf16>(halves.len()).unwrap();
+    dev.write_from_host(&host).unwrap();
+    host.fill(pptm::bf16::from_f32(-1.0));
+    dev.read_to_host(&mut host).unwrap();
+    assert_eq!(&host[..], &halves[..]);
+    drop(host);
+    // The largest buffer above went back to the pool: buffers of about its size reuse it.
+    let before = rt.host_pool_stats();
+    for _ in 0..5 {
+        let b = rt.host_buffer::<f32>(1 << 20).unwrap();
+        assert!(b.capacity_bytes() >= 4 << 20);
+    }
+    let after = rt.host_pool_stats();
+    assert_eq!(after.reuses - before.reuses, 5, "{before:?} -> {after:?}");
+    assert_eq!(after.allocations, before.allocations);
+    rt.trim_host_pool();
+    assert_eq!(rt.host_pool_stats().idle_bytes, 0);
+}
+
+/// The memory a runtime's buffers live in has a size, and what is free fits in it.
+fn memory_info_is_sane(rt: &Runtime) {
+    let m = rt.memory_info().unwrap();
+    assert!(m.total_bytes > 0 && m.free_bytes <= m.total_bytes, "{m:?}");
+}
+
 on_every_backend!(
+    host_buffers_copy_both_ways_and_are_reused,
+    memory_info_is_sane,
     items_after_idling_complete,
     tickets_resolve_once,
     noop_round_trips,
