@@ -20,11 +20,12 @@
 //! whole K on the host).
 //!
 //!     cargo run --release --example kernel_matrix [-- --states 4096 --qubits 8 --other M
-//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --full --cache DIR]
+//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --full --poison --cache DIR]
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::error::Error;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use pptm::tiles::{Tile, TileCost, TileGrid, TilePlanner};
@@ -60,6 +61,9 @@ pub struct Job {
     pub tile: Option<u64>,
     /// The fraction of free memory the tiles may use.
     pub fraction: f64,
+    /// Fill each tile's result with NaN before it is computed (an unwritten entry shows, at the
+    /// cost of a copy of the tile's size).
+    pub poison: bool,
 }
 
 /// How the tile edge was chosen.
@@ -248,6 +252,52 @@ fn choose_edge(
     ))
 }
 
+/// Where tiles' results go on the host: K whole (when it fits the host limit), the checked rows,
+/// and the sum of every entry.
+struct Placer {
+    m: usize,
+    full: Option<Vec<f32>>,
+    sampled: Vec<(usize, Vec<f32>)>,
+    checksum: f64,
+}
+
+impl Placer {
+    /// Places tile `t`'s values (`host`, row-major), and their transpose when `mirrored`.
+    fn place(&mut self, t: &Tile, host: &[f32], mirrored: bool) {
+        let m = self.m;
+        let (r0, c0, tc) = (t.row0 as usize, t.col0 as usize, t.cols as usize);
+        for r in 0..t.rows as usize {
+            let i = r0 + r;
+            let line = &host[r * tc..(r + 1) * tc];
+            let sum: f64 = line.iter().map(|&v| f64::from(v)).sum();
+            self.checksum += if mirrored { 2.0 * sum } else { sum };
+            if let Some(kf) = self.full.as_mut() {
+                kf[i * m + c0..i * m + c0 + tc].copy_from_slice(line);
+                if mirrored {
+                    for (c, &v) in line.iter().enumerate() {
+                        kf[(c0 + c) * m + i] = v;
+                    }
+                }
+            }
+            for (si, values) in self.sampled.iter_mut() {
+                if *si == i {
+                    values[c0..c0 + tc].copy_from_slice(line);
+                }
+            }
+        }
+        if mirrored {
+            // A checked row's entries in the tile's transpose: a column of the tile.
+            for (si, values) in self.sampled.iter_mut() {
+                if (c0..c0 + tc).contains(si) {
+                    for r in 0..t.rows as usize {
+                        values[r0 + r] = host[r * tc + (*si - c0)];
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Computes K for `job` on `rt` from the given states (`cols`: `None` for K of `rows` with
 /// itself), keeping the whole matrix on the host up to `host_limit` bytes, and always the rows
 /// in `check_rows`.
@@ -285,77 +335,90 @@ pub fn compute(
     };
 
     // End to end: each tile computed, then its result read into a pinned host buffer and placed
-    // in K (and its transpose).
-    let keep_full = n * m * 4 <= host_limit;
-    let mut full = if keep_full {
-        Some(vec![f32::NAN; n * m])
-    } else {
-        None
+    // in K (and its transpose) by a second thread while the next tile computes. Two sets of tile
+    // buffers a tile shape take turns.
+    let mut placer = Placer {
+        m,
+        full: (n * m * 4 <= host_limit).then(|| vec![f32::NAN; n * m]),
+        sampled: check_rows.iter().map(|&i| (i, vec![f32::NAN; m])).collect(),
+        checksum: 0.0,
     };
-    let mut sampled: Vec<(usize, Vec<f32>)> =
-        check_rows.iter().map(|&i| (i, vec![f32::NAN; m])).collect();
-    let mut checksum = 0.0f64;
-    let mut bufs: HashMap<(u64, u64), TileBuffers> = HashMap::new();
-    let mut tiles = 0;
-    let mut computed = 0u64;
-    for t in grid.tiles() {
-        let (ti, tj) = ((t.row0 / edge.edge) as usize, (t.col0 / edge.edge) as usize);
-        let out = match bufs.entry((t.rows, t.cols)) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(TileBuffers::new(rt, t.rows as usize, t.cols as usize)?),
-        };
-        out.k.fill(f32::NAN)?;
-        match &operands {
-            Some(ops) => run_tile(rt, &ops.rows[ti], &ops.cols[tj], out, &t, k)?,
-            None => {
-                let x = row_operand(rt, rows, t.row0 as usize, t.rows as usize, job.precision)?;
-                let w = col_operands(rt, cols, t.col0 as usize, t.cols as usize, job.precision)?;
-                run_tile(rt, &x, &w, out, &t, k)?;
-            }
-        }
-        let mut host = rt.host_buffer::<f32>((t.rows * t.cols) as usize)?;
-        out.k.read_to_host(&mut host)?;
-        tiles += 1;
-        computed += t.rows * t.cols;
-        let mirrored = symmetric && !job.full && !t.on_diagonal();
-        let (r0, c0, tc) = (t.row0 as usize, t.col0 as usize, t.cols as usize);
-        for r in 0..t.rows as usize {
-            let i = r0 + r;
-            let line = &host[r * tc..(r + 1) * tc];
-            let sum: f64 = line.iter().map(|&v| f64::from(v)).sum();
-            checksum += if mirrored { 2.0 * sum } else { sum };
-            if let Some(kf) = full.as_mut() {
-                kf[i * m + c0..i * m + c0 + tc].copy_from_slice(line);
-                if mirrored {
-                    for (c, &v) in line.iter().enumerate() {
-                        kf[(c0 + c) * m + i] = v;
-                    }
+    let mirror = symmetric && !job.full;
+    let (to_place, placing) = mpsc::sync_channel::<(Tile, TileBuffers)>(1);
+    let (to_free, freed) = mpsc::channel::<pptm::Result<TileBuffers>>();
+    let (tiles, computed) = std::thread::scope(|scope| -> Result<(usize, u64), Box<dyn Error>> {
+        let placer = &mut placer;
+        scope.spawn(move || {
+            for (t, bufs) in placing {
+                let placed =
+                    rt.host_buffer::<f32>((t.rows * t.cols) as usize)
+                        .and_then(|mut host| {
+                            bufs.k.read_to_host(&mut host)?;
+                            placer.place(&t, &host, mirror && !t.on_diagonal());
+                            Ok(())
+                        });
+                let failed = placed.is_err();
+                let _ = to_free.send(placed.map(|()| bufs));
+                if failed {
+                    break;
                 }
             }
-            for (si, values) in sampled.iter_mut() {
-                if *si == i {
-                    values[c0..c0 + tc].copy_from_slice(line);
+        });
+        let mut free: HashMap<(u64, u64), Vec<TileBuffers>> = HashMap::new();
+        let mut made: HashMap<(u64, u64), usize> = HashMap::new();
+        let (mut tiles, mut computed) = (0usize, 0u64);
+        for t in grid.tiles() {
+            let shape = (t.rows, t.cols);
+            while let Ok(b) = freed.try_recv() {
+                let b = b?;
+                free.entry(b.shape()).or_default().push(b);
+            }
+            let mut out = loop {
+                if let Some(b) = free.get_mut(&shape).and_then(Vec::pop) {
+                    break b;
+                }
+                let count = made.entry(shape).or_default();
+                if *count < 2 {
+                    *count += 1;
+                    break TileBuffers::new(rt, t.rows as usize, t.cols as usize)?;
+                }
+                let b = freed
+                    .recv()
+                    .map_err(|_| "the thread placing tiles stopped")??;
+                free.entry(b.shape()).or_default().push(b);
+            };
+            if job.poison {
+                out.k.fill(f32::NAN)?;
+            }
+            let (ti, tj) = ((t.row0 / edge.edge) as usize, (t.col0 / edge.edge) as usize);
+            match &operands {
+                Some(ops) => run_tile(rt, &ops.rows[ti], &ops.cols[tj], &mut out, &t, k)?,
+                None => {
+                    let x = row_operand(rt, rows, t.row0 as usize, t.rows as usize, job.precision)?;
+                    let w =
+                        col_operands(rt, cols, t.col0 as usize, t.cols as usize, job.precision)?;
+                    run_tile(rt, &x, &w, &mut out, &t, k)?;
                 }
             }
-        }
-        if mirrored {
-            // A checked row's entries in the tile's transpose: a column of the tile.
-            for (si, values) in sampled.iter_mut() {
-                if (c0..c0 + tc).contains(si) {
-                    for r in 0..t.rows as usize {
-                        values[r0 + r] = host[r * tc + (*si - c0)];
-                    }
-                }
+            tiles += 1;
+            computed += t.rows * t.cols;
+            if to_place.send((t, out)).is_err() {
+                break; // the placing thread failed: its error is in `freed`
             }
         }
-    }
+        drop(to_place);
+        for b in freed.iter() {
+            b?;
+        }
+        Ok((tiles, computed))
+    })?;
     Ok(Outcome {
         kernel: Kernel {
             rows: n,
             cols: m,
-            full,
-            sampled,
-            checksum,
+            full: placer.full,
+            sampled: placer.sampled,
+            checksum: placer.checksum,
         },
         edge,
         resident,
@@ -497,7 +560,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     while i < args.len() {
         match args[i].as_str() {
             a if VALUED.contains(&a) => i += 2,
-            "--full" => i += 1,
+            "--full" | "--poison" => i += 1,
             a => return Err(format!("unknown argument `{a}` (see the example's docs)").into()),
         }
     }
@@ -535,6 +598,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         full: args.iter().any(|a| a == "--full"),
         tile,
         fraction: flag(&args, "--fraction")?.unwrap_or(0.5),
+        poison: args.iter().any(|a| a == "--poison"),
     };
     let mut cache = match flag::<String>(&args, "--cache")? {
         Some(dir) => TuneCache::open(std::path::Path::new(&dir).join(pptm::tune::FILE_NAME)),
@@ -667,6 +731,7 @@ mod tests {
             full,
             tile,
             fraction: 0.5,
+            poison: true,
         }
     }
 

@@ -254,6 +254,8 @@ pub fn col_operands(
 
 /// A tile's intermediates and result on the device (rows x cols each).
 pub struct TileBuffers {
+    pub rows: usize,
+    pub cols: usize,
     pub re: Buffer<f32>,
     pub im: Buffer<f32>,
     pub k: Buffer<f32>,
@@ -265,10 +267,19 @@ impl TileBuffers {
         let mut k = rt.alloc(rows * cols)?;
         k.fill(f32::NAN)?;
         Ok(TileBuffers {
+            rows,
+            cols,
             re: rt.alloc(rows * cols)?,
             im: rt.alloc(rows * cols)?,
             k,
         })
+    }
+}
+
+impl TileBuffers {
+    /// (rows, cols), as tiles name their shape.
+    pub fn shape(&self) -> (u64, u64) {
+        (self.rows as u64, self.cols as u64)
     }
 }
 
