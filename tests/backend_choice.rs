@@ -243,3 +243,76 @@ fn every_gpu_opens_one_runtime_a_device() {
         }
     }
 }
+
+/// `Buffer::copy_from` between runtimes: CPU-backend buffers, a GPU's own buffers, the CPU to a
+/// GPU and back, and every pair of GPUs (peer to peer where they allow it); odd sizes, outputs
+/// poisoned first, a wrong length a typed error.
+#[test]
+fn buffers_copy_between_backends_and_gpus() {
+    let cpu = Runtime::cpu();
+    let sizes = [1usize, 7, 1023, (1 << 20) + 3];
+    for &len in &sizes {
+        let data = common::uniform(len, -1.0, 1.0);
+        let a = cpu.upload(&data).unwrap();
+        let mut b = cpu.upload(&vec![f32::NAN; len]).unwrap();
+        b.copy_from(&a).unwrap();
+        assert_eq!(b.to_vec().unwrap(), data, "cpu to cpu, {len}");
+        let short = cpu.alloc::<f32>(len + 1).unwrap();
+        assert!(matches!(
+            b.copy_from(&short),
+            Err(Error::SliceLength { .. })
+        ));
+    }
+    let gpus = match Runtime::every_gpu(&pptm::Config::default()) {
+        Ok(g) => g,
+        Err(_) => {
+            assert!(
+                !gpu_here(),
+                "a GPU runtime opens here, but every_gpu failed"
+            );
+            common::skip("backend_choice::buffers_copy_between_backends_and_gpus (GPU part)");
+            return;
+        }
+    };
+    if gpus.len() < 2 {
+        eprintln!(
+            "SKIPPED (one GPU on this host): backend_choice::buffers_copy_between_backends_and_gpus, \
+             the copies between two GPUs"
+        );
+    }
+    for &len in &sizes {
+        let data = common::uniform(len, -1.0, 1.0);
+        let host = cpu.upload(&data).unwrap();
+        // CPU to GPU 0, within GPU 0, GPU 0 to every other GPU, and each back to the CPU.
+        let mut first = gpus[0].upload(&vec![f32::NAN; len]).unwrap();
+        first.copy_from(&host).unwrap();
+        let mut same = gpus[0].upload(&vec![f32::NAN; len]).unwrap();
+        same.copy_from(&first).unwrap();
+        assert_eq!(same.to_vec().unwrap(), data, "cpu to gpu 0 to gpu 0, {len}");
+        for (i, rt) in gpus.iter().enumerate().skip(1) {
+            let mut there = rt.upload(&vec![f32::NAN; len]).unwrap();
+            there.copy_from(&same).unwrap();
+            let mut back = cpu.upload(&vec![f32::NAN; len]).unwrap();
+            back.copy_from(&there).unwrap();
+            assert_eq!(
+                back.to_vec().unwrap(),
+                data,
+                "gpu 0 to gpu {i} to cpu, {len}"
+            );
+            // And the other way, gathering onto GPU 0.
+            let mut gathered = gpus[0].upload(&vec![f32::NAN; len]).unwrap();
+            gathered.copy_from(&there).unwrap();
+            assert_eq!(gathered.to_vec().unwrap(), data, "gpu {i} to gpu 0, {len}");
+            println!(
+                "gpu 0 <-> gpu {i}: peer access {}",
+                if gpus[0].peer_access(rt) {
+                    "on"
+                } else {
+                    "off (staged by the driver)"
+                }
+            );
+        }
+    }
+    assert!(gpus[0].peer_access(&gpus[0]));
+    assert!(!gpus[0].peer_access(&cpu));
+}

@@ -160,6 +160,47 @@ impl<T: Element> Buffer<T> {
         Ok(())
     }
 
+    /// Copies `src`, a buffer of the same length, into this one: from this runtime, another GPU
+    /// runtime's device or a CPU-backend runtime. Between two buffers of one GPU a copy engine
+    /// copies; between two GPUs the copy goes straight from one to the other where they have peer
+    /// access (enabled the first time two devices copy, while neither runs a manifold, and by
+    /// [`Runtime::every_gpu`](crate::Runtime::every_gpu) for every pair it opens), otherwise the
+    /// driver stages it through host memory. So results computed on several GPUs can be gathered
+    /// on one without passing through the application's memory.
+    pub fn copy_from(&mut self, src: &Buffer<T>) -> Result<()> {
+        if src.len != self.len {
+            return Err(Error::SliceLength {
+                buffer: self.len,
+                slice: src.len,
+            });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        let bytes = bytes_of_len::<T>(self.len)?;
+        match (&mut self.storage, &src.storage) {
+            (Storage::Host(d), Storage::Host(s)) => {
+                if !Arc::ptr_eq(d, s) {
+                    d.write().slice_mut().copy_from_slice(s.read().slice());
+                }
+                Ok(())
+            }
+            (Storage::Device(d), Storage::Host(s)) => d
+                .device
+                .upload(d.ptr, bytemuck::cast_slice(s.read().slice())),
+            (Storage::Host(d), Storage::Device(s)) => s
+                .device
+                .download(bytemuck::cast_slice_mut(d.write().slice_mut()), s.ptr),
+            (Storage::Device(d), Storage::Device(s)) if Arc::ptr_eq(&d.device, &s.device) => {
+                d.device.copy_within(d.ptr, s.ptr, bytes)
+            }
+            (Storage::Device(d), Storage::Device(s)) => d
+                .device
+                .copy_from_peer(d.ptr, &s.device, s.ptr, bytes)
+                .map(|_| ()),
+        }
+    }
+
     /// Copies the contents into `dst`, a host buffer of the buffer's length. From a GPU
     /// runtime's pool `dst` is pinned, and the copy goes straight from the device into it (one
     /// transfer, no staging); otherwise this is [`Buffer::read_into`].

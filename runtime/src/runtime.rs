@@ -603,16 +603,27 @@ impl Runtime {
     /// One runtime on each GPU of the host, in device order, each with `config`'s settings and
     /// its own `device`: a group to shard independent batch work over (examples/spectra.rs
     /// `--gpus`). No GPU is [`Error::NoGpu`]. Each runtime is independent (its own manifolds,
-    /// buffers and queue); a buffer belongs to the runtime that made it.
+    /// buffers and queue); a buffer belongs to the runtime that made it, and
+    /// [`Buffer::copy_from`] gathers results from one GPU's buffers into another's, peer to peer
+    /// where the GPUs allow it (enabled here for every pair, before any manifold runs).
     pub fn every_gpu(config: &Config) -> Result<Vec<Self>> {
-        (0..Device::count()?)
+        let all = (0..Device::count()?)
             .map(|device| {
                 Self::gpu_with(Config {
                     device,
                     ..config.clone()
                 })
             })
-            .collect()
+            .collect::<Result<Vec<Self>>>()?;
+        // Peer access for every pair, now that no manifold runs yet ([`Buffer::copy_from`]).
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                if let (Some(da), Some(db)) = (a.gpu_device(), b.gpu_device()) {
+                    da.enable_peer_access(db);
+                }
+            }
+        }
+        Ok(all)
     }
 
     /// As [`Runtime::gpu`], with settings.
@@ -753,6 +764,17 @@ impl Runtime {
     /// for every running kernel.)
     pub fn trim_host_pool(&self) {
         self.host_pool.trim()
+    }
+
+    /// Whether [`Buffer::copy_from`] between this runtime's buffers and `other`'s goes straight
+    /// between the devices: the same GPU, or two GPUs with peer access (enabled now if neither
+    /// runs a manifold; [`Runtime::every_gpu`] enables it for every pair it opens). `false` when
+    /// either runtime is on the CPU backend.
+    pub fn peer_access(&self, other: &Runtime) -> bool {
+        match (self.gpu_device(), other.gpu_device()) {
+            (Some(a), Some(b)) => a.enable_peer_access(b),
+            _ => false,
+        }
     }
 
     /// Free and total bytes of the memory this runtime's buffers live in: the GPU's memory as the

@@ -71,6 +71,9 @@ pub(crate) struct Device {
     arena: Option<DeviceArena>,
     /// Streams and events made before any manifold, lent out and given back (see the module docs).
     spares: Mutex<Spares>,
+    /// Peer access to other devices, by ordinal: enabled (both ways) or not possible. A pair is
+    /// tried once, while neither device has a resident manifold (`enable_peer_access`).
+    peers: Mutex<HashMap<usize, bool>>,
 }
 
 /// Idle streams and events, by handle. Made when the device opens; more are made only while no
@@ -299,6 +302,7 @@ impl Device {
             wedged: std::sync::atomic::AtomicBool::new(false),
             arena,
             spares: Mutex::new(Spares::default()),
+            peers: Mutex::new(HashMap::new()),
         };
         // No manifold can be resident on a device that is only now opening.
         {
@@ -919,6 +923,113 @@ impl Device {
             })?;
             t.wait()
         })
+    }
+
+    /// Copies `bytes` from `src` to `dst`, both on this device (a copy engine), waited for.
+    pub fn copy_within(
+        &self,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        self.with_transfer(|t| {
+            // SAFETY: the caller's buffers have `bytes` bytes at dst and src, on this device, and
+            // neither is used by anything else until the copy, waited for below, completes.
+            check("cuMemcpyDtoDAsync", unsafe {
+                sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, t.stream)
+            })?;
+            t.wait()
+        })
+    }
+
+    /// Copies `bytes` from `src` on device `from` to `dst` on this one, waited for: straight
+    /// between the GPUs where peer access is enabled (tried once per pair, see
+    /// `enable_peer_access`), otherwise staged by the driver through host memory. Returns
+    /// whether the pair has peer access.
+    pub fn copy_from_peer(
+        &self,
+        dst: sys::CUdeviceptr,
+        from: &Device,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<bool> {
+        let peer = self.enable_peer_access(from);
+        self.with_transfer(|t| {
+            // SAFETY: the caller's buffers have `bytes` bytes at dst (this device) and src
+            // (`from`), and neither is used by anything else until the copy, waited for below,
+            // completes; both contexts are primary contexts that live as long as their devices.
+            check("cuMemcpyPeerAsync", unsafe {
+                sys::cuMemcpyPeerAsync(dst, self.ctx, src, from.ctx, bytes, t.stream)
+            })?;
+            t.wait()
+        })?;
+        Ok(peer)
+    }
+
+    /// Enables peer access between this device and `other`, both ways, if the hardware allows
+    /// it and neither device has a resident manifold (whether `cuCtxEnablePeerAccess` waits for
+    /// running kernels is not known; it is not risked beside a manifold that never ends). Tried
+    /// once a pair, except that a pair found busy is tried again next time. Returns whether
+    /// access is enabled.
+    pub fn enable_peer_access(&self, other: &Device) -> bool {
+        if self.ordinal == other.ordinal {
+            return true;
+        }
+        if let Some(&known) = self
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&other.ordinal)
+        {
+            return known;
+        }
+        // Both residency locks, lower ordinal first, keep manifolds from starting meanwhile.
+        let (first, second) = if self.ordinal < other.ordinal {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        let r1 = first.residency.lock().unwrap_or_else(|e| e.into_inner());
+        let r2 = second.residency.lock().unwrap_or_else(|e| e.into_inner());
+        if r1.manifolds > 0 || r2.manifolds > 0 {
+            return false;
+        }
+        let can = |a: &Device, b: &Device| {
+            let mut can: std::ffi::c_int = 0;
+            // SAFETY: writes one integer; both handles are valid devices.
+            let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device, b.cu_device) };
+            r == sys::CUresult::CUDA_SUCCESS && can != 0
+        };
+        let enable = |a: &Device, b: &Device| {
+            if a.bind().is_err() {
+                return false;
+            }
+            // SAFETY: b's context is a live primary context; a's is current on this thread.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx, 0) };
+            matches!(
+                r,
+                sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            )
+        };
+        let enabled =
+            can(self, other) && can(other, self) && enable(self, other) && enable(other, self);
+        drop((r2, r1));
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(other.ordinal, enabled);
+        other
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.ordinal, enabled);
+        tracing::debug!(
+            "peer access between GPUs {} and {}: {}",
+            self.ordinal,
+            other.ordinal,
+            if enabled { "enabled" } else { "not available" }
+        );
+        enabled
     }
 
     /// Free and total bytes of the device's memory, as the driver counts them.
