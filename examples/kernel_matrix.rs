@@ -14,13 +14,20 @@
 //!   diagonal are computed, the rest are their transposes (`--full` computes every tile).
 //!   `--other M` computes K between the N states and M others.
 //!
+//! * **Several GPUs.** `--gpus N|all` then computes the tiles again on N GPUs at once (one
+//!   runtime each, [`Runtime::every_gpu`]), each GPU taking the next tile, and gathers every
+//!   tile's result on GPU 0 with [`pptm::Buffer::copy_from`]: peer to peer where the GPUs allow
+//!   it, never through the host. It prints the rate against one GPU's and checks the gathered
+//!   tiles against K.
+//!
 //! Every tile is one pipeline of three items (two real products, then Re² + Im²). It checks
 //! sampled rows of K against f64 (bar 1e-4 of the entries' typical size, `1/d` off the diagonal),
 //! and prints the rate in kernel entries a second: the tiles' device work, and end to end (the
 //! whole K on the host).
 //!
 //!     cargo run --release --example kernel_matrix [-- --states 4096 --qubits 8 --other M
-//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --full --poison --cache DIR]
+//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --full --poison --cache DIR
+//!         --gpus N|all]
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -252,6 +259,15 @@ fn choose_edge(
     ))
 }
 
+/// The tiles a job computes: the upper triangle of a symmetric K (unless `job.full`), else all.
+pub fn grid_for(job: &Job, symmetric: bool, n: usize, m: usize, edge: u64) -> TileGrid {
+    if symmetric && !job.full {
+        TileGrid::upper_triangle(n as u64, edge)
+    } else {
+        TileGrid::new(n as u64, m as u64, edge)
+    }
+}
+
 /// Where tiles' results go on the host: K whole (when it fits the host limit), the checked rows,
 /// and the sum of every entry.
 struct Placer {
@@ -316,11 +332,7 @@ pub fn compute(
     let (n, m) = (rows.n, cols.n);
     let (edge, resident) = choose_edge(rt, job, rows, cols, cache)?;
     let e = edge.edge as usize;
-    let grid = if symmetric && !job.full {
-        TileGrid::upper_triangle(n as u64, edge.edge)
-    } else {
-        TileGrid::new(n as u64, m as u64, edge.edge)
-    };
+    let grid = grid_for(job, symmetric, n, m, edge.edge);
     let k = job.precision.k(job.d);
     let operands = if resident {
         Some(make_operands(rt, rows, cols, edge.edge, job.precision)?)
@@ -488,6 +500,127 @@ fn device_pass(
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// What [`sharded`] returns: every tile's K gathered on the first runtime, and how the work went.
+pub struct Sharded {
+    /// Each tile and its K (rows x cols, row-major) in a buffer of the first runtime.
+    pub tiles: Vec<(Tile, pptm::Buffer<f32>)>,
+    /// Wall time of the tiles' computation and gathering, operands already resident.
+    pub seconds: f64,
+    /// Tiles each runtime computed.
+    pub per_runtime: Vec<usize>,
+    /// Whether each runtime's results reached the first one's buffers straight (the first: its
+    /// own device; another GPU: peer access; the CPU backend: never).
+    pub peer: Vec<bool>,
+}
+
+/// The tiles of `grid` (edge `edge`) on every runtime of `rts` at once: a thread a runtime, each
+/// with the operands resident on its device, each taking the next tile no one has taken (a
+/// faster device takes more), and each tile's K copied into a buffer of `rts[0]` with
+/// [`pptm::Buffer::copy_from`], peer to peer between GPUs where they allow it: the matrix is
+/// gathered on the first device without passing through the host.
+pub fn sharded(
+    rts: &[Runtime],
+    job: &Job,
+    rows: &States,
+    cols: &States,
+    grid: &TileGrid,
+) -> Result<Sharded, Box<dyn Error>> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let first = rts.first().ok_or("sharded: no runtime")?;
+    let tiles: Vec<Tile> = grid.tiles().collect();
+    let e = grid.edge();
+    let k = job.precision.k(job.d);
+    // Per runtime: its operands and a set of tile buffers a shape, made before the clock starts;
+    // the gathered tiles' buffers on the first runtime too (they are K's storage).
+    let mut setups = Vec::new();
+    for rt in rts {
+        let ops = make_operands(rt, rows, cols, e, job.precision)?;
+        let mut bufs: HashMap<(u64, u64), TileBuffers> = HashMap::new();
+        for t in &tiles {
+            if let Entry::Vacant(v) = bufs.entry((t.rows, t.cols)) {
+                v.insert(TileBuffers::new(rt, t.rows as usize, t.cols as usize)?);
+            }
+        }
+        setups.push((ops, bufs));
+    }
+    let gathered: Vec<Mutex<pptm::Buffer<f32>>> = tiles
+        .iter()
+        .map(|t| {
+            let mut b = first.alloc::<f32>((t.rows * t.cols) as usize)?;
+            b.fill(f32::NAN)?;
+            Ok(Mutex::new(b))
+        })
+        .collect::<pptm::Result<_>>()?;
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    let per_runtime = std::thread::scope(
+        |scope| -> Result<Vec<usize>, Box<dyn Error + Send + Sync>> {
+            let handles: Vec<_> = rts
+                .iter()
+                .zip(setups.iter_mut())
+                .map(|(rt, (ops, bufs))| {
+                    let (tiles, gathered, next) = (&tiles, &gathered, &next);
+                    scope.spawn(move || -> pptm::Result<usize> {
+                        let mut done = 0;
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(t) = tiles.get(i) else {
+                                return Ok(done);
+                            };
+                            let out = bufs.get_mut(&(t.rows, t.cols)).expect("a set a shape");
+                            let (ti, tj) = ((t.row0 / e) as usize, (t.col0 / e) as usize);
+                            run_tile(rt, &ops.rows[ti], &ops.cols[tj], out, t, k)?;
+                            gathered[i]
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .copy_from(&out.k)?;
+                            done += 1;
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a tile thread").map_err(Into::into))
+                .collect()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Sharded {
+        tiles: tiles
+            .into_iter()
+            .zip(gathered)
+            .map(|(t, b)| (t, b.into_inner().unwrap_or_else(|p| p.into_inner())))
+            .collect(),
+        seconds,
+        per_runtime,
+        peer: rts.iter().map(|rt| first.peer_access(rt)).collect(),
+    })
+}
+
+/// Whether every gathered tile equals K's entries there (bit for bit: every device runs the same
+/// code on the same operands), with `full` K row-major of `m` columns.
+pub fn gathered_matches(gathered: &Sharded, full: &[f32], m: usize) -> pptm::Result<bool> {
+    for (t, b) in &gathered.tiles {
+        let v = b.to_vec()?;
+        for r in 0..t.rows as usize {
+            let at = (t.row0 as usize + r) * m + t.col0 as usize;
+            let want = &full[at..at + t.cols as usize];
+            let got = &v[r * t.cols as usize..(r + 1) * t.cols as usize];
+            if got
+                .iter()
+                .zip(want)
+                .any(|(g, w)| g.to_bits() != w.to_bits())
+            {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// Whole matrices up to this size are kept on the host; larger ones keep the checked rows.
 const HOST_LIMIT: usize = 4 << 30;
 
@@ -547,7 +680,7 @@ fn flag<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, 
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    const VALUED: [&str; 7] = [
+    const VALUED: [&str; 8] = [
         "--states",
         "--qubits",
         "--other",
@@ -555,6 +688,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         "--tile",
         "--fraction",
         "--cache",
+        "--gpus",
     ];
     let mut i = 0;
     while i < args.len() {
@@ -564,7 +698,33 @@ fn main() -> Result<(), Box<dyn Error>> {
             a => return Err(format!("unknown argument `{a}` (see the example's docs)").into()),
         }
     }
-    let rt = Runtime::new()?;
+    // With --gpus, every GPU's runtime is opened first, before any manifold runs, so that
+    // peer access between them can be enabled; the first is the main runtime.
+    let gpus_wanted = flag::<String>(&args, "--gpus")?;
+    let mut group = match &gpus_wanted {
+        None => Vec::new(),
+        Some(w) => {
+            let all = Runtime::every_gpu(&pptm::Config::default())
+                .map_err(|e| format!("--gpus: cannot open the GPUs: {e}"))?;
+            let count = match w.as_str() {
+                "all" => all.len(),
+                c => c
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&c| c >= 1)
+                    .ok_or_else(|| format!("--gpus {c}: a count of at least 1, or all"))?,
+            };
+            if count > all.len() {
+                return Err(format!("--gpus {count}: this host has {}", all.len()).into());
+            }
+            all.into_iter().take(count).collect()
+        }
+    };
+    let rt = if group.is_empty() {
+        Runtime::new()?
+    } else {
+        group.remove(0)
+    };
     let gpu = rt.backend() == BackendKind::Gpu;
     println!("kernel_matrix: {}", rt.describe());
     let n: usize = flag(&args, "--states")?.unwrap_or(if gpu { 4096 } else { 256 });
@@ -708,6 +868,35 @@ fn main() -> Result<(), Box<dyn Error>> {
             format!("kernel entries off by {rel:.2e} of (K + 1/d): the bar is 1e-4").into(),
         );
     }
+    if gpus_wanted.is_some() {
+        group.insert(0, rt);
+        let grid = grid_for(&job, cols.is_none(), n, m, out.edge.edge);
+        let cols = cols.as_ref().unwrap_or(&rows);
+        let one = sharded(&group[..1], &job, &rows, cols, &grid)?;
+        let all = sharded(&group, &job, &rows, cols, &grid)?;
+        let rate = |s: &Sharded| out.computed as f64 / s.seconds;
+        println!(
+            "  {} GPU(s), tiles gathered on GPU 0: {:.3e} entries/s, {:.2}x one GPU's {:.3e} \
+             (tiles each {:?}, peer access {:?})",
+            group.len(),
+            rate(&all),
+            rate(&all) / rate(&one),
+            rate(&one),
+            all.per_runtime,
+            all.peer
+        );
+        match &out.kernel.full {
+            Some(full) => {
+                for (what, s) in [("one GPU", &one), ("all GPUs", &all)] {
+                    if !gathered_matches(s, full, m)? {
+                        return Err(format!("the tiles gathered from {what} differ from K").into());
+                    }
+                }
+                println!("  gathered tiles identical to K computed on one GPU");
+            }
+            None => println!("  (K too large to keep on the host: gathered tiles not compared)"),
+        }
+    }
     Ok(())
 }
 
@@ -807,6 +996,32 @@ mod tests {
         assert!(second.edge.saved > Duration::ZERO);
         assert_eq!(second.kernel.full, first.kernel.full);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Tiles shared over two runtimes (two CPU backends here; GPUs on a GPU host) and gathered
+    /// on the first equal K computed on one, bit for bit, and every tile is computed once.
+    #[test]
+    fn sharded_tiles_gather_to_the_same_kernel() {
+        let rts = [Runtime::cpu(), Runtime::cpu()];
+        let (n, d) = (45, 8);
+        let rows = States::random(n, d, 9, inputs::uniform);
+        let j = job(n, None, d, Precision::Bf16x3, false, Some(16));
+        let mut cache = TuneCache::in_memory();
+        let out = compute(&rts[0], &j, &rows, None, &[], usize::MAX, &mut cache).unwrap();
+        let grid = grid_for(&j, true, n, n, 16);
+        let s = sharded(&rts, &j, &rows, &rows, &grid).unwrap();
+        assert_eq!(s.tiles.len(), grid.len());
+        assert_eq!(s.per_runtime.iter().sum::<usize>(), grid.len());
+        assert_eq!(
+            s.peer,
+            [false, false],
+            "the CPU backend copies through the host"
+        );
+        assert!(gathered_matches(&s, out.kernel.full.as_ref().unwrap(), n).unwrap());
+        // A wrong entry is seen.
+        let mut wrong = out.kernel.full.clone().unwrap();
+        wrong[n + 40] += 1e-3;
+        assert!(!gathered_matches(&s, &wrong, n).unwrap());
     }
 
     /// Bad inputs are errors, not panics.

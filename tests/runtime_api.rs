@@ -204,11 +204,19 @@ fn host_buffers_copy_both_ways_and_are_reused(rt: &Runtime) {
         dev.read_to_host(&mut back).unwrap();
         assert_eq!(&back[..], &data[..], "{len}: device to host buffer");
         let mut other = rt.host_buffer::<f32>(len + 1).unwrap();
-        assert!(matches!(dev.read_to_host(&mut other), Err(Error::SliceLength { .. })));
-        assert!(matches!(dev.write_from_host(&other), Err(Error::SliceLength { .. })));
+        assert!(matches!(
+            dev.read_to_host(&mut other),
+            Err(Error::SliceLength { .. })
+        ));
+        assert!(matches!(
+            dev.write_from_host(&other),
+            Err(Error::SliceLength { .. })
+        ));
     }
     // Another element type through the same pool.
-    let halves: Vec<pptm::bf16> = (0..77).map(|i| pptm::bf16::from_f32(i as f32 * 0.5)).collect();
+    let halves: Vec<pptm::bf16> = (0..77)
+        .map(|i| pptm::bf16::from_f32(i as f32 * 0.5))
+        .collect();
     let mut host = rt.host_buffer::<pptm::bf16>(halves.len()).unwrap();
     host.copy_from_slice(&halves);
     let mut dev = rt.alloc::<pptm::bf16>(halves.len()).unwrap();
