@@ -44,8 +44,9 @@ Variants, float32 on CUDA, one MD step = forces + a Verlet update (the list chec
 Each prints the per-step latency (median and p99 over runs of 100 steps, CUDA events and host
 clocks around synchronised work, after warm-up).
 
---bench-json also writes the rows at 10, 100 and 1000 atoms as pptm-bench results (source
-"peers", chain "md", sizes small, medium, large; one run of 100 steps each, its total energy at
+--bench-json also writes the rows at 10, 50, 100, 1000 and 10,000 atoms as pptm-bench results
+(source "peers", chain "md", sizes named "10 atoms" and so on, as cases.rs names them; one run
+of 100 steps each, its total energy at
 the end checked against the float64 start's, as pptm-bench's case `md` is), which bench/run
 merges into REPORT.md.
 """
@@ -306,7 +307,7 @@ def timed_run(torch, variant, p, n, cuda, reps, device, compiled):
 
 
 # pptm-bench's sizes of its case `md` (bench/src/cases.rs), by atom count, and its variants' names.
-BENCH_SIZES = {10: "small", 100: "medium", 1000: "large"}
+BENCH_SIZES = {n: f"{n} atoms" for n in (10, 50, 100, 1000, 10000)}
 BENCH_STEPS = 100
 BENCH_NAMES = {"eager": "torch eager", "graph": "torch eager + CUDA graph",
                "compile": "torch.compile default", "compile-graph": "torch.compile + CUDA graph"}

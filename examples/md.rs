@@ -277,6 +277,60 @@ mod tests {
     /// within 1e-6 of the network.
     const POINTS: usize = 256;
 
+    /// The cell list finds the same neighbours as all pairs: every atom's set of slots, at a
+    /// size where a run uses it, for a few atoms, and for two clusters 32 cells apart (their
+    /// cells share keys, and the distance test keeps them apart).
+    #[test]
+    fn the_cell_list_finds_the_all_pairs_neighbours() {
+        let rt = Runtime::cpu();
+        let model = Model::new(WIDTH);
+        let lattice = start(CELL_LIST_FROM);
+        let mut far = start(40);
+        let offset = 32.0 * CELL_SIDE;
+        far.extend(start(40).into_iter().map(|a| Atom {
+            x: a.x + offset,
+            ..a
+        }));
+        for atoms in [lattice, start(7), far] {
+            let slots = list_columns(&atoms);
+            let mut md = Md::new(&rt, &model, &atoms, slots, POINTS).unwrap();
+            md.cells = true;
+            let cells = md.neighbour_list(&rt).unwrap();
+            md.cells = false;
+            let pairs = md.neighbour_list(&rt).unwrap();
+            let n = atoms.len();
+            for i in 0..n {
+                let set = |list: &[f32]| {
+                    let mut v: Vec<u32> = list[i * slots..(i + 1) * slots]
+                        .iter()
+                        .map(|&j| j as u32)
+                        .filter(|&j| j != i as u32)
+                        .collect();
+                    v.sort_unstable();
+                    v
+                };
+                let (a, b) = (set(&cells), set(&pairs));
+                assert_eq!(a, b, "{n} atoms: atom {i}'s neighbours");
+                // Each neighbour once.
+                assert!(
+                    a.windows(2).all(|w| w[0] < w[1]),
+                    "{n} atoms: atom {i}: {a:?}"
+                );
+            }
+        }
+        // A run whose list comes from the cells ends where one from all pairs does (the slots'
+        // order differs, so the sums' order does: equal to rounding).
+        let atoms = start(7);
+        let mut ends = Vec::new();
+        for cells in [true, false] {
+            let mut md = Md::new(&rt, &model, &atoms, list_columns(&atoms), POINTS).unwrap();
+            md.cells = cells;
+            let end = md.run(&rt, REBUILD_EVERY).unwrap();
+            ends.push(end.potential + end.kinetic);
+        }
+        assert!((ends[0] - ends[1]).abs() < 1e-6 * ends[1].abs(), "{ends:?}");
+    }
+
     /// The forces of the CPU backend are the gradient of the model's energy evaluated directly
     /// (every coordinate, central differences), and its potential energy is that energy, for
     /// one atom (no edges) and for 7.

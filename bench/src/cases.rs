@@ -234,8 +234,8 @@ pub fn all() -> Vec<Case> {
         cases.push(geodesics(size, steps));
     }
     // Molecular dynamics with a learned force field (examples/md.rs): 100 velocity Verlet steps
-    // of 10, 100 and 1000 atoms, one submission.
-    for (size, atoms) in SIZES.into_iter().zip([10usize, 100, 1000]) {
+    // of 10 to 10,000 atoms, one submission (the list by the cell list from 512 atoms).
+    for (size, atoms) in MD_SIZES {
         cases.push(md(size, atoms));
     }
     // The same terms summed per row of a matrix: as many elements, rows of 64 to 4096.
@@ -1316,6 +1316,15 @@ fn geodesics(size: &'static str, steps: usize) -> Case {
         }),
     }
 }
+
+/// The case `md`'s sizes, named by their atoms (bench/peers_md.py names its rows alike).
+pub const MD_SIZES: [(&str, usize); 5] = [
+    ("10 atoms", 10),
+    ("50 atoms", 50),
+    ("100 atoms", 100),
+    ("1000 atoms", 1000),
+    ("10000 atoms", 10000),
+];
 
 /// Steps of one timed run of the case `md`.
 pub const MD_STEPS: usize = 100;

@@ -109,6 +109,24 @@ fn table<'a>(files: &'a [(PathBuf, Results)], chain: &str) -> Table<'a> {
 }
 
 impl<'a> Table<'a> {
+    /// The sizes measured, smallest problem first (by the measurements' `x`, then as SIZES
+    /// orders small, medium and large): a case may name sizes of its own ("10 atoms").
+    fn sizes(&self) -> Vec<&'a str> {
+        let mut sizes: Vec<(&'a str, f64)> = Vec::new();
+        for ((size, _), m) in &self.cells {
+            if !sizes.iter().any(|(s, _)| s == size) {
+                sizes.push((size, m.x));
+            }
+        }
+        let rank = |s: &str| SIZES.iter().position(|z| *z == s).unwrap_or(SIZES.len());
+        sizes.sort_by(|a, b| {
+            a.1.total_cmp(&b.1)
+                .then(rank(a.0).cmp(&rank(b.0)))
+                .then(a.0.cmp(b.0))
+        });
+        sizes.into_iter().map(|(s, _)| s).collect()
+    }
+
     fn best_peer(&self, size: &str) -> Option<&'a Measurement> {
         self.variants
             .iter()
@@ -187,7 +205,7 @@ fn roofs(files: &[(PathBuf, Results)], s: &mut String) {
     let mut rows = 0;
     for chain in MEMORY_BOUND {
         let t = table(files, chain);
-        for size in SIZES {
+        for size in t.sizes() {
             let (Some(ours), Some((roof_host, roof_dev))) =
                 (t.cells.get(&(size, PERSISTENT)), roof(size))
             else {
@@ -244,7 +262,7 @@ fn roofs(files: &[(PathBuf, Results)], s: &mut String) {
     for (chain, tensor) in PRODUCTS {
         let t = table(files, chain);
         let peak = if tensor { bf16_peak } else { fp32_peak };
-        for size in SIZES {
+        for size in t.sizes() {
             let Some(tf) = t.cells.get(&(size, PERSISTENT)).and_then(|m| m.tflops) else {
                 continue;
             };
@@ -318,7 +336,7 @@ fn markdown(files: &[(PathBuf, Results)]) -> String {
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     for chain in CHAINS {
         let t = table(files, chain);
-        for size in SIZES {
+        for size in t.sizes() {
             let Some(ours) = t.cells.get(&(size, PERSISTENT)) else {
                 continue;
             };
@@ -361,10 +379,7 @@ fn markdown(files: &[(PathBuf, Results)]) -> String {
         let sizes: Vec<&str> = if chain == "dispatch" {
             vec!["-"]
         } else {
-            SIZES
-                .into_iter()
-                .filter(|z| t.cells.keys().any(|(s, _)| s == z))
-                .collect()
+            t.sizes()
         };
         let _ = writeln!(s, "### {chain}\n");
         let shapes: Vec<String> = sizes

@@ -53,6 +53,13 @@ pub const FILTER_POINTS: usize = 512;
 /// since it was built; at dt = 1e-3 that is 50 steps of an atom at speed 10, and the example
 /// checks the fastest atom's speed against it.
 pub const REBUILD_EVERY: usize = 10;
+/// The cell list's cells: a little more than the list's reach R_CUT + SKIN, so that f32 rounding
+/// of a coordinate over the side cannot put two atoms within reach two cells apart.
+pub const CELL_SIDE: f64 = 1.01 * (R_CUT + SKIN);
+/// Atoms from which the list is built by the cell list (five passes, each about 27 x (log n + an
+/// occupied cell) an element, the sort n an atom) rather than from all pairs (one pass, n an
+/// element): below it the all-pairs pass is the quicker.
+pub const CELL_LIST_FROM: usize = 512;
 
 /// One atom: position and velocity (at the half step, between the pipeline's Verlet steps).
 #[derive(Debug, Clone, Copy, PartialEq, pptm::State)]
@@ -64,6 +71,14 @@ pub struct Atom {
     pub vx: f64,
     pub vy: f64,
     pub vz: f64,
+}
+
+/// A row of the sorted cell list: an atom and its cell key.
+#[derive(Debug, Clone, Copy, PartialEq, pptm::State)]
+#[repr(C)]
+pub struct SortedAtom {
+    pub atom: f64,
+    pub key: f64,
 }
 
 /// A tabulated filter value and its derivative in the grid coordinate (distance over the grid's
@@ -167,6 +182,196 @@ pub fn neighbour(idx: f64, pos: Table, reach: f32, slots: u32) -> f64 {
                 found = j as f64;
             }
             count += 1;
+        }
+    }
+    found
+}
+
+/// The cell list: atoms binned into cubic cells of side [`CELL_SIDE`] (more than the list's
+/// reach, so an atom's neighbours lie in the 27 cells around its own), the cells' integer
+/// coordinates wrapped modulo 32 into one key (two cells that far apart share a key;
+/// the distance test below tells their atoms apart). The atoms are sorted by key (a rank each,
+/// then the atom of each rank); an atom's neighbours are then found by binary search of the 27
+/// keys in the sorted keys and a walk over those cells' atoms: about 27 x (log n + an occupied
+/// cell) work an element, where the all-pairs [`neighbour`] takes n.
+///
+/// Atom `idx`'s cell key. `pos` holds the atoms' states (n x 6, position first).
+#[op(f32_form)]
+pub fn cell_key(idx: f64, pos: Table, side: f32) -> f64 {
+    let i = idx as u32;
+    let g = 32.0_f64;
+    let cx = (pos.at(i, 0) / side as f64).floor();
+    let cy = (pos.at(i, 1) / side as f64).floor();
+    let cz = (pos.at(i, 2) / side as f64).floor();
+    (cx - g * (cx / g).floor())
+        + g * ((cy - g * (cy / g).floor()) + g * (cz - g * (cz / g).floor()))
+}
+
+/// Atom `idx`'s place in the order of (key, index): how many atoms come before it.
+#[op(f32_form)]
+pub fn cell_rank(idx: f64, keys: Table) -> f64 {
+    let i = idx as u32;
+    let ki = keys.at(i, 0);
+    let mut rank = 0.0_f64;
+    for j in 0..keys.rows() {
+        let kj = keys.at(j, 0);
+        if kj < ki || (kj == ki && j < i) {
+            rank += 1.0;
+        }
+    }
+    rank
+}
+
+/// The atom of rank `idx` and its key: row `idx` of the sorted cell list.
+#[op(f32_form)]
+pub fn cell_entry(idx: f64, ranks: Table, keys: Table) -> SortedAtom {
+    let mut out = SortedAtom {
+        atom: 0.0,
+        key: -1.0,
+    };
+    for i in 0..ranks.rows() {
+        if ranks.at(i, 0) == idx {
+            out.atom = i as f64;
+            out.key = keys.at(i, 0);
+        }
+    }
+    out
+}
+
+/// Neighbours within `reach` of atom `idx / 27` in the `idx % 27`-th cell around its own (cells
+/// (dx, dy, dz) in {-1, 0, 1}^3, x fastest). `cells` is the sorted cell list (n x 2: atom, key).
+#[op(f32_form)]
+pub fn cell_count(idx: f64, pos: Table, cells: Table, side: f32, reach: f32) -> f64 {
+    let e = idx as u32;
+    let i = e / 27;
+    let c = e % 27;
+    let g = 32.0_f64;
+    let size = side as f64;
+    let xi = pos.at(i, 0);
+    let yi = pos.at(i, 1);
+    let zi = pos.at(i, 2);
+    let nx = (xi / size).floor() + (c % 3) as f64 - 1.0;
+    let ny = (yi / size).floor() + ((c / 3) % 3) as f64 - 1.0;
+    let nz = (zi / size).floor() + (c / 9) as f64 - 1.0;
+    let key = (nx - g * (nx / g).floor())
+        + g * ((ny - g * (ny / g).floor()) + g * (nz - g * (nz / g).floor()));
+    // The cell's rows of the sorted list: [first row of key, first row past it).
+    let n = cells.rows();
+    let mut lo = 0_u32;
+    let mut hi = n;
+    for _b in 0..32_u32 {
+        if lo < hi {
+            let mid = (lo + hi) / 2;
+            if cells.at(mid, 1) < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    let first = lo;
+    hi = n;
+    for _b in 0..32_u32 {
+        if lo < hi {
+            let mid = (lo + hi) / 2;
+            if cells.at(mid, 1) < key + 0.5 {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    let reach2 = reach as f64 * reach as f64;
+    let mut count = 0.0_f64;
+    for s in first..lo {
+        let j = cells.at(s, 0) as u32;
+        let dx = pos.at(j, 0) - xi;
+        let dy = pos.at(j, 1) - yi;
+        let dz = pos.at(j, 2) - zi;
+        if j != i && dx * dx + dy * dy + dz * dz < reach2 {
+            count += 1.0;
+        }
+    }
+    count
+}
+
+/// Atom `idx / M`'s neighbour in slot `idx % M` (M = `slots`) by the cell list: the cells around
+/// it in order, each cell's neighbours in the sorted list's order, counted off by `counts` (n x
+/// 27, from [`cell_count`]); the atom itself where it has fewer.
+#[op(f32_form)]
+pub fn cell_neighbour(
+    idx: f64,
+    pos: Table,
+    cells: Table,
+    counts: Table,
+    side: f32,
+    reach: f32,
+    slots: u32,
+) -> f64 {
+    let e = idx as u32;
+    let i = e / slots;
+    let want = e % slots;
+    let mut acc = 0_u32;
+    let mut which = 27_u32;
+    let mut local = 0_u32;
+    for c in 0..27_u32 {
+        let k = counts.at(i, c) as u32;
+        if which == 27 && want < acc + k {
+            which = c;
+            local = want - acc;
+        }
+        acc += k;
+    }
+    let mut found = i as f64;
+    if which < 27 {
+        let g = 32.0_f64;
+        let size = side as f64;
+        let xi = pos.at(i, 0);
+        let yi = pos.at(i, 1);
+        let zi = pos.at(i, 2);
+        let nx = (xi / size).floor() + (which % 3) as f64 - 1.0;
+        let ny = (yi / size).floor() + ((which / 3) % 3) as f64 - 1.0;
+        let nz = (zi / size).floor() + (which / 9) as f64 - 1.0;
+        let key = (nx - g * (nx / g).floor())
+            + g * ((ny - g * (ny / g).floor()) + g * (nz - g * (nz / g).floor()));
+        let n = cells.rows();
+        let mut lo = 0_u32;
+        let mut hi = n;
+        for _b in 0..32_u32 {
+            if lo < hi {
+                let mid = (lo + hi) / 2;
+                if cells.at(mid, 1) < key {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+        let first = lo;
+        hi = n;
+        for _b in 0..32_u32 {
+            if lo < hi {
+                let mid = (lo + hi) / 2;
+                if cells.at(mid, 1) < key + 0.5 {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+        let reach2 = reach as f64 * reach as f64;
+        let mut seen = 0_u32;
+        for s in first..lo {
+            let j = cells.at(s, 0) as u32;
+            let dx = pos.at(j, 0) - xi;
+            let dy = pos.at(j, 1) - yi;
+            let dz = pos.at(j, 2) - zi;
+            if j != i && dx * dx + dy * dy + dz * dz < reach2 {
+                if seen == local {
+                    found = j as f64;
+                }
+                seen += 1;
+            }
         }
     }
     found
@@ -390,6 +595,46 @@ pub struct FilterTable {
 pub struct NeighbourList {
     #[stage(1)]
     slot: Neighbour,
+}
+
+/// Each atom's cell key (the cell list, [`cell_key`]).
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct CellKeys {
+    #[stage(1)]
+    key: CellKey,
+}
+
+/// Each atom's rank in the order of (key, index).
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct CellRanks {
+    #[stage(1)]
+    rank: CellRank,
+}
+
+/// The sorted cell list: n [`SortedAtom`]s.
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct CellEntries {
+    #[stage(1)]
+    entry: CellEntry,
+}
+
+/// n x 27 neighbour counts, by cell around each atom.
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct CellCounts {
+    #[stage(1)]
+    count: CellCount,
+}
+
+/// The Verlet list by the cell list: n x M neighbour indices.
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct CellNeighbourList {
+    #[stage(1)]
+    slot: CellNeighbour,
 }
 
 /// The step's edges: n x M [`Edge`]s.
@@ -714,6 +959,8 @@ pub struct Md {
     pub slots: usize,
     /// Distances of the filter tables.
     pub points: usize,
+    /// Whether the list is built by the cell list (else from all pairs).
+    pub cells: bool,
     /// The state a run starts from (positions, velocities at the full step); a run leaves its end
     /// state in `end`.
     pub start: Buffer<f32>,
@@ -728,6 +975,7 @@ struct Fixed {
     idx_features: Buffer<f32>,
     idx_half: Buffer<f32>,
     idx_slots: Buffer<f32>,
+    idx_cells: Buffer<f32>,
     embed: Buffer<f32>,
     zeros_features: Buffer<f32>,
     zeros_atoms: Buffer<f32>,
@@ -745,6 +993,10 @@ struct Work {
     half_a: Buffer<f32>,
     half_b: Buffer<f32>,
     list: Buffer<f32>,
+    keys: Buffer<f32>,
+    ranks: Buffer<f32>,
+    entries: Buffer<f32>,
+    counts: Buffer<f32>,
     edges: Buffer<f32>,
     x: [Buffer<f32>; BLOCKS],
     m: [Buffer<f32>; BLOCKS],
@@ -764,10 +1016,12 @@ struct Handles<'p> {
     width: usize,
     slots: usize,
     points: usize,
+    cells: bool,
     idx_atoms: PipeInput<'p>,
     idx_features: PipeInput<'p>,
     idx_half: PipeInput<'p>,
     idx_slots: PipeInput<'p>,
+    idx_cells: PipeInput<'p>,
     embed: PipeInput<'p>,
     zeros_features: PipeInput<'p>,
     zeros_atoms: PipeInput<'p>,
@@ -783,6 +1037,10 @@ struct Handles<'p> {
     half_a: PipeOutput,
     half_b: PipeOutput,
     list: PipeOutput,
+    keys: PipeOutput,
+    ranks: PipeOutput,
+    entries: PipeOutput,
+    counts: PipeOutput,
     edges: PipeOutput,
     x: [PipeOutput; BLOCKS],
     m: [PipeOutput; BLOCKS],
@@ -865,6 +1123,7 @@ impl Md {
             idx_features: up(&iota(n * f))?,
             idx_half: up(&iota(n * f / 2))?,
             idx_slots: up(&iota(n * slots))?,
+            idx_cells: up(&iota(n * 27))?,
             embed: up(&model.embed.repeat(n))?,
             zeros_features: up(&vec![0.0; n * f])?,
             zeros_atoms: up(&vec![0.0; n])?,
@@ -883,6 +1142,10 @@ impl Md {
             half_a: poisoned(6 * n)?,
             half_b: poisoned(6 * n)?,
             list: poisoned(n * slots)?,
+            keys: poisoned(n)?,
+            ranks: poisoned(n)?,
+            entries: poisoned(2 * n)?,
+            counts: poisoned(n * 27)?,
             edges: poisoned(5 * n * slots)?,
             x: three(n * f)?,
             m: three(n * f)?,
@@ -900,6 +1163,7 @@ impl Md {
             width: f,
             slots,
             points,
+            cells: n >= CELL_LIST_FROM,
             start: up(&Atom::flatten(atoms))?,
             end: poisoned(6 * n)?,
             fixed,
@@ -909,13 +1173,13 @@ impl Md {
 
     fn handles<'p>(
         p: &mut Pipeline<'p>,
-        shape: (usize, usize, usize, usize),
+        shape: (usize, usize, usize, usize, bool),
         start: &'p Buffer<f32>,
         end: &'p mut Buffer<f32>,
         fx: &'p Fixed,
         w: &'p mut Work,
     ) -> Handles<'p> {
-        let (n, width, slots, points) = shape;
+        let (n, width, slots, points, cells) = shape;
         let [x0, x1, x2] = &mut w.x;
         let [m0, m1, m2] = &mut w.m;
         let [a0, a1, a2] = &mut w.a;
@@ -929,10 +1193,12 @@ impl Md {
             width,
             slots,
             points,
+            cells,
             idx_atoms: p.input(&fx.idx_atoms),
             idx_features: p.input(&fx.idx_features),
             idx_half: p.input(&fx.idx_half),
             idx_slots: p.input(&fx.idx_slots),
+            idx_cells: p.input(&fx.idx_cells),
             embed: p.input(&fx.embed),
             zeros_features: p.input(&fx.zeros_features),
             zeros_atoms: p.input(&fx.zeros_atoms),
@@ -948,6 +1214,10 @@ impl Md {
             half_a: p.output(&mut w.half_a),
             half_b: p.output(&mut w.half_b),
             list: p.output(&mut w.list),
+            keys: p.output(&mut w.keys),
+            ranks: p.output(&mut w.ranks),
+            entries: p.output(&mut w.entries),
+            counts: p.output(&mut w.counts),
             edges: p.output(&mut w.edges),
             x: [p.output(x0), p.output(x1), p.output(x2)],
             m: [p.output(m0), p.output(m1), p.output(m2)],
@@ -962,6 +1232,25 @@ impl Md {
         }
     }
 
+    /// The Verlet list at the start state (n x M atom indices, row-major; padding: the atom
+    /// itself), built as a run builds it.
+    #[allow(dead_code, reason = "examples/md.rs's tests call it; pptm-bench includes this file")]
+    pub fn neighbour_list(&mut self, rt: &Runtime) -> pptm::Result<Vec<f32>> {
+        let shape = (self.n, self.width, self.slots, self.points, self.cells);
+        let mut p = rt.pipeline();
+        let h = Md::handles(
+            &mut p,
+            shape,
+            &self.start,
+            &mut self.end,
+            &self.fixed,
+            &mut self.work,
+        );
+        push_list(&mut p, &h, h.start)?;
+        p.wait()?;
+        self.work.list.to_vec()
+    }
+
     /// Integrates `steps` velocity Verlet steps (a multiple of [`REBUILD_EVERY`]) from `start`
     /// into `end`, as one pipeline: the list and the forces at the start, then a device-side loop
     /// of `steps / REBUILD_EVERY` iterations (a list rebuild and REBUILD_EVERY steps each), then
@@ -973,7 +1262,7 @@ impl Md {
                 reason: format!("{steps} steps: a run is a positive multiple of {REBUILD_EVERY}"),
             });
         }
-        let shape = (self.n, self.width, self.slots, self.points);
+        let shape = (self.n, self.width, self.slots, self.points, self.cells);
         let mut p = rt.pipeline();
         let h = Md::handles(
             &mut p,
@@ -1040,7 +1329,7 @@ impl Md {
     /// and kinetic energies there: one pipeline. Also each item of the forces, named, with its
     /// span on the device's clock (ns) where the backend measures one.
     pub fn evaluate(&mut self, rt: &Runtime) -> pptm::Result<(Vec<[f64; 3]>, RunEnd, ItemSpans)> {
-        let shape = (self.n, self.width, self.slots, self.points);
+        let shape = (self.n, self.width, self.slots, self.points, self.cells);
         let mut p = rt.pipeline();
         let h = Md::handles(
             &mut p,
@@ -1111,16 +1400,48 @@ fn push_energies<'p>(
     Ok((potential, kinetic))
 }
 
+/// The Verlet list at `pos`: from all pairs (one item), or by the cell list (five: keys, ranks,
+/// the sorted list, counts by cell, the list).
 fn push_list<'p>(p: &mut Pipeline<'p>, h: &Handles<'p>, pos: PipeInput<'p>) -> pptm::Result<()> {
-    NeighbourList::push(
+    let reach = (R_CUT + SKIN) as f32;
+    let n = h.n;
+    if !h.cells {
+        NeighbourList::push(p, h.idx_slots, pos, reach, h.slots as u32, h.list, n, 6)?;
+        return Ok(());
+    }
+    let side = CELL_SIDE as f32;
+    CellKeys::push(p, h.idx_atoms, pos, side, h.keys, n, 6)?;
+    CellRanks::push(p, h.idx_atoms, h.keys, h.ranks, n, 1)?;
+    CellEntries::push(p, h.idx_atoms, h.ranks, h.keys, h.entries, n, 1, n, 1)?;
+    CellCounts::push(
+        p,
+        h.idx_cells,
+        pos,
+        h.entries,
+        side,
+        reach,
+        h.counts,
+        n,
+        6,
+        n,
+        2,
+    )?;
+    CellNeighbourList::push(
         p,
         h.idx_slots,
         pos,
-        (R_CUT + SKIN) as f32,
+        h.entries,
+        h.counts,
+        side,
+        reach,
         h.slots as u32,
         h.list,
-        h.n,
+        n,
         6,
+        n,
+        2,
+        n,
+        27,
     )?;
     Ok(())
 }

@@ -106,6 +106,394 @@ __device__ __forceinline__ unsigned int pptm_table_rows(const pptm_table& t) { r
 __device__ __forceinline__ unsigned int pptm_table_cols(const pptm_table& t) { return pptm_table_empty(t) ? 0u : t.cols; }
 #endif  // PPTM_OP_HELPERS
 
+// #[pptm::op] fn cell_count
+__device__ __forceinline__ double pptm_user_cell_count(double idx, pptm_table pos, pptm_table cells, float side, float reach) {
+    const unsigned int e = pptm_user_to_u32(idx);
+    const unsigned int i = (e / 27u);
+    const unsigned int c = (e % 27u);
+    const double g = 32.0;
+    const double size = ((double)side);
+    const double xi = pptm_table_at<double>(pos, i, 0u);
+    const double yi = pptm_table_at<double>(pos, i, 1u);
+    const double zi = pptm_table_at<double>(pos, i, 2u);
+    const double nx = ((floor((xi / size)) + ((double)(c % 3u))) - 1.0);
+    const double ny = ((floor((yi / size)) + ((double)((c / 3u) % 3u))) - 1.0);
+    const double nz = ((floor((zi / size)) + ((double)(c / 9u))) - 1.0);
+    const double key = ((nx - (g * floor((nx / g)))) + (g * ((ny - (g * floor((ny / g)))) + (g * (nz - (g * floor((nz / g))))))));
+    const unsigned int n = pptm_table_rows(cells);
+    unsigned int lo = 0u;
+    unsigned int hi = n;
+    {
+        const unsigned int pptm_end_0 = 32u;
+        for (unsigned int _b = 0u; _b < pptm_end_0; ++_b) {
+            if ((lo < hi)) {
+                const unsigned int mid = ((lo + hi) / 2u);
+                if ((pptm_table_at<double>(cells, mid, 1u) < key)) {
+                    lo = (mid + 1u);
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+    }
+    const unsigned int first = lo;
+    hi = n;
+    {
+        const unsigned int pptm_end_1 = 32u;
+        for (unsigned int _b = 0u; _b < pptm_end_1; ++_b) {
+            if ((lo < hi)) {
+                const unsigned int mid = ((lo + hi) / 2u);
+                if ((pptm_table_at<double>(cells, mid, 1u) < (key + 0.5))) {
+                    lo = (mid + 1u);
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+    }
+    const double reach2 = (((double)reach) * ((double)reach));
+    double count = 0.0;
+    {
+        const unsigned int pptm_end_2 = lo;
+        for (unsigned int s = first; s < pptm_end_2; ++s) {
+            const unsigned int j = pptm_user_to_u32(pptm_table_at<double>(cells, s, 0u));
+            const double dx = (pptm_table_at<double>(pos, j, 0u) - xi);
+            const double dy = (pptm_table_at<double>(pos, j, 1u) - yi);
+            const double dz = (pptm_table_at<double>(pos, j, 2u) - zi);
+            if (((j != i) && ((((dx * dx) + (dy * dy)) + (dz * dz)) < reach2))) {
+                count += 1.0;
+            }
+        }
+    }
+    return count;
+}
+// #[pptm::op(f32_form)] fn cell_count
+__device__ __forceinline__ float pptm_user_cell_count(float idx, pptm_table pos, pptm_table cells, float side, float reach) {
+    const unsigned int e = pptm_user_to_u32(idx);
+    const unsigned int i = (e / 27u);
+    const unsigned int c = (e % 27u);
+    const float g = 32.0f;
+    const float size = side;
+    const float xi = pptm_table_at<float>(pos, i, 0u);
+    const float yi = pptm_table_at<float>(pos, i, 1u);
+    const float zi = pptm_table_at<float>(pos, i, 2u);
+    const float nx = ((floorf((xi / size)) + ((float)(c % 3u))) - 1.0f);
+    const float ny = ((floorf((yi / size)) + ((float)((c / 3u) % 3u))) - 1.0f);
+    const float nz = ((floorf((zi / size)) + ((float)(c / 9u))) - 1.0f);
+    const float key = ((nx - (g * floorf((nx / g)))) + (g * ((ny - (g * floorf((ny / g)))) + (g * (nz - (g * floorf((nz / g))))))));
+    const unsigned int n = pptm_table_rows(cells);
+    unsigned int lo = 0u;
+    unsigned int hi = n;
+    {
+        const unsigned int pptm_end_0 = 32u;
+        for (unsigned int _b = 0u; _b < pptm_end_0; ++_b) {
+            if ((lo < hi)) {
+                const unsigned int mid = ((lo + hi) / 2u);
+                if ((pptm_table_at<float>(cells, mid, 1u) < key)) {
+                    lo = (mid + 1u);
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+    }
+    const unsigned int first = lo;
+    hi = n;
+    {
+        const unsigned int pptm_end_1 = 32u;
+        for (unsigned int _b = 0u; _b < pptm_end_1; ++_b) {
+            if ((lo < hi)) {
+                const unsigned int mid = ((lo + hi) / 2u);
+                if ((pptm_table_at<float>(cells, mid, 1u) < (key + 0.5f))) {
+                    lo = (mid + 1u);
+                } else {
+                    hi = mid;
+                }
+            }
+        }
+    }
+    const float reach2 = (reach * reach);
+    float count = 0.0f;
+    {
+        const unsigned int pptm_end_2 = lo;
+        for (unsigned int s = first; s < pptm_end_2; ++s) {
+            const unsigned int j = pptm_user_to_u32(pptm_table_at<float>(cells, s, 0u));
+            const float dx = (pptm_table_at<float>(pos, j, 0u) - xi);
+            const float dy = (pptm_table_at<float>(pos, j, 1u) - yi);
+            const float dz = (pptm_table_at<float>(pos, j, 2u) - zi);
+            if (((j != i) && ((((dx * dx) + (dy * dy)) + (dz * dz)) < reach2))) {
+                count += 1.0f;
+            }
+        }
+    }
+    return count;
+}
+
+#ifndef PPTM_STATE_SortedAtom_8cc4d8b88d27
+#define PPTM_STATE_SortedAtom_8cc4d8b88d27
+// #[derive(pptm::State)] struct SortedAtom: its fields as declared, and every field f32.
+struct pptm_state_SortedAtom_f32;
+struct pptm_state_SortedAtom {
+    double atom;
+    double key;
+    __device__ __forceinline__ operator pptm_state_SortedAtom_f32() const;
+};
+struct pptm_state_SortedAtom_f32 {
+    float atom;
+    float key;
+    __device__ __forceinline__ operator pptm_state_SortedAtom() const { return pptm_state_SortedAtom{(double)atom, (double)key}; }
+};
+__device__ __forceinline__ pptm_state_SortedAtom::operator pptm_state_SortedAtom_f32() const { return pptm_state_SortedAtom_f32{(float)atom, (float)key}; }
+// Element i of an interleaved f32 buffer of SortedAtoms starts at p = base + 2 * i.
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_SortedAtom& s) { p[0] = (float)s.atom; p[1] = (float)s.key; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_SortedAtom& s) { pptm_check_finite(s.atom); pptm_check_finite(s.key); }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_SortedAtom_f32& s) { p[0] = (float)s.atom; p[1] = (float)s.key; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_SortedAtom_f32& s) { pptm_check_finite(s.atom); pptm_check_finite(s.key); }
+#endif  // PPTM_STATE_SortedAtom_8cc4d8b88d27
+// #[pptm::op] fn cell_entry
+__device__ __forceinline__ pptm_state_SortedAtom pptm_user_cell_entry(double idx, pptm_table ranks, pptm_table keys) {
+    pptm_state_SortedAtom out = [&]() -> pptm_state_SortedAtom { pptm_state_SortedAtom pptm_s = pptm_state_SortedAtom{}; pptm_s.atom = 0.0; pptm_s.key = (-1.0); return pptm_s; }();
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(ranks);
+        for (unsigned int i = 0u; i < pptm_end_0; ++i) {
+            if ((pptm_table_at<double>(ranks, i, 0u) == idx)) {
+                out.atom = ((double)i);
+                out.key = pptm_table_at<double>(keys, i, 0u);
+            }
+        }
+    }
+    return out;
+}
+// #[pptm::op(f32_form)] fn cell_entry
+__device__ __forceinline__ pptm_state_SortedAtom_f32 pptm_user_cell_entry(float idx, pptm_table ranks, pptm_table keys) {
+    pptm_state_SortedAtom_f32 out = [&]() -> pptm_state_SortedAtom_f32 { pptm_state_SortedAtom_f32 pptm_s = pptm_state_SortedAtom_f32{}; pptm_s.atom = 0.0f; pptm_s.key = (-1.0f); return pptm_s; }();
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(ranks);
+        for (unsigned int i = 0u; i < pptm_end_0; ++i) {
+            if ((pptm_table_at<float>(ranks, i, 0u) == idx)) {
+                out.atom = ((float)i);
+                out.key = pptm_table_at<float>(keys, i, 0u);
+            }
+        }
+    }
+    return out;
+}
+
+// #[pptm::op] fn cell_key
+__device__ __forceinline__ double pptm_user_cell_key(double idx, pptm_table pos, float side) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const double g = 32.0;
+    const double cx = floor((pptm_table_at<double>(pos, i, 0u) / ((double)side)));
+    const double cy = floor((pptm_table_at<double>(pos, i, 1u) / ((double)side)));
+    const double cz = floor((pptm_table_at<double>(pos, i, 2u) / ((double)side)));
+    return ((cx - (g * floor((cx / g)))) + (g * ((cy - (g * floor((cy / g)))) + (g * (cz - (g * floor((cz / g))))))));
+}
+// #[pptm::op(f32_form)] fn cell_key
+__device__ __forceinline__ float pptm_user_cell_key(float idx, pptm_table pos, float side) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const float g = 32.0f;
+    const float cx = floorf((pptm_table_at<float>(pos, i, 0u) / side));
+    const float cy = floorf((pptm_table_at<float>(pos, i, 1u) / side));
+    const float cz = floorf((pptm_table_at<float>(pos, i, 2u) / side));
+    return ((cx - (g * floorf((cx / g)))) + (g * ((cy - (g * floorf((cy / g)))) + (g * (cz - (g * floorf((cz / g))))))));
+}
+
+// #[pptm::op] fn cell_neighbour
+__device__ __forceinline__ double pptm_user_cell_neighbour(double idx, pptm_table pos, pptm_table cells, pptm_table counts, float side, float reach, unsigned int slots) {
+    const unsigned int e = pptm_user_to_u32(idx);
+    const unsigned int i = (e / slots);
+    const unsigned int want = (e % slots);
+    unsigned int acc = 0u;
+    unsigned int which = 27u;
+    unsigned int local = 0u;
+    {
+        const unsigned int pptm_end_0 = 27u;
+        for (unsigned int c = 0u; c < pptm_end_0; ++c) {
+            const unsigned int k = pptm_user_to_u32(pptm_table_at<double>(counts, i, c));
+            if (((which == 27u) && (want < (acc + k)))) {
+                which = c;
+                local = (want - acc);
+            }
+            acc += k;
+        }
+    }
+    double found = ((double)i);
+    if ((which < 27u)) {
+        const double g = 32.0;
+        const double size = ((double)side);
+        const double xi = pptm_table_at<double>(pos, i, 0u);
+        const double yi = pptm_table_at<double>(pos, i, 1u);
+        const double zi = pptm_table_at<double>(pos, i, 2u);
+        const double nx = ((floor((xi / size)) + ((double)(which % 3u))) - 1.0);
+        const double ny = ((floor((yi / size)) + ((double)((which / 3u) % 3u))) - 1.0);
+        const double nz = ((floor((zi / size)) + ((double)(which / 9u))) - 1.0);
+        const double key = ((nx - (g * floor((nx / g)))) + (g * ((ny - (g * floor((ny / g)))) + (g * (nz - (g * floor((nz / g))))))));
+        const unsigned int n = pptm_table_rows(cells);
+        unsigned int lo = 0u;
+        unsigned int hi = n;
+        {
+            const unsigned int pptm_end_1 = 32u;
+            for (unsigned int _b = 0u; _b < pptm_end_1; ++_b) {
+                if ((lo < hi)) {
+                    const unsigned int mid = ((lo + hi) / 2u);
+                    if ((pptm_table_at<double>(cells, mid, 1u) < key)) {
+                        lo = (mid + 1u);
+                    } else {
+                        hi = mid;
+                    }
+                }
+            }
+        }
+        const unsigned int first = lo;
+        hi = n;
+        {
+            const unsigned int pptm_end_2 = 32u;
+            for (unsigned int _b = 0u; _b < pptm_end_2; ++_b) {
+                if ((lo < hi)) {
+                    const unsigned int mid = ((lo + hi) / 2u);
+                    if ((pptm_table_at<double>(cells, mid, 1u) < (key + 0.5))) {
+                        lo = (mid + 1u);
+                    } else {
+                        hi = mid;
+                    }
+                }
+            }
+        }
+        const double reach2 = (((double)reach) * ((double)reach));
+        unsigned int seen = 0u;
+        {
+            const unsigned int pptm_end_3 = lo;
+            for (unsigned int s = first; s < pptm_end_3; ++s) {
+                const unsigned int j = pptm_user_to_u32(pptm_table_at<double>(cells, s, 0u));
+                const double dx = (pptm_table_at<double>(pos, j, 0u) - xi);
+                const double dy = (pptm_table_at<double>(pos, j, 1u) - yi);
+                const double dz = (pptm_table_at<double>(pos, j, 2u) - zi);
+                if (((j != i) && ((((dx * dx) + (dy * dy)) + (dz * dz)) < reach2))) {
+                    if ((seen == local)) {
+                        found = ((double)j);
+                    }
+                    seen += 1u;
+                }
+            }
+        }
+    }
+    return found;
+}
+// #[pptm::op(f32_form)] fn cell_neighbour
+__device__ __forceinline__ float pptm_user_cell_neighbour(float idx, pptm_table pos, pptm_table cells, pptm_table counts, float side, float reach, unsigned int slots) {
+    const unsigned int e = pptm_user_to_u32(idx);
+    const unsigned int i = (e / slots);
+    const unsigned int want = (e % slots);
+    unsigned int acc = 0u;
+    unsigned int which = 27u;
+    unsigned int local = 0u;
+    {
+        const unsigned int pptm_end_0 = 27u;
+        for (unsigned int c = 0u; c < pptm_end_0; ++c) {
+            const unsigned int k = pptm_user_to_u32(pptm_table_at<float>(counts, i, c));
+            if (((which == 27u) && (want < (acc + k)))) {
+                which = c;
+                local = (want - acc);
+            }
+            acc += k;
+        }
+    }
+    float found = ((float)i);
+    if ((which < 27u)) {
+        const float g = 32.0f;
+        const float size = side;
+        const float xi = pptm_table_at<float>(pos, i, 0u);
+        const float yi = pptm_table_at<float>(pos, i, 1u);
+        const float zi = pptm_table_at<float>(pos, i, 2u);
+        const float nx = ((floorf((xi / size)) + ((float)(which % 3u))) - 1.0f);
+        const float ny = ((floorf((yi / size)) + ((float)((which / 3u) % 3u))) - 1.0f);
+        const float nz = ((floorf((zi / size)) + ((float)(which / 9u))) - 1.0f);
+        const float key = ((nx - (g * floorf((nx / g)))) + (g * ((ny - (g * floorf((ny / g)))) + (g * (nz - (g * floorf((nz / g))))))));
+        const unsigned int n = pptm_table_rows(cells);
+        unsigned int lo = 0u;
+        unsigned int hi = n;
+        {
+            const unsigned int pptm_end_1 = 32u;
+            for (unsigned int _b = 0u; _b < pptm_end_1; ++_b) {
+                if ((lo < hi)) {
+                    const unsigned int mid = ((lo + hi) / 2u);
+                    if ((pptm_table_at<float>(cells, mid, 1u) < key)) {
+                        lo = (mid + 1u);
+                    } else {
+                        hi = mid;
+                    }
+                }
+            }
+        }
+        const unsigned int first = lo;
+        hi = n;
+        {
+            const unsigned int pptm_end_2 = 32u;
+            for (unsigned int _b = 0u; _b < pptm_end_2; ++_b) {
+                if ((lo < hi)) {
+                    const unsigned int mid = ((lo + hi) / 2u);
+                    if ((pptm_table_at<float>(cells, mid, 1u) < (key + 0.5f))) {
+                        lo = (mid + 1u);
+                    } else {
+                        hi = mid;
+                    }
+                }
+            }
+        }
+        const float reach2 = (reach * reach);
+        unsigned int seen = 0u;
+        {
+            const unsigned int pptm_end_3 = lo;
+            for (unsigned int s = first; s < pptm_end_3; ++s) {
+                const unsigned int j = pptm_user_to_u32(pptm_table_at<float>(cells, s, 0u));
+                const float dx = (pptm_table_at<float>(pos, j, 0u) - xi);
+                const float dy = (pptm_table_at<float>(pos, j, 1u) - yi);
+                const float dz = (pptm_table_at<float>(pos, j, 2u) - zi);
+                if (((j != i) && ((((dx * dx) + (dy * dy)) + (dz * dz)) < reach2))) {
+                    if ((seen == local)) {
+                        found = ((float)j);
+                    }
+                    seen += 1u;
+                }
+            }
+        }
+    }
+    return found;
+}
+
+// #[pptm::op] fn cell_rank
+__device__ __forceinline__ double pptm_user_cell_rank(double idx, pptm_table keys) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const double ki = pptm_table_at<double>(keys, i, 0u);
+    double rank = 0.0;
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(keys);
+        for (unsigned int j = 0u; j < pptm_end_0; ++j) {
+            const double kj = pptm_table_at<double>(keys, j, 0u);
+            if (((kj < ki) || ((kj == ki) && (j < i)))) {
+                rank += 1.0;
+            }
+        }
+    }
+    return rank;
+}
+// #[pptm::op(f32_form)] fn cell_rank
+__device__ __forceinline__ float pptm_user_cell_rank(float idx, pptm_table keys) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const float ki = pptm_table_at<float>(keys, i, 0u);
+    float rank = 0.0f;
+    {
+        const unsigned int pptm_end_0 = pptm_table_rows(keys);
+        for (unsigned int j = 0u; j < pptm_end_0; ++j) {
+            const float kj = pptm_table_at<float>(keys, j, 0u);
+            if (((kj < ki) || ((kj == ki) && (j < i)))) {
+                rank += 1.0f;
+            }
+        }
+    }
+    return rank;
+}
+
 // #[pptm::op] fn cfconv
 __device__ __forceinline__ double pptm_user_cfconv(double idx, pptm_table edges, pptm_table x, pptm_table filter) {
     const unsigned int e = pptm_user_to_u32(idx);
@@ -726,6 +1114,149 @@ __device__ __forceinline__ pptm_state_Atom_f32 pptm_user_verlet(pptm_state_Atom_
     return out;
 }
 
+// chain CellCounts: CellCount (Map pattern)
+// spec hash 38b2a47400a636bf69718fc6cf89398d53f31ebd9def9726610c9abad8d0d3ed, opcode 0x38b2a474
+struct pptm_env_38b2a474 {
+    const float* a0;  // idx
+    const float* a1;  // pos
+    const float* a2;  // cells
+    float a3;  // side
+    float a4;  // reach
+    float* a5;  // out
+    uint64_t a6;  // n
+    uint64_t a7;  // pos_rows
+    uint64_t a8;  // pos_cols
+    uint64_t a9;  // cells_rows
+    uint64_t a10;  // cells_cols
+    __device__ explicit pptm_env_38b2a474(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(__uint_as_float((uint32_t)d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]) {}
+};
+struct pptm_each_38b2a474 {
+    pptm_env_38b2a474 e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_cell_count(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), e.a3, e.a4);
+        e.a5[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_38b2a474(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_38b2a474 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_38b2a474{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain CellEntries: CellEntry (Map pattern)
+// spec hash 8f8fc8c26c951b5e4214aa220c8a3e04f5a30989a853d6107d81e7dbf200c341, opcode 0x8f8fc8c2
+struct pptm_env_8f8fc8c2 {
+    const float* a0;  // idx
+    const float* a1;  // ranks
+    const float* a2;  // keys
+    float* a3;  // out
+    uint64_t a4;  // n
+    uint64_t a5;  // ranks_rows
+    uint64_t a6;  // ranks_cols
+    uint64_t a7;  // keys_rows
+    uint64_t a8;  // keys_cols
+    __device__ explicit pptm_env_8f8fc8c2(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+};
+struct pptm_each_8f8fc8c2 {
+    pptm_env_8f8fc8c2 e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const pptm_state_SortedAtom_f32 s0 = pptm_user_cell_entry(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
+        pptm_state_store(e.a3 + 2 * i, s0);
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_8f8fc8c2(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_8f8fc8c2 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_8f8fc8c2{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain CellKeys: CellKey (Map pattern)
+// spec hash b78dd9f61ce8f5077852cf1524c36cb70478faacb1b6d44dc61f735819188371, opcode 0xb78dd9f6
+struct pptm_env_b78dd9f6 {
+    const float* a0;  // idx
+    const float* a1;  // pos
+    float a2;  // side
+    float* a3;  // out
+    uint64_t a4;  // n
+    uint64_t a5;  // pos_rows
+    uint64_t a6;  // pos_cols
+    __device__ explicit pptm_env_b78dd9f6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_each_b78dd9f6 {
+    pptm_env_b78dd9f6 e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_cell_key(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
+        e.a3[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_b78dd9f6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_b78dd9f6 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_b78dd9f6{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain CellNeighbourList: CellNeighbour (Map pattern)
+// spec hash 9151512ffd503ab58f6998ee6e02e3536252d202aac09de79864c4d6fc3f7538, opcode 0x9151512f
+struct pptm_env_9151512f {
+    const float* a0;  // idx
+    const float* a1;  // pos
+    const float* a2;  // cells
+    const float* a3;  // counts
+    float a4;  // side
+    float a5;  // reach
+    uint32_t a6;  // slots
+    float* a7;  // out
+    uint64_t a8;  // n
+    uint64_t a9;  // pos_rows
+    uint64_t a10;  // pos_cols
+    uint64_t a11;  // cells_rows
+    uint64_t a12;  // cells_cols
+    uint64_t a13;  // counts_rows
+    uint64_t a14;  // counts_cols
+    __device__ explicit pptm_env_9151512f(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(__uint_as_float((uint32_t)d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6((uint32_t)d.args[6]), a7(reinterpret_cast<float*>(d.args[7])), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
+};
+struct pptm_each_9151512f {
+    pptm_env_9151512f e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_cell_neighbour(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a9, e.a10, 0u), pptm_table_make(e.a2, e.a11, e.a12, 0u), pptm_table_make(e.a3, e.a13, e.a14, 0u), e.a4, e.a5, e.a6);
+        e.a7[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_9151512f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_9151512f e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_9151512f{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain CellRanks: CellRank (Map pattern)
+// spec hash ff9e1ecafb226ed17cfb5e071e11eadb8981d7bfaa59fb6b29bc7596d159b801, opcode 0xff9e1eca
+struct pptm_env_ff9e1eca {
+    const float* a0;  // idx
+    const float* a1;  // keys
+    float* a2;  // out
+    uint64_t a3;  // n
+    uint64_t a4;  // keys_rows
+    uint64_t a5;  // keys_cols
+    __device__ explicit pptm_env_ff9e1eca(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]), a5(d.args[5]) {}
+};
+struct pptm_each_ff9e1eca {
+    pptm_env_ff9e1eca e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_cell_rank(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u));
+        e.a2[i] = (float)s0;
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_ff9e1eca(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_ff9e1eca e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_ff9e1eca{e}, b);
+    return PPTM_STATUS_OK;
+}
+
 // chain Convolution: Cfconv (Map pattern)
 // spec hash b48a7058eef4eb77cbef9b53c4a2a13807b5b17da1102d7851c9ddf2469d6d00, opcode 0xb48a7058
 struct pptm_env_b48a7058 {
@@ -1089,6 +1620,11 @@ __device__ __noinline__ uint32_t pptm_run_58afea3d(const pptm_desc& d, const ppt
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
+    case 0x38b2a474u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // CellCounts
+    case 0x8f8fc8c2u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // CellEntries
+    case 0xb78dd9f6u: return ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // CellKeys
+    case 0x9151512fu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // CellNeighbourList
+    case 0xff9e1ecau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // CellRanks
     case 0xb48a7058u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11]) < (1ull << 48);  // Convolution
     case 0x685fe966u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // ConvolutionBack
     case 0x69133b09u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // DenseBack
@@ -1107,6 +1643,11 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
+    case 0x38b2a474u: return pptm_run_38b2a474(d, b, partial);  // CellCounts
+    case 0x8f8fc8c2u: return pptm_run_8f8fc8c2(d, b, partial);  // CellEntries
+    case 0xb78dd9f6u: return pptm_run_b78dd9f6(d, b, partial);  // CellKeys
+    case 0x9151512fu: return pptm_run_9151512f(d, b, partial);  // CellNeighbourList
+    case 0xff9e1ecau: return pptm_run_ff9e1eca(d, b, partial);  // CellRanks
     case 0xb48a7058u: return pptm_run_b48a7058(d, b, partial);  // Convolution
     case 0x685fe966u: return pptm_run_685fe966(d, b, partial);  // ConvolutionBack
     case 0x69133b09u: return pptm_run_69133b09(d, b, partial);  // DenseBack
@@ -1133,6 +1674,11 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
+    case 0x38b2a474u: return true;  // CellCounts
+    case 0x8f8fc8c2u: return true;  // CellEntries
+    case 0xb78dd9f6u: return true;  // CellKeys
+    case 0x9151512fu: return true;  // CellNeighbourList
+    case 0xff9e1ecau: return true;  // CellRanks
     case 0xb48a7058u: return true;  // Convolution
     case 0x685fe966u: return true;  // ConvolutionBack
     case 0x69133b09u: return true;  // DenseBack
@@ -1156,6 +1702,86 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
+    case 0x38b2a474u: {  // CellCounts
+        const pptm_env_38b2a474 e(d);
+        switch (stage) {
+        case 0: {  // CellCount
+            const uint64_t count = e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s0 = pptm_user_cell_count(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), e.a3, e.a4);
+                e.a5[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x8f8fc8c2u: {  // CellEntries
+        const pptm_env_8f8fc8c2 e(d);
+        switch (stage) {
+        case 0: {  // CellEntry
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const pptm_state_SortedAtom_f32 s0 = pptm_user_cell_entry(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
+                pptm_state_store(e.a3 + 2 * i, s0);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xb78dd9f6u: {  // CellKeys
+        const pptm_env_b78dd9f6 e(d);
+        switch (stage) {
+        case 0: {  // CellKey
+            const uint64_t count = e.a4;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a4;
+                const float s0 = pptm_user_cell_key(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
+                e.a3[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x9151512fu: {  // CellNeighbourList
+        const pptm_env_9151512f e(d);
+        switch (stage) {
+        case 0: {  // CellNeighbour
+            const uint64_t count = e.a8;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a8;
+                const float s0 = pptm_user_cell_neighbour(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a9, e.a10, 0u), pptm_table_make(e.a2, e.a11, e.a12, 0u), pptm_table_make(e.a3, e.a13, e.a14, 0u), e.a4, e.a5, e.a6);
+                e.a7[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xff9e1ecau: {  // CellRanks
+        const pptm_env_ff9e1eca e(d);
+        switch (stage) {
+        case 0: {  // CellRank
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_user_cell_rank(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u));
+                e.a2[i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0xb48a7058u: {  // Convolution
         const pptm_env_b48a7058 e(d);
         switch (stage) {
