@@ -8,8 +8,9 @@
 //!   Im = Σ a_im b_re − a_re b_im = [a_re, a_im] · [−b_im; b_re]
 //!
 //! So a tile of K is two real products of one row operand X (rows: the tile's states as
-//! [re, im], 2d values) with two column operands (columns: the tile's other states), then
-//! K = Re² + Im² elementwise (the op `abs2`): three items of one pipeline.
+//! [re, im], 2d values) with two column operands (columns: the tile's other states): the first
+//! stores Re, the second computes Im and stores K = Im² + Re² from its accumulators (the op
+//! `abs2` in its epilogue, reading Re): two items of one pipeline.
 //!
 //! Two precisions:
 //! * `F32`: f32 operands, the product on CUDA cores;
@@ -45,20 +46,26 @@ pub struct ProductSplit {
     product: Matmul,
 }
 
-/// K = Re² + Im² over a tile, beside [`ProductF32`]. Each precision keeps its three items in
-/// one domain: a second domain's manifold would take a share of the SMs from the products.
+/// The imaginary parts' product with K = Im² + Re² in its epilogue (Re, the first product's
+/// output, read at each output as the accumulator is stored): Im is never stored. Each precision
+/// keeps its items in one domain: a second domain's manifold would take a share of the SMs from
+/// the products.
 #[derive(FusionBuilder)]
 #[fusion(domain = "kernel_matrix")]
-pub struct ModulusF32 {
+pub struct ProductModulusF32 {
     #[stage(1)]
+    product: Matmul,
+    #[stage(2)]
     abs2: Abs2,
 }
 
-/// K = Re² + Im² over a tile, beside [`ProductSplit`].
+/// [`ProductModulusF32`] from bf16 hi/lo operands on tensor cores.
 #[derive(FusionBuilder)]
 #[fusion(domain = "kernel_matrix_tc")]
-pub struct ModulusSplit {
-    #[stage(1)]
+pub struct ProductModulusSplit {
+    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    product: Matmul,
+    #[stage(2)]
     abs2: Abs2,
 }
 
@@ -252,12 +259,11 @@ pub fn col_operands(
     }
 }
 
-/// A tile's intermediates and result on the device (rows x cols each).
+/// A tile's intermediate (the real parts) and result on the device (rows x cols each).
 pub struct TileBuffers {
     pub rows: usize,
     pub cols: usize,
     pub re: Buffer<f32>,
-    pub im: Buffer<f32>,
     pub k: Buffer<f32>,
 }
 
@@ -270,7 +276,6 @@ impl TileBuffers {
             rows,
             cols,
             re: rt.alloc(rows * cols)?,
-            im: rt.alloc(rows * cols)?,
             k,
         })
     }
@@ -283,7 +288,7 @@ impl TileBuffers {
     }
 }
 
-/// Pushes the three items of one tile (rows x cols outputs from row operand `x` and column
+/// Pushes the two items of one tile (rows x cols outputs from row operand `x` and column
 /// operands `w`, k = `k`) into `p`.
 #[allow(clippy::too_many_arguments)]
 pub fn push_tile<'a>(
@@ -295,20 +300,17 @@ pub fn push_tile<'a>(
     k: usize,
     cols: usize,
 ) -> pptm::Result<()> {
-    let (re, im) = (p.output(&mut out.re), p.output(&mut out.im));
-    let kk = p.output(&mut out.k);
+    let (re, kk) = (p.output(&mut out.re), p.output(&mut out.k));
     match (x, w) {
         (RowOperand::F32(x), ColOperands::F32 { re: wr, im: wi }) => {
             let (x, wr, wi) = (p.input(x), p.input(wr), p.input(wi));
             ProductF32::push(p, x, wr, re, rows, k, cols)?;
-            ProductF32::push(p, x, wi, im, rows, k, cols)?;
-            ModulusF32::push(p, re, im, kk)?;
+            ProductModulusF32::push(p, x, wi, re, kk, rows, k, cols)?;
         }
         (RowOperand::Split(x), ColOperands::Split { re: wr, im: wi }) => {
             let (x, wr, wi) = (p.input(x), p.input(wr), p.input(wi));
             ProductSplit::push(p, x, wr, re, rows, k, cols)?;
-            ProductSplit::push(p, x, wi, im, rows, k, cols)?;
-            ModulusSplit::push(p, re, im, kk)?;
+            ProductModulusSplit::push(p, x, wi, re, kk, rows, k, cols)?;
         }
         _ => {
             return Err(pptm::Error::BadArguments {

@@ -110,30 +110,6 @@ __device__ __forceinline__ double pptm_user_abs2(double re, double im) {
     return ((re * re) + (im * im));
 }
 
-// chain ModulusF32: Abs2 (Map pattern)
-// spec hash 59198936d848c4d69258c03462d797685368014e66fa59abe3e9311661c7a43e, opcode 0x59198936
-struct pptm_env_59198936 {
-    const float* a0;  // re
-    const float* a1;  // im
-    float* a2;  // out
-    uint64_t a3;  // n
-    __device__ explicit pptm_env_59198936(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]) {}
-};
-struct pptm_body_59198936 {
-    pptm_env_59198936 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_user_abs2(x[0], x[1]);
-        return s0;
-    }
-};
-__device__ __noinline__ uint32_t pptm_run_59198936(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_59198936 e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    pptm_map_store<2>(in, e.a2, e.a3, pptm_body_59198936{e}, b);
-    partial = 0.0;
-    return PPTM_STATUS_OK;
-}
-
 // chain ProductF32: Matmul (Matmul pattern)
 // spec hash 1f6f1a465546a2eb4a156afe32d5adbae24397ce7ec8693935104d8c331eaffb, opcode 0x1f6f1a46
 struct pptm_env_1f6f1a46 {
@@ -167,18 +143,54 @@ __device__ __forceinline__ uint32_t pptm_run_1f6f1a46(const pptm_desc& d, const 
     return PPTM_STATUS_OK;
 }
 
+// chain ProductModulusF32: Matmul -> Abs2 (Matmul pattern)
+// spec hash 6412bdaf535863807635ebfa83c57c85d29280be500ce160c347be0e6f1f48df, opcode 0x6412bdaf
+struct pptm_env_6412bdaf {
+    const float* a0;  // a
+    const float* a1;  // w
+    const float* a2;  // im
+    float* a3;  // out
+    uint64_t a4;  // m
+    uint64_t a5;  // k
+    uint64_t a6;  // n
+    __device__ explicit pptm_env_6412bdaf(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
+};
+struct pptm_epi_6412bdaf {
+    pptm_env_6412bdaf e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = 0.0f;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_user_abs2(acc, pptm_ld_cg_f32(e.a2 + at));
+        return s1;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_user_abs2(acc, pptm_ld_cg_f32(e.a2 + at));
+        return s1;
+    }
+};
+__device__ __forceinline__ uint32_t pptm_run_6412bdaf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_6412bdaf e(d);
+    pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_6412bdaf{e}, e.a3, b);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
-    case 0x59198936u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // ModulusF32
     case 0x1f6f1a46u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // ProductF32
+    case 0x6412bdafu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // ProductModulusF32
     default: return true;
     }
 }
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
-    case 0x59198936u: return pptm_run_59198936(d, b, partial);  // ModulusF32
     case 0x1f6f1a46u: return pptm_run_1f6f1a46(d, b, partial);  // ProductF32
+    case 0x6412bdafu: return pptm_run_6412bdaf(d, b, partial);  // ProductModulusF32
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -191,8 +203,8 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
-    case 0x59198936u: return true;  // ModulusF32
     case 0x1f6f1a46u: return true;  // ProductF32
+    case 0x6412bdafu: return true;  // ProductModulusF32
     default: return false;
     }
 }
@@ -206,27 +218,32 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
-    case 0x59198936u: {  // ModulusF32
-        const pptm_env_59198936 e(d);
+    case 0x1f6f1a46u: {  // ProductF32
+        const pptm_env_1f6f1a46 e(d);
         switch (stage) {
-        case 0: {  // Abs2
-            const uint64_t count = e.a3;
-            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a3;
-                const float s0 = pptm_user_abs2(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
-                e.a2[i] = s0;
-            }
+        case 0: {  // Matmul
+            pptm_matmul(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_pass_acc{}, e.a2, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x1f6f1a46u: {  // ProductF32
-        const pptm_env_1f6f1a46 e(d);
+    case 0x6412bdafu: {  // ProductModulusF32
+        const pptm_env_6412bdaf e(d);
         switch (stage) {
         case 0: {  // Matmul
-            pptm_matmul(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_pass_acc{}, e.a2, b);
+            pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Abs2
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_user_abs2(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i));
+                e.a3[i] = s1;
+            }
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

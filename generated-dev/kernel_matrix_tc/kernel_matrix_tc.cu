@@ -112,26 +112,38 @@ __device__ __forceinline__ double pptm_user_abs2(double re, double im) {
     return ((re * re) + (im * im));
 }
 
-// chain ModulusSplit: Abs2 (Map pattern)
-// spec hash cb553275bfb59552b8bd3f083d0c2e734e00e5d6e4d15d0f5d02841ebc75de7e, opcode 0xcb553275
-struct pptm_env_cb553275 {
-    const float* a0;  // re
-    const float* a1;  // im
-    float* a2;  // out
-    uint64_t a3;  // n
-    __device__ explicit pptm_env_cb553275(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<float*>(d.args[2])), a3(d.args[3]) {}
+// chain ProductModulusSplit: Matmul -> Abs2 (Matmul pattern)
+// spec hash 46601e6297bd9090b3e7b8867a9acaf43eb9d3acf4d8d7153baf7012fdf615d2, opcode 0x46601e62
+struct pptm_env_46601e62 {
+    const pptm_bf16* a0;  // a
+    const pptm_bf16* a1;  // w
+    const float* a2;  // im
+    float* a3;  // out
+    uint64_t a4;  // m
+    uint64_t a5;  // k
+    uint64_t a6;  // n
+    __device__ explicit pptm_env_46601e62(const pptm_desc& d) : a0(reinterpret_cast<const pptm_bf16*>(d.args[0])), a1(reinterpret_cast<const pptm_bf16*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
 };
-struct pptm_body_cb553275 {
-    pptm_env_cb553275 e;
-    __device__ __forceinline__ float operator()(const float (&x)[2]) const {
-        const float s0 = pptm_user_abs2(x[0], x[1]);
-        return s0;
+struct pptm_epi_46601e62 {
+    pptm_env_46601e62 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = 0.0f;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_user_abs2(acc, pptm_ld_cg_f32(e.a2 + at));
+        return s1;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_user_abs2(acc, pptm_ld_cg_f32(e.a2 + at));
+        return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_cb553275(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_cb553275 e(d);
-    const float* const in[2] = {e.a0, e.a1};
-    pptm_map_store<2>(in, e.a2, e.a3, pptm_body_cb553275{e}, b);
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_46601e62(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_46601e62 e(d);
+    pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_46601e62{e}, e.a3, b);
     partial = 0.0;
     return PPTM_STATUS_OK;
 }
@@ -171,7 +183,7 @@ __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_c91be3ef(const pptm_desc& d, 
 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
-    case 0xcb553275u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3]) < (1ull << 48);  // ModulusSplit
+    case 0x46601e62u: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // ProductModulusSplit
     case 0xc91be3efu: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // ProductSplit
     default: return true;
     }
@@ -179,7 +191,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
-    case 0xcb553275u: return pptm_run_cb553275(d, b, partial);  // ModulusSplit
+    case 0x46601e62u: return pptm_run_46601e62(d, b, partial);  // ProductModulusSplit
     case 0xc91be3efu: return pptm_run_c91be3ef(d, b, partial);  // ProductSplit
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -193,7 +205,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
-    case 0xcb553275u: return true;  // ModulusSplit
+    case 0x46601e62u: return true;  // ProductModulusSplit
     case 0xc91be3efu: return true;  // ProductSplit
     default: return false;
     }
@@ -208,15 +220,20 @@ __device__ __forceinline__ bool pptm_variant_checks_finite(uint32_t opcode) {
 __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const pptm_block_ctx& b, double& partial) {
     (void)out;
     switch (d.opcode) {
-    case 0xcb553275u: {  // ModulusSplit
-        const pptm_env_cb553275 e(d);
+    case 0x46601e62u: {  // ProductModulusSplit
+        const pptm_env_46601e62 e(d);
         switch (stage) {
-        case 0: {  // Abs2
-            const uint64_t count = e.a3;
+        case 0: {  // Matmul
+            pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // Abs2
+            const uint64_t count = e.a4 * e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a3;
-                const float s0 = pptm_user_abs2(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i));
-                e.a2[i] = s0;
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_user_abs2(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + i));
+                e.a3[i] = s1;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;
