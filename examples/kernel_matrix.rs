@@ -27,7 +27,8 @@
 //! whole K on the host).
 //!
 //!     cargo run --release --example kernel_matrix [-- --states 4096 --qubits 8 --other M
-//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --full --poison --cache DIR
+//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --budget-mb MB --full --poison
+//!         --cache DIR
 //!         --gpus N|all]
 
 use std::collections::HashMap;
@@ -69,6 +70,8 @@ pub struct Job {
     pub tile: Option<u64>,
     /// The fraction of free memory the tiles may use.
     pub fraction: f64,
+    /// Bytes the tiles may use, instead of the fraction (`--budget-mb`).
+    pub budget: Option<u64>,
     /// Fill each tile's result with NaN before it is computed (an unwritten entry shows, at the
     /// cost of a copy of the tile's size).
     pub poison: bool,
@@ -180,7 +183,10 @@ fn choose_edge(
 ) -> Result<(EdgeChoice, bool), Box<dyn Error>> {
     let start = Instant::now();
     let (n, m) = (rows.n as u64, cols.n as u64);
-    let planner = TilePlanner::for_runtime(rt, job.fraction)?;
+    let planner = match job.budget {
+        Some(bytes) => TilePlanner::with_budget(bytes),
+        None => TilePlanner::for_runtime(rt, job.fraction)?,
+    };
     // Resident operands: the row operand of every state and the column operands of every other.
     let b = job.precision.operand_bytes() as u64;
     let k = job.precision.k(job.d) as u64;
@@ -676,13 +682,14 @@ fn flag<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, 
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    const VALUED: [&str; 8] = [
+    const VALUED: [&str; 9] = [
         "--states",
         "--qubits",
         "--other",
         "--precision",
         "--tile",
         "--fraction",
+        "--budget-mb",
         "--cache",
         "--gpus",
     ];
@@ -754,6 +761,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         full: args.iter().any(|a| a == "--full"),
         tile,
         fraction: flag(&args, "--fraction")?.unwrap_or(0.5),
+        budget: flag::<u64>(&args, "--budget-mb")?.map(|mb| mb << 20),
         poison: args.iter().any(|a| a == "--poison"),
     };
     let mut cache = match flag::<String>(&args, "--cache")? {
@@ -916,6 +924,7 @@ mod tests {
             full,
             tile,
             fraction: 0.5,
+            budget: None,
             poison: true,
         }
     }
@@ -1018,6 +1027,42 @@ mod tests {
         let mut wrong = out.kernel.full.clone().unwrap();
         wrong[n + 40] += 1e-3;
         assert!(!gathered_matches(&s, &wrong, n).unwrap());
+    }
+
+    /// A budget too small for the operands to stay resident streams them, a tile's at a time,
+    /// with the same result; one too small for the smallest tile is a typed error.
+    #[test]
+    fn operands_stream_when_they_do_not_fit() {
+        let rt = Runtime::cpu();
+        let mut cache = TuneCache::in_memory();
+        let (n, d) = (200, 16);
+        let rows = States::random(n, d, 21, inputs::uniform);
+        // One tile edge for both, so that each entry is computed by the same tile (a mirrored
+        // entry sums the split's three products in another order).
+        let resident = job(n, None, d, Precision::Bf16x3, false, Some(128));
+        let a = compute(&rt, &resident, &rows, None, &[], usize::MAX, &mut cache).unwrap();
+        assert!(a.resident);
+        // Operands: 3 n k 2 bytes = 115,200; a 128-edge tile: 128 x 128 x 8 + 3 x 128 x 96 x 2.
+        let streamed = Job {
+            budget: Some(220_000),
+            ..job(n, None, d, Precision::Bf16x3, false, Some(128))
+        };
+        let b = compute(&rt, &streamed, &rows, None, &[], usize::MAX, &mut cache).unwrap();
+        assert!(!b.resident);
+        assert_eq!(b.edge.candidates, vec![128]);
+        assert!(
+            b.device_s.is_nan(),
+            "no device pass without resident operands"
+        );
+        assert_eq!(a.kernel.full, b.kernel.full);
+        let tiny = Job {
+            budget: Some(1000),
+            ..resident
+        };
+        let err = compute(&rt, &tiny, &rows, None, &[], usize::MAX, &mut cache)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("no tile fits"), "{err}");
     }
 
     /// Bad inputs are errors, not panics.

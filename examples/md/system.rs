@@ -1234,7 +1234,10 @@ impl Md {
 
     /// The Verlet list at the start state (n x M atom indices, row-major; padding: the atom
     /// itself), built as a run builds it.
-    #[allow(dead_code, reason = "examples/md.rs's tests call it; pptm-bench includes this file")]
+    #[allow(
+        dead_code,
+        reason = "examples/md.rs's tests call it; pptm-bench includes this file"
+    )]
     pub fn neighbour_list(&mut self, rt: &Runtime) -> pptm::Result<Vec<f32>> {
         let shape = (self.n, self.width, self.slots, self.points, self.cells);
         let mut p = rt.pipeline();
