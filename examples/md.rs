@@ -77,7 +77,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         let mut md = Md::new(&rt, &model, &atoms, slots, FILTER_POINTS)?;
         let (forces, at_start, profile) = md.evaluate(&rt)?;
         let scale = largest(&forces);
-        println!("{n} atoms: a list of {slots} columns; largest force {scale:.3e}");
+        println!(
+            "{n} atoms: a list of {slots} columns, built {}; largest force {scale:.3e}",
+            if md.cells {
+                "by the cell list"
+            } else {
+                "from all pairs"
+            }
+        );
         if gpu {
             let mut reference = Md::new(&cpu, &model, &atoms, slots, FILTER_POINTS)?;
             let (want, _, _) = reference.evaluate(&cpu)?;
