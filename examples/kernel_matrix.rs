@@ -9,27 +9,24 @@
 //!   second run with the same key times nothing and says how long that saved.
 //! * **Pinned host buffers from a pool.** Each tile's result comes back into a
 //!   [`Runtime::host_buffer`] (pinned on a GPU: one DMA copy, no staging) that the next tile
-//!   reuses.
+//!   reuses, placed in K by a second thread while the next tile computes.
 //! * **Symmetric or not.** K of one set of states is symmetric: only the tiles on and above the
 //!   diagonal are computed, the rest are their transposes (`--full` computes every tile).
 //!   `--other M` computes K between the N states and M others.
-//!
 //! * **Several GPUs.** `--gpus N|all` then computes the tiles again on N GPUs at once (one
 //!   runtime each, [`Runtime::every_gpu`]), each GPU taking the next tile, and gathers every
 //!   tile's result on GPU 0 with [`pptm::Buffer::copy_from`]: peer to peer where the GPUs allow
 //!   it, never through the host. It prints the rate against one GPU's and checks the gathered
 //!   tiles against K.
 //!
-//! Every tile is one pipeline of two items (the real parts' product, then the imaginary parts'
-//! with K = Im² + Re² in its epilogue). It checks
-//! sampled rows of K against f64 (bar 1e-4 of the entries' typical size, `1/d` off the diagonal),
-//! and prints the rate in kernel entries a second: the tiles' device work, and end to end (the
-//! whole K on the host).
+//! Every tile is one pipeline of two items: the real parts' product, then the imaginary parts'
+//! with K = Im² + Re² in its epilogue. It checks sampled rows of K against f64 (bar 1e-4 of
+//! K + 1/d, 1/d being the typical size of an entry off the diagonal), and prints the rate in
+//! kernel entries a second: the tiles' device work, and end to end (the whole K on the host).
 //!
 //!     cargo run --release --example kernel_matrix [-- --states 4096 --qubits 8 --other M
-//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --budget-mb MB --full --poison
-//!         --cache DIR
-//!         --gpus N|all]
+//!         --precision bf16x3|f32 --tile auto|EDGE --fraction 0.5 --budget-mb MB --full
+//!         --poison --cache DIR --gpus N|all]
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
