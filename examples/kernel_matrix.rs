@@ -364,6 +364,9 @@ pub fn compute(
     let (to_place, placing) = mpsc::sync_channel::<(Tile, TileBuffers)>(1);
     let (to_free, freed) = mpsc::channel::<pptm::Result<TileBuffers>>();
     let (tiles, computed) = std::thread::scope(|scope| -> Result<(usize, u64), Box<dyn Error>> {
+        // Moved in, so that an error returned below drops it and the placing thread's loop
+        // ends (the scope joins that thread before it returns).
+        let to_place = to_place;
         let placer = &mut placer;
         scope.spawn(move || {
             for (t, bufs) in placing {
