@@ -449,6 +449,20 @@ pub fn compute(
     })
 }
 
+/// One set of tile buffers for each shape among `tiles`.
+fn buffers_by_shape(
+    rt: &Runtime,
+    tiles: impl Iterator<Item = Tile>,
+) -> pptm::Result<HashMap<(u64, u64), TileBuffers>> {
+    let mut bufs = HashMap::new();
+    for t in tiles {
+        if let Entry::Vacant(v) = bufs.entry((t.rows, t.cols)) {
+            v.insert(TileBuffers::new(rt, t.rows as usize, t.cols as usize)?);
+        }
+    }
+    Ok(bufs)
+}
+
 /// Every tile in one pipeline (one submission per domain), the tiles of a shape sharing that
 /// shape's buffers: the pipeline orders their reuse on the device. Returns the wall time.
 fn device_pass(
@@ -458,12 +472,7 @@ fn device_pass(
     e: usize,
     k: usize,
 ) -> pptm::Result<f64> {
-    let mut bufs: HashMap<(u64, u64), TileBuffers> = HashMap::new();
-    for t in grid.tiles() {
-        if let Entry::Vacant(v) = bufs.entry((t.rows, t.cols)) {
-            v.insert(TileBuffers::new(rt, t.rows as usize, t.cols as usize)?);
-        }
-    }
+    let mut bufs = buffers_by_shape(rt, grid.tiles())?;
     let start = Instant::now();
     let mut p = rt.pipeline();
     let mut outs = HashMap::new();
@@ -539,12 +548,7 @@ pub fn sharded(
     let mut setups = Vec::new();
     for rt in rts {
         let ops = make_operands(rt, rows, cols, e, job.precision)?;
-        let mut bufs: HashMap<(u64, u64), TileBuffers> = HashMap::new();
-        for t in &tiles {
-            if let Entry::Vacant(v) = bufs.entry((t.rows, t.cols)) {
-                v.insert(TileBuffers::new(rt, t.rows as usize, t.cols as usize)?);
-            }
-        }
+        let bufs = buffers_by_shape(rt, tiles.iter().copied())?;
         setups.push((ops, bufs));
     }
     let gathered: Vec<Mutex<pptm::Buffer<f32>>> = tiles
