@@ -85,6 +85,8 @@ pub struct EdgeChoice {
     pub saved: Duration,
     /// How long choosing took in this run.
     pub took: Duration,
+    /// Each timed candidate: (edge, host ns an entry, device ns an entry) of its tile.
+    pub timings: Vec<(u64, f64, Option<f64>)>,
 }
 
 /// K, or what of it is kept: the rows checked, when the whole matrix is too large for the host.
@@ -163,11 +165,10 @@ fn run_tile(
     out: &mut TileBuffers,
     t: &Tile,
     k: usize,
-) -> pptm::Result<()> {
+) -> pptm::Result<Option<Duration>> {
     let mut p = rt.pipeline();
     push_tile(&mut p, x, w, out, t.rows as usize, k, t.cols as usize)?;
-    p.wait()?;
-    Ok(())
+    Ok(p.wait()?.device_time().map(|d| d.span))
 }
 
 /// The tile edge: fixed, remembered, or tuned by timing one tile of each candidate (the
@@ -212,6 +213,7 @@ fn choose_edge(
                 from_cache: false,
                 saved: Duration::ZERO,
                 took: start.elapsed(),
+                timings: Vec::new(),
             },
             resident,
         ));
@@ -224,6 +226,7 @@ fn choose_edge(
         &[n, m, job.d as u64],
     );
     let kk = job.precision.k(job.d);
+    let mut timings = Vec::new();
     let tuned = cache.tune(
         &key,
         &candidates,
@@ -243,10 +246,18 @@ fn choose_edge(
             run_tile(rt, &x, &w, &mut out, &t, kk)?;
             let reps = 3;
             let s = Instant::now();
+            let mut device = Some(Duration::ZERO);
             for _ in 0..reps {
-                run_tile(rt, &x, &w, &mut out, &t, kk)?;
+                let span = run_tile(rt, &x, &w, &mut out, &t, kk)?;
+                device = device.zip(span).map(|(a, b)| a + b);
             }
-            let per_entry = s.elapsed().as_secs_f64() / reps as f64 / (t.rows * t.cols) as f64;
+            let entries = (reps as u64 * t.rows * t.cols) as u32;
+            let per_entry = s.elapsed().as_secs_f64() / f64::from(entries);
+            timings.push((
+                edge,
+                per_entry * 1e9,
+                device.map(|d| d.as_secs_f64() * 1e9 / f64::from(entries)),
+            ));
             // Scaled so that the cache's times read as a tile of the largest candidate would take.
             Ok(Duration::from_secs_f64(per_entry * (edge * edge) as f64))
         },
@@ -259,6 +270,7 @@ fn choose_edge(
             from_cache: tuned.from_cache,
             saved: tuned.saved,
             took: start.elapsed(),
+            timings,
         },
         resident,
     ))
@@ -412,7 +424,9 @@ pub fn compute(
             }
             let (ti, tj) = ((t.row0 / edge.edge) as usize, (t.col0 / edge.edge) as usize);
             match &operands {
-                Some(ops) => run_tile(rt, &ops.rows[ti], &ops.cols[tj], &mut out, &t, k)?,
+                Some(ops) => {
+                    run_tile(rt, &ops.rows[ti], &ops.cols[tj], &mut out, &t, k)?;
+                }
                 None => {
                     let x = row_operand(rt, rows, t.row0 as usize, t.rows as usize, job.precision)?;
                     let w =
@@ -833,6 +847,10 @@ fn main() -> Result<(), Box<dyn Error>> {
                 .path()
                 .map_or("memory only".into(), |p| p.display().to_string())
         );
+        for (edge, host, device) in &e.timings {
+            let device = device.map_or("-".to_string(), |d| format!("{d:.3}"));
+            println!("    edge {edge}: {host:.3} ns an entry end to end, {device} on the device");
+        }
     }
     println!(
         "  {} tiles, operands {}",

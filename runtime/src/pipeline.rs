@@ -677,10 +677,14 @@ impl<'p> Pipeline<'p> {
         }
         if item.desc.blocks != 1 {
             step.partials = plan.partials;
+            // One slot per block that runs the step: a block's index within the plan is below
+            // the grid's size, at most PPTM_MAX_BLOCKS, however many tiles the step asks for (a
+            // large product asks for one block a tile; its blocks then loop over the tiles).
+            let max = crate::gpu::abi::PPTM_MAX_BLOCKS;
             let slots = if item.desc.blocks == 0 {
-                crate::gpu::abi::PPTM_MAX_BLOCKS
+                max
             } else {
-                item.desc.blocks
+                item.desc.blocks.min(max)
             };
             plan.partials = plan.partials.saturating_add(slots);
         }
