@@ -569,6 +569,190 @@ fn bad_loops_are_refused(rt: &Runtime) {
     drop(p);
 }
 
+/// A `when` runs its body only when the condition is met: u = v + c after Σ v² reaches the
+/// threshold, u untouched (its sentinel stays) when it does not; the item after the body reads u
+/// either way. Kept, the pipeline decides anew at each run (v rewritten between runs).
+fn when_runs_its_body_only_when_met(rt: &Runtime) {
+    let what = rt.describe();
+    for n in SIZES {
+        let (x, c) = (uniform(n, 0.5, 1.0), uniform(n, -1.0, 1.0));
+        let s: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum();
+        for (threshold, met) in [(0.5 * s, true), (2.0 * s, false)] {
+            let cb = rt.upload(&c).unwrap();
+            let mut v = rt.upload(&x).unwrap();
+            let mut u = rt.upload(&vec![-7.0f32; n]).unwrap();
+            let mut w = rt.upload(&vec![f32::NAN; n]).unwrap();
+            let mut p = rt.pipeline();
+            let ci = p.input(&cb);
+            let (vo, uo, wo) = (p.output(&mut v), p.output(&mut u), p.output(&mut w));
+            let total = SumSquaresB2::push(&mut p, vo).unwrap();
+            let mut inner = None;
+            let branch = p
+                .when(total, threshold, |p| {
+                    inner = Some(BlendA::push(p, vo, ci, 1.0, 1.0, uo)?);
+                    Ok(())
+                })
+                .unwrap();
+            let after = BlendA::push(&mut p, uo, ci, 1.0, 1.0, wo).unwrap();
+            let (r, mut kept) = p.wait_and_keep().unwrap();
+            let ctx = format!("{what}: n = {n}, met {met}");
+            assert_eq!(r.runs(branch).unwrap(), u32::from(met), "{ctx}");
+            match r.get(inner.unwrap()) {
+                Ok(()) => assert!(met, "{ctx}: the body's item reports a result"),
+                Err(Error::NotRun { item, .. }) => {
+                    assert!(!met, "{ctx}");
+                    assert_eq!(item, inner.unwrap().index(), "{ctx}");
+                }
+                Err(e) => panic!("{ctx}: {e}"),
+            }
+            r.get(after).unwrap();
+            let check = |kept: &pptm::KeptPipeline<'_>, x: &[f32], met: bool, ctx: &str| {
+                let u_want: Vec<f64> = x
+                    .iter()
+                    .zip(&c)
+                    .map(|(&x, &c)| {
+                        if met {
+                            f64::from(x) + f64::from(c)
+                        } else {
+                            -7.0
+                        }
+                    })
+                    .collect();
+                let w_want: Vec<f64> = u_want
+                    .iter()
+                    .zip(&c)
+                    .map(|(u, &c)| u + f64::from(c))
+                    .collect();
+                assert_vec_close(
+                    &kept.buffer(uo).unwrap().to_vec().unwrap(),
+                    &u_want,
+                    &format!("{ctx}: u"),
+                );
+                assert_vec_close(
+                    &kept.buffer(wo).unwrap().to_vec().unwrap(),
+                    &w_want,
+                    &format!("{ctx}: w"),
+                );
+            };
+            check(&kept, &x, met, &ctx);
+            // Again, with v scaled so that the condition flips; u and w poisoned first.
+            let scale = if met { 0.25f32 } else { 4.0 };
+            let x2: Vec<f32> = x.iter().map(|&v| v * scale).collect();
+            kept.buffer_mut(vo).unwrap().write(&x2).unwrap();
+            kept.buffer_mut(uo)
+                .unwrap()
+                .write(&vec![-7.0f32; n])
+                .unwrap();
+            kept.buffer_mut(wo)
+                .unwrap()
+                .write(&vec![f32::NAN; n])
+                .unwrap();
+            let r2 = kept.run().unwrap();
+            let ctx = format!("{ctx}, run again with the condition flipped");
+            assert_eq!(r2.runs(branch).unwrap(), u32::from(!met), "{ctx}");
+            assert_eq!(r2.get(inner.unwrap()).is_ok(), !met, "{ctx}");
+            check(&kept, &x2, !met, &ctx);
+        }
+    }
+}
+
+/// A `when` inside a device-side loop decides at every iteration: a grows by c each iteration
+/// and is reset to zero once Σ a² reaches 6.25 Σ c² (after every third growth), as a neighbour
+/// list is rebuilt once atoms have moved far enough. The next iteration reads what the reset
+/// left, or what the growth left when it was skipped.
+fn when_inside_a_loop_decides_each_iteration(rt: &Runtime) {
+    let what = rt.describe();
+    const ITERATIONS: u32 = 10;
+    for n in [7, 1023, (1 << 20) + 3] {
+        let c = uniform(n, 0.5, 1.0);
+        let sc: f64 = c.iter().map(|&v| f64::from(v).powi(2)).sum();
+        let cb = rt.upload(&c).unwrap();
+        let zeros = rt.upload(&vec![0.0f32; n]).unwrap();
+        let mut a = rt.upload(&vec![0.0f32; n]).unwrap();
+        let mut b = rt.upload(&vec![f32::NAN; n]).unwrap();
+        let mut p = rt.pipeline();
+        let (ci, zi) = (p.input(&cb), p.input(&zeros));
+        let (ao, bo) = (p.output(&mut a), p.output(&mut b));
+        let mut branch = None;
+        let lp = p
+            .repeat(ITERATIONS, |p| {
+                BlendA::push(p, ao, ci, 1.0, 1.0, bo)?; // b = a + c
+                BlendA::push(p, bo, zi, 1.0, 0.0, ao)?; // a = b
+                let moved = SumSquaresB2::push(p, ao)?;
+                branch = Some(p.when(moved, 6.25 * sc, |p| {
+                    BlendA::push(p, zi, zi, 0.0, 0.0, ao).map(|_| ()) // a = 0
+                })?);
+                Ok(())
+            })
+            .unwrap();
+        let r = p.wait().unwrap();
+        let ctx = format!("{what}: n = {n}");
+        assert_eq!(r.iterations(lp).unwrap(), ITERATIONS, "{ctx}");
+        // The host's count: growth k since the last reset gives Σ a² = k² Σ c².
+        let (mut k, mut resets) = (0u32, 0u32);
+        for _ in 0..ITERATIONS {
+            k += 1;
+            if f64::from(k * k) >= 6.25 {
+                k = 0;
+                resets += 1;
+            }
+        }
+        assert_eq!(r.runs(branch.unwrap()).unwrap(), resets, "{ctx}: resets");
+        let want: Vec<f64> = c.iter().map(|&c| f64::from(k) * f64::from(c)).collect();
+        assert_vec_close(&a.to_vec().unwrap(), &want, &format!("{ctx}: a"));
+    }
+}
+
+/// A `when` is refused where it cannot run as asked, with a typed error.
+fn bad_whens_are_refused(rt: &Runtime) {
+    let n = 7;
+    let xb = rt.upload(&uniform(n, -1.0, 1.0)).unwrap();
+    let mut y = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut y2 = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut other_out = rt.upload(&vec![0.0f32; n]).unwrap();
+    let mut other = rt.pipeline();
+    let oo = other.output(&mut other_out);
+    let foreign = SumSquaresB2::push(&mut other, oo).unwrap();
+    let mut p = rt.pipeline();
+    let xi = p.input(&xb);
+    let (yo, y2o) = (p.output(&mut y), p.output(&mut y2));
+    let total = SumSquaresB2::push(&mut p, yo).unwrap();
+    macro_rules! blend {
+        () => {
+            |p: &mut Pipeline<'_>| BlendA::push(p, xi, xi, 1.0, 1.0, y2o).map(|_| ())
+        };
+    }
+    let refused = |e: Error, what: &str| {
+        assert!(matches!(e, Error::PipelineWhen { .. }), "{what}: {e}");
+        assert!(e.to_string().contains(what), "{what}: {e}");
+    };
+    refused(
+        p.when(foreign, 0.0, blend!()).unwrap_err(),
+        "another pipeline",
+    );
+    refused(p.when(total, f64::NAN, blend!()).unwrap_err(), "NaN");
+    refused(p.when(total, 0.0, |_| Ok(())).unwrap_err(), "no item");
+    refused(
+        p.when(total, 0.0, |p| p.when(total, 0.0, blend!()).map(|_| ()))
+            .unwrap_err(),
+        "inside a `when`",
+    );
+    let e = p
+        .when(total, 0.0, |p| p.repeat(2, blend!()).map(|_| ()))
+        .unwrap_err();
+    assert!(matches!(e, Error::PipelineLoop { .. }), "{e}");
+    let mixed = p.when(total, 0.0, |p| {
+        BlendB::push(p, xi, xi, 1.0, 1.0, y2o).map(|_| ())
+    });
+    if plans(rt) {
+        refused(mixed.unwrap_err(), "condition's domain");
+    } else {
+        mixed.unwrap();
+    }
+    drop(p);
+    drop(other);
+}
+
 /// A kept pipeline runs again and again (resident plans on the GPU, its pushes again elsewhere):
 /// a step in `pipe_b`, a dependent one in `pipe_a`, a loop in `pipe_a`, and a reduction in
 /// `pipe_b` of what the loop left. Between runs the input is rewritten and the outputs poisoned
@@ -928,6 +1112,9 @@ fn concurrent_pipelines_over_two_domains(rt: &Runtime) {
 }
 
 on_every_backend!(
+    when_runs_its_body_only_when_met,
+    when_inside_a_loop_decides_each_iteration,
+    bad_whens_are_refused,
     concurrent_pipelines_over_two_domains,
     build_time_pipelines,
     repeated_stages_match_dependent_items,

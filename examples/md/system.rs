@@ -7,8 +7,10 @@
 //! splitmix64 streams, so the two compute the same function):
 //!
 //! * n atoms of unit mass, free boundaries; a Verlet list of the pairs within r_c + skin, held as
-//!   an n x M table of indices (padding: the atom itself), rebuilt on the device every
-//!   [`REBUILD_EVERY`] steps from all pairs;
+//!   an n x M table of indices (padding: the atom itself), rebuilt on the device (from all pairs,
+//!   or by a cell list from [`CELL_LIST_FROM`] atoms) before a step at which some atom has moved
+//!   skin / 2 or more since the list was built: the device measures that before every step and
+//!   decides ([`pptm::Pipeline::when`]);
 //! * each step, an n x M table of edges (neighbour, distance, unit vector) from the list;
 //! * 16 Gaussian radial basis functions of the distance, times a cosine cutoff at r_c;
 //! * 3 interaction blocks of width F (64 or 128): x = h W_in; a continuous filter
@@ -28,7 +30,7 @@
 //! convolutions, (atom, slot) for the list and the edges, one atom for the Verlet step. Each op
 //! finds its element's coordinates from an index tensor (0, 1, 2, ...).
 
-use pptm::ops::SumReduction;
+use pptm::ops::{MaxReduction, SumReduction};
 use pptm::{
     Buffer, FusionBuilder, PipeInput, PipeItem, PipeOutput, Pipeline, Runtime, State, Table, op,
 };
@@ -49,10 +51,13 @@ pub const JITTER: f64 = 0.1;
 pub const V0: f64 = 1.0;
 /// Distances at which each block's filter is tabulated, over [0, R_CUT].
 pub const FILTER_POINTS: usize = 512;
-/// Steps between two list rebuilds. The list stays exact while no atom has moved skin / 2 = 0.5
-/// since it was built; at dt = 1e-3 that is 50 steps of an atom at speed 10, and the example
-/// checks the fastest atom's speed against it.
-pub const REBUILD_EVERY: usize = 10;
+/// The list is rebuilt before a step at which an atom has moved this far (squared) since it was
+/// built: (skin / 2)². Until then every pair within r_c is in the list (each atom of a pair has
+/// moved less than skin / 2, so the pair was within r_c + skin at the build).
+pub const REBUILD_AT: f64 = (SKIN / 2.0) * (SKIN / 2.0);
+/// Verlet steps of one iteration of a run's device-side loop: the two halves of the state's
+/// ping-pong buffers. A run is a whole number of iterations.
+pub const STEPS_PER_ITERATION: usize = 2;
 /// The cell list's cells: a little more than the list's reach R_CUT + SKIN, so that f32 rounding
 /// of a coordinate over the side cannot put two atoms within reach two cells apart.
 pub const CELL_SIDE: f64 = 1.01 * (R_CUT + SKIN);
@@ -575,6 +580,22 @@ pub fn verlet(s: Atom, idx: f64, p1: Table, p2: Table, p3: Table, kick: f32, dri
     out
 }
 
+/// How far atom `idx` has moved since `anchor` (the atoms when the list was built), squared.
+#[op(f32_form, tensors(idx))]
+pub fn moved(s: Atom, idx: f64, anchor: Table) -> f64 {
+    let i = idx as u32;
+    let dx = s.x - anchor.at(i, 0);
+    let dy = s.y - anchor.at(i, 1);
+    let dz = s.z - anchor.at(i, 2);
+    dx * dx + dy * dy + dz * dz
+}
+
+/// The atom as it is: the list's anchor, kept when the list is built.
+#[op(f32_form)]
+pub fn keep(s: Atom) -> Atom {
+    s
+}
+
 /// An atom's kinetic energy (unit mass).
 #[op(f32_form)]
 pub fn kinetic(s: Atom) -> f64 {
@@ -709,6 +730,25 @@ pub struct PotentialEnergy {
     atom: SspDense,
     #[stage(2, reduction = true)]
     total: SumReduction,
+}
+
+/// The largest squared displacement of an atom since the list was built: the condition of a
+/// rebuild.
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct Displacement {
+    #[stage(1)]
+    atom: Moved,
+    #[stage(2, reduction = true)]
+    farthest: MaxReduction,
+}
+
+/// The atoms where the list is built, for [`Displacement`].
+#[derive(FusionBuilder)]
+#[fusion(domain = "md")]
+pub struct KeepAnchor {
+    #[stage(1)]
+    atom: Keep,
 }
 
 /// Σ_i ½ |v_i|².
@@ -992,6 +1032,7 @@ struct Fixed {
 struct Work {
     half_a: Buffer<f32>,
     half_b: Buffer<f32>,
+    anchor: Buffer<f32>,
     list: Buffer<f32>,
     keys: Buffer<f32>,
     ranks: Buffer<f32>,
@@ -1036,6 +1077,7 @@ struct Handles<'p> {
     end: PipeOutput,
     half_a: PipeOutput,
     half_b: PipeOutput,
+    anchor: PipeOutput,
     list: PipeOutput,
     keys: PipeOutput,
     ranks: PipeOutput,
@@ -1065,6 +1107,8 @@ pub struct RunEnd {
     pub kinetic: f64,
     /// Host round trips of the run (1 on the GPU: one submission).
     pub round_trips: u64,
+    /// Times the list was rebuilt after the start (the device decided each).
+    pub rebuilds: u32,
 }
 
 fn iota(n: usize) -> Vec<f32> {
@@ -1141,6 +1185,7 @@ impl Md {
         let work = Work {
             half_a: poisoned(6 * n)?,
             half_b: poisoned(6 * n)?,
+            anchor: poisoned(6 * n)?,
             list: poisoned(n * slots)?,
             keys: poisoned(n)?,
             ranks: poisoned(n)?,
@@ -1213,6 +1258,7 @@ impl Md {
             end: p.output(end),
             half_a: p.output(&mut w.half_a),
             half_b: p.output(&mut w.half_b),
+            anchor: p.output(&mut w.anchor),
             list: p.output(&mut w.list),
             keys: p.output(&mut w.keys),
             ranks: p.output(&mut w.ranks),
@@ -1254,15 +1300,19 @@ impl Md {
         self.work.list.to_vec()
     }
 
-    /// Integrates `steps` velocity Verlet steps (a multiple of [`REBUILD_EVERY`]) from `start`
-    /// into `end`, as one pipeline: the list and the forces at the start, then a device-side loop
-    /// of `steps / REBUILD_EVERY` iterations (a list rebuild and REBUILD_EVERY steps each), then
-    /// the forces at the end and the energies. On the GPU that is one submission.
+    /// Integrates `steps` velocity Verlet steps (a multiple of [`STEPS_PER_ITERATION`]) from
+    /// `start` into `end`, as one pipeline: the list and the forces at the start, then a
+    /// device-side loop of `steps / 2` iterations of two steps, each step preceded by the
+    /// farthest displacement since the list's build and, when it reaches skin / 2, a rebuild
+    /// (decided on the device), then the forces at the end and the energies. On the GPU that is
+    /// one submission.
     pub fn run(&mut self, rt: &Runtime, steps: usize) -> pptm::Result<RunEnd> {
-        if steps == 0 || !steps.is_multiple_of(REBUILD_EVERY) {
+        if steps == 0 || !steps.is_multiple_of(STEPS_PER_ITERATION) {
             return Err(pptm::Error::BadArguments {
                 chain: "md",
-                reason: format!("{steps} steps: a run is a positive multiple of {REBUILD_EVERY}"),
+                reason: format!(
+                    "{steps} steps: a run is a positive multiple of {STEPS_PER_ITERATION}"
+                ),
             });
         }
         let shape = (self.n, self.width, self.slots, self.points, self.cells);
@@ -1278,15 +1328,22 @@ impl Md {
         let dt = DT as f32;
         // The start: (x0, v0) → (x0, v0 − dt/2 F0), the half-step velocity the updates carry.
         push_list(&mut p, &h, h.start)?;
+        KeepAnchor::push(&mut p, h.start, h.anchor)?;
         push_forces(&mut p, &h, h.start)?;
         push_update(&mut p, &h, h.start, h.half_a, -0.5 * dt, 0.0)?;
-        p.repeat((steps / REBUILD_EVERY) as u32, |p| {
-            push_list(p, &h, h.half_a.into())?;
-            for _ in 0..REBUILD_EVERY / 2 {
-                for (from, to) in [(h.half_a, h.half_b), (h.half_b, h.half_a)] {
-                    push_forces(p, &h, from.into())?;
-                    push_update(p, &h, from.into(), to, dt, dt)?;
-                }
+        let mut rebuilds = Vec::new();
+        p.repeat((steps / STEPS_PER_ITERATION) as u32, |p| {
+            rebuilds.clear();
+            for (from, to) in [(h.half_a, h.half_b), (h.half_b, h.half_a)] {
+                let moved: PipeItem<f32> =
+                    Displacement::push(p, PipeInput::from(from), h.idx_atoms, h.anchor, h.n, 6)?;
+                rebuilds.push(p.when(moved, REBUILD_AT, |p| {
+                    push_list(p, &h, from.into())?;
+                    KeepAnchor::push(p, PipeInput::from(from), h.anchor)?;
+                    Ok(())
+                })?);
+                push_forces(p, &h, from.into())?;
+                push_update(p, &h, from.into(), to, dt, dt)?;
             }
             Ok(())
         })?;
@@ -1295,10 +1352,15 @@ impl Md {
         push_update(&mut p, &h, h.half_a.into(), h.end, 0.5 * dt, 0.0)?;
         let (potential, kinetic) = push_energies(&mut p, &h, h.end.into())?;
         let r = p.wait()?;
+        let mut rebuilt = 0;
+        for w in rebuilds {
+            rebuilt += r.runs(w)?;
+        }
         Ok(RunEnd {
             potential: f64::from(r.get(potential)?),
             kinetic: f64::from(r.get(kinetic)?),
             round_trips: r.round_trips(),
+            rebuilds: rebuilt,
         })
     }
 
@@ -1354,6 +1416,7 @@ impl Md {
             potential: f64::from(r.get(potential)?),
             kinetic: f64::from(r.get(kinetic)?),
             round_trips: r.round_trips(),
+            rebuilds: 0,
         };
         // The partials are summed here, on the host, so that the backward pass alone is checked.
         let f4 = 4 * self.width;

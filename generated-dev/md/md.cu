@@ -910,6 +910,44 @@ __device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom& s) { pp
 __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom_f32& s) { p[0] = (float)s.x; p[1] = (float)s.y; p[2] = (float)s.z; p[3] = (float)s.vx; p[4] = (float)s.vy; p[5] = (float)s.vz; }
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
 #endif  // PPTM_STATE_Atom_29f3a7b9473e
+// #[pptm::op] fn keep
+__device__ __forceinline__ pptm_state_Atom pptm_user_keep(pptm_state_Atom s) {
+    return s;
+}
+// #[pptm::op(f32_form)] fn keep
+__device__ __forceinline__ pptm_state_Atom_f32 pptm_user_keep(pptm_state_Atom_f32 s) {
+    return s;
+}
+
+#ifndef PPTM_STATE_Atom_29f3a7b9473e
+#define PPTM_STATE_Atom_29f3a7b9473e
+// #[derive(pptm::State)] struct Atom: its fields as declared, and every field f32.
+struct pptm_state_Atom_f32;
+struct pptm_state_Atom {
+    double x;
+    double y;
+    double z;
+    double vx;
+    double vy;
+    double vz;
+    __device__ __forceinline__ operator pptm_state_Atom_f32() const;
+};
+struct pptm_state_Atom_f32 {
+    float x;
+    float y;
+    float z;
+    float vx;
+    float vy;
+    float vz;
+    __device__ __forceinline__ operator pptm_state_Atom() const { return pptm_state_Atom{(double)x, (double)y, (double)z, (double)vx, (double)vy, (double)vz}; }
+};
+__device__ __forceinline__ pptm_state_Atom::operator pptm_state_Atom_f32() const { return pptm_state_Atom_f32{(float)x, (float)y, (float)z, (float)vx, (float)vy, (float)vz}; }
+// Element i of an interleaved f32 buffer of Atoms starts at p = base + 6 * i.
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom& s) { p[0] = (float)s.x; p[1] = (float)s.y; p[2] = (float)s.z; p[3] = (float)s.vx; p[4] = (float)s.vy; p[5] = (float)s.vz; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom_f32& s) { p[0] = (float)s.x; p[1] = (float)s.y; p[2] = (float)s.z; p[3] = (float)s.vx; p[4] = (float)s.vy; p[5] = (float)s.vz; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
+#endif  // PPTM_STATE_Atom_29f3a7b9473e
 // #[pptm::op] fn kinetic
 __device__ __forceinline__ double pptm_user_kinetic(pptm_state_Atom s) {
     return (0.5 * (((s.vx * s.vx) + (s.vy * s.vy)) + (s.vz * s.vz)));
@@ -917,6 +955,52 @@ __device__ __forceinline__ double pptm_user_kinetic(pptm_state_Atom s) {
 // #[pptm::op(f32_form)] fn kinetic
 __device__ __forceinline__ float pptm_user_kinetic(pptm_state_Atom_f32 s) {
     return (0.5f * (((s.vx * s.vx) + (s.vy * s.vy)) + (s.vz * s.vz)));
+}
+
+#ifndef PPTM_STATE_Atom_29f3a7b9473e
+#define PPTM_STATE_Atom_29f3a7b9473e
+// #[derive(pptm::State)] struct Atom: its fields as declared, and every field f32.
+struct pptm_state_Atom_f32;
+struct pptm_state_Atom {
+    double x;
+    double y;
+    double z;
+    double vx;
+    double vy;
+    double vz;
+    __device__ __forceinline__ operator pptm_state_Atom_f32() const;
+};
+struct pptm_state_Atom_f32 {
+    float x;
+    float y;
+    float z;
+    float vx;
+    float vy;
+    float vz;
+    __device__ __forceinline__ operator pptm_state_Atom() const { return pptm_state_Atom{(double)x, (double)y, (double)z, (double)vx, (double)vy, (double)vz}; }
+};
+__device__ __forceinline__ pptm_state_Atom::operator pptm_state_Atom_f32() const { return pptm_state_Atom_f32{(float)x, (float)y, (float)z, (float)vx, (float)vy, (float)vz}; }
+// Element i of an interleaved f32 buffer of Atoms starts at p = base + 6 * i.
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom& s) { p[0] = (float)s.x; p[1] = (float)s.y; p[2] = (float)s.z; p[3] = (float)s.vx; p[4] = (float)s.vy; p[5] = (float)s.vz; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
+__device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom_f32& s) { p[0] = (float)s.x; p[1] = (float)s.y; p[2] = (float)s.z; p[3] = (float)s.vx; p[4] = (float)s.vy; p[5] = (float)s.vz; }
+__device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
+#endif  // PPTM_STATE_Atom_29f3a7b9473e
+// #[pptm::op] fn moved
+__device__ __forceinline__ double pptm_user_moved(pptm_state_Atom s, double idx, pptm_table anchor) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const double dx = (s.x - pptm_table_at<double>(anchor, i, 0u));
+    const double dy = (s.y - pptm_table_at<double>(anchor, i, 1u));
+    const double dz = (s.z - pptm_table_at<double>(anchor, i, 2u));
+    return (((dx * dx) + (dy * dy)) + (dz * dz));
+}
+// #[pptm::op(f32_form)] fn moved
+__device__ __forceinline__ float pptm_user_moved(pptm_state_Atom_f32 s, float idx, pptm_table anchor) {
+    const unsigned int i = pptm_user_to_u32(idx);
+    const float dx = (s.x - pptm_table_at<float>(anchor, i, 0u));
+    const float dy = (s.y - pptm_table_at<float>(anchor, i, 1u));
+    const float dz = (s.z - pptm_table_at<float>(anchor, i, 2u));
+    return (((dx * dx) + (dy * dy)) + (dz * dz));
 }
 
 // #[pptm::op] fn neighbour
@@ -1380,6 +1464,35 @@ __device__ __noinline__ uint32_t pptm_run_8d424c1b(const pptm_desc& d, const ppt
     return PPTM_STATUS_OK;
 }
 
+// chain Displacement: Moved -> MaxReduction (Map pattern)
+// spec hash d3be3d2a6ff8e1535ea419dcbe6bdc89f770f9291a45e261f2bbc3e100799939, opcode 0xd3be3d2a
+struct pptm_env_d3be3d2a {
+    const float* a0;  // s
+    const float* a1;  // idx
+    const float* a2;  // anchor
+    uint64_t a3;  // n
+    uint64_t a4;  // anchor_rows
+    uint64_t a5;  // anchor_cols
+    __device__ explicit pptm_env_d3be3d2a(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(d.args[3]), a4(d.args[4]), a5(d.args[5]) {}
+};
+struct pptm_each_d3be3d2a {
+    pptm_env_d3be3d2a e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const float s0 = pptm_user_moved(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a4, e.a5, 0u));
+        return (double)s0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_d3be3d2a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d3be3d2a e(d);
+    partial = pptm_map_each<pptm_op_max_reduction_reducer>(e.a3, pptm_each_d3be3d2a{e}, b);
+    return PPTM_STATUS_OK;
+}
+__device__ __forceinline__ double pptm_finish_d3be3d2a(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_d3be3d2a e(d);
+    double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a3);
+    return v;
+}
+
 // chain Edges: FindEdge (Map pattern)
 // spec hash edc99d6b0cc9a947fed97b977e47612e013bfd1f3300d66a049cef4963559fa3, opcode 0xedc99d6b
 struct pptm_env_edc99d6b {
@@ -1437,6 +1550,28 @@ struct pptm_each_af67f2d3 {
 __device__ __noinline__ uint32_t pptm_run_af67f2d3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_af67f2d3 e(d);
     partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_af67f2d3{e}, b);
+    return PPTM_STATUS_OK;
+}
+
+// chain KeepAnchor: Keep (Map pattern)
+// spec hash c2f5fd6baa219bf5dd683d79504c66d45ecfaa7611f424577c2c66e43752a002, opcode 0xc2f5fd6b
+struct pptm_env_c2f5fd6b {
+    const float* a0;  // s
+    float* a1;  // out
+    uint64_t a2;  // n
+    __device__ explicit pptm_env_c2f5fd6b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<float*>(d.args[1])), a2(d.args[2]) {}
+};
+struct pptm_each_c2f5fd6b {
+    pptm_env_c2f5fd6b e;
+    __device__ __forceinline__ double operator()(uint64_t i) const {
+        const pptm_state_Atom_f32 s0 = pptm_user_keep(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)});
+        pptm_state_store(e.a1 + 6 * i, s0);
+        return 0.0;
+    }
+};
+__device__ __noinline__ uint32_t pptm_run_c2f5fd6b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_c2f5fd6b e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a2, pptm_each_c2f5fd6b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1629,8 +1764,10 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0x685fe966u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // ConvolutionBack
     case 0x69133b09u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // DenseBack
     case 0x8d424c1bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // DenseLayer
+    case 0xd3be3d2au: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // Displacement
     case 0xedc99d6bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // Edges
     case 0xaf67f2d3u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // FilterTable
+    case 0xc2f5fd6bu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KeepAnchor
     case 0x5237c164u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // KineticEnergy
     case 0x7d3cc290u: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // NeighbourList
     case 0xa89411f5u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // PotentialEnergy
@@ -1652,8 +1789,10 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0x685fe966u: return pptm_run_685fe966(d, b, partial);  // ConvolutionBack
     case 0x69133b09u: return pptm_run_69133b09(d, b, partial);  // DenseBack
     case 0x8d424c1bu: return pptm_run_8d424c1b(d, b, partial);  // DenseLayer
+    case 0xd3be3d2au: return pptm_run_d3be3d2a(d, b, partial);  // Displacement
     case 0xedc99d6bu: return pptm_run_edc99d6b(d, b, partial);  // Edges
     case 0xaf67f2d3u: return pptm_run_af67f2d3(d, b, partial);  // FilterTable
+    case 0xc2f5fd6bu: return pptm_run_c2f5fd6b(d, b, partial);  // KeepAnchor
     case 0x5237c164u: return pptm_run_5237c164(d, b, partial);  // KineticEnergy
     case 0x7d3cc290u: return pptm_run_7d3cc290(d, b, partial);  // NeighbourList
     case 0xa89411f5u: return pptm_run_a89411f5(d, b, partial);  // PotentialEnergy
@@ -1666,6 +1805,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
 
 __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
     switch (d.opcode) {
+    case 0xd3be3d2au: return pptm_finish_d3be3d2a(d, partials, nblocks, smem);  // Displacement
     case 0x5237c164u: return pptm_finish_5237c164(d, partials, nblocks, smem);  // KineticEnergy
     case 0xa89411f5u: return pptm_finish_a89411f5(d, partials, nblocks, smem);  // PotentialEnergy
     default: return 0.0;
@@ -1685,6 +1825,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0x8d424c1bu: return true;  // DenseLayer
     case 0xedc99d6bu: return true;  // Edges
     case 0xaf67f2d3u: return true;  // FilterTable
+    case 0xc2f5fd6bu: return true;  // KeepAnchor
     case 0x7d3cc290u: return true;  // NeighbourList
     case 0x49aba910u: return true;  // SspDenseBack
     case 0x39a790eau: return true;  // SspDenseLayer
@@ -1846,6 +1987,27 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
+    case 0xd3be3d2au: {  // Displacement
+        const pptm_env_d3be3d2a e(d);
+        switch (stage) {
+        case 0: {  // Moved
+            const uint64_t count = e.a3;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a3;
+                const float s0 = pptm_user_moved(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + i * 6 + 0), pptm_ld_cg_f32(e.a0 + i * 6 + 1), pptm_ld_cg_f32(e.a0 + i * 6 + 2), pptm_ld_cg_f32(e.a0 + i * 6 + 3), pptm_ld_cg_f32(e.a0 + i * 6 + 4), pptm_ld_cg_f32(e.a0 + i * 6 + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a4, e.a5, 0u));
+                scratch[0][i] = s0;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // MaxReduction
+            const float* const in[1] = {scratch[0]};
+            partial = pptm_map_reduce<1, pptm_op_max_reduction_reducer>(in, e.a3, pptm_take_first{}, b);
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
     case 0xedc99d6bu: {  // Edges
         const pptm_env_edc99d6b e(d);
         switch (stage) {
@@ -1871,6 +2033,22 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
                 [[maybe_unused]] const uint64_t col = i % e.a6;
                 const pptm_state_FilterPoint_f32 s0 = pptm_user_filter_sample(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), e.a3, e.a4);
                 pptm_state_store(e.a5 + 2 * i, s0);
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0xc2f5fd6bu: {  // KeepAnchor
+        const pptm_env_c2f5fd6b e(d);
+        switch (stage) {
+        case 0: {  // Keep
+            const uint64_t count = e.a2;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a2;
+                const pptm_state_Atom_f32 s0 = pptm_user_keep(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + i * 6 + 0), pptm_ld_cg_f32(e.a0 + i * 6 + 1), pptm_ld_cg_f32(e.a0 + i * 6 + 2), pptm_ld_cg_f32(e.a0 + i * 6 + 3), pptm_ld_cg_f32(e.a0 + i * 6 + 4), pptm_ld_cg_f32(e.a0 + i * 6 + 5)});
+                pptm_state_store(e.a1 + 6 * i, s0);
             }
             partial = 0.0;
             return PPTM_STATUS_OK;
@@ -1990,6 +2168,12 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
 
 __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t stage, float* const* scratch, pptm_launch_out* out, const double* partials, uint32_t nblocks, double* smem) {
     switch (((uint64_t)d.opcode << 8) | stage) {
+    case 0xd3be3d2a01ull: {  // Displacement stage 1
+        const pptm_env_d3be3d2a e(d);
+        const double v = pptm_op_max_reduction_reducer::finish(pptm_combine_partials<pptm_op_max_reduction_reducer>(partials, nblocks, smem), e.a3);
+        if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
+        return;
+    }
     case 0x5237c16401ull: {  // KineticEnergy stage 1
         const pptm_env_5237c164 e(d);
         const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a1);

@@ -48,7 +48,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 14u
+#define PPTM_ABI_VERSION 15u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -88,9 +88,14 @@ typedef unsigned long long uint64_t;
  * args[1] (args[2] = 0: a manifold's signal word), reporting progress for at most the plan's
  * patience. PLAN_LOOP: closes a loop over steps args[0] .. this one: after a
  * barrier of the plan's blocks, runs them again unless args[1] iterations have run or, with
- * args[2] = k + 1, step k's value is below the f64 args[3]; its value is the iterations run. */
+ * args[2] = k + 1, step k's value is below the f64 args[3]; its value is the iterations run.
+ * PLAN_WHEN: opens a conditional body, steps this one + 1 .. args[0] - 1: after a barrier of the
+ * plan's blocks, runs them if step args[1] - 1's value is at least the f64 args[2] (not when it
+ * is NaN), else goes on at step args[0], publishing the skipped steps' `finished` and `done`
+ * words as if they had run; its value counts the times its body ran (loop iterations). */
 #define PPTM_OP_PLAN_WAIT 4u
 #define PPTM_OP_PLAN_LOOP 5u
+#define PPTM_OP_PLAN_WHEN 6u
 /* Fault injection (the host submits these only with the `fault-injection` feature), to prove the
  * watchdog and fault handling: HANG spins on the participating blocks until the host aborts the
  * manifold; SLOW runs for args[0] ns, reporting progress every 100 us (a long legitimate item);
@@ -145,7 +150,8 @@ typedef struct pptm_desc {
  * plan item; the plan's block 0 copies them into the device plan arena (all its threads, many
  * loads in flight: one PCIe round trip for a few hundred steps; not when args[6] says the device
  * region holds them from an earlier run of the same plan) and zeroes the plan's counters,
- * then publishes `plan_copied` (device state), which the plan's other blocks wait for. Device
+ * then publishes `plan_copied` (device state), which the plan's other blocks wait for. It zeroes
+ * the results too: a step that never ran (a PLAN_WHEN body skipped) reports end = 0. Device
  * region, from args[1]:
  *     header (128 bytes: [0] the plan's barrier counter, [1] its first failure) | steps[n]
  *     | arrivals[n] | finished[n] | done[n] | results[n] (pptm_plan_result) | partials (f64, per

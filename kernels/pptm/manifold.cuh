@@ -391,6 +391,8 @@ __device__ __noinline__ void pptm_plan_copy_in(const pptm_plan_view& v, bool res
     uint64_t* header = reinterpret_cast<uint64_t*>(v.dev);
     for (uint32_t i = threadIdx.x; i < PPTM_PLAN_HEADER_BYTES / 8u; i += PPTM_BLOCK_THREADS) header[i] = 0;
     for (uint64_t i = threadIdx.x; i < 2 * v.n; i += PPTM_BLOCK_THREADS) v.arrivals[i] = 0;  // arrivals, finished
+    uint64_t* results = reinterpret_cast<uint64_t*>(v.results_dev);
+    for (uint64_t i = threadIdx.x; i < v.n * (sizeof(pptm_plan_result) / 8u); i += PPTM_BLOCK_THREADS) results[i] = 0;
     if (resident) return;
     constexpr int U = 4;
     const uint64_t* src = reinterpret_cast<const uint64_t*>(v.host);
@@ -553,6 +555,33 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             }
             it = 0;
             ++k;
+            continue;
+        }
+        if (op == PPTM_OP_PLAN_WHEN) {
+            // Everything before it has finished on every block: the condition's value is stored.
+            if (!pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx)) return PPTM_STATUS_ABORTED;
+            const uint64_t end = st.desc.args[0], cond = st.desc.args[1];
+            const bool valid = cond != 0 && cond <= k && end > k && end <= v.n;
+            const bool take =
+                valid && pptm_ld_cg_f64(&v.results_dev[cond - 1].value) >= __longlong_as_double(st.desc.args[2]);
+            if (me == 0 && threadIdx.x == 0) {
+                const uint64_t now = pptm_globaltimer();
+                const double ran = reinterpret_cast<volatile double*>(&v.results_dev[k].value)[0] + (take ? 1.0 : 0.0);
+                reinterpret_cast<volatile uint64_t*>(&v.results_dev[k].start)[0] = now;
+                pptm_plan_result_store(&v.results_dev[k], valid ? PPTM_STATUS_OK : PPTM_STATUS_BAD_ARGUMENT, 0u, ran, now);
+                if (!take && valid) {
+                    // Steps after the body that wait for a skipped step go on at once: what they
+                    // read is what was there before the body, which the barrier above finished.
+                    for (uint64_t j = k + 1; j < end; ++j) {
+                        const uint32_t flags = v.steps[j].flags;
+                        if (flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[j], it + 1);
+                        if (flags & PPTM_STEP_DONE) pptm_st_release_gpu(&v.done[j], id);
+                    }
+                }
+                if (st.flags & PPTM_STEP_FINISHED) pptm_st_release_gpu(&v.finished[k], it + 1);
+                if (st.flags & PPTM_STEP_DONE) pptm_st_release_gpu(&v.done[k], id);
+            }
+            k = take || !valid ? k + 1 : end;
             continue;
         }
         if (st.sync == PPTM_SYNC_BARRIER && !pptm_plan_barrier(P, sh, barrier_counter, ++barriers, plan_blocks, plan_ctx))

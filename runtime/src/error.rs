@@ -162,6 +162,23 @@ pub enum Error {
         reason: String,
     },
 
+    /// A pipeline `when` that pptm cannot run as asked; the reason says why and what to do.
+    #[error("pipeline when: {reason}")]
+    PipelineWhen {
+        /// Why pptm refuses the conditional body, and what to do instead.
+        reason: String,
+    },
+
+    /// The item is inside a [`Pipeline::when`](crate::Pipeline::when) whose condition was never
+    /// met in this run: it has no result.
+    #[error("pipeline item {item} (`{chain}`) did not run: its `when` condition was not met")]
+    NotRun {
+        /// The item's position in its pipeline, from 0.
+        item: usize,
+        /// The item's chain (its struct's name).
+        chain: &'static str,
+    },
+
     /// A wait ran out of time. A ticket that timed out can be waited on again.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

@@ -49,7 +49,7 @@ pub use host_pool::{HostBuffer, HostPoolStats};
 pub use linkme;
 pub use pipeline::{
     DeviceTime, ErasedPending, KeptPipeline, PipeArg, PipeInput, PipeItem, PipeLoop, PipeOutput,
-    PipeOutputType, PipeResults, Pipeline,
+    PipeOutputType, PipeResults, PipeWhen, Pipeline,
 };
 #[cfg(feature = "fault-injection")]
 pub use runtime::Injection;

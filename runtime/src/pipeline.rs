@@ -30,9 +30,9 @@ use crate::chain::{Arg, Chain, ChainOutput, Completion, DomainCode, InputBuffer}
 use crate::error::{Error, Result};
 use crate::gpu::Manifold;
 use crate::gpu::abi::{
-    PPTM_DEP_IN_LOOP, PPTM_OP_PLAN, PPTM_OP_PLAN_LOOP, PPTM_OP_PLAN_WAIT, PPTM_PLAN_DEPS,
-    PPTM_STATUS_OK, PPTM_STEP_DONE, PPTM_STEP_FINISHED, PPTM_SYNC_BARRIER, PPTM_SYNC_DEPS,
-    pptm_desc, pptm_plan_step,
+    PPTM_DEP_IN_LOOP, PPTM_OP_PLAN, PPTM_OP_PLAN_LOOP, PPTM_OP_PLAN_WAIT, PPTM_OP_PLAN_WHEN,
+    PPTM_PLAN_DEPS, PPTM_STATUS_OK, PPTM_STEP_DONE, PPTM_STEP_FINISHED, PPTM_SYNC_BARRIER,
+    PPTM_SYNC_DEPS, pptm_desc, pptm_plan_step,
 };
 use crate::gpu::plan::{self, Region};
 use crate::guard::GuardNote;
@@ -156,6 +156,14 @@ pub struct PipeLoop {
     index: usize,
 }
 
+/// A conditional body of a pipeline ([`Pipeline::when`]): how many times it ran is
+/// [`PipeResults::runs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipeWhen {
+    pipeline: u64,
+    index: usize,
+}
+
 /// Who last touched a buffer: the item that wrote it last, and the items that read it since.
 #[derive(Default)]
 struct Access {
@@ -174,6 +182,8 @@ enum State {
         step: usize,
         guard: Option<GuardNote>,
     },
+    /// Never ran: inside a [`Pipeline::when`] whose condition was not met.
+    Skipped,
 }
 
 struct Entry {
@@ -242,6 +252,19 @@ struct OpenLoop {
     plan: Option<usize>,
 }
 
+/// The `when` body being recorded.
+struct OpenWhen {
+    /// The plan its items go to: the condition's (None on a runtime whose items run at their
+    /// push).
+    plan: Option<usize>,
+    /// On a runtime whose items run at their push: the condition was not met, so the body's
+    /// items are recorded as skipped instead of run.
+    skip: bool,
+}
+
+/// The chain name of a `when`'s entry.
+const WHEN: &str = "when";
+
 /// Plan ids: never 0, unique in the process per dispatch (the plans of one dispatch share theirs:
 /// a plan's `done` words hold it, and another plan of the dispatch waits for its own id there).
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
@@ -294,6 +317,7 @@ pub struct Pipeline<'p> {
     /// Plans not yet dispatched, by domain key.
     open: HashMap<&'static str, usize>,
     looping: Option<OpenLoop>,
+    branching: Option<OpenWhen>,
     /// Queue items (plans) submitted and items run at their push: the host's round trips.
     round_trips: u64,
     /// Dispatches so far (`flush`, `wait`).
@@ -342,6 +366,7 @@ impl Runtime {
             plans: Vec::new(),
             open: HashMap::new(),
             looping: None,
+            branching: None,
             round_trips: 0,
             dispatches: 0,
             program: Vec::new(),
@@ -498,23 +523,36 @@ impl<'p> Pipeline<'p> {
                 PipeArg::Dim(n, v) => Arg::Dim(n, v),
             });
         }
+        // A `when` whose condition was not met, on a runtime that runs items at their push: the
+        // item is recorded (a kept pipeline's next run may meet it) but does not run.
+        let skip = self.branching.as_ref().is_some_and(|w| w.skip);
         // (A ticket of an item that ran is resolved already: the pipeline holds the borrows.)
-        let routed = match self.rt.submit_impl::<C>(submit_args, SubmitMode::Plan)? {
-            Routed::Ran(ticket) => Ok(C::Output::erase(ticket.detach()).0.wait()),
-            Routed::Planned(item) => Err(item),
+        let routed = if skip {
+            drop(submit_args);
+            Ok(Err(()))
+        } else {
+            match self.rt.submit_impl::<C>(submit_args, SubmitMode::Plan)? {
+                Routed::Ran(ticket) => Ok(Ok(C::Output::erase(ticket.detach()).0.wait())),
+                Routed::Planned(item) => Err(item),
+            }
         };
         let state = match routed {
             // The runtime runs items at their push (the CPU backend, the launched variants): it
             // never records plans, so nothing recorded comes before this item.
-            Ok(result) => {
-                self.round_trips += 1;
+            Ok(outcome) => {
                 if self.recording {
                     self.program
                         .push(Recorded::Push(Box::new(move |p: &mut Pipeline<'p>| {
                             p.push_chain::<C>(args.clone()).map(|_| ())
                         })));
                 }
-                State::Done(result)
+                match outcome {
+                    Ok(result) => {
+                        self.round_trips += 1;
+                        State::Done(result)
+                    }
+                    Err(()) => State::Skipped,
+                }
             }
             Err(item) => self.record(C::NAME, item, &after)?,
         };
@@ -546,6 +584,16 @@ impl<'p> Pipeline<'p> {
         item: PlannedItem,
         after: &[(usize, usize)],
     ) -> Result<State> {
+        if let Some(cond) = self.branching.as_ref().and_then(|w| w.plan)
+            && self.plans[cond].code.key != item.code.key
+        {
+            return Err(Error::PipelineWhen {
+                reason: format!(
+                    "`{chain}` is of domain `{}`, the condition of domain `{}`; a `when`'s items must run in the condition's domain",
+                    item.code.name, self.plans[cond].code.name
+                ),
+            });
+        }
         let p = match self.open.get(item.code.key) {
             Some(&p) => p,
             None => {
@@ -564,23 +612,7 @@ impl<'p> Pipeline<'p> {
                 self.plans.len() - 1
             }
         };
-        if let Some(l) = self.looping.as_mut() {
-            match l.plan {
-                None => {
-                    l.plan = Some(p);
-                    self.plans[p].loop_first = Some(self.plans[p].steps.len());
-                }
-                Some(lp) if lp != p => {
-                    return Err(Error::PipelineLoop {
-                        reason: format!(
-                            "`{chain}` is of domain `{}`, the loop's first item of domain `{}`; a loop's items must all run in one domain",
-                            item.code.name, self.plans[lp].code.name
-                        ),
-                    });
-                }
-                Some(_) => {}
-            }
-        }
+        self.enter_loop(p, chain)?;
         // What this step waits for: earlier steps of its plan (unless the tiles line up, or
         // both ran on block 0 alone), and steps of other domains' plans (a wait step before it).
         let mut deps: Vec<u32> = Vec::new();
@@ -752,6 +784,11 @@ impl<'p> Pipeline<'p> {
                 "a loop inside a loop is not supported; unroll the inner one",
             ));
         }
+        if self.branching.is_some() {
+            return Err(refuse(
+                "a loop inside a `when` is not supported; put the `when` inside the loop",
+            ));
+        }
         let first = self.entries.len();
         let program_first = self.program.len();
         self.looping = Some(OpenLoop { plan: None });
@@ -839,7 +876,10 @@ impl<'p> Pipeline<'p> {
             let recording = std::mem::replace(&mut self.recording, false);
             let mut iterations = 1u32;
             while iterations < times && !stop(&self.entries) {
-                let base = self.entries.len();
+                // Each iteration pushes into the same entries as the first (its items' handles
+                // are the first's), then takes over what the one before left where it did not
+                // run.
+                let earlier: Vec<Entry> = self.entries.drain(first..).collect();
                 self.looping = Some(OpenLoop { plan: None });
                 let again = body(self);
                 self.looping = None;
@@ -847,23 +887,25 @@ impl<'p> Pipeline<'p> {
                     self.recording = recording;
                     return Err(e);
                 }
-                if self.entries.len() - base != count {
+                if self.entries.len() - first != count {
                     self.recording = recording;
                     return Err(refuse(
                         "the loop's body pushed a different number of items in a later iteration",
                     ));
                 }
-                for (k, e) in self.entries.drain(base..).enumerate().collect::<Vec<_>>() {
-                    self.entries[first + k].state = e.state;
+                for (slot, e) in self.entries[first..].iter_mut().zip(earlier) {
+                    let later = std::mem::replace(&mut slot.state, State::Skipped);
+                    slot.state = match (e.state, later) {
+                        // What an item computed the last time it ran, as on the device.
+                        (earlier, State::Skipped) => earlier,
+                        // A `when` counts the iterations its body ran in.
+                        (State::Done(Ok(a)), State::Done(Ok(b))) if slot.chain == WHEN => {
+                            State::Done(Ok(a + b))
+                        }
+                        (_, later) => later,
+                    };
                 }
                 for acc in self.access.values_mut() {
-                    let remap = |i: &mut usize| {
-                        if *i >= base {
-                            *i = first + (*i - base);
-                        }
-                    };
-                    acc.writer.as_mut().map(remap);
-                    acc.readers.iter_mut().for_each(remap);
                     acc.readers.sort_unstable();
                     acc.readers.dedup();
                 }
@@ -884,6 +926,179 @@ impl<'p> Pipeline<'p> {
         })
     }
 
+    /// Runs the items `body` pushes only when `cond`'s result (an item pushed before, of a chain
+    /// with a scalar result) is at least `at_least` (not when it is NaN). On the GPU the device
+    /// reads the value and runs or skips the body itself, with no host round trip: inside a
+    /// [`Pipeline::repeat`], each iteration decides anew (a neighbour list rebuilt only when atoms
+    /// have moved far enough). The body's items must be of the condition's domain; a `when` may
+    /// not hold another `when` or a loop.
+    ///
+    /// An item of the body reports what it computed the last time it ran;
+    /// [`PipeResults::get`] gives [`Error::NotRun`] for one that never ran, and
+    /// [`PipeResults::runs`] how many times the body ran. Items after the body see the buffers as
+    /// the body left them, or as they were before it when it was skipped.
+    pub fn when(
+        &mut self,
+        cond: PipeItem<f32>,
+        at_least: f64,
+        body: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<PipeWhen> {
+        if cond.pipeline != self.id {
+            return Err(Error::PipelineWhen {
+                reason: "the condition is an item of another pipeline".into(),
+            });
+        }
+        let mut body = Some(body);
+        self.open_when(cond.index, at_least, &mut |p| {
+            (body.take().expect("called once"))(p)
+        })
+    }
+
+    /// Replays a recorded `when` (a kept pipeline's run on a runtime that runs items at their
+    /// push; a host loop's iterations push into the same entries, so `cond` holds in each).
+    fn replay_when(&mut self, cond: usize, at_least: f64, body: &[Repush<'p>]) -> Result<()> {
+        self.open_when(cond, at_least, &mut |p| {
+            body.iter().try_for_each(|push| push(p))
+        })
+        .map(|_| ())
+    }
+
+    fn open_when(
+        &mut self,
+        index: usize,
+        at_least: f64,
+        body: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<PipeWhen> {
+        let refuse = |reason: &str| Error::PipelineWhen {
+            reason: reason.into(),
+        };
+        if index >= self.entries.len() {
+            return Err(refuse(
+                "the condition must be an item pushed before the `when`",
+            ));
+        }
+        if self.branching.is_some() {
+            return Err(refuse(
+                "a `when` inside a `when` is not supported; compute one condition for both",
+            ));
+        }
+        if at_least.is_nan() {
+            return Err(refuse("the threshold is NaN, which no value reaches"));
+        }
+        // On the GPU: a step that runs or skips the body, in the condition's plan.
+        let (plan, skip) = match self.entries[index].state {
+            State::Planned { plan, step, .. } => {
+                let code = self.plans[plan].code;
+                if self.open.get(code.key) != Some(&plan) {
+                    return Err(refuse(
+                        "the condition's item was dispatched already (`flush`); push the `when` \
+                         with it, before flushing",
+                    ));
+                }
+                self.enter_loop(plan, "when")?;
+                let mut desc = pptm_desc {
+                    opcode: PPTM_OP_PLAN_WHEN,
+                    blocks: 0,
+                    ..Default::default()
+                };
+                desc.args[1] = step as u64 + 1;
+                desc.args[2] = at_least.to_bits();
+                let plan_ = &mut self.plans[plan];
+                plan_.steps.push(plan::step(desc));
+                plan_.meta.push(StepMeta {
+                    tile: None,
+                    blocks: 0,
+                    loop_end: None,
+                    wait_on: None,
+                });
+                plan_.blocks = 0;
+                (Some((plan, plan_.steps.len() - 1)), false)
+            }
+            // (NaN meets no threshold.)
+            State::Done(Ok(v)) => (
+                None,
+                f64::from(v)
+                    .partial_cmp(&at_least)
+                    .is_none_or(|o| o.is_lt()),
+            ),
+            // A condition that failed (the pipeline reports it) or never ran.
+            State::Done(Err(_)) | State::Skipped => (None, true),
+        };
+        let first = self.entries.len();
+        let program_first = self.program.len();
+        self.branching = Some(OpenWhen {
+            plan: plan.map(|(p, _)| p),
+            skip,
+        });
+        let ran = body(self);
+        self.branching = None;
+        ran?;
+        if self.entries.len() == first {
+            return Err(refuse("the `when`'s body pushed no item"));
+        }
+        let state = match plan {
+            Some((p, step)) => {
+                let end = self.plans[p].steps.len();
+                self.plans[p].steps[step].desc.args[0] = end as u64;
+                State::Planned {
+                    plan: p,
+                    step,
+                    guard: None,
+                }
+            }
+            None => {
+                if self.recording {
+                    let body: Vec<Repush<'p>> = self
+                        .program
+                        .drain(program_first..)
+                        .filter_map(|r| match r {
+                            Recorded::Push(f) => Some(f),
+                            Recorded::Loop { .. } => None, // no loops in a `when`
+                        })
+                        .collect();
+                    self.program
+                        .push(Recorded::Push(Box::new(move |p: &mut Pipeline<'p>| {
+                            p.replay_when(index, at_least, &body)
+                        })));
+                }
+                State::Done(Ok(if skip { 0.0 } else { 1.0 }))
+            }
+        };
+        let index = self.entries.len();
+        self.entries.push(Entry {
+            chain: WHEN,
+            state,
+            span: None,
+        });
+        Ok(PipeWhen {
+            pipeline: self.id,
+            index,
+        })
+    }
+
+    /// Joins plan `p` to the loop being recorded, if any: its first step marks where the loop
+    /// begins in it. Refused when the loop's items already run in another domain.
+    fn enter_loop(&mut self, p: usize, chain: &str) -> Result<()> {
+        if let Some(l) = self.looping.as_mut() {
+            match l.plan {
+                None => {
+                    l.plan = Some(p);
+                    self.plans[p].loop_first = Some(self.plans[p].steps.len());
+                }
+                Some(lp) if lp != p => {
+                    return Err(Error::PipelineLoop {
+                        reason: format!(
+                            "`{chain}` is of domain `{}`, the loop's first item of domain `{}`; a loop's items must all run in one domain",
+                            self.plans[p].code.name, self.plans[lp].code.name
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Dispatches the items recorded so far (one plan per domain), without waiting for them.
     /// [`Pipeline::wait`] does this itself; call it to let the GPU start while the host pushes
     /// more. Items pushed after it go to new plans, which follow these.
@@ -894,6 +1109,11 @@ impl<'p> Pipeline<'p> {
         if self.looping.is_some() {
             return Err(Error::PipelineLoop {
                 reason: "flush inside a loop's body".into(),
+            });
+        }
+        if self.branching.is_some() {
+            return Err(Error::PipelineWhen {
+                reason: "flush inside a `when`'s body".into(),
             });
         }
         let batch: Vec<usize> = {
@@ -1161,6 +1381,12 @@ impl<'p> Pipeline<'p> {
                     status: crate::gpu::abi::PPTM_STATUS_BAD_ARGUMENT,
                     meaning: "the plan's results lie outside the host plan arena",
                 }),
+                // A step of a `when` body that never ran (the device zeroes every result
+                // first; a step that ran has its end time).
+                (None, None, Some(r)) if !alone && r.end == 0 && r.status == PPTM_STATUS_OK => {
+                    e.state = State::Skipped;
+                    continue;
+                }
                 (None, None, Some(r)) => {
                     e.span = Some((r.start, r.end));
                     // A failure an earlier loop iteration saw, which a later one's result hides.
@@ -1240,7 +1466,7 @@ impl<'p> Pipeline<'p> {
                     step: *step,
                     guard: guard.clone(),
                 }),
-                State::Done(_) => None,
+                State::Done(_) | State::Skipped => None,
             })
             .collect::<Option<Vec<_>>>();
         let results = self.collect()?;
@@ -1263,6 +1489,7 @@ impl<'p> Pipeline<'p> {
     fn collect(&mut self) -> Result<PipeResults> {
         let settled = self.settle();
         let mut values = Vec::with_capacity(self.entries.len());
+        let mut not_run = Vec::new();
         let mut first_failure: Option<Error> = settled.err();
         let spans: Vec<Option<(u64, u64)>> = self.entries.iter().map(|e| e.span).collect();
         for (index, e) in std::mem::take(&mut self.entries).into_iter().enumerate() {
@@ -1279,6 +1506,10 @@ impl<'p> Pipeline<'p> {
                     }
                 }
                 State::Planned { .. } => values.push(f32::NAN),
+                State::Skipped => {
+                    values.push(f32::NAN);
+                    not_run.push((index, e.chain));
+                }
             }
         }
         match first_failure {
@@ -1286,6 +1517,7 @@ impl<'p> Pipeline<'p> {
             None => Ok(PipeResults {
                 pipeline: self.id,
                 values,
+                not_run,
                 spans,
                 round_trips: self.round_trips,
             }),
@@ -1466,6 +1698,8 @@ impl DeviceTime {
 pub struct PipeResults {
     pipeline: u64,
     values: Vec<f32>,
+    /// Items inside a `when` that never ran (index, chain), in order.
+    not_run: Vec<(usize, &'static str)>,
     spans: Vec<Option<(u64, u64)>>,
     round_trips: u64,
 }
@@ -1480,7 +1714,25 @@ impl PipeResults {
                 reason: "the item belongs to another pipeline".into(),
             });
         }
+        if let Ok(k) = self.not_run.binary_search_by_key(&item.index, |&(i, _)| i) {
+            return Err(Error::NotRun {
+                item: item.index,
+                chain: self.not_run[k].1,
+            });
+        }
         Ok(R::from_value(self.values[item.index]))
+    }
+
+    /// How many times the body of `when` ran: 0 or 1, or over a loop's iterations up to their
+    /// count ([`Error::BadArguments`] for a `when` of another pipeline).
+    pub fn runs(&self, when: PipeWhen) -> Result<u32> {
+        if when.pipeline != self.pipeline {
+            return Err(Error::BadArguments {
+                chain: "pipeline",
+                reason: "the `when` belongs to another pipeline".into(),
+            });
+        }
+        Ok(self.values[when.index] as u32)
     }
 
     /// How many iterations `lp` ran ([`Error::BadArguments`] for a loop of another pipeline).

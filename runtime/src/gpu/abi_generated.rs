@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 14;
+pub const PPTM_ABI_VERSION: u32 = 15;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -14,6 +14,7 @@ pub const PPTM_OP_WAIT_VALUE: u32 = 2;
 pub const PPTM_OP_PLAN: u32 = 3;
 pub const PPTM_OP_PLAN_WAIT: u32 = 4;
 pub const PPTM_OP_PLAN_LOOP: u32 = 5;
+pub const PPTM_OP_PLAN_WHEN: u32 = 6;
 pub const PPTM_OP_DEBUG_HANG: u32 = 8;
 pub const PPTM_OP_DEBUG_SLOW: u32 = 9;
 pub const PPTM_OP_DEBUG_FAULT: u32 = 10;
