@@ -226,6 +226,7 @@ fn choose_edge(
         &[n, m, job.d as u64],
     );
     let kk = job.precision.k(job.d);
+    let largest = candidates.iter().copied().max().unwrap_or(1);
     let mut timings = Vec::new();
     let tuned = cache.tune(
         &key,
@@ -258,8 +259,11 @@ fn choose_edge(
                 per_entry * 1e9,
                 device.map(|d| d.as_secs_f64() * 1e9 / f64::from(entries)),
             ));
-            // Scaled so that the cache's times read as a tile of the largest candidate would take.
-            Ok(Duration::from_secs_f64(per_entry * (edge * edge) as f64))
+            // The time an entry, scaled to what a tile of the largest candidate would take at
+            // this rate: the tuner compares rates, and the cache's times read as tiles.
+            Ok(Duration::from_secs_f64(
+                per_entry * (largest * largest) as f64,
+            ))
         },
     )?;
     let edge = *tuned.choice;
@@ -477,8 +481,13 @@ fn buffers_by_shape(
     Ok(bufs)
 }
 
-/// Every tile in one pipeline (one submission per domain), the tiles of a shape sharing that
-/// shape's buffers: the pipeline orders their reuse on the device. Returns the wall time.
+/// Tiles a pipeline of [`device_pass`] holds: two steps a tile, some 400 bytes of plan arena, so
+/// 2048 tiles stay well inside the default 4 MiB (`Config::plan_arena_bytes`).
+const TILES_A_PIPELINE: usize = 2048;
+
+/// Every tile in pipelines of [`TILES_A_PIPELINE`] tiles (one submission per domain each), the
+/// tiles of a shape sharing that shape's buffers: the pipeline orders their reuse on the device.
+/// Returns the wall time.
 fn device_pass(
     rt: &Runtime,
     ops: &Operands,
@@ -487,42 +496,46 @@ fn device_pass(
     k: usize,
 ) -> pptm::Result<f64> {
     let mut bufs = buffers_by_shape(rt, grid.tiles())?;
-    let start = Instant::now();
-    let mut p = rt.pipeline();
-    let mut outs = HashMap::new();
-    for (shape, b) in bufs.iter_mut() {
-        outs.insert(*shape, (p.output(&mut b.re), p.output(&mut b.k)));
-    }
-    let xs: Vec<_> = ops
-        .rows
-        .iter()
-        .map(|x| match x {
-            RowOperand::F32(b) => p.input(b),
-            RowOperand::Split(b) => p.input(b),
-        })
-        .collect();
-    let ws: Vec<_> = ops
-        .cols
-        .iter()
-        .map(|w| match w {
-            ColOperands::F32 { re, im } => (p.input(re), p.input(im)),
-            ColOperands::Split { re, im } => (p.input(re), p.input(im)),
-        })
-        .collect();
+    let tiles: Vec<Tile> = grid.tiles().collect();
     let split = matches!(ops.rows.first(), Some(RowOperand::Split(_)));
-    for t in grid.tiles() {
-        let (ti, tj) = (t.row0 as usize / e, t.col0 as usize / e);
-        let (re, kk) = outs[&(t.rows, t.cols)];
-        let (x, (wr, wi)) = (xs[ti], ws[tj]);
-        if split {
-            ProductSplit::push(&mut p, x, wr, re, t.rows as usize, k, t.cols as usize)?;
-            ProductModulusSplit::push(&mut p, x, wi, re, kk, t.rows as usize, k, t.cols as usize)?;
-        } else {
-            ProductF32::push(&mut p, x, wr, re, t.rows as usize, k, t.cols as usize)?;
-            ProductModulusF32::push(&mut p, x, wi, re, kk, t.rows as usize, k, t.cols as usize)?;
+    let start = Instant::now();
+    for chunk in tiles.chunks(TILES_A_PIPELINE) {
+        let mut p = rt.pipeline();
+        let mut outs = HashMap::new();
+        for (shape, b) in bufs.iter_mut() {
+            outs.insert(*shape, (p.output(&mut b.re), p.output(&mut b.k)));
         }
+        let xs: Vec<_> = ops
+            .rows
+            .iter()
+            .map(|x| match x {
+                RowOperand::F32(b) => p.input(b),
+                RowOperand::Split(b) => p.input(b),
+            })
+            .collect();
+        let ws: Vec<_> = ops
+            .cols
+            .iter()
+            .map(|w| match w {
+                ColOperands::F32 { re, im } => (p.input(re), p.input(im)),
+                ColOperands::Split { re, im } => (p.input(re), p.input(im)),
+            })
+            .collect();
+        for t in chunk {
+            let (ti, tj) = (t.row0 as usize / e, t.col0 as usize / e);
+            let (re, kk) = outs[&(t.rows, t.cols)];
+            let (x, (wr, wi)) = (xs[ti], ws[tj]);
+            let (rows, cols) = (t.rows as usize, t.cols as usize);
+            if split {
+                ProductSplit::push(&mut p, x, wr, re, rows, k, cols)?;
+                ProductModulusSplit::push(&mut p, x, wi, re, kk, rows, k, cols)?;
+            } else {
+                ProductF32::push(&mut p, x, wr, re, rows, k, cols)?;
+                ProductModulusF32::push(&mut p, x, wi, re, kk, rows, k, cols)?;
+            }
+        }
+        p.wait()?;
     }
-    p.wait()?;
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -1020,6 +1033,16 @@ mod tests {
         cache.save().unwrap();
         assert!(!first.edge.from_cache);
         assert_eq!(first.edge.candidates, vec![128, 256, 384]);
+        // The choice is the candidate with the lowest time an entry (not the shortest tile).
+        let timed: Vec<u64> = first.edge.timings.iter().map(|t| t.0).collect();
+        assert_eq!(timed, first.edge.candidates);
+        let fastest = first
+            .edge
+            .timings
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert_eq!(first.edge.edge, fastest.0, "{:?}", first.edge.timings);
         let mut again = TuneCache::open(&path);
         let second = compute(&rt, &j, &rows, None, &[5], usize::MAX, &mut again).unwrap();
         assert!(second.edge.from_cache);
