@@ -108,8 +108,9 @@ pub struct Outcome {
     /// Whether the operands stayed on the device for every tile.
     pub resident: bool,
     pub tiles: usize,
-    /// Wall time of the tiles' device work alone (one pipeline, results left on the device), and
-    /// of the run end to end (operands made and uploaded, tiles computed, K on the host).
+    /// Wall time of the tiles' device work alone (the median of three passes after a warm-up,
+    /// results left on the device), and of the run end to end (operands made and uploaded,
+    /// tiles computed, K on the host).
     pub device_s: f64,
     pub end_to_end_s: f64,
     /// Entries of K computed (the mirrored ones not counted).
@@ -361,9 +362,18 @@ pub fn compute(
         None
     };
 
-    // The device work alone: every tile in one pipeline, results left on the device.
+    // The device work alone: every tile, results left on the device; once to warm up (the
+    // domain's manifold starts at its first item), then the median of three passes.
     let device_s = match &operands {
-        Some(ops) => device_pass(rt, ops, &grid, e, k)?,
+        Some(ops) => {
+            device_pass(rt, ops, &grid, e, k)?;
+            let mut passes = [0.0f64; 3];
+            for t in &mut passes {
+                *t = device_pass(rt, ops, &grid, e, k)?;
+            }
+            passes.sort_by(f64::total_cmp);
+            passes[1]
+        }
         None => f64::NAN,
     };
 
@@ -812,7 +822,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             "one set (symmetric)"
         },
         match precision {
-            Precision::Bf16x3 => "bf16x3 (three bf16 products on tensor cores, f32 accuracy)",
+            Precision::Bf16x3 => {
+                "bf16x3 (three bf16 products on tensor cores: each term to about 2^-16)"
+            }
             Precision::F32 => "f32 on CUDA cores",
         }
     );
