@@ -900,8 +900,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     let flops = 8.0 * out.computed as f64 * job.d as f64;
     if out.device_s.is_finite() {
         println!(
-            "  device work: {:.3} s, {:.3e} entries/s ({:.1} TFLOP/s as complex64 flops)",
-            out.device_s,
+            "  device work: {:.3} ms for {} computed entries of {} ({:.3e} computed entries/s, \
+             {:.1} TFLOP/s as complex64 flops)",
+            out.device_s * 1e3,
+            out.computed,
+            n * m,
             out.computed as f64 / out.device_s,
             flops / out.device_s / 1e12
         );
