@@ -135,6 +135,27 @@
 //! # Ok::<(), pptm::Error>(())
 //! ```
 //!
+//! `when` runs its body's items only when an earlier item's value reaches a threshold; on the
+//! GPU the device reads the value and runs or skips the body itself, so it may sit inside a
+//! `repeat` and decide at every iteration.
+//!
+//! ```
+//! use pptm::Runtime;
+//! use pptm::chains::{KlComplexity, KlTerms};
+//!
+//! let rt = Runtime::cpu();
+//! let (q, p) = (rt.upload(&[0.5f32, 0.5])?, rt.upload(&[0.25f32, 0.75])?);
+//! let mut terms = rt.alloc::<f32>(2)?;
+//! let mut pipe = rt.pipeline();
+//! let (qi, pi, t) = (pipe.input(&q), pipe.input(&p), pipe.output(&mut terms));
+//! let kl = KlComplexity::push(&mut pipe, qi, pi)?; // KL(q ‖ p) = 0.144
+//! let far = pipe.when(kl, 0.1, |pipe| KlTerms::push(pipe, qi, pi, t).map(|_| ()))?;
+//! let near = pipe.when(kl, 0.5, |pipe| KlTerms::push(pipe, qi, pi, t).map(|_| ()))?;
+//! let r = pipe.wait()?;
+//! assert_eq!((r.runs(far)?, r.runs(near)?), (1, 0));
+//! # Ok::<(), pptm::Error>(())
+//! ```
+//!
 //! # Async
 //!
 //! A ticket is a `Future`: `ticket.await` in an async runtime resolves it without blocking the
