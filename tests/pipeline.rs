@@ -571,7 +571,9 @@ fn bad_loops_are_refused(rt: &Runtime) {
 
 /// A `when` runs its body only when the condition is met: u = v + c after Σ v² reaches the
 /// threshold, u untouched (its sentinel stays) when it does not; the item after the body reads u
-/// either way. Kept, the pipeline decides anew at each run (v rewritten between runs).
+/// either way, and so does an item of another domain (on the GPU its plan waits for the body's
+/// step, which a skip publishes). Kept, the pipeline decides anew at each run (v rewritten
+/// between runs).
 fn when_runs_its_body_only_when_met(rt: &Runtime) {
     let what = rt.describe();
     for n in SIZES {
@@ -594,6 +596,7 @@ fn when_runs_its_body_only_when_met(rt: &Runtime) {
                 })
                 .unwrap();
             let after = BlendA::push(&mut p, uo, ci, 1.0, 1.0, wo).unwrap();
+            let across = SumSquaresB::push(&mut p, uo).unwrap();
             let (r, mut kept) = p.wait_and_keep().unwrap();
             let ctx = format!("{what}: n = {n}, met {met}");
             assert_eq!(r.runs(branch).unwrap(), u32::from(met), "{ctx}");
@@ -606,6 +609,22 @@ fn when_runs_its_body_only_when_met(rt: &Runtime) {
                 Err(e) => panic!("{ctx}: {e}"),
             }
             r.get(after).unwrap();
+            let u_total = |x: &[f32], met: bool| -> f64 {
+                x.iter()
+                    .zip(&c)
+                    .map(|(&x, &c)| {
+                        if met {
+                            f64::from(x) + f64::from(c)
+                        } else {
+                            -7.0
+                        }
+                    })
+                    .map(|u| u * u)
+                    .sum()
+            };
+            let close = |got: f32, want: f64| (f64::from(got) - want).abs() <= 1e-4 * want.abs();
+            let got = r.get(across).unwrap();
+            assert!(close(got, u_total(&x, met)), "{ctx}: Σ u² in pipe_b: {got}");
             let check = |kept: &pptm::KeptPipeline<'_>, x: &[f32], met: bool, ctx: &str| {
                 let u_want: Vec<f64> = x
                     .iter()
@@ -651,6 +670,11 @@ fn when_runs_its_body_only_when_met(rt: &Runtime) {
             let ctx = format!("{ctx}, run again with the condition flipped");
             assert_eq!(r2.runs(branch).unwrap(), u32::from(!met), "{ctx}");
             assert_eq!(r2.get(inner.unwrap()).is_ok(), !met, "{ctx}");
+            let got = r2.get(across).unwrap();
+            assert!(
+                close(got, u_total(&x2, !met)),
+                "{ctx}: Σ u² in pipe_b: {got}"
+            );
             check(&kept, &x2, !met, &ctx);
         }
     }
