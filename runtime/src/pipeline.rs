@@ -1011,7 +1011,6 @@ impl<'p> Pipeline<'p> {
                     loop_end: None,
                     wait_on: None,
                 });
-                plan_.blocks = 0;
                 (Some((plan, plan_.steps.len() - 1)), false)
             }
             // (NaN meets no threshold.)
