@@ -1031,20 +1031,22 @@ impl<'p> Pipeline<'p> {
         });
         let ran = body(self);
         self.branching = None;
+        // Closed here whatever happens next: on an error, what the body recorded stays, run
+        // under the condition (a step left open would fail its plan).
+        if let Some((p, step)) = plan {
+            let end = self.plans[p].steps.len();
+            self.plans[p].steps[step].desc.args[0] = end as u64;
+        }
         ran?;
         if self.entries.len() == first {
             return Err(refuse("the `when`'s body pushed no item"));
         }
         let state = match plan {
-            Some((p, step)) => {
-                let end = self.plans[p].steps.len();
-                self.plans[p].steps[step].desc.args[0] = end as u64;
-                State::Planned {
-                    plan: p,
-                    step,
-                    guard: None,
-                }
-            }
+            Some((p, step)) => State::Planned {
+                plan: p,
+                step,
+                guard: None,
+            },
             None => {
                 if self.recording {
                     let body: Vec<Repush<'p>> = self
