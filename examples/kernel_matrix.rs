@@ -253,12 +253,12 @@ fn choose_edge(
                 let span = run_tile(rt, &x, &w, &mut out, &t, kk)?;
                 device = device.zip(span).map(|(a, b)| a + b);
             }
-            let entries = (reps as u64 * t.rows * t.cols) as u32;
-            let per_entry = s.elapsed().as_secs_f64() / f64::from(entries);
+            let entries = (reps as u64 * t.rows * t.cols) as f64;
+            let per_entry = s.elapsed().as_secs_f64() / entries;
             timings.push((
                 edge,
                 per_entry * 1e9,
-                device.map(|d| d.as_secs_f64() * 1e9 / f64::from(entries)),
+                device.map(|d| d.as_secs_f64() * 1e9 / entries),
             ));
             // The time an entry, scaled to what a tile of the largest candidate would take at
             // this rate: the tuner compares rates, and the cache's times read as tiles.
