@@ -416,14 +416,14 @@ pub fn find_edge(idx: f64, pos: Table, list: Table, cutoff: f32, points: u32) ->
 
 /// A dense layer's output `idx % F` of atom `idx / F`: Σ_k a[i, k] w[k, f] + w[K, f], where `w`
 /// holds the weights (K x F) and the bias as its last row.
-#[op(f32_form)]
+#[op(f32_form, lanes = 8)]
 pub fn dense(idx: f64, a: Table, w: Table) -> f64 {
     let e = idx as u32;
     let inputs = w.rows() - 1;
     let i = e / w.cols();
     let f = e % w.cols();
     let mut acc = w.at(inputs, f);
-    for k in 0..inputs {
+    for k in lanes(0..inputs) {
         acc += a.at(i, k) * w.at(k, f);
     }
     acc
@@ -432,14 +432,14 @@ pub fn dense(idx: f64, a: Table, w: Table) -> f64 {
 /// base + Σ_k ssp(a[i, k]) w[k, f] + w[K, f] (i = idx / F, f = idx % F; the bias is `w`'s last
 /// row): an interaction block's residual update h + ssp(m W_o1 + b_o1) W_o2 + b_o2, or with base
 /// 0 the readout's per-atom energy. ssp(x) = ln(1 + eˣ) − ln 2.
-#[op(f32_form, tensors(idx))]
+#[op(f32_form, tensors(idx), lanes = 8)]
 pub fn ssp_dense(base: f64, idx: f64, a: Table, w: Table) -> f64 {
     let e = idx as u32;
     let inputs = w.rows() - 1;
     let i = e / w.cols();
     let f = e % w.cols();
     let mut acc = base + w.at(inputs, f);
-    for k in 0..inputs {
+    for k in lanes(0..inputs) {
         let x = a.at(i, k);
         acc += (x.max(0.0) + (-x.abs()).exp().ln_1p() - std::f64::consts::LN_2) * w.at(k, f);
     }
@@ -449,14 +449,14 @@ pub fn ssp_dense(base: f64, idx: f64, a: Table, w: Table) -> f64 {
 /// Backward through a dense layer: base + Σ_f g[i, stride f] w[k, f], for input `idx % K` of atom
 /// `idx / K` (`w`: K weight rows and the bias row). `stride` reads one field of a state table
 /// (the `g` of [`Partial`]s: 4), or 1.
-#[op(f32_form, tensors(idx))]
+#[op(f32_form, tensors(idx), lanes = 8)]
 pub fn dense_t(base: f64, idx: f64, g: Table, w: Table, stride: u32) -> f64 {
     let e = idx as u32;
     let inputs = w.rows() - 1;
     let i = e / inputs;
     let k = e % inputs;
     let mut acc = base;
-    for f in 0..w.cols() {
+    for f in lanes(0..w.cols()) {
         acc += g.at(i, stride * f) * w.at(k, f);
     }
     acc
@@ -464,14 +464,14 @@ pub fn dense_t(base: f64, idx: f64, g: Table, w: Table, stride: u32) -> f64 {
 
 /// Backward through ssp and a dense layer: σ(pre[i, k]) Σ_f g[i, f] w[k, f] (k = idx % K), with
 /// σ the logistic function, ssp's derivative.
-#[op(f32_form)]
+#[op(f32_form, lanes = 8)]
 pub fn ssp_dense_t(idx: f64, pre: Table, g: Table, w: Table) -> f64 {
     let e = idx as u32;
     let inputs = w.rows() - 1;
     let i = e / inputs;
     let k = e % inputs;
     let mut acc = 0.0_f64;
-    for f in 0..w.cols() {
+    for f in lanes(0..w.cols()) {
         acc += g.at(i, f) * w.at(k, f);
     }
     acc / (1.0 + (-pre.at(i, k)).exp())
@@ -480,14 +480,14 @@ pub fn ssp_dense_t(idx: f64, pre: Table, g: Table, w: Table) -> f64 {
 /// The continuous-filter convolution m[i, f] = Σ_j x[j, f] W(r_ij)[f] over atom i's edges (i =
 /// idx / F, f = idx % F). `filter` is the block's table of [`FilterPoint`]s (points x 2F), read by
 /// cubic Hermite interpolation at the edge's grid coordinate.
-#[op(f32_form)]
+#[op(f32_form, lanes = 8)]
 pub fn cfconv(idx: f64, edges: Table, x: Table, filter: Table) -> f64 {
     let e = idx as u32;
     let i = e / x.cols();
     let f = e % x.cols();
     let last = filter.rows() as f64 - 1.0;
     let mut acc = 0.0_f64;
-    for s in 0..edges.cols() / 5 {
+    for s in lanes(0..edges.cols() / 5) {
         let u = edges.at(i, 5 * s + 1);
         if u < last {
             let cell = u.floor();
@@ -508,7 +508,7 @@ pub fn cfconv(idx: f64, edges: Table, x: Table, filter: Table) -> f64 {
 /// `g` = Σ_b gm[b, f] W(r_ab)[f], which is ∂E/∂x[a, f] (the lists are symmetric, so a's edges
 /// are the pairs whose messages x[a, f] fed), and feature f's share of ∂E/∂position of a,
 /// Σ_b (gm[a, f] x[b, f] + gm[b, f] x[a, f]) W'(r_ab)[f] ∂r_ab/∂pos_a.
-#[op(f32_form)]
+#[op(f32_form, lanes = 8)]
 pub fn cfconv_back(idx: f64, edges: Table, x: Table, gm: Table, filter: Table) -> Partial {
     let e = idx as u32;
     let a = e / x.cols();
@@ -522,7 +522,7 @@ pub fn cfconv_back(idx: f64, edges: Table, x: Table, gm: Table, filter: Table) -
         py: 0.0,
         pz: 0.0,
     };
-    for s in 0..edges.cols() / 5 {
+    for s in lanes(0..edges.cols() / 5) {
         let u = edges.at(a, 5 * s + 1);
         if u < last {
             let b = edges.at(a, 5 * s) as u32;
@@ -559,13 +559,13 @@ pub fn cfconv_back(idx: f64, edges: Table, x: Table, gm: Table, filter: Table) -
 /// blocks' [`Partial`]s of its row: v ← v + kick F, then x ← x + drift v. Between steps the state
 /// holds v at the half step, so one update with kick = drift = dt ends one step and starts the
 /// next; kick = dt/2, drift = 0 gives the velocity at the full step.
-#[op(f32_form, tensors(idx))]
+#[op(f32_form, tensors(idx), lanes = 8)]
 pub fn verlet(s: Atom, idx: f64, p1: Table, p2: Table, p3: Table, kick: f32, drift: f32) -> Atom {
     let i = idx as u32;
     let mut fx = 0.0_f64;
     let mut fy = 0.0_f64;
     let mut fz = 0.0_f64;
-    for f in 0..p1.cols() / 4 {
+    for f in lanes(0..p1.cols() / 4) {
         fx -= p1.at(i, 4 * f + 1) + p2.at(i, 4 * f + 1) + p3.at(i, 4 * f + 1);
         fy -= p1.at(i, 4 * f + 2) + p2.at(i, 4 * f + 2) + p3.at(i, 4 * f + 2);
         fz -= p1.at(i, 4 * f + 3) + p2.at(i, 4 * f + 3) + p3.at(i, 4 * f + 3);

@@ -815,10 +815,23 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// The op's function as the CPU backend compiles it: each local array index `a[k]`, a `u32` in
 /// the op subset (as on the device), becomes `a[{ let k: u32 = k; k as usize }]`, since Rust
 /// indexes with `usize`. A loop variable that indexes an array is then a `u32` like any other.
+/// A `for s in lanes(a..b)` loop becomes `for s in a..b`: the CPU runs one lane.
 fn with_u32_indices(f: &syn::ItemFn) -> syn::ItemFn {
     use syn::visit_mut::VisitMut;
     struct Indices;
     impl VisitMut for Indices {
+        // `for s in lanes(a..b)`: on the CPU, the range itself (one lane runs every iteration).
+        fn visit_expr_for_loop_mut(&mut self, l: &mut syn::ExprForLoop) {
+            if let syn::Expr::Call(c) = &*l.expr
+                && c.args.len() == 1
+                && matches!(&*c.func, syn::Expr::Path(p)
+                    if p.path.segments.last().is_some_and(|s| s.ident == "lanes"))
+            {
+                let range = c.args[0].clone();
+                *l.expr = range;
+            }
+            syn::visit_mut::visit_expr_for_loop_mut(self, l);
+        }
         fn visit_expr_index_mut(&mut self, ix: &mut syn::ExprIndex) {
             syn::visit_mut::visit_expr_index_mut(self, ix);
             let k = &ix.index;
@@ -871,7 +884,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     let marker = format_ident!("{}", op.op_name(), span = fn_ident.span());
     let cpu_ident = format_ident!("__pptm_op_cpu_{}", op.name);
     let op_name = op.op_name();
-    let (cuda, device) = (&op.cuda, &op.device);
+    let (cuda, device, lanes) = (&op.cuda, &op.device, op.lanes);
     let doc = format!(
         "The op `{}` (`#[pptm::op] fn {}`): name it as a stage's type in a `#[derive(FusionBuilder)]` chain.",
         op_name, op.name
@@ -1050,6 +1063,7 @@ fn expand_op(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
                 },
                 precisions: &[#(#precisions),*],
                 tensor_precisions: &[],
+                lanes: #lanes,
                 header: "",
                 cuda: #cuda,
                 device: #device,

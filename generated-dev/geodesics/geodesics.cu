@@ -33,6 +33,20 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     }
     return n < 0 ? (T)1 / r : r;
 }
+// The lanes of an element (`for s in lanes(a..b)`: PPTM_LANES consecutive threads of a warp that
+// share one element of an elementwise pass): this thread's lane, and the sum of a value over the
+// element's lanes, which every lane gets. With one lane, the lane is 0 and the sum the value.
+template <unsigned int L> __device__ __forceinline__ unsigned int pptm_lane() { return L > 1u ? threadIdx.x % L : 0u; }
+template <unsigned int L, class T> __device__ __forceinline__ T pptm_lane_sum(T v) {
+    static_assert(L >= 1u && L <= 32u && (L & (L - 1u)) == 0u, "lanes: a power of two up to 32");
+    if (L > 1u) {
+        // Only this element's lanes take part: elements of one warp may be at different points.
+        const unsigned int first = threadIdx.x % 32u & ~(L - 1u);
+        const unsigned int mask = L == 32u ? 0xffffffffu : ((1u << (L % 32u)) - 1u) << first;
+        for (unsigned int o = L / 2u; o > 0u; o /= 2u) v += __shfl_xor_sync(mask, v, o, L);
+    }
+    return v;
+}
 // Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
 template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
     return x < lo ? lo : (x > hi ? hi : x);
@@ -219,7 +233,7 @@ struct pptm_each_cad36d73 {
 };
 __device__ __noinline__ uint32_t pptm_run_cad36d73(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_cad36d73 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_cad36d73{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_cad36d73{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -255,7 +269,7 @@ struct pptm_each_62aa570b {
 };
 __device__ __noinline__ uint32_t pptm_run_62aa570b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_62aa570b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_62aa570b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_62aa570b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -291,7 +305,7 @@ struct pptm_each_a83fad7a {
 };
 __device__ __noinline__ uint32_t pptm_run_a83fad7a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_a83fad7a e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_a83fad7a{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_a83fad7a{e}, b);
     return PPTM_STATUS_OK;
 }
 

@@ -34,6 +34,20 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     }
     return n < 0 ? (T)1 / r : r;
 }
+// The lanes of an element (`for s in lanes(a..b)`: PPTM_LANES consecutive threads of a warp that
+// share one element of an elementwise pass): this thread's lane, and the sum of a value over the
+// element's lanes, which every lane gets. With one lane, the lane is 0 and the sum the value.
+template <unsigned int L> __device__ __forceinline__ unsigned int pptm_lane() { return L > 1u ? threadIdx.x % L : 0u; }
+template <unsigned int L, class T> __device__ __forceinline__ T pptm_lane_sum(T v) {
+    static_assert(L >= 1u && L <= 32u && (L & (L - 1u)) == 0u, "lanes: a power of two up to 32");
+    if (L > 1u) {
+        // Only this element's lanes take part: elements of one warp may be at different points.
+        const unsigned int first = threadIdx.x % 32u & ~(L - 1u);
+        const unsigned int mask = L == 32u ? 0xffffffffu : ((1u << (L % 32u)) - 1u) << first;
+        for (unsigned int o = L / 2u; o > 0u; o /= 2u) v += __shfl_xor_sync(mask, v, o, L);
+    }
+    return v;
+}
 // Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
 template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
     return x < lo ? lo : (x > hi ? hi : x);
@@ -495,15 +509,18 @@ __device__ __forceinline__ float pptm_user_cell_rank(float idx, pptm_table keys)
 }
 
 // #[pptm::op] fn cfconv
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ double pptm_user_cfconv(double idx, pptm_table edges, pptm_table x, pptm_table filter) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int i = (e / pptm_table_cols(x));
     const unsigned int f = (e % pptm_table_cols(x));
     const double last = (((double)pptm_table_rows(filter)) - 1.0);
     double acc = 0.0;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(edges) / 5u);
-        for (unsigned int s = 0u; s < pptm_end_0; ++s) {
+        for (unsigned int s = 0u + pptm_lane<PPTM_LANES>(); s < pptm_end_0; s += PPTM_LANES) {
             const double u = pptm_table_at<double>(edges, i, ((5u * s) + 1u));
             if ((u < last)) {
                 const double cell = floor(u);
@@ -516,18 +533,22 @@ __device__ __forceinline__ double pptm_user_cfconv(double idx, pptm_table edges,
             }
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 // #[pptm::op(f32_form)] fn cfconv
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ float pptm_user_cfconv(float idx, pptm_table edges, pptm_table x, pptm_table filter) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int i = (e / pptm_table_cols(x));
     const unsigned int f = (e % pptm_table_cols(x));
     const float last = (((float)pptm_table_rows(filter)) - 1.0f);
     float acc = 0.0f;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(edges) / 5u);
-        for (unsigned int s = 0u; s < pptm_end_0; ++s) {
+        for (unsigned int s = 0u + pptm_lane<PPTM_LANES>(); s < pptm_end_0; s += PPTM_LANES) {
             const float u = pptm_table_at<float>(edges, i, ((5u * s) + 1u));
             if ((u < last)) {
                 const float cell = floorf(u);
@@ -540,6 +561,7 @@ __device__ __forceinline__ float pptm_user_cfconv(float idx, pptm_table edges, p
             }
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 
@@ -569,6 +591,7 @@ __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Part
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Partial_f32& s) { pptm_check_finite(s.g); pptm_check_finite(s.px); pptm_check_finite(s.py); pptm_check_finite(s.pz); }
 #endif  // PPTM_STATE_Partial_2c2af912d21e
 // #[pptm::op] fn cfconv_back
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ pptm_state_Partial pptm_user_cfconv_back(double idx, pptm_table edges, pptm_table x, pptm_table gm, pptm_table filter) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int a = (e / pptm_table_cols(x));
@@ -577,9 +600,17 @@ __device__ __forceinline__ pptm_state_Partial pptm_user_cfconv_back(double idx, 
     const double xa = pptm_table_at<double>(x, a, f);
     const double ga = pptm_table_at<double>(gm, a, f);
     pptm_state_Partial out = [&]() -> pptm_state_Partial { pptm_state_Partial pptm_s = pptm_state_Partial{}; pptm_s.g = 0.0; pptm_s.px = 0.0; pptm_s.py = 0.0; pptm_s.pz = 0.0; return pptm_s; }();
+    const auto pptm_start_0_0 = out.g;
+    out.g = 0;
+    const auto pptm_start_0_1 = out.px;
+    out.px = 0;
+    const auto pptm_start_0_2 = out.py;
+    out.py = 0;
+    const auto pptm_start_0_3 = out.pz;
+    out.pz = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(edges) / 5u);
-        for (unsigned int s = 0u; s < pptm_end_0; ++s) {
+        for (unsigned int s = 0u + pptm_lane<PPTM_LANES>(); s < pptm_end_0; s += PPTM_LANES) {
             const double u = pptm_table_at<double>(edges, a, ((5u * s) + 1u));
             if ((u < last)) {
                 const unsigned int b = pptm_user_to_u32(pptm_table_at<double>(edges, a, (5u * s)));
@@ -603,9 +634,14 @@ __device__ __forceinline__ pptm_state_Partial pptm_user_cfconv_back(double idx, 
             }
         }
     }
+    out.g = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(out.g);
+    out.px = pptm_start_0_1 + pptm_lane_sum<PPTM_LANES>(out.px);
+    out.py = pptm_start_0_2 + pptm_lane_sum<PPTM_LANES>(out.py);
+    out.pz = pptm_start_0_3 + pptm_lane_sum<PPTM_LANES>(out.pz);
     return out;
 }
 // #[pptm::op(f32_form)] fn cfconv_back
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ pptm_state_Partial_f32 pptm_user_cfconv_back(float idx, pptm_table edges, pptm_table x, pptm_table gm, pptm_table filter) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int a = (e / pptm_table_cols(x));
@@ -614,9 +650,17 @@ __device__ __forceinline__ pptm_state_Partial_f32 pptm_user_cfconv_back(float id
     const float xa = pptm_table_at<float>(x, a, f);
     const float ga = pptm_table_at<float>(gm, a, f);
     pptm_state_Partial_f32 out = [&]() -> pptm_state_Partial_f32 { pptm_state_Partial_f32 pptm_s = pptm_state_Partial_f32{}; pptm_s.g = 0.0f; pptm_s.px = 0.0f; pptm_s.py = 0.0f; pptm_s.pz = 0.0f; return pptm_s; }();
+    const auto pptm_start_0_0 = out.g;
+    out.g = 0;
+    const auto pptm_start_0_1 = out.px;
+    out.px = 0;
+    const auto pptm_start_0_2 = out.py;
+    out.py = 0;
+    const auto pptm_start_0_3 = out.pz;
+    out.pz = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(edges) / 5u);
-        for (unsigned int s = 0u; s < pptm_end_0; ++s) {
+        for (unsigned int s = 0u + pptm_lane<PPTM_LANES>(); s < pptm_end_0; s += PPTM_LANES) {
             const float u = pptm_table_at<float>(edges, a, ((5u * s) + 1u));
             if ((u < last)) {
                 const unsigned int b = pptm_user_to_u32(pptm_table_at<float>(edges, a, (5u * s)));
@@ -640,68 +684,88 @@ __device__ __forceinline__ pptm_state_Partial_f32 pptm_user_cfconv_back(float id
             }
         }
     }
+    out.g = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(out.g);
+    out.px = pptm_start_0_1 + pptm_lane_sum<PPTM_LANES>(out.px);
+    out.py = pptm_start_0_2 + pptm_lane_sum<PPTM_LANES>(out.py);
+    out.pz = pptm_start_0_3 + pptm_lane_sum<PPTM_LANES>(out.pz);
     return out;
 }
 
 // #[pptm::op] fn dense
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ double pptm_user_dense(double idx, pptm_table a, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / pptm_table_cols(w));
     const unsigned int f = (e % pptm_table_cols(w));
     double acc = pptm_table_at<double>(w, inputs, f);
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = inputs;
-        for (unsigned int k = 0u; k < pptm_end_0; ++k) {
+        for (unsigned int k = 0u + pptm_lane<PPTM_LANES>(); k < pptm_end_0; k += PPTM_LANES) {
             acc += (pptm_table_at<double>(a, i, k) * pptm_table_at<double>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 // #[pptm::op(f32_form)] fn dense
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ float pptm_user_dense(float idx, pptm_table a, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / pptm_table_cols(w));
     const unsigned int f = (e % pptm_table_cols(w));
     float acc = pptm_table_at<float>(w, inputs, f);
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = inputs;
-        for (unsigned int k = 0u; k < pptm_end_0; ++k) {
+        for (unsigned int k = 0u + pptm_lane<PPTM_LANES>(); k < pptm_end_0; k += PPTM_LANES) {
             acc += (pptm_table_at<float>(a, i, k) * pptm_table_at<float>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 
 // #[pptm::op] fn dense_t
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ double pptm_user_dense_t(double base, double idx, pptm_table g, pptm_table w, unsigned int stride) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / inputs);
     const unsigned int k = (e % inputs);
     double acc = base;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = pptm_table_cols(w);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             acc += (pptm_table_at<double>(g, i, (stride * f)) * pptm_table_at<double>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 // #[pptm::op(f32_form)] fn dense_t
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ float pptm_user_dense_t(float base, float idx, pptm_table g, pptm_table w, unsigned int stride) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / inputs);
     const unsigned int k = (e % inputs);
     float acc = base;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = pptm_table_cols(w);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             acc += (pptm_table_at<float>(g, i, (stride * f)) * pptm_table_at<float>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 
@@ -1059,66 +1123,82 @@ __device__ __forceinline__ float pptm_user_neighbour(float idx, pptm_table pos, 
 }
 
 // #[pptm::op] fn ssp_dense
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ double pptm_user_ssp_dense(double base, double idx, pptm_table a, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / pptm_table_cols(w));
     const unsigned int f = (e % pptm_table_cols(w));
     double acc = (base + pptm_table_at<double>(w, inputs, f));
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = inputs;
-        for (unsigned int k = 0u; k < pptm_end_0; ++k) {
+        for (unsigned int k = 0u + pptm_lane<PPTM_LANES>(); k < pptm_end_0; k += PPTM_LANES) {
             const double x = pptm_table_at<double>(a, i, k);
             acc += (((fmax(x, 0.0) + log1p(exp((-fabs(x))))) - 0.6931471805599453) * pptm_table_at<double>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 // #[pptm::op(f32_form)] fn ssp_dense
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ float pptm_user_ssp_dense(float base, float idx, pptm_table a, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / pptm_table_cols(w));
     const unsigned int f = (e % pptm_table_cols(w));
     float acc = (base + pptm_table_at<float>(w, inputs, f));
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = inputs;
-        for (unsigned int k = 0u; k < pptm_end_0; ++k) {
+        for (unsigned int k = 0u + pptm_lane<PPTM_LANES>(); k < pptm_end_0; k += PPTM_LANES) {
             const float x = pptm_table_at<float>(a, i, k);
             acc += (((fmaxf(x, 0.0f) + log1pf(expf((-fabsf(x))))) - 0.6931472f) * pptm_table_at<float>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return acc;
 }
 
 // #[pptm::op] fn ssp_dense_t
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ double pptm_user_ssp_dense_t(double idx, pptm_table pre, pptm_table g, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / inputs);
     const unsigned int k = (e % inputs);
     double acc = 0.0;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = pptm_table_cols(w);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             acc += (pptm_table_at<double>(g, i, f) * pptm_table_at<double>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return (acc / (1.0 + exp((-pptm_table_at<double>(pre, i, k)))));
 }
 // #[pptm::op(f32_form)] fn ssp_dense_t
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ float pptm_user_ssp_dense_t(float idx, pptm_table pre, pptm_table g, pptm_table w) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int inputs = (pptm_table_rows(w) - 1u);
     const unsigned int i = (e / inputs);
     const unsigned int k = (e % inputs);
     float acc = 0.0f;
+    const auto pptm_start_0_0 = acc;
+    acc = 0;
     {
         const unsigned int pptm_end_0 = pptm_table_cols(w);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             acc += (pptm_table_at<float>(g, i, f) * pptm_table_at<float>(w, k, f));
         }
     }
+    acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);
     return (acc / (1.0f + expf((-pptm_table_at<float>(pre, i, k)))));
 }
 
@@ -1152,19 +1232,29 @@ __device__ __forceinline__ void pptm_state_store(float* p, const pptm_state_Atom
 __device__ __forceinline__ void pptm_check_finite(const pptm_state_Atom_f32& s) { pptm_check_finite(s.x); pptm_check_finite(s.y); pptm_check_finite(s.z); pptm_check_finite(s.vx); pptm_check_finite(s.vy); pptm_check_finite(s.vz); }
 #endif  // PPTM_STATE_Atom_29f3a7b9473e
 // #[pptm::op] fn verlet
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ pptm_state_Atom pptm_user_verlet(pptm_state_Atom s, double idx, pptm_table p1, pptm_table p2, pptm_table p3, float kick, float drift) {
     const unsigned int i = pptm_user_to_u32(idx);
     double fx = 0.0;
     double fy = 0.0;
     double fz = 0.0;
+    const auto pptm_start_0_0 = fx;
+    fx = 0;
+    const auto pptm_start_0_1 = fy;
+    fy = 0;
+    const auto pptm_start_0_2 = fz;
+    fz = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(p1) / 4u);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             fx -= ((pptm_table_at<double>(p1, i, ((4u * f) + 1u)) + pptm_table_at<double>(p2, i, ((4u * f) + 1u))) + pptm_table_at<double>(p3, i, ((4u * f) + 1u)));
             fy -= ((pptm_table_at<double>(p1, i, ((4u * f) + 2u)) + pptm_table_at<double>(p2, i, ((4u * f) + 2u))) + pptm_table_at<double>(p3, i, ((4u * f) + 2u)));
             fz -= ((pptm_table_at<double>(p1, i, ((4u * f) + 3u)) + pptm_table_at<double>(p2, i, ((4u * f) + 3u))) + pptm_table_at<double>(p3, i, ((4u * f) + 3u)));
         }
     }
+    fx = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(fx);
+    fy = pptm_start_0_1 + pptm_lane_sum<PPTM_LANES>(fy);
+    fz = pptm_start_0_2 + pptm_lane_sum<PPTM_LANES>(fz);
     pptm_state_Atom out = s;
     out.vx += (((double)kick) * fx);
     out.vy += (((double)kick) * fy);
@@ -1175,19 +1265,29 @@ __device__ __forceinline__ pptm_state_Atom pptm_user_verlet(pptm_state_Atom s, d
     return out;
 }
 // #[pptm::op(f32_form)] fn verlet
+template <unsigned int PPTM_LANES = 1>
 __device__ __forceinline__ pptm_state_Atom_f32 pptm_user_verlet(pptm_state_Atom_f32 s, float idx, pptm_table p1, pptm_table p2, pptm_table p3, float kick, float drift) {
     const unsigned int i = pptm_user_to_u32(idx);
     float fx = 0.0f;
     float fy = 0.0f;
     float fz = 0.0f;
+    const auto pptm_start_0_0 = fx;
+    fx = 0;
+    const auto pptm_start_0_1 = fy;
+    fy = 0;
+    const auto pptm_start_0_2 = fz;
+    fz = 0;
     {
         const unsigned int pptm_end_0 = (pptm_table_cols(p1) / 4u);
-        for (unsigned int f = 0u; f < pptm_end_0; ++f) {
+        for (unsigned int f = 0u + pptm_lane<PPTM_LANES>(); f < pptm_end_0; f += PPTM_LANES) {
             fx -= ((pptm_table_at<float>(p1, i, ((4u * f) + 1u)) + pptm_table_at<float>(p2, i, ((4u * f) + 1u))) + pptm_table_at<float>(p3, i, ((4u * f) + 1u)));
             fy -= ((pptm_table_at<float>(p1, i, ((4u * f) + 2u)) + pptm_table_at<float>(p2, i, ((4u * f) + 2u))) + pptm_table_at<float>(p3, i, ((4u * f) + 2u)));
             fz -= ((pptm_table_at<float>(p1, i, ((4u * f) + 3u)) + pptm_table_at<float>(p2, i, ((4u * f) + 3u))) + pptm_table_at<float>(p3, i, ((4u * f) + 3u)));
         }
     }
+    fx = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(fx);
+    fy = pptm_start_0_1 + pptm_lane_sum<PPTM_LANES>(fy);
+    fz = pptm_start_0_2 + pptm_lane_sum<PPTM_LANES>(fz);
     pptm_state_Atom_f32 out = s;
     out.vx += (kick * fx);
     out.vy += (kick * fy);
@@ -1224,7 +1324,7 @@ struct pptm_each_38b2a474 {
 };
 __device__ __noinline__ uint32_t pptm_run_38b2a474(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_38b2a474 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_38b2a474{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_38b2a474{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1252,7 +1352,7 @@ struct pptm_each_8f8fc8c2 {
 };
 __device__ __noinline__ uint32_t pptm_run_8f8fc8c2(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_8f8fc8c2 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_8f8fc8c2{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_8f8fc8c2{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1278,7 +1378,7 @@ struct pptm_each_b78dd9f6 {
 };
 __device__ __noinline__ uint32_t pptm_run_b78dd9f6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_b78dd9f6 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_b78dd9f6{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_b78dd9f6{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1312,7 +1412,7 @@ struct pptm_each_9151512f {
 };
 __device__ __noinline__ uint32_t pptm_run_9151512f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9151512f e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_9151512f{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a8, pptm_each_9151512f{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1337,13 +1437,13 @@ struct pptm_each_ff9e1eca {
 };
 __device__ __noinline__ uint32_t pptm_run_ff9e1eca(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_ff9e1eca e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_ff9e1eca{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a3, pptm_each_ff9e1eca{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain Convolution: Cfconv (Map pattern)
-// spec hash b48a7058eef4eb77cbef9b53c4a2a13807b5b17da1102d7851c9ddf2469d6d00, opcode 0xb48a7058
-struct pptm_env_b48a7058 {
+// spec hash b19c7929ca9a7c25de3ad3656769ff7af0e62d6763e92fbd7d9380cc3d3b4c43, opcode 0xb19c7929
+struct pptm_env_b19c7929 {
     const float* a0;  // idx
     const float* a1;  // edges
     const float* a2;  // x
@@ -1356,25 +1456,26 @@ struct pptm_env_b48a7058 {
     uint64_t a9;  // x_cols
     uint64_t a10;  // filter_rows
     uint64_t a11;  // filter_cols
-    __device__ explicit pptm_env_b48a7058(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
+    __device__ explicit pptm_env_b19c7929(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
 };
-struct pptm_each_b48a7058 {
-    pptm_env_b48a7058 e;
+struct pptm_each_b19c7929 {
+    pptm_env_b19c7929 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_cfconv(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        const float s0 = pptm_user_cfconv<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_b48a7058(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_b48a7058 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_b48a7058{e}, b);
+__device__ __noinline__ uint32_t pptm_run_b19c7929(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_b19c7929 e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_b19c7929{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain ConvolutionBack: CfconvBack (Map pattern)
-// spec hash 685fe96618be1c7e574a5cba9a8e7389f328ca2e400093800f2d9c6d04594654, opcode 0x685fe966
-struct pptm_env_685fe966 {
+// spec hash d56dd160605dd28d20c8e2d3a53fdf245129ce5ce52ecd4d8a75cb4d85ed9bf9, opcode 0xd56dd160
+struct pptm_env_d56dd160 {
     const float* a0;  // idx
     const float* a1;  // edges
     const float* a2;  // x
@@ -1390,25 +1491,26 @@ struct pptm_env_685fe966 {
     uint64_t a12;  // gm_cols
     uint64_t a13;  // filter_rows
     uint64_t a14;  // filter_cols
-    __device__ explicit pptm_env_685fe966(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
+    __device__ explicit pptm_env_d56dd160(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
 };
-struct pptm_each_685fe966 {
-    pptm_env_685fe966 e;
+struct pptm_each_d56dd160 {
+    pptm_env_d56dd160 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const pptm_state_Partial_f32 s0 = pptm_user_cfconv_back(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u));
+        const pptm_state_Partial_f32 s0 = pptm_user_cfconv_back<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         pptm_state_store(e.a5 + 4 * i, s0);
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_685fe966(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_685fe966 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_685fe966{e}, b);
+__device__ __noinline__ uint32_t pptm_run_d56dd160(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d56dd160 e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a6, pptm_each_d56dd160{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain DenseBack: DenseT (Map pattern)
-// spec hash 69133b09ae05138cdb8487d8dd819fad700b2dcaf179269dd2bce53af438d5eb, opcode 0x69133b09
-struct pptm_env_69133b09 {
+// spec hash 9619449e18f377e5df143bc485c5da5eec3b443e8e7460569251fe1f31dcece1, opcode 0x9619449e
+struct pptm_env_9619449e {
     const float* a0;  // base
     const float* a1;  // idx
     const float* a2;  // g
@@ -1420,25 +1522,26 @@ struct pptm_env_69133b09 {
     uint64_t a8;  // g_cols
     uint64_t a9;  // w_rows
     uint64_t a10;  // w_cols
-    __device__ explicit pptm_env_69133b09(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4((uint32_t)d.args[4]), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]) {}
+    __device__ explicit pptm_env_9619449e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4((uint32_t)d.args[4]), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]) {}
 };
-struct pptm_each_69133b09 {
-    pptm_env_69133b09 e;
+struct pptm_each_9619449e {
+    pptm_env_9619449e e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_dense_t(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a7, e.a8, 0u), pptm_table_make(e.a3, e.a9, e.a10, 0u), e.a4);
+        const float s0 = pptm_user_dense_t<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a7, e.a8, 0u), pptm_table_make(e.a3, e.a9, e.a10, 0u), e.a4);
+        if (threadIdx.x % 8u != 0u) return 0.0;
         e.a5[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_69133b09(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_69133b09 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_69133b09{e}, b);
+__device__ __noinline__ uint32_t pptm_run_9619449e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_9619449e e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a6, pptm_each_9619449e{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain DenseLayer: Dense (Map pattern)
-// spec hash 8d424c1b627ada5fa51fd0b2ab2ea7d3b61c71ac94a652e2b4ae5532c70a2049, opcode 0x8d424c1b
-struct pptm_env_8d424c1b {
+// spec hash 34ccfcde850477754c2faa88949ae80a2942d09c425297477403da08798fdb70, opcode 0x34ccfcde
+struct pptm_env_34ccfcde {
     const float* a0;  // idx
     const float* a1;  // a
     const float* a2;  // w
@@ -1448,19 +1551,20 @@ struct pptm_env_8d424c1b {
     uint64_t a6;  // a_cols
     uint64_t a7;  // w_rows
     uint64_t a8;  // w_cols
-    __device__ explicit pptm_env_8d424c1b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+    __device__ explicit pptm_env_34ccfcde(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
-struct pptm_each_8d424c1b {
-    pptm_env_8d424c1b e;
+struct pptm_each_34ccfcde {
+    pptm_env_34ccfcde e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_dense(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
+        const float s0 = pptm_user_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         e.a3[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_8d424c1b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_8d424c1b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_8d424c1b{e}, b);
+__device__ __noinline__ uint32_t pptm_run_34ccfcde(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_34ccfcde e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a4, pptm_each_34ccfcde{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1484,7 +1588,7 @@ struct pptm_each_d3be3d2a {
 };
 __device__ __noinline__ uint32_t pptm_run_d3be3d2a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d3be3d2a e(d);
-    partial = pptm_map_each<pptm_op_max_reduction_reducer>(e.a3, pptm_each_d3be3d2a{e}, b);
+    partial = pptm_map_each<pptm_op_max_reduction_reducer, 1>(e.a3, pptm_each_d3be3d2a{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d3be3d2a(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -1519,7 +1623,7 @@ struct pptm_each_edc99d6b {
 };
 __device__ __noinline__ uint32_t pptm_run_edc99d6b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_edc99d6b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_edc99d6b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_edc99d6b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1549,7 +1653,7 @@ struct pptm_each_af67f2d3 {
 };
 __device__ __noinline__ uint32_t pptm_run_af67f2d3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_af67f2d3 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_af67f2d3{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_af67f2d3{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1571,7 +1675,7 @@ struct pptm_each_c2f5fd6b {
 };
 __device__ __noinline__ uint32_t pptm_run_c2f5fd6b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_c2f5fd6b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a2, pptm_each_c2f5fd6b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a2, pptm_each_c2f5fd6b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1591,7 +1695,7 @@ struct pptm_each_5237c164 {
 };
 __device__ __noinline__ uint32_t pptm_run_5237c164(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_5237c164 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a1, pptm_each_5237c164{e}, b);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(e.a1, pptm_each_5237c164{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_5237c164(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -1623,13 +1727,13 @@ struct pptm_each_7d3cc290 {
 };
 __device__ __noinline__ uint32_t pptm_run_7d3cc290(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_7d3cc290 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_7d3cc290{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_7d3cc290{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain PotentialEnergy: SspDense -> SumReduction (Map pattern)
-// spec hash a89411f5b3fbfc73d8f080200246f4ca4c93282dc0c85634990540739b0cdcd5, opcode 0xa89411f5
-struct pptm_env_a89411f5 {
+// spec hash d6d9dafc340e883ad42340c30834cb2aaec9c2da95768749d01ea390246e7901, opcode 0xd6d9dafc
+struct pptm_env_d6d9dafc {
     const float* a0;  // base
     const float* a1;  // idx
     const float* a2;  // a
@@ -1639,29 +1743,30 @@ struct pptm_env_a89411f5 {
     uint64_t a6;  // a_cols
     uint64_t a7;  // w_rows
     uint64_t a8;  // w_cols
-    __device__ explicit pptm_env_a89411f5(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
+    __device__ explicit pptm_env_d6d9dafc(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
-struct pptm_each_a89411f5 {
-    pptm_env_a89411f5 e;
+struct pptm_each_d6d9dafc {
+    pptm_env_d6d9dafc e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u), pptm_table_make(e.a3, e.a7, e.a8, 0u));
+        const float s0 = pptm_user_ssp_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u), pptm_table_make(e.a3, e.a7, e.a8, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         return (double)s0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_a89411f5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_a89411f5 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_a89411f5{e}, b);
+__device__ __noinline__ uint32_t pptm_run_d6d9dafc(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_d6d9dafc e(d);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 8>(e.a4, pptm_each_d6d9dafc{e}, b);
     return PPTM_STATUS_OK;
 }
-__device__ __forceinline__ double pptm_finish_a89411f5(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
-    const pptm_env_a89411f5 e(d);
+__device__ __forceinline__ double pptm_finish_d6d9dafc(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
+    const pptm_env_d6d9dafc e(d);
     double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
     return v;
 }
 
 // chain SspDenseBack: SspDenseT (Map pattern)
-// spec hash 49aba9102142a773c20bd3232f8a8aba99f6ef5c7ec99f3afdb92e8d2d70fcab, opcode 0x49aba910
-struct pptm_env_49aba910 {
+// spec hash 457f5c722382412cfb5d250e606c1ffc9be2125881314038a58aa6f506f7c4fd, opcode 0x457f5c72
+struct pptm_env_457f5c72 {
     const float* a0;  // idx
     const float* a1;  // pre
     const float* a2;  // g
@@ -1674,25 +1779,26 @@ struct pptm_env_49aba910 {
     uint64_t a9;  // g_cols
     uint64_t a10;  // w_rows
     uint64_t a11;  // w_cols
-    __device__ explicit pptm_env_49aba910(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
+    __device__ explicit pptm_env_457f5c72(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
 };
-struct pptm_each_49aba910 {
-    pptm_env_49aba910 e;
+struct pptm_each_457f5c72 {
+    pptm_env_457f5c72 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense_t(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        const float s0 = pptm_user_ssp_dense_t<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_49aba910(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_49aba910 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_49aba910{e}, b);
+__device__ __noinline__ uint32_t pptm_run_457f5c72(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_457f5c72 e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_457f5c72{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain SspDenseLayer: SspDense (Map pattern)
-// spec hash 39a790eac8ce7a18064dbf2234ef24794971cc699cc7c7e097e9c3547d3083e9, opcode 0x39a790ea
-struct pptm_env_39a790ea {
+// spec hash 478013a62078b353f6d516438710e2f4cccd37c6f676fc09a64fdf5d3edc5d81, opcode 0x478013a6
+struct pptm_env_478013a6 {
     const float* a0;  // base
     const float* a1;  // idx
     const float* a2;  // a
@@ -1703,25 +1809,26 @@ struct pptm_env_39a790ea {
     uint64_t a7;  // a_cols
     uint64_t a8;  // w_rows
     uint64_t a9;  // w_cols
-    __device__ explicit pptm_env_39a790ea(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
+    __device__ explicit pptm_env_478013a6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
 };
-struct pptm_each_39a790ea {
-    pptm_env_39a790ea e;
+struct pptm_each_478013a6 {
+    pptm_env_478013a6 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), pptm_table_make(e.a3, e.a8, e.a9, 0u));
+        const float s0 = pptm_user_ssp_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), pptm_table_make(e.a3, e.a8, e.a9, 0u));
+        if (threadIdx.x % 8u != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_39a790ea(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_39a790ea e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_39a790ea{e}, b);
+__device__ __noinline__ uint32_t pptm_run_478013a6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_478013a6 e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_478013a6{e}, b);
     return PPTM_STATUS_OK;
 }
 
 // chain VerletStep: Verlet (Map pattern)
-// spec hash 58afea3d603483da7af5a7fb9e581e473025b7f5cc8151af687a47ecdf674104, opcode 0x58afea3d
-struct pptm_env_58afea3d {
+// spec hash ad5dd1bf8a37c048033c929cc30fa32843aef071e1ce9f75e0a58d384f335c92, opcode 0xad5dd1bf
+struct pptm_env_ad5dd1bf {
     const float* a0;  // s
     const float* a1;  // idx
     const float* a2;  // p1
@@ -1737,19 +1844,20 @@ struct pptm_env_58afea3d {
     uint64_t a12;  // p2_cols
     uint64_t a13;  // p3_rows
     uint64_t a14;  // p3_cols
-    __device__ explicit pptm_env_58afea3d(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6(__uint_as_float((uint32_t)d.args[6])), a7(reinterpret_cast<float*>(d.args[7])), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
+    __device__ explicit pptm_env_ad5dd1bf(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6(__uint_as_float((uint32_t)d.args[6])), a7(reinterpret_cast<float*>(d.args[7])), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
 };
-struct pptm_each_58afea3d {
-    pptm_env_58afea3d e;
+struct pptm_each_ad5dd1bf {
+    pptm_env_ad5dd1bf e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const pptm_state_Atom_f32 s0 = pptm_user_verlet(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u), e.a5, e.a6);
+        const pptm_state_Atom_f32 s0 = pptm_user_verlet<8>(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u), e.a5, e.a6);
+        if (threadIdx.x % 8u != 0u) return 0.0;
         pptm_state_store(e.a7 + 6 * i, s0);
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_58afea3d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_58afea3d e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_58afea3d{e}, b);
+__device__ __noinline__ uint32_t pptm_run_ad5dd1bf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_ad5dd1bf e(d);
+    partial = pptm_map_each<pptm_no_reducer, 8>(e.a8, pptm_each_ad5dd1bf{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1760,20 +1868,20 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     case 0xb78dd9f6u: return ((d.args[0] | d.args[1] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // CellKeys
     case 0x9151512fu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // CellNeighbourList
     case 0xff9e1ecau: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // CellRanks
-    case 0xb48a7058u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11]) < (1ull << 48);  // Convolution
-    case 0x685fe966u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // ConvolutionBack
-    case 0x69133b09u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // DenseBack
-    case 0x8d424c1bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // DenseLayer
+    case 0xb19c7929u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11]) < (1ull << 48);  // Convolution
+    case 0xd56dd160u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // ConvolutionBack
+    case 0x9619449eu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // DenseBack
+    case 0x34ccfcdeu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // DenseLayer
     case 0xd3be3d2au: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // Displacement
     case 0xedc99d6bu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // Edges
     case 0xaf67f2d3u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10]) < (1ull << 48);  // FilterTable
     case 0xc2f5fd6bu: return ((d.args[0] | d.args[1]) & 3ull) == 0 && (d.args[2]) < (1ull << 48);  // KeepAnchor
     case 0x5237c164u: return ((d.args[0]) & 3ull) == 0 && (d.args[1]) < (1ull << 48);  // KineticEnergy
     case 0x7d3cc290u: return ((d.args[0] | d.args[1] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7]) < (1ull << 48);  // NeighbourList
-    case 0xa89411f5u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // PotentialEnergy
-    case 0x49aba910u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11]) < (1ull << 48);  // SspDenseBack
-    case 0x39a790eau: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // SspDenseLayer
-    case 0x58afea3du: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // VerletStep
+    case 0xd6d9dafcu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // PotentialEnergy
+    case 0x457f5c72u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11]) < (1ull << 48);  // SspDenseBack
+    case 0x478013a6u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // SspDenseLayer
+    case 0xad5dd1bfu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[4] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12] | d.args[13] | d.args[14]) < (1ull << 48);  // VerletStep
     default: return true;
     }
 }
@@ -1785,20 +1893,20 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     case 0xb78dd9f6u: return pptm_run_b78dd9f6(d, b, partial);  // CellKeys
     case 0x9151512fu: return pptm_run_9151512f(d, b, partial);  // CellNeighbourList
     case 0xff9e1ecau: return pptm_run_ff9e1eca(d, b, partial);  // CellRanks
-    case 0xb48a7058u: return pptm_run_b48a7058(d, b, partial);  // Convolution
-    case 0x685fe966u: return pptm_run_685fe966(d, b, partial);  // ConvolutionBack
-    case 0x69133b09u: return pptm_run_69133b09(d, b, partial);  // DenseBack
-    case 0x8d424c1bu: return pptm_run_8d424c1b(d, b, partial);  // DenseLayer
+    case 0xb19c7929u: return pptm_run_b19c7929(d, b, partial);  // Convolution
+    case 0xd56dd160u: return pptm_run_d56dd160(d, b, partial);  // ConvolutionBack
+    case 0x9619449eu: return pptm_run_9619449e(d, b, partial);  // DenseBack
+    case 0x34ccfcdeu: return pptm_run_34ccfcde(d, b, partial);  // DenseLayer
     case 0xd3be3d2au: return pptm_run_d3be3d2a(d, b, partial);  // Displacement
     case 0xedc99d6bu: return pptm_run_edc99d6b(d, b, partial);  // Edges
     case 0xaf67f2d3u: return pptm_run_af67f2d3(d, b, partial);  // FilterTable
     case 0xc2f5fd6bu: return pptm_run_c2f5fd6b(d, b, partial);  // KeepAnchor
     case 0x5237c164u: return pptm_run_5237c164(d, b, partial);  // KineticEnergy
     case 0x7d3cc290u: return pptm_run_7d3cc290(d, b, partial);  // NeighbourList
-    case 0xa89411f5u: return pptm_run_a89411f5(d, b, partial);  // PotentialEnergy
-    case 0x49aba910u: return pptm_run_49aba910(d, b, partial);  // SspDenseBack
-    case 0x39a790eau: return pptm_run_39a790ea(d, b, partial);  // SspDenseLayer
-    case 0x58afea3du: return pptm_run_58afea3d(d, b, partial);  // VerletStep
+    case 0xd6d9dafcu: return pptm_run_d6d9dafc(d, b, partial);  // PotentialEnergy
+    case 0x457f5c72u: return pptm_run_457f5c72(d, b, partial);  // SspDenseBack
+    case 0x478013a6u: return pptm_run_478013a6(d, b, partial);  // SspDenseLayer
+    case 0xad5dd1bfu: return pptm_run_ad5dd1bf(d, b, partial);  // VerletStep
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
 }
@@ -1807,7 +1915,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
     switch (d.opcode) {
     case 0xd3be3d2au: return pptm_finish_d3be3d2a(d, partials, nblocks, smem);  // Displacement
     case 0x5237c164u: return pptm_finish_5237c164(d, partials, nblocks, smem);  // KineticEnergy
-    case 0xa89411f5u: return pptm_finish_a89411f5(d, partials, nblocks, smem);  // PotentialEnergy
+    case 0xd6d9dafcu: return pptm_finish_d6d9dafc(d, partials, nblocks, smem);  // PotentialEnergy
     default: return 0.0;
     }
 }
@@ -1819,17 +1927,17 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     case 0xb78dd9f6u: return true;  // CellKeys
     case 0x9151512fu: return true;  // CellNeighbourList
     case 0xff9e1ecau: return true;  // CellRanks
-    case 0xb48a7058u: return true;  // Convolution
-    case 0x685fe966u: return true;  // ConvolutionBack
-    case 0x69133b09u: return true;  // DenseBack
-    case 0x8d424c1bu: return true;  // DenseLayer
+    case 0xb19c7929u: return true;  // Convolution
+    case 0xd56dd160u: return true;  // ConvolutionBack
+    case 0x9619449eu: return true;  // DenseBack
+    case 0x34ccfcdeu: return true;  // DenseLayer
     case 0xedc99d6bu: return true;  // Edges
     case 0xaf67f2d3u: return true;  // FilterTable
     case 0xc2f5fd6bu: return true;  // KeepAnchor
     case 0x7d3cc290u: return true;  // NeighbourList
-    case 0x49aba910u: return true;  // SspDenseBack
-    case 0x39a790eau: return true;  // SspDenseLayer
-    case 0x58afea3du: return true;  // VerletStep
+    case 0x457f5c72u: return true;  // SspDenseBack
+    case 0x478013a6u: return true;  // SspDenseLayer
+    case 0xad5dd1bfu: return true;  // VerletStep
     default: return false;
     }
 }
@@ -1923,8 +2031,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xb48a7058u: {  // Convolution
-        const pptm_env_b48a7058 e(d);
+    case 0xb19c7929u: {  // Convolution
+        const pptm_env_b19c7929 e(d);
         switch (stage) {
         case 0: {  // Cfconv
             const uint64_t count = e.a5;
@@ -1939,8 +2047,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x685fe966u: {  // ConvolutionBack
-        const pptm_env_685fe966 e(d);
+    case 0xd56dd160u: {  // ConvolutionBack
+        const pptm_env_d56dd160 e(d);
         switch (stage) {
         case 0: {  // CfconvBack
             const uint64_t count = e.a6;
@@ -1955,8 +2063,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x69133b09u: {  // DenseBack
-        const pptm_env_69133b09 e(d);
+    case 0x9619449eu: {  // DenseBack
+        const pptm_env_9619449e e(d);
         switch (stage) {
         case 0: {  // DenseT
             const uint64_t count = e.a6;
@@ -1971,8 +2079,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x8d424c1bu: {  // DenseLayer
-        const pptm_env_8d424c1b e(d);
+    case 0x34ccfcdeu: {  // DenseLayer
+        const pptm_env_34ccfcde e(d);
         switch (stage) {
         case 0: {  // Dense
             const uint64_t count = e.a4;
@@ -2093,8 +2201,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xa89411f5u: {  // PotentialEnergy
-        const pptm_env_a89411f5 e(d);
+    case 0xd6d9dafcu: {  // PotentialEnergy
+        const pptm_env_d6d9dafc e(d);
         switch (stage) {
         case 0: {  // SspDense
             const uint64_t count = e.a4;
@@ -2114,8 +2222,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x49aba910u: {  // SspDenseBack
-        const pptm_env_49aba910 e(d);
+    case 0x457f5c72u: {  // SspDenseBack
+        const pptm_env_457f5c72 e(d);
         switch (stage) {
         case 0: {  // SspDenseT
             const uint64_t count = e.a5;
@@ -2130,8 +2238,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x39a790eau: {  // SspDenseLayer
-        const pptm_env_39a790ea e(d);
+    case 0x478013a6u: {  // SspDenseLayer
+        const pptm_env_478013a6 e(d);
         switch (stage) {
         case 0: {  // SspDense
             const uint64_t count = e.a5;
@@ -2146,8 +2254,8 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0x58afea3du: {  // VerletStep
-        const pptm_env_58afea3d e(d);
+    case 0xad5dd1bfu: {  // VerletStep
+        const pptm_env_ad5dd1bf e(d);
         switch (stage) {
         case 0: {  // Verlet
             const uint64_t count = e.a8;
@@ -2180,8 +2288,8 @@ __device__ __forceinline__ void pptm_finish_stage(const pptm_desc& d, uint32_t s
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;
     }
-    case 0xa89411f501ull: {  // PotentialEnergy stage 1
-        const pptm_env_a89411f5 e(d);
+    case 0xd6d9dafc01ull: {  // PotentialEnergy stage 1
+        const pptm_env_d6d9dafc e(d);
         const double v = pptm_op_sum_reduction_reducer::finish(pptm_combine_partials<pptm_op_sum_reduction_reducer>(partials, nblocks, smem), e.a4);
         if (threadIdx.x == 0) { scratch[1][0] = (float)v; out->value = v; }
         return;

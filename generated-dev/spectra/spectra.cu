@@ -33,6 +33,20 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     }
     return n < 0 ? (T)1 / r : r;
 }
+// The lanes of an element (`for s in lanes(a..b)`: PPTM_LANES consecutive threads of a warp that
+// share one element of an elementwise pass): this thread's lane, and the sum of a value over the
+// element's lanes, which every lane gets. With one lane, the lane is 0 and the sum the value.
+template <unsigned int L> __device__ __forceinline__ unsigned int pptm_lane() { return L > 1u ? threadIdx.x % L : 0u; }
+template <unsigned int L, class T> __device__ __forceinline__ T pptm_lane_sum(T v) {
+    static_assert(L >= 1u && L <= 32u && (L & (L - 1u)) == 0u, "lanes: a power of two up to 32");
+    if (L > 1u) {
+        // Only this element's lanes take part: elements of one warp may be at different points.
+        const unsigned int first = threadIdx.x % 32u & ~(L - 1u);
+        const unsigned int mask = L == 32u ? 0xffffffffu : ((1u << (L % 32u)) - 1u) << first;
+        for (unsigned int o = L / 2u; o > 0u; o /= 2u) v += __shfl_xor_sync(mask, v, o, L);
+    }
+    return v;
+}
 // Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
 template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
     return x < lo ? lo : (x > hi ? hi : x);
@@ -436,7 +450,7 @@ struct pptm_each_58d53b06 {
 };
 __device__ __noinline__ uint32_t pptm_run_58d53b06(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_58d53b06 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_58d53b06{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_58d53b06{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -468,7 +482,7 @@ struct pptm_each_23577e9f {
 };
 __device__ __noinline__ uint32_t pptm_run_23577e9f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_23577e9f e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_23577e9f{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a8, pptm_each_23577e9f{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -497,7 +511,7 @@ struct pptm_each_f90295c8 {
 };
 __device__ __noinline__ uint32_t pptm_run_f90295c8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_f90295c8 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_f90295c8{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_f90295c8{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -522,7 +536,7 @@ struct pptm_each_6d6b1f95 {
 };
 __device__ __noinline__ uint32_t pptm_run_6d6b1f95(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6d6b1f95 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_6d6b1f95{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a3, pptm_each_6d6b1f95{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -551,7 +565,7 @@ struct pptm_each_1870f32e {
 };
 __device__ __noinline__ uint32_t pptm_run_1870f32e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1870f32e e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_1870f32e{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_1870f32e{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -579,7 +593,7 @@ struct pptm_each_d787af03 {
 };
 __device__ __noinline__ uint32_t pptm_run_d787af03(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d787af03 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d787af03{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_d787af03{e}, b);
     return PPTM_STATUS_OK;
 }
 

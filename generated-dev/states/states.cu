@@ -34,6 +34,20 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
     }
     return n < 0 ? (T)1 / r : r;
 }
+// The lanes of an element (`for s in lanes(a..b)`: PPTM_LANES consecutive threads of a warp that
+// share one element of an elementwise pass): this thread's lane, and the sum of a value over the
+// element's lanes, which every lane gets. With one lane, the lane is 0 and the sum the value.
+template <unsigned int L> __device__ __forceinline__ unsigned int pptm_lane() { return L > 1u ? threadIdx.x % L : 0u; }
+template <unsigned int L, class T> __device__ __forceinline__ T pptm_lane_sum(T v) {
+    static_assert(L >= 1u && L <= 32u && (L & (L - 1u)) == 0u, "lanes: a power of two up to 32");
+    if (L > 1u) {
+        // Only this element's lanes take part: elements of one warp may be at different points.
+        const unsigned int first = threadIdx.x % 32u & ~(L - 1u);
+        const unsigned int mask = L == 32u ? 0xffffffffu : ((1u << (L % 32u)) - 1u) << first;
+        for (unsigned int o = L / 2u; o > 0u; o /= 2u) v += __shfl_xor_sync(mask, v, o, L);
+    }
+    return v;
+}
 // Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
 template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
     return x < lo ? lo : (x > hi ? hi : x);
@@ -493,7 +507,7 @@ struct pptm_each_9fa95902 {
 };
 __device__ __noinline__ uint32_t pptm_run_9fa95902(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9fa95902 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_9fa95902{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_9fa95902{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -519,7 +533,7 @@ struct pptm_each_937e1850 {
 };
 __device__ __noinline__ uint32_t pptm_run_937e1850(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_937e1850 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_937e1850{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_937e1850{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -551,7 +565,7 @@ struct pptm_each_4dcb6ca6 {
 };
 __device__ __noinline__ uint32_t pptm_run_4dcb6ca6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4dcb6ca6 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4dcb6ca6{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_4dcb6ca6{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -585,7 +599,7 @@ struct pptm_each_69542c5b {
 };
 __device__ __noinline__ uint32_t pptm_run_69542c5b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_69542c5b e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_69542c5b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_69542c5b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -611,7 +625,7 @@ struct pptm_each_d0b4993d {
 };
 __device__ __noinline__ uint32_t pptm_run_d0b4993d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d0b4993d e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d0b4993d{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_d0b4993d{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -637,7 +651,7 @@ struct pptm_each_fbe861e3 {
 };
 __device__ __noinline__ uint32_t pptm_run_fbe861e3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_fbe861e3 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_fbe861e3{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_fbe861e3{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -671,7 +685,7 @@ struct pptm_each_80b6e17c {
 };
 __device__ __noinline__ uint32_t pptm_run_80b6e17c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_80b6e17c e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_80b6e17c{e}, b);
+    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_80b6e17c{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -703,7 +717,7 @@ struct pptm_each_0a0c3382 {
 };
 __device__ __noinline__ uint32_t pptm_run_0a0c3382(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_0a0c3382 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_0a0c3382{e}, b);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(e.a4, pptm_each_0a0c3382{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_0a0c3382(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {

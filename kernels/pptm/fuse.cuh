@@ -317,17 +317,24 @@ struct pptm_pass_acc {
 // Consecutive elements stay in one warp, so neighbours' table reads share cache lines. Thread 0
 // reports progress once a round (pptm_tick), so an item that takes longer than the watchdog's
 // deadline is not taken for a hang while its rounds finish.
-template <class R, class F>
+//
+// L > 1 (an op's `lanes = L`, ChainIr::lanes): L consecutive threads of a warp share each
+// element. f(i) runs on each of them; the op's `lanes(a..b)` loops split their iterations among
+// them and sum what they accumulate, so every lane returns the element's value, and lane 0 alone
+// stores it (the body's job) and gives it to R.
+template <class R, unsigned int L = 1, class F>
 __device__ __forceinline__ double pptm_map_each(uint64_t n, const F& f, const pptm_block_ctx& b) {
+    static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0 && PPTM_BLOCK_THREADS % L == 0, "lanes: a power of two up to 32");
     double acc = R::identity();
     const uint64_t per = ((n + b.nblocks - 1) / b.nblocks + 31) / 32 * 32;
     const uint64_t lo = (uint64_t)b.block * per;
     const uint64_t hi = lo + per < n ? lo + per : n;
-    for (uint64_t i = lo + threadIdx.x; i < hi; i += PPTM_BLOCK_THREADS) {
+    for (uint64_t i = lo + threadIdx.x / L; i < hi; i += PPTM_BLOCK_THREADS / L) {
         // Progress for the watchdog once a round of elements: a round of a heavy op (a χ² over
         // thousands of pixels an element) can take milliseconds, an item of rounds seconds.
         pptm_tick(b);
-        acc = R::combine(acc, (double)f(i));
+        const double v = (double)f(i);
+        if (L == 1 || threadIdx.x % L == 0) acc = R::combine(acc, v);
     }
     return pptm_block_partial<R>(acc, b.red_smem);
 }

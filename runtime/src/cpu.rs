@@ -601,6 +601,7 @@ mod tests {
         states: pptm_spec::StateTypes::NONE,
         precisions: &[Precision::Fp32],
         tensor_precisions: &[],
+        lanes: 1,
         header: "",
         cuda: "",
         device: "picky",

@@ -343,6 +343,12 @@ pub struct OpFn {
     pub cuda: String,
     /// [`FusionClass::Elementwise`], or [`FusionClass::Reduction`] for `#[pptm::op(reduction(...))]`.
     pub class: FusionClass,
+    /// The threads an element of an elementwise pass gets for this op ([`OpAttr::lanes`]): 1
+    /// unless the body has a `for s in lanes(a..b)` loop. With such a loop the device function is
+    /// a template over the lanes (`PPTM_LANES`, 1 by default, as every pattern but the
+    /// elementwise pass calls it), which split that loop's iterations and sum what it
+    /// accumulates.
+    pub lanes: u8,
 }
 
 impl OpFn {
@@ -442,6 +448,7 @@ impl OpFn {
             states: self.state_types(),
             precisions: self.precisions(),
             tensor_precisions: &[],
+            lanes: self.lanes,
             header: "",
             cuda: leak(self.cuda.clone()),
             device: leak(self.device.clone()),
@@ -534,7 +541,15 @@ pub struct OpAttr {
     /// read as `f32`, which fp32 stages call instead of computing in f64 and rounding. (The CPU
     /// reference stays the f64 function.)
     pub f32_form: Option<Span>,
+    /// `lanes = N` (a power of two from 2 to 32): how many threads share each element of an
+    /// elementwise pass that runs the op, splitting the iterations of its `for s in lanes(a..b)`
+    /// loops among them and summing, as a warp does, what those loops accumulate with `+=` or
+    /// `-=`. An op with such a loop and no `lanes = N` gets [`DEFAULT_LANES`].
+    pub lanes: Option<(u8, Span)>,
 }
+
+/// The lanes an element gets where an op has a `lanes(a..b)` loop and no `lanes = N`.
+pub const DEFAULT_LANES: u8 = 8;
 
 /// `reduction(identity = EXPR, finish = CLOSURE)` in `#[pptm::op(...)]`.
 pub struct ReductionAttr {
@@ -575,6 +590,21 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
                 return Err(meta.error("`f32_form` is given twice"));
             }
             out.f32_form = Some(meta.path.span());
+            Ok(())
+        } else if meta.path.is_ident("lanes") {
+            if out.lanes.is_some() {
+                return Err(meta.error("`lanes` is given twice"));
+            }
+            let lit: syn::LitInt = meta.value()?.parse()?;
+            match lit.base10_parse::<u8>() {
+                Ok(n @ (2 | 4 | 8 | 16 | 32)) => out.lanes = Some((n, lit.span())),
+                _ => {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`lanes` is a power of two from 2 to 32 (the threads of a warp that share an element)",
+                    ));
+                }
+            }
             Ok(())
         } else if meta.path.is_ident("reduction") {
             if out.reduction.is_some() {
@@ -624,8 +654,8 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
             Ok(())
         } else {
             Err(meta.error(
-                "unknown op attribute; expected `tensors(param, ...)`, `f32_form` or \
-                 `reduction(identity = ...)`",
+                "unknown op attribute; expected `tensors(param, ...)`, `f32_form`, `lanes = N` \
+                 or `reduction(identity = ...)`",
             ))
         }
     });
@@ -637,6 +667,12 @@ pub fn parse_op_attr(attr: proc_macro2::TokenStream) -> syn::Result<OpAttr> {
         );
         e.combine(syn::Error::new(r.span, "declared a reduction here"));
         return Err(e);
+    }
+    if let (Some(_), Some((_, span))) = (&out.reduction, out.lanes) {
+        return Err(syn::Error::new(
+            span,
+            "`lanes` splits the `lanes(a..b)` loops of an elementwise op, not a reduction's combine",
+        ));
     }
     if let (Some(_), Some(f)) = (&out.reduction, out.f32_form) {
         return Err(syn::Error::new(
@@ -673,7 +709,17 @@ pub fn parse_op_as(
     states: &[StateDef],
 ) -> syn::Result<OpFn> {
     let Some(r) = &attr.reduction else {
-        let op = parse_op_fn_as(f, prefix, states, false)?;
+        let mut op = parse_op_fn_as(f, prefix, states, false)?;
+        if let Some((n, span)) = attr.lanes {
+            if op.lanes == 1 {
+                return err(
+                    span,
+                    "`lanes = N` splits the op's `for s in lanes(a..b)` loops among the threads of \
+                     an element, and this op has none",
+                );
+            }
+            op.lanes = n;
+        }
         let Some(span) = attr.f32_form else {
             return Ok(op);
         };
@@ -776,6 +822,20 @@ template <class T> __device__ __forceinline__ T pptm_user_powi(T x, int n) {
         e >>= 1;
     }
     return n < 0 ? (T)1 / r : r;
+}
+// The lanes of an element (`for s in lanes(a..b)`: PPTM_LANES consecutive threads of a warp that
+// share one element of an elementwise pass): this thread's lane, and the sum of a value over the
+// element's lanes, which every lane gets. With one lane, the lane is 0 and the sum the value.
+template <unsigned int L> __device__ __forceinline__ unsigned int pptm_lane() { return L > 1u ? threadIdx.x % L : 0u; }
+template <unsigned int L, class T> __device__ __forceinline__ T pptm_lane_sum(T v) {
+    static_assert(L >= 1u && L <= 32u && (L & (L - 1u)) == 0u, \"lanes: a power of two up to 32\");
+    if (L > 1u) {
+        // Only this element's lanes take part: elements of one warp may be at different points.
+        const unsigned int first = threadIdx.x % 32u & ~(L - 1u);
+        const unsigned int mask = L == 32u ? 0xffffffffu : ((1u << (L % 32u)) - 1u) << first;
+        for (unsigned int o = L / 2u; o > 0u; o /= 2u) v += __shfl_xor_sync(mask, v, o, L);
+    }
+    return v;
 }
 // Rust's clamp: below lo gives lo, above hi gives hi, and NaN stays NaN.
 template <class T> __device__ __forceinline__ T pptm_user_clamp(T x, T lo, T hi) {
@@ -957,6 +1017,8 @@ fn parse_op_fn_as(
         states: state_tys.clone(),
         narrow,
         in_value: 0,
+        lanes_loop: None,
+        has_lanes: false,
     };
     let value = t.block(&f.block.stmts, f.block.span(), Some(ret), 1)?;
     let device = format!("{prefix}{name}");
@@ -978,8 +1040,14 @@ fn parse_op_fn_as(
             cuda.push_str(&d.cuda());
         }
     }
+    // An op with a `lanes(a..b)` loop is a template over the lanes of an element.
+    let template = if t.has_lanes {
+        "template <unsigned int PPTM_LANES = 1>\n"
+    } else {
+        ""
+    };
     cuda.push_str(&format!(
-        "// #[pptm::op] fn {name}\n__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
+        "// #[pptm::op] fn {name}\n{template}__device__ __forceinline__ {} {device}({args}) {{\n{}    return {};\n}}\n",
         ret.cuda(),
         t.body,
         value.code
@@ -991,6 +1059,7 @@ fn parse_op_fn_as(
         device,
         cuda,
         class: FusionClass::Elementwise,
+        lanes: if t.has_lanes { DEFAULT_LANES } else { 1 },
     })
 }
 
@@ -1023,6 +1092,8 @@ fn parse_reduction_fn_as(f: &ItemFn, r: &ReductionAttr, prefix: &str) -> syn::Re
         states: Vec::new(),
         narrow: false,
         in_value: 0,
+        lanes_loop: None,
+        has_lanes: false,
     };
     check_constant(&r.identity)?;
     let identity = t.expr(&r.identity, Some(Scalar::F64))?;
@@ -1122,6 +1193,8 @@ fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
         states: Vec::new(),
         narrow: false,
         in_value: 0,
+        lanes_loop: None,
+        has_lanes: false,
     };
     let v = match &*c.body {
         Expr::Block(b) if b.label.is_none() => {
@@ -1129,6 +1202,12 @@ fn finish_closure(c: &syn::ExprClosure) -> syn::Result<(String, String)> {
         }
         other => t.expr(other, Some(Scalar::F64))?,
     };
+    if t.has_lanes {
+        return err(
+            c.body.span(),
+            "a reduction's `finish` runs once, on one thread: its loops are plain `a..b` ranges, not `lanes(a..b)`",
+        );
+    }
     // The reducer's finish receives `pptm_total` and `pptm_count`: the closure's parameters are
     // bound to them by its own names.
     let mut prelude = String::new();
@@ -1232,7 +1311,26 @@ struct Translator {
     /// loops are refused there, because the translation evaluates such blocks inside expressions,
     /// where C++ leaves the order of operands' side effects open and Rust does not.
     in_value: usize,
+    /// The `for s in lanes(a..b)` loop being translated, if any.
+    lanes_loop: Option<LanesLoop>,
+    /// Whether the body has a `lanes(a..b)` loop (the device function is then a template).
+    has_lanes: bool,
 }
+
+/// A `for s in lanes(a..b)` loop: its iterations are split among the lanes of an element, so a
+/// name from outside it may change only by `+=` or `-=`, summed over the lanes after the loop.
+struct LanesLoop {
+    /// The index in `Translator::scopes` of the loop's own scope: names bound below it are
+    /// outside the loop.
+    scope: usize,
+    /// The places (`acc`, `out.px`) the loop accumulates into, in order of first appearance.
+    sums: Vec<String>,
+}
+
+/// Why an assignment is refused inside a `lanes(a..b)` loop.
+const LANES_SUMS_ONLY: &str = "inside a `lanes(a..b)` loop, whose iterations the lanes of an element \
+    share, a name from outside the loop changes only by `+=` or `-=` (summed over the lanes after \
+    the loop); bind what else you need inside the loop";
 
 /// Why an assignment or a loop is refused inside a block that gives a value.
 const VALUE_BLOCK_ONLY: &str = "assignments, `let mut` and loops are statements of the op's body, \
@@ -1411,6 +1509,9 @@ impl Translator {
                 match e {
                     Expr::Assign(a) => {
                         let (target, ty) = self.place(&a.left)?;
+                        if self.outside_lanes_loop(&a.left) {
+                            return err(a.left.span(), LANES_SUMS_ONLY);
+                        }
                         let v = self.expr(&a.right, Some(ty))?;
                         self.body
                             .push_str(&format!("{indent}{target} = {};\n", v.code));
@@ -1434,6 +1535,15 @@ impl Translator {
                                 b.left.span(),
                                 format!("`{op}` applies to f32, f64 or u32"),
                             );
+                        }
+                        if self.outside_lanes_loop(&b.left) {
+                            if !matches!(op, "+=" | "-=") || matches!(&*b.left, Expr::Index(_)) {
+                                return err(b.left.span(), LANES_SUMS_ONLY);
+                            }
+                            let sums = &mut self.lanes_loop.as_mut().expect("inside").sums;
+                            if !sums.contains(&target) {
+                                sums.push(target.clone());
+                            }
                         }
                         let v = self.expr(&b.right, Some(ty))?;
                         self.body
@@ -1463,6 +1573,34 @@ impl Translator {
             }
         }
         Ok(())
+    }
+
+    /// Whether `e` (an assignment's target) names something bound outside the `lanes(a..b)` loop
+    /// being translated (false outside such a loop).
+    fn outside_lanes_loop(&self, e: &Expr) -> bool {
+        let Some(l) = &self.lanes_loop else {
+            return false;
+        };
+        let mut root = e;
+        loop {
+            match root {
+                Expr::Field(f) => root = &f.base,
+                Expr::Index(ix) => root = &ix.expr,
+                Expr::Paren(p) => root = &p.expr,
+                _ => break,
+            }
+        }
+        let Expr::Path(p) = root else {
+            return false;
+        };
+        let Some(name) = p.path.get_ident().map(|i| i.to_string()) else {
+            return false;
+        };
+        // The innermost scope that binds it.
+        self.scopes
+            .iter()
+            .rposition(|s| s.iter().any(|(n, _, _)| *n == name))
+            .is_some_and(|scope| scope < l.scope)
     }
 
     /// What an assignment may change: a `let mut` name, a field of a state bound so, or an
@@ -1684,9 +1822,29 @@ impl Translator {
             }
             other => return err(other.span(), "a `for` binds one name: `for j in 0..n`"),
         };
-        let Expr::Range(r) = &*f.expr else {
-            return err(f.expr.span(), "a `for` runs over a range of u32: `0..n`");
+        // `lanes(a..b)`: the range, its iterations split among the lanes of an element.
+        let (range, lanes) = match &*f.expr {
+            Expr::Call(c)
+                if c.args.len() == 1
+                    && matches!(&*c.func, Expr::Path(p)
+                        if p.path.segments.last().is_some_and(|s| s.ident == "lanes")) =>
+            {
+                (&c.args[0], true)
+            }
+            e => (e, false),
         };
+        let Expr::Range(r) = range else {
+            return err(
+                f.expr.span(),
+                "a `for` runs over a range of u32: `0..n` (or `lanes(0..n)`)",
+            );
+        };
+        if lanes && self.lanes_loop.is_some() {
+            return err(
+                f.expr.span(),
+                "`lanes(a..b)` loops do not nest: the lanes of an element split one loop at a time",
+            );
+        }
         let (Some(from), Some(to), syn::RangeLimits::HalfOpen(_)) = (&r.start, &r.end, &r.limits)
         else {
             return err(
@@ -1697,22 +1855,57 @@ impl Translator {
         let from = self.expr(from, Some(Scalar::U32))?;
         let to = self.expr(to, Some(Scalar::U32))?;
         let end = format!("pptm_end_{}", self.temps);
+        let k = self.temps;
         self.temps += 1;
+        let (start, step) = if lanes {
+            (
+                format!("{} + pptm_lane<PPTM_LANES>()", from.code),
+                format!("{name} += PPTM_LANES"),
+            )
+        } else {
+            (from.code, format!("++{name}"))
+        };
+        let at = self.body.len();
         self.body.push_str(&format!(
             "{indent}{{
 {indent}    const unsigned int {end} = {};
-{indent}    for (unsigned int {name} = {}; {name} < {end}; ++{name}) {{
+{indent}    for (unsigned int {name} = {start}; {name} < {end}; {step}) {{
 ",
-            to.code, from.code
+            to.code
         ));
+        if lanes {
+            self.has_lanes = true;
+            self.lanes_loop = Some(LanesLoop {
+                scope: self.scopes.len(),
+                sums: Vec::new(),
+            });
+        }
         self.scopes.push(vec![(name, Scalar::U32, false)]);
-        self.statements(&f.body.stmts, depth + 2)?;
+        let body = self.statements(&f.body.stmts, depth + 2);
         self.scopes.pop();
+        let sums = if lanes {
+            self.lanes_loop.take().expect("set above").sums
+        } else {
+            Vec::new()
+        };
+        body?;
         self.body.push_str(&format!(
             "{indent}    }}
 {indent}}}
 "
         ));
+        // Each lane sums its share of the iterations from zero; the start value is added back
+        // once to the lanes' total (every lane holds the same value before and after the loop).
+        let mut before = String::new();
+        for (j, place) in sums.iter().enumerate() {
+            before.push_str(&format!(
+                "{indent}const auto pptm_start_{k}_{j} = {place};\n{indent}{place} = 0;\n"
+            ));
+            self.body.push_str(&format!(
+                "{indent}{place} = pptm_start_{k}_{j} + pptm_lane_sum<PPTM_LANES>({place});\n"
+            ));
+        }
+        self.body.insert_str(at, &before);
         Ok(())
     }
 
@@ -3244,6 +3437,128 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// An op with its attribute, through `parse_op` as the macro and build.rs call it.
+    fn with_attr(attr: &str, src: &str) -> syn::Result<OpFn> {
+        let attr = parse_op_attr(attr.parse().expect("tokens"))?;
+        parse_op(&attr, &syn::parse_str::<ItemFn>(src)?)
+    }
+
+    #[test]
+    fn a_lanes_loop_splits_its_iterations_and_sums_what_it_accumulates() {
+        let src = "fn f(x: f64, t: Table) -> f64 {
+                 let mut acc = x;
+                 let mut count = 0_u32;
+                 for j in lanes(0..t.cols()) {
+                     let y = t.at(0, j);
+                     if y > 0.0 { acc += y; } else { acc -= y; }
+                     count += 1;
+                 }
+                 acc + count as f64
+             }";
+        let op = with_attr("lanes = 4, f32_form", src).unwrap();
+        assert_eq!(op.lanes, 4);
+        for needle in [
+            "template <unsigned int PPTM_LANES = 1>\n__device__ __forceinline__ double pptm_user_f(",
+            "template <unsigned int PPTM_LANES = 1>\n__device__ __forceinline__ float pptm_user_f(",
+            "const auto pptm_start_0_0 = acc;",
+            "acc = 0;",
+            "const auto pptm_start_0_1 = count;",
+            "for (unsigned int j = 0u + pptm_lane<PPTM_LANES>(); j < pptm_end_0; j += PPTM_LANES) {",
+            "acc = pptm_start_0_0 + pptm_lane_sum<PPTM_LANES>(acc);",
+            "count = pptm_start_0_1 + pptm_lane_sum<PPTM_LANES>(count);",
+        ] {
+            assert!(op.cuda.contains(needle), "no `{needle}` in\n{}", op.cuda);
+        }
+        // Without `lanes = N`, the default; without a lanes loop, one lane and no template.
+        assert_eq!(with_attr("", src).unwrap().lanes, DEFAULT_LANES);
+        let plain = translate(
+            "fn g(x: f32, n: u32) -> f32 { let mut a = x; for j in 0..n { a += 1.0; } a }",
+        )
+        .unwrap();
+        assert_eq!(plain.lanes, 1);
+        assert!(!plain.cuda.contains("template"), "{}", plain.cuda);
+    }
+
+    #[test]
+    fn what_lanes_refuse_is_an_error_that_says_so() {
+        let body = |inner: &str| {
+            format!(
+                "fn f(x: f64, t: Table) -> f64 {{ let mut acc = x; let mut v = [0.0_f64; 2]; {inner} acc + v[0] }}"
+            )
+        };
+        for (attr, src, needle) in [
+            (
+                "lanes = 3",
+                body("for j in lanes(0..4) { acc += 1.0; }"),
+                "power of two",
+            ),
+            (
+                "lanes = 64",
+                body("for j in lanes(0..4) { acc += 1.0; }"),
+                "power of two",
+            ),
+            (
+                "lanes = 4, lanes = 8",
+                body("for j in lanes(0..4) { acc += 1.0; }"),
+                "given twice",
+            ),
+            (
+                "lanes = 4",
+                body("for j in 0..4 { acc += 1.0; }"),
+                "this op has none",
+            ),
+            (
+                "",
+                body("for j in lanes(0..4) { acc = 1.0; }"),
+                "changes only by `+=` or `-=`",
+            ),
+            (
+                "",
+                body("for j in lanes(0..4) { acc *= 2.0; }"),
+                "changes only by `+=` or `-=`",
+            ),
+            (
+                "",
+                body("for j in lanes(0..4) { v[0] += 1.0; }"),
+                "changes only by `+=` or `-=`",
+            ),
+            (
+                "",
+                body("for j in lanes(0..4) { for k in 0..2 { acc = 0.0; } }"),
+                "changes only by `+=` or `-=`",
+            ),
+            (
+                "",
+                body("for j in lanes(0..4) { for k in lanes(0..2) { acc += 1.0; } }"),
+                "do not nest",
+            ),
+            (
+                "",
+                body("for j in lanes(0..=4) { acc += 1.0; }"),
+                "half-open range",
+            ),
+            (
+                "lanes = 4, reduction(identity = 0.0)",
+                "fn s(a: f64, b: f64) -> f64 { a + b }".to_string(),
+                "not a reduction",
+            ),
+        ] {
+            match with_attr(attr, &src) {
+                Ok(op) => panic!("{attr} {src}: accepted, translated to\n{}", op.cuda),
+                Err(e) => assert!(
+                    e.to_string().contains(needle),
+                    "{attr} {src}: `{e}` does not say `{needle}`"
+                ),
+            }
+        }
+        // Names bound inside the loop change freely; so does a plain loop's.
+        with_attr(
+            "",
+            &body("for j in lanes(0..4) { let mut y = 1.0_f64; for k in 0..2 { y *= 2.0; } acc += y; }"),
+        )
+        .unwrap();
     }
 
     /// Every operator, constant and conversion of the subset, with the CUDA it becomes.

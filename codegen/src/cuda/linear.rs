@@ -43,6 +43,7 @@ pub(super) fn linear(out: &mut String, c: &ChainIr) -> String {
             &Load::At {
                 index: "j",
                 column: "j",
+                lanes: 1,
             },
         );
         let _ = writeln!(out, "        return {};", v[0]);
@@ -99,6 +100,7 @@ pub(super) fn linear(out: &mut String, c: &ChainIr) -> String {
         let load = Load::At {
             index: "at",
             column: "j",
+            lanes: 1,
         };
         let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
         let _ = writeln!(out, "        return {};", v[0]);
@@ -144,6 +146,7 @@ pub(super) fn linear(out: &mut String, c: &ChainIr) -> String {
         let load = Load::At {
             index: "i",
             column: "i",
+            lanes: 1,
         };
         let v = emit_stages(out, c, plan.epilogue.clone(), vec!["acc".into()], &load);
         let _ = writeln!(out, "        return {};", v[0]);

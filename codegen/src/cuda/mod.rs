@@ -140,9 +140,9 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 /// want.
 pub fn wide_registers(chains: &[ChainIr]) -> bool {
     chains.iter().all(|c| c.plan.pattern == Pattern::Map)
-        && chains
-            .iter()
-            .any(|c| c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK)
+        && chains.iter().any(|c| {
+            c.lanes() > 1 || c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK
+        })
 }
 
 /// Whether the chain has a tensor-core stage that the Hopper TMA + wgmma path can take: a product
@@ -198,8 +198,14 @@ fn dim_field(c: &ChainIr, st: &StageIr, l: &str) -> String {
 enum Load<'a> {
     /// From the loaded values of a `Map` pass: `x[k]` for the k-th input slot.
     Loaded(&'a [usize]),
-    /// From memory at an element index (`Like` inputs) and a column index (`Row` inputs).
-    At { index: &'a str, column: &'a str },
+    /// From memory at an element index (`Like` inputs) and a column index (`Row` inputs), in a
+    /// pass whose elements have `lanes` threads each (`ChainIr::lanes`; 1 but in
+    /// `pptm_map_each`): ops with `lanes(a..b)` loops are called with that many.
+    At {
+        index: &'a str,
+        column: &'a str,
+        lanes: usize,
+    },
     /// As `At`, with the `Row` inputs already loaded: `c[k]` for the k-th slot of `cols`.
     AtColumns { index: &'a str, cols: &'a [usize] },
 }
@@ -265,7 +271,7 @@ fn emit_stages(
             let _ = writeln!(
                 out,
                 "            s{last} = {}({});",
-                st.op.device,
+                callee(c, last, load),
                 hoisted.join(", ")
             );
             if st.finite {
@@ -286,9 +292,19 @@ const REPEAT_LOOP_FROM: usize = 8;
 fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String {
     format!(
         "{}({})",
-        c.stages[s].op.device,
+        callee(c, s, load),
         stage_args(c, s, flow, load).join(", ")
     )
+}
+
+/// The function stage `s` calls: the op's device function, given the lanes of each element
+/// where the op splits a loop among them and the pass has more than one.
+fn callee(c: &ChainIr, s: usize, load: &Load<'_>) -> String {
+    let op = c.stages[s].op;
+    match load {
+        Load::At { lanes, .. } if *lanes > 1 && op.lanes > 1 => format!("{}<{lanes}>", op.device),
+        _ => op.device.to_string(),
+    }
 }
 
 /// The arguments of stage `s`'s call, its flow first (as one expression).
@@ -602,6 +618,7 @@ fn variant(out: &mut String, c: &ChainIr) {
                 &Load::At {
                     index: "0",
                     column: "0",
+                    lanes: 1,
                 },
             );
             // Only thread 0 holds the reduction's value here.

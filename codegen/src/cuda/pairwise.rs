@@ -93,6 +93,7 @@ pub(super) fn row_epilogue(out: &mut String, c: &ChainIr, s: usize) {
         &Load::At {
             index: "i",
             column: "i",
+            lanes: 1,
         },
     );
     let _ = writeln!(out, "        return {};", v[0]);

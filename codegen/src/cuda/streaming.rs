@@ -9,7 +9,7 @@ use super::*;
 /// The functors of an elementwise chain (maybe ending in a reduction); returns the run
 /// function's lines.
 pub(super) fn map(out: &mut String, c: &ChainIr) -> String {
-    if c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK {
+    if c.lanes() > 1 || c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK {
         return map_each(out, c);
     }
     let t = tag(c);
@@ -51,7 +51,8 @@ pub(super) fn map(out: &mut String, c: &ChainIr) -> String {
 /// The functor of an elementwise chain that is much work per element (a state, a long
 /// `repeat`; `ChainIr::map_elems_per_block`), run by `pptm_map_each`: element i loaded (a
 /// state's fields from `k * i` on), computed and stored (or returned to the reduction) by one
-/// thread. Returns the run function's lines.
+/// thread, or computed by the element's lanes (`ChainIr::lanes`) and stored by the first.
+/// Returns the run function's lines.
 fn map_each(out: &mut String, c: &ChainIr) -> String {
     let t = tag(c);
     let r = reducer(c);
@@ -81,9 +82,14 @@ fn map_each(out: &mut String, c: &ChainIr) -> String {
         &Load::At {
             index: "i",
             column: "i",
+            lanes: c.lanes(),
         },
     );
     let last = c.plan.prologue.end.checked_sub(1);
+    let lanes = c.lanes();
+    if lanes > 1 {
+        let _ = writeln!(out, "        if (threadIdx.x % {lanes}u != 0u) return 0.0;");
+    }
     match (c.reduction(), c.output_slot(), last) {
         (Some(_), _, _) => {
             let _ = writeln!(out, "        return (double){};", v[0]);
@@ -109,7 +115,7 @@ fn map_each(out: &mut String, c: &ChainIr) -> String {
     }
     let _ = writeln!(out, "    }}\n}};");
     let n = dims_product(c, &flow_arg.shape);
-    format!("    partial = pptm_map_each<{r}>({n}, pptm_each_{t}{{e}}, b);\n")
+    format!("    partial = pptm_map_each<{r}, {lanes}>({n}, pptm_each_{t}{{e}}, b);\n")
 }
 
 /// The functors of a chain that folds each row of a matrix (`per_row = true`); returns the run

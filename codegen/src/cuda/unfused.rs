@@ -137,6 +137,7 @@ pub(super) fn unfused(out: &mut String, chains: &[ChainIr]) {
                         &Load::At {
                             index: "0",
                             column: "0",
+                            lanes: 1,
                         },
                     );
                     body.push_str(&indent(&inner, 8));
@@ -175,6 +176,7 @@ pub(super) fn unfused(out: &mut String, chains: &[ChainIr]) {
                         &Load::At {
                             index: "i",
                             column: "col",
+                            lanes: 1,
                         },
                     );
                     body.push_str(&indent(&inner, 8));

@@ -455,6 +455,10 @@ impl ChainIr {
     /// threads of a few.
     pub fn map_elems_per_block(&self) -> usize {
         use crate::work;
+        if self.lanes() > 1 {
+            // One element a group of lanes: a block's threads over its lanes.
+            return crate::BLOCK_THREADS as usize / self.lanes();
+        }
         let steps = self
             .stages
             .iter()
@@ -472,6 +476,22 @@ impl ChainIr {
         } else {
             work::MAP_ELEMS_PER_BLOCK
         }
+    }
+
+    /// The threads that share each element of the chain's elementwise pass: its elementwise
+    /// stages' largest [`OpDef::lanes`](crate::OpDef) where the chain is an elementwise pass
+    /// (`Pattern::Map`), else 1 (a stage fused into a product's epilogue or a row's fold runs
+    /// its `lanes(a..b)` loops on one thread).
+    pub fn lanes(&self) -> usize {
+        if self.plan.pattern != Pattern::Map {
+            return 1;
+        }
+        self.stages
+            .iter()
+            .filter(|st| st.op.class == FusionClass::Elementwise)
+            .map(|st| usize::from(st.op.lanes.max(1)))
+            .max()
+            .unwrap_or(1)
     }
 
     /// Whether a stage reads a table: a buffer read at computed coordinates, any element of it

@@ -1144,6 +1144,7 @@ static TABLE_LOOKUP: OpDef = OpDef {
     states: crate::ops::StateTypes::NONE,
     precisions: &[Precision::Fp32],
     tensor_precisions: &[],
+    lanes: 1,
     header: "",
     cuda: "",
     device: "pptm_user_table_lookup",

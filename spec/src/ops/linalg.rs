@@ -25,6 +25,7 @@ const fn output_fusable(
         states: crate::ops::StateTypes::NONE,
         precisions: &[Precision::Fp32],
         tensor_precisions: &[],
+        lanes: 1,
         header: HEADER,
         cuda: "",
         device,
@@ -54,6 +55,7 @@ const GEMV_STORAGE: &[Precision] = &[
 pub const GEMV: OpDef = OpDef {
     precisions: GEMV_STORAGE,
     tensor_precisions: &[Precision::Bf16, Precision::Fp8],
+    lanes: 1,
     ..output_fusable(
         Anchor::Gemv,
         "Gemv",
@@ -103,6 +105,7 @@ pub const GEMV_T: OpDef = OpDef {
 /// as they are on Hopper's e4m3 wgmma) operands on tensor cores (f32 accumulation, f32 output).
 pub const MATMUL: OpDef = OpDef {
     tensor_precisions: &[Precision::Bf16, Precision::Fp16, Precision::Fp8],
+    lanes: 1,
     ..output_fusable(
         Anchor::Matmul,
         "Matmul",
@@ -125,6 +128,7 @@ pub const MATMUL: OpDef = OpDef {
 /// that small products still fill the GPU.
 pub const BATCHED_MATMUL: OpDef = OpDef {
     tensor_precisions: MATMUL.tensor_precisions,
+    lanes: 1,
     ..output_fusable(
         Anchor::BatchedMatmul,
         "BatchedMatmul",

@@ -469,6 +469,10 @@ pub struct OpDef {
     /// The device side written inline: an op of the user's own (`#[pptm::op]`, translated by
     /// `op_fn`), pasted into each translation unit that uses it. Empty for the built-in ops.
     pub cuda: &'static str,
+    /// The threads of a warp that share each element of an elementwise pass that runs this op:
+    /// 1, or for an op of the user's own with a `for s in lanes(a..b)` loop, its `lanes = N`
+    /// (pptm-spec's `op_fn::OpAttr::lanes`). A chain's pass takes its stages' largest.
+    pub lanes: u8,
     /// Device symbol: an `__device__` function for elementwise and broadcast ops, a reducer type
     /// for reductions, a pattern building block for the others.
     pub device: &'static str,
@@ -503,6 +507,7 @@ impl OpDef {
             // (`precision = "fp64"`: inputs widened, the op and what flows on in f64).
             precisions: &[Precision::Fp32, Precision::Fp64],
             tensor_precisions: &[],
+            lanes: 1,
             header,
             cuda: "",
             device,
