@@ -2,9 +2,10 @@
 //! element of an elementwise pass, split the iterations of the op's `lanes` loops among them and
 //! sum what those loops accumulate. Each chain runs on every backend against an f64 reference
 //! written here, on fresh random tables of odd sizes (rows 1 to 4099, columns 1 to 100, fewer
-//! and more than the lanes), with the output poisoned before each run: a start value added once
-//! per lane instead of once, an iteration run twice or never, or a lane's share left out of the
-//! sum or of the reduction would each show.
+//! and more than the lanes; and 2^17 + 3 rows, which the device runs without lanes: more elements
+//! times lanes than it has threads), with the output poisoned before each run: a start value
+//! added once per lane instead of once, an iteration run twice or never, or a lane's share left
+//! out of the sum or of the reduction would each show.
 
 #[macro_use]
 mod common;
@@ -103,8 +104,17 @@ fn fold64(table: &[f32], cols: usize, i: usize, scale: f32) -> f64 {
     acc
 }
 
-/// The sizes: rows × columns, columns below, at and above the lanes (16 and 8).
-const SIZES: [(usize, usize); 6] = [(1, 1), (7, 2), (1023, 37), (4099, 16), (33, 100), (500, 9)];
+/// The sizes: rows × columns, columns below, at and above the lanes (16 and 8), and rows enough
+/// that the pass runs without lanes (more elements times lanes than the GPU's threads).
+const SIZES: [(usize, usize); 7] = [
+    (1, 1),
+    (7, 2),
+    (1023, 37),
+    (4099, 16),
+    (33, 100),
+    (500, 9),
+    ((1 << 17) + 3, 5),
+];
 
 fn lanes_fold_rows(rt: &Runtime) {
     let scale = 1.5f32;

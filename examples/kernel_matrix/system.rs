@@ -42,7 +42,7 @@ pub struct ProductF32 {
 #[derive(FusionBuilder)]
 #[fusion(domain = "kernel_matrix_tc")]
 pub struct ProductSplit {
-    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    #[stage(1, tensor_eligible = true, precision = "bf16", accumulate = "promoted")]
     product: Matmul,
 }
 
@@ -63,7 +63,7 @@ pub struct ProductModulusF32 {
 #[derive(FusionBuilder)]
 #[fusion(domain = "kernel_matrix_tc")]
 pub struct ProductModulusSplit {
-    #[stage(1, tensor_eligible = true, precision = "bf16")]
+    #[stage(1, tensor_eligible = true, precision = "bf16", accumulate = "promoted")]
     product: Matmul,
     #[stage(2)]
     abs2: Abs2,

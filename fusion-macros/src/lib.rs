@@ -621,6 +621,10 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
             }
             None => quote! { ::core::option::Option::None },
         };
+        let promoted = match s.promoted {
+            Some(v) => quote! { ::core::option::Option::Some(#v) },
+            None => quote! { ::core::option::Option::None },
+        };
         let renames = s.args.iter().map(|(p, n)| {
             quote! { (::std::string::String::from(#p), ::std::string::String::from(#n)) }
         });
@@ -638,6 +642,7 @@ fn spec_tokens(ir: &ChainIr, spec: &pptm_spec::ChainSpec) -> TokenStream2 {
                 args: ::std::vec![#(#renames),*],
                 repeat: #repeat,
                 tables: #tables,
+                promoted: #promoted,
             }
         }
     });

@@ -233,7 +233,7 @@ struct pptm_each_cad36d73 {
 };
 __device__ __noinline__ uint32_t pptm_run_cad36d73(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_cad36d73 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_cad36d73{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_cad36d73{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -269,7 +269,7 @@ struct pptm_each_62aa570b {
 };
 __device__ __noinline__ uint32_t pptm_run_62aa570b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_62aa570b e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_62aa570b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_62aa570b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -305,7 +305,7 @@ struct pptm_each_a83fad7a {
 };
 __device__ __noinline__ uint32_t pptm_run_a83fad7a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_a83fad7a e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_a83fad7a{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_a83fad7a{e}, b);
     return PPTM_STATUS_OK;
 }
 

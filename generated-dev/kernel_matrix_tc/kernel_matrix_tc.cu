@@ -157,7 +157,7 @@ struct pptm_epi_46601e62 {
 };
 __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_46601e62(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_46601e62 e(d);
-    pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_46601e62{e}, e.a3, b);
+    pptm_matmul_mma<pptm_bf16, true>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_46601e62{e}, e.a3, b);
     partial = 0.0;
     return PPTM_STATUS_OK;
 }
@@ -190,7 +190,7 @@ struct pptm_epi_c91be3ef {
 };
 __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_c91be3ef(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_c91be3ef e(d);
-    pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_epi_c91be3ef{e}, e.a2, b);
+    pptm_matmul_mma<pptm_bf16, true>(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_epi_c91be3ef{e}, e.a2, b);
     partial = 0.0;
     return PPTM_STATUS_OK;
 }
@@ -238,7 +238,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         const pptm_env_46601e62 e(d);
         switch (stage) {
         case 0: {  // Matmul
-            pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            pptm_matmul_mma<pptm_bf16, true>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }
@@ -259,7 +259,7 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         const pptm_env_c91be3ef e(d);
         switch (stage) {
         case 0: {  // Matmul
-            pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_pass_acc{}, e.a2, b);
+            pptm_matmul_mma<pptm_bf16, true>(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_pass_acc{}, e.a2, b);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

@@ -227,17 +227,24 @@ struct pptm_env_1f5c356b {
     uint64_t a5;  // t_cols
     __device__ explicit pptm_env_1f5c356b(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(d.args[3]), a4(d.args[4]), a5(d.args[5]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_1f5c356b {
     pptm_env_1f5c356b e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_row_fold<16>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u), e.a2);
-        if (threadIdx.x % 16u != 0u) return 0.0;
+        const float s0 = pptm_user_row_fold<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a4, e.a5, 0u), e.a2);
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         return (double)s0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_1f5c356b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1f5c356b e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 16>(e.a3, pptm_each_1f5c356b{e}, b);
+    {
+        const uint64_t n = e.a3;
+        if (n * 16u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_op_sum_reduction_reducer, 16>(n, pptm_each_1f5c356b<16>{e}, b);
+        else
+            partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(n, pptm_each_1f5c356b<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_1f5c356b(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -258,18 +265,25 @@ struct pptm_env_6ac16d3e {
     uint64_t a6;  // t_cols
     __device__ explicit pptm_env_6ac16d3e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(__uint_as_float((uint32_t)d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_6ac16d3e {
     pptm_env_6ac16d3e e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_row_fold<16>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
-        if (threadIdx.x % 16u != 0u) return 0.0;
+        const float s0 = pptm_user_row_fold<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), e.a2);
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a3[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_6ac16d3e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6ac16d3e e(d);
-    partial = pptm_map_each<pptm_no_reducer, 16>(e.a4, pptm_each_6ac16d3e{e}, b);
+    {
+        const uint64_t n = e.a4;
+        if (n * 16u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 16>(n, pptm_each_6ac16d3e<16>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_6ac16d3e<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -285,18 +299,25 @@ struct pptm_env_f2a94d00 {
     uint64_t a6;  // t_cols
     __device__ explicit pptm_env_f2a94d00(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_f2a94d00 {
     pptm_env_f2a94d00 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const pptm_state_Particle_f32 s0 = pptm_user_row_pull<8>(pptm_state_Particle_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const pptm_state_Particle_f32 s0 = pptm_user_row_pull<PPTM_PASS_LANES>(pptm_state_Particle_f32{pptm_ld_cg_f32(e.a0 + 2 * i + 0), pptm_ld_cg_f32(e.a0 + 2 * i + 1)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         pptm_state_store(e.a3 + 2 * i, s0);
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_f2a94d00(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_f2a94d00 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a4, pptm_each_f2a94d00{e}, b);
+    {
+        const uint64_t n = e.a4;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_f2a94d00<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_f2a94d00<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 

@@ -153,7 +153,7 @@ struct pptm_each_cf5f2dc0 {
 };
 __device__ __noinline__ uint32_t pptm_run_cf5f2dc0(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_cf5f2dc0 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_cf5f2dc0{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_cf5f2dc0{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -184,7 +184,7 @@ struct pptm_each_10072c1f {
 };
 __device__ __noinline__ uint32_t pptm_run_10072c1f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_10072c1f e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(e.a4, pptm_each_10072c1f{e}, b);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_10072c1f{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_10072c1f(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -357,7 +357,7 @@ struct pptm_each_5539843e {
 };
 __device__ __noinline__ uint32_t pptm_run_5539843e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_5539843e e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a3, pptm_each_5539843e{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_5539843e{e}, b);
     return PPTM_STATUS_OK;
 }
 

@@ -110,7 +110,7 @@ struct pptm_each_1f3fd851 {
 };
 __device__ __noinline__ uint32_t pptm_run_1f3fd851(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1f3fd851 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_1f3fd851{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_1f3fd851{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -142,7 +142,7 @@ struct pptm_each_d9193ae9 {
 };
 __device__ __noinline__ uint32_t pptm_run_d9193ae9(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d9193ae9 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_d9193ae9{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_d9193ae9{e}, b);
     return PPTM_STATUS_OK;
 }
 

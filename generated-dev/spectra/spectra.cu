@@ -450,7 +450,7 @@ struct pptm_each_58d53b06 {
 };
 __device__ __noinline__ uint32_t pptm_run_58d53b06(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_58d53b06 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_58d53b06{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_58d53b06{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -482,7 +482,7 @@ struct pptm_each_23577e9f {
 };
 __device__ __noinline__ uint32_t pptm_run_23577e9f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_23577e9f e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a8, pptm_each_23577e9f{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_23577e9f{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -511,7 +511,7 @@ struct pptm_each_f90295c8 {
 };
 __device__ __noinline__ uint32_t pptm_run_f90295c8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_f90295c8 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_f90295c8{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_f90295c8{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -536,7 +536,7 @@ struct pptm_each_6d6b1f95 {
 };
 __device__ __noinline__ uint32_t pptm_run_6d6b1f95(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6d6b1f95 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a3, pptm_each_6d6b1f95{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_6d6b1f95{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -565,7 +565,7 @@ struct pptm_each_1870f32e {
 };
 __device__ __noinline__ uint32_t pptm_run_1870f32e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1870f32e e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_1870f32e{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_1870f32e{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -593,7 +593,7 @@ struct pptm_each_d787af03 {
 };
 __device__ __noinline__ uint32_t pptm_run_d787af03(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d787af03 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_d787af03{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d787af03{e}, b);
     return PPTM_STATUS_OK;
 }
 

@@ -507,7 +507,7 @@ struct pptm_each_9fa95902 {
 };
 __device__ __noinline__ uint32_t pptm_run_9fa95902(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9fa95902 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_9fa95902{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_9fa95902{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -533,7 +533,7 @@ struct pptm_each_937e1850 {
 };
 __device__ __noinline__ uint32_t pptm_run_937e1850(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_937e1850 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_937e1850{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_937e1850{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -565,7 +565,7 @@ struct pptm_each_4dcb6ca6 {
 };
 __device__ __noinline__ uint32_t pptm_run_4dcb6ca6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4dcb6ca6 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_4dcb6ca6{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4dcb6ca6{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -599,7 +599,7 @@ struct pptm_each_69542c5b {
 };
 __device__ __noinline__ uint32_t pptm_run_69542c5b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_69542c5b e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_69542c5b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_69542c5b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -625,7 +625,7 @@ struct pptm_each_d0b4993d {
 };
 __device__ __noinline__ uint32_t pptm_run_d0b4993d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d0b4993d e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_d0b4993d{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_d0b4993d{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -651,7 +651,7 @@ struct pptm_each_fbe861e3 {
 };
 __device__ __noinline__ uint32_t pptm_run_fbe861e3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_fbe861e3 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_fbe861e3{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_fbe861e3{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -685,7 +685,7 @@ struct pptm_each_80b6e17c {
 };
 __device__ __noinline__ uint32_t pptm_run_80b6e17c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_80b6e17c e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_80b6e17c{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_80b6e17c{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -717,7 +717,7 @@ struct pptm_each_0a0c3382 {
 };
 __device__ __noinline__ uint32_t pptm_run_0a0c3382(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_0a0c3382 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(e.a4, pptm_each_0a0c3382{e}, b);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a4, pptm_each_0a0c3382{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_0a0c3382(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {

@@ -113,6 +113,11 @@ pub struct StageSpec {
     /// `tables = "fp16"`, if written: the stage's tables (`pptm::Table` parameters of its op) are
     /// stored in f16, half the bytes, and widened as they are read; f32 (`"fp32"`) otherwise.
     pub tables: Option<crate::DType>,
+    /// `accumulate = "promoted"` (`Some(true)`) or `"tensor"` (`Some(false)`), if written: on a
+    /// tensor-core product, whether each 512 of k's partial sums are added into f32 sums with
+    /// round-to-nearest rather than kept in the tensor cores' accumulators throughout, whose
+    /// additions on Hopper truncate (see docs/dsl.md, "Accumulation").
+    pub promoted: Option<bool>,
 }
 
 /// A chain as declared with `#[derive(FusionBuilder)]`.

@@ -260,6 +260,7 @@ pub fn parse_chain(input: &DeriveInput) -> syn::Result<ParsedChain> {
             args: args.renames,
             repeat: args.repeat,
             tables: args.tables,
+            promoted: args.promoted,
         });
         spans.push(StageSpans {
             number: args.number_span,
@@ -461,6 +462,7 @@ struct StageArgs {
     per_row: Option<bool>,
     repeat: Option<u32>,
     tables: Option<crate::DType>,
+    promoted: Option<bool>,
     renames: Vec<(String, String)>,
     spans: Vec<(&'static str, Span)>,
 }
@@ -482,6 +484,7 @@ impl Parse for StageArgs {
             per_row: None,
             repeat: None,
             tables: None,
+            promoted: None,
             renames: Vec::new(),
             spans: Vec::new(),
         };
@@ -511,10 +514,11 @@ impl Parse for StageArgs {
                     "per_row",
                     "repeat",
                     "tables",
+                    "accumulate",
                 ],
                 "unknown stage attribute",
                 "`reduction`, `tensor_eligible`, `precision`, `tolerance`, `finite`, `per_row`, \
-                 `repeat`, `tables` or `args(...)`",
+                 `repeat`, `tables`, `accumulate` or `args(...)`",
                 &args.spans,
             )?;
             match name {
@@ -552,6 +556,23 @@ impl Parse for StageArgs {
                                 lit.span(),
                                 format!(
                                     "`tables` stores tables in \"fp32\" or \"fp16\", not \"{other}\""
+                                ),
+                            ));
+                        }
+                    });
+                    args.spans.push((name, lit.span()));
+                }
+                "accumulate" => {
+                    let lit: LitStr = input.parse()?;
+                    args.promoted = Some(match lit.value().as_str() {
+                        "promoted" => true,
+                        "tensor" => false,
+                        other => {
+                            return Err(syn::Error::new(
+                                lit.span(),
+                                format!(
+                                    "`accumulate` is \"promoted\" (partial sums added into f32 sums \
+                                     every 512 of k) or \"tensor\" (the default), not \"{other}\""
                                 ),
                             ));
                         }

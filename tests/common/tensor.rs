@@ -151,6 +151,48 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
     ran.check();
 }
 
+/// gelu(A W + b) with bf16 operands and `accumulate = "promoted"` (tests/promoted_accumulation.rs)
+/// through `submit`, on the same terms as [`tensor_core_matmul`]: shapes that Hopper's wgmma path
+/// takes with promotions (every 8 slices of 64) and a partial last run of slices, one k of a
+/// single slice, and shapes that fall back to mma.sync.
+pub fn promoted_matmul(
+    rt: &Runtime,
+    submit: impl for<'a> Fn(
+        &Runtime,
+        &'a Buffer<pptm::bf16>,
+        &'a Buffer<pptm::bf16>,
+        &'a Buffer<f32>,
+        &'a mut Buffer<f32>,
+        usize,
+        usize,
+    ) -> Result<Ticket<'a, ()>, Error>,
+) {
+    let shapes = [
+        (1, 1, 1),
+        (17, 17, 17),
+        (64, 1000, 4096),
+        (256, 64, 256),
+        (256, 1600, 256),
+        (1000, 1040, 272),
+        (130, 4096, 512),
+        (512, 8192, 384),
+    ];
+    let mut ran = PathsSeen::new(rt, "bf16");
+    for (m, k, n) in shapes {
+        ran.add(check_products(
+            rt,
+            "bf16 promoted",
+            pptm::bf16::from_f32,
+            1,
+            m,
+            k,
+            n,
+            |rt, a, w, b, out| submit(rt, a, w, b, out, m, k),
+        ));
+    }
+    ran.check();
+}
+
 /// gelu(A[s] W[s] + b) for a batch of products, on the same terms as [`tensor_core_matmul`].
 pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
     // (batch, m, k, n): one product and a few; many single-tile products (more tiles than the

@@ -1324,7 +1324,7 @@ struct pptm_each_38b2a474 {
 };
 __device__ __noinline__ uint32_t pptm_run_38b2a474(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_38b2a474 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_38b2a474{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_38b2a474{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1352,7 +1352,7 @@ struct pptm_each_8f8fc8c2 {
 };
 __device__ __noinline__ uint32_t pptm_run_8f8fc8c2(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_8f8fc8c2 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_8f8fc8c2{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_8f8fc8c2{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1378,7 +1378,7 @@ struct pptm_each_b78dd9f6 {
 };
 __device__ __noinline__ uint32_t pptm_run_b78dd9f6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_b78dd9f6 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a4, pptm_each_b78dd9f6{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a4, pptm_each_b78dd9f6{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1412,7 +1412,7 @@ struct pptm_each_9151512f {
 };
 __device__ __noinline__ uint32_t pptm_run_9151512f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9151512f e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a8, pptm_each_9151512f{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a8, pptm_each_9151512f{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1437,7 +1437,7 @@ struct pptm_each_ff9e1eca {
 };
 __device__ __noinline__ uint32_t pptm_run_ff9e1eca(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_ff9e1eca e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a3, pptm_each_ff9e1eca{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a3, pptm_each_ff9e1eca{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1458,18 +1458,25 @@ struct pptm_env_b19c7929 {
     uint64_t a11;  // filter_cols
     __device__ explicit pptm_env_b19c7929(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_b19c7929 {
     pptm_env_b19c7929 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_cfconv<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_cfconv<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_b19c7929(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_b19c7929 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_b19c7929{e}, b);
+    {
+        const uint64_t n = e.a5;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_b19c7929<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_b19c7929<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1493,18 +1500,25 @@ struct pptm_env_d56dd160 {
     uint64_t a14;  // filter_cols
     __device__ explicit pptm_env_d56dd160(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_d56dd160 {
     pptm_env_d56dd160 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const pptm_state_Partial_f32 s0 = pptm_user_cfconv_back<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const pptm_state_Partial_f32 s0 = pptm_user_cfconv_back<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         pptm_state_store(e.a5 + 4 * i, s0);
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_d56dd160(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d56dd160 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a6, pptm_each_d56dd160{e}, b);
+    {
+        const uint64_t n = e.a6;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_d56dd160<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_d56dd160<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1524,18 +1538,25 @@ struct pptm_env_9619449e {
     uint64_t a10;  // w_cols
     __device__ explicit pptm_env_9619449e(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4((uint32_t)d.args[4]), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_9619449e {
     pptm_env_9619449e e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_dense_t<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a7, e.a8, 0u), pptm_table_make(e.a3, e.a9, e.a10, 0u), e.a4);
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_dense_t<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a7, e.a8, 0u), pptm_table_make(e.a3, e.a9, e.a10, 0u), e.a4);
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a5[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_9619449e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9619449e e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a6, pptm_each_9619449e{e}, b);
+    {
+        const uint64_t n = e.a6;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_9619449e<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_9619449e<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1553,18 +1574,25 @@ struct pptm_env_34ccfcde {
     uint64_t a8;  // w_cols
     __device__ explicit pptm_env_34ccfcde(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_34ccfcde {
     pptm_env_34ccfcde e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_dense<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a5, e.a6, 0u), pptm_table_make(e.a2, e.a7, e.a8, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a3[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_34ccfcde(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_34ccfcde e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a4, pptm_each_34ccfcde{e}, b);
+    {
+        const uint64_t n = e.a4;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_34ccfcde<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_34ccfcde<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1588,7 +1616,7 @@ struct pptm_each_d3be3d2a {
 };
 __device__ __noinline__ uint32_t pptm_run_d3be3d2a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d3be3d2a e(d);
-    partial = pptm_map_each<pptm_op_max_reduction_reducer, 1>(e.a3, pptm_each_d3be3d2a{e}, b);
+    partial = pptm_map_each<pptm_op_max_reduction_reducer>(e.a3, pptm_each_d3be3d2a{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d3be3d2a(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -1623,7 +1651,7 @@ struct pptm_each_edc99d6b {
 };
 __device__ __noinline__ uint32_t pptm_run_edc99d6b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_edc99d6b e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_edc99d6b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_edc99d6b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1653,7 +1681,7 @@ struct pptm_each_af67f2d3 {
 };
 __device__ __noinline__ uint32_t pptm_run_af67f2d3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_af67f2d3 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a6, pptm_each_af67f2d3{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_af67f2d3{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1675,7 +1703,7 @@ struct pptm_each_c2f5fd6b {
 };
 __device__ __noinline__ uint32_t pptm_run_c2f5fd6b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_c2f5fd6b e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a2, pptm_each_c2f5fd6b{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a2, pptm_each_c2f5fd6b{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1695,7 +1723,7 @@ struct pptm_each_5237c164 {
 };
 __device__ __noinline__ uint32_t pptm_run_5237c164(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_5237c164 e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(e.a1, pptm_each_5237c164{e}, b);
+    partial = pptm_map_each<pptm_op_sum_reduction_reducer>(e.a1, pptm_each_5237c164{e}, b);
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_5237c164(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -1727,7 +1755,7 @@ struct pptm_each_7d3cc290 {
 };
 __device__ __noinline__ uint32_t pptm_run_7d3cc290(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_7d3cc290 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_7d3cc290{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_7d3cc290{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -1745,17 +1773,24 @@ struct pptm_env_d6d9dafc {
     uint64_t a8;  // w_cols
     __device__ explicit pptm_env_d6d9dafc(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_d6d9dafc {
     pptm_env_d6d9dafc e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u), pptm_table_make(e.a3, e.a7, e.a8, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_ssp_dense<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a5, e.a6, 0u), pptm_table_make(e.a3, e.a7, e.a8, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         return (double)s0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_d6d9dafc(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d6d9dafc e(d);
-    partial = pptm_map_each<pptm_op_sum_reduction_reducer, 8>(e.a4, pptm_each_d6d9dafc{e}, b);
+    {
+        const uint64_t n = e.a4;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_op_sum_reduction_reducer, 8>(n, pptm_each_d6d9dafc<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_op_sum_reduction_reducer, 1>(n, pptm_each_d6d9dafc<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 __device__ __forceinline__ double pptm_finish_d6d9dafc(const pptm_desc& d, const double* partials, uint32_t nblocks, double* smem) {
@@ -1781,18 +1816,25 @@ struct pptm_env_457f5c72 {
     uint64_t a11;  // w_cols
     __device__ explicit pptm_env_457f5c72(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_457f5c72 {
     pptm_env_457f5c72 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense_t<8>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_ssp_dense_t<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), pptm_table_make(e.a3, e.a10, e.a11, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_457f5c72(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_457f5c72 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_457f5c72{e}, b);
+    {
+        const uint64_t n = e.a5;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_457f5c72<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_457f5c72<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1811,18 +1853,25 @@ struct pptm_env_478013a6 {
     uint64_t a9;  // w_cols
     __device__ explicit pptm_env_478013a6(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_478013a6 {
     pptm_env_478013a6 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_ssp_dense<8>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), pptm_table_make(e.a3, e.a8, e.a9, 0u));
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const float s0 = pptm_user_ssp_dense<PPTM_PASS_LANES>(pptm_ld_cg_f32(e.a0 + i), pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a6, e.a7, 0u), pptm_table_make(e.a3, e.a8, e.a9, 0u));
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         e.a4[i] = (float)s0;
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_478013a6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_478013a6 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a5, pptm_each_478013a6{e}, b);
+    {
+        const uint64_t n = e.a5;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_478013a6<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_478013a6<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 
@@ -1846,18 +1895,25 @@ struct pptm_env_ad5dd1bf {
     uint64_t a14;  // p3_cols
     __device__ explicit pptm_env_ad5dd1bf(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4(reinterpret_cast<const float*>(d.args[4])), a5(__uint_as_float((uint32_t)d.args[5])), a6(__uint_as_float((uint32_t)d.args[6])), a7(reinterpret_cast<float*>(d.args[7])), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]), a13(d.args[13]), a14(d.args[14]) {}
 };
+template <unsigned int PPTM_PASS_LANES>
 struct pptm_each_ad5dd1bf {
     pptm_env_ad5dd1bf e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const pptm_state_Atom_f32 s0 = pptm_user_verlet<8>(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u), e.a5, e.a6);
-        if (threadIdx.x % 8u != 0u) return 0.0;
+        const pptm_state_Atom_f32 s0 = pptm_user_verlet<PPTM_PASS_LANES>(pptm_state_Atom_f32{pptm_ld_cg_f32(e.a0 + 6 * i + 0), pptm_ld_cg_f32(e.a0 + 6 * i + 1), pptm_ld_cg_f32(e.a0 + 6 * i + 2), pptm_ld_cg_f32(e.a0 + 6 * i + 3), pptm_ld_cg_f32(e.a0 + 6 * i + 4), pptm_ld_cg_f32(e.a0 + 6 * i + 5)}, pptm_ld_cg_f32(e.a1 + i), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), pptm_table_make(e.a4, e.a13, e.a14, 0u), e.a5, e.a6);
+        if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;
         pptm_state_store(e.a7 + 6 * i, s0);
         return 0.0;
     }
 };
 __device__ __noinline__ uint32_t pptm_run_ad5dd1bf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_ad5dd1bf e(d);
-    partial = pptm_map_each<pptm_no_reducer, 8>(e.a8, pptm_each_ad5dd1bf{e}, b);
+    {
+        const uint64_t n = e.a8;
+        if (n * 8u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)
+            partial = pptm_map_each<pptm_no_reducer, 8>(n, pptm_each_ad5dd1bf<8>{e}, b);
+        else
+            partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_ad5dd1bf<1>{e}, b);
+    }
     return PPTM_STATUS_OK;
 }
 

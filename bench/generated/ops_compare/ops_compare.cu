@@ -198,7 +198,7 @@ struct pptm_each_efa45e0e {
 };
 __device__ __noinline__ uint32_t pptm_run_efa45e0e(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_efa45e0e e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_efa45e0e{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_efa45e0e{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -230,7 +230,7 @@ struct pptm_each_4d15d08c {
 };
 __device__ __noinline__ uint32_t pptm_run_4d15d08c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4d15d08c e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_4d15d08c{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_4d15d08c{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -262,7 +262,7 @@ struct pptm_each_22cf3372 {
 };
 __device__ __noinline__ uint32_t pptm_run_22cf3372(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_22cf3372 e(d);
-    partial = pptm_map_each<pptm_no_reducer, 1>(e.a5, pptm_each_22cf3372{e}, b);
+    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_22cf3372{e}, b);
     return PPTM_STATUS_OK;
 }
 

@@ -206,6 +206,10 @@ pub(super) fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
             "partial = pptm_matmul_guarded<{elem}>({args}, {tol:e}f, {});",
             field(slot)
         ),
+        // `accumulate = "promoted"`: the wgmma path adds each 512 of k into f32 sums.
+        (true, _, _) if st.promoted => {
+            format!("pptm_matmul_mma<{elem}, true>({args});\n    partial = 0.0;")
+        }
         (true, _, _) => format!("pptm_matmul_mma<{elem}>({args});\n    partial = 0.0;"),
         _ => format!("pptm_matmul({args});\n    partial = 0.0;"),
     }

@@ -302,7 +302,11 @@ fn stage_call(c: &ChainIr, s: usize, flow: &[String], load: &Load<'_>) -> String
 fn callee(c: &ChainIr, s: usize, load: &Load<'_>) -> String {
     let op = c.stages[s].op;
     match load {
-        Load::At { lanes, .. } if *lanes > 1 && op.lanes > 1 => format!("{}<{lanes}>", op.device),
+        // (`PPTM_PASS_LANES`: the lanes `pptm_map_each` runs the pass with; see
+        // streaming::map_each.)
+        Load::At { lanes, .. } if *lanes > 1 && op.lanes > 1 => {
+            format!("{}<PPTM_PASS_LANES>", op.device)
+        }
         _ => op.device.to_string(),
     }
 }

@@ -436,7 +436,10 @@ __device__ __forceinline__ void pptm_matmul_mma_tiled(const S* A, const S* W, ui
     }
 }
 
-template <class T, class S, class Epi>
+// PROMOTE (a stage's `accumulate = "promoted"`): the wgmma path adds each 512 of k into f32 sums
+// (pattern/wgmma.cuh). The fp8 path adds every slice so already; mma.sync's accumulators are
+// kept as they are.
+template <class T, bool PROMOTE = false, class S, class Epi>
 __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t m, uint64_t k, uint64_t n,
                                                 const Epi& epi, float* out, const pptm_block_ctx& b) {
 #ifdef PPTM_WGMMA
@@ -444,7 +447,7 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
     if constexpr (sizeof(S) == 2) {
         if (pptm_wgmma_fits(A, W, m, k, n)) {
             pptm_took_path(PPTM_PATH_WGMMA);
-            pptm_matmul_wgmma<T>(reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
+            pptm_matmul_wgmma<T, PROMOTE>(reinterpret_cast<const T*>(A), reinterpret_cast<const T*>(W), m, k, n, epi, out, b);
             return;
         }
     }

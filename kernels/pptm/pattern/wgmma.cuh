@@ -342,13 +342,23 @@ __device__ __forceinline__ void pptm_wg_tile(uint32_t t, uint32_t tiles_n, uint3
 // end each pair swaps half of its sums through shared memory (XBYTES past the ring's slices), and
 // each member stores the half of the columns it kept. For tiles of 128 x 64 on products that 128 x
 // 128 tiles cover with half the blocks or fewer (1024^3: 64 tiles, on 132 SMs).
-template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, uint32_t KS = 1, class Epi>
+//
+// PROMOTE (slices, 0 for none): Hopper's tensor cores add into their f32 accumulators with
+// truncation (round toward zero), so over a long k the sums drift toward zero: a kernel-matrix
+// product of k = 24,576 (bf16x3, q = 12) came out 1e-4 off, where f32 sums rounded to nearest
+// keep 1e-5 (a float32 model of both, in numpy, gives the same two figures). With PROMOTE, the
+// accumulators are added into f32 sums (`sum`, rounded to nearest) and cleared every PROMOTE
+// slices and at the tile's end, as the fp8 path does every slice. The sums double the
+// registers of the accumulators: 128 x 128 tiles only (R = 32).
+template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, uint32_t KS = 1, uint32_t PROMOTE = 0, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                         float* out, const pptm_block_ctx& b, uint32_t batch = 1) {
     constexpr uint32_t WGM = BM / 64, WGN = 4 / (WGM * KS);  // the warpgroups' grid over the tile
     constexpr uint32_t N = BN / WGN, R = N / 2;            // a warpgroup's columns, a thread's accumulators
     constexpr uint32_t A_BYTES = BM * PPTM_WG_BK * 2, STAGE_BYTES = A_BYTES + BN * PPTM_WG_BK * 2;
     static_assert((KS == 1 || KS == 2) && WGM * WGN * KS == 4 && BM % 128 == 0 && BN % 64 == 0 && N % 64 == 0, "wgmma: tile shape");
+    static_assert(PROMOTE == 0 || (KS == 1 && R <= 32), "wgmma: promoted sums fit beside 32 accumulators");
+    constexpr uint32_t RS = PROMOTE == 0 ? 1 : R;  // the promoted sums (one unused without)
     constexpr uint32_t KK = PPTM_WG_BK / 16 / KS;                  // a warpgroup's k16 steps a slice
     constexpr uint32_t XBYTES = KS == 1 ? 0 : 4 * 128 * (R / 2) * 4;  // the swapped halves
     constexpr uint32_t S = (PPTM_WG_RING_BYTES - XBYTES) / STAGE_BYTES;
@@ -412,7 +422,7 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         for (uint32_t p = 0; p + 1 < S && p < total; ++p) produce(p);
     }
 
-    float d[R];
+    float d[R], sum[RS];
     uint32_t g = 0;         // slices consumed so far, over this block's tiles
     uint32_t released = 0;  // slices this warp has released (its lane 0 arrived on `empty`)
     auto release_below = [&](uint32_t end) {
@@ -423,6 +433,10 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         pptm_tick(b);
 #pragma unroll
         for (uint32_t e = 0; e < R; ++e) d[e] = 0.0f;
+        if constexpr (PROMOTE != 0) {
+#pragma unroll
+            for (uint32_t e = 0; e < RS; ++e) sum[e] = 0.0f;
+        }
         pptm_wg_fence_operands(d);
         for (uint32_t kt = 0; kt < ktiles; ++kt, ++g) {
             const uint32_t s = (uint32_t)(g % S);
@@ -447,10 +461,28 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
             release_below(g);
             if (threadIdx.x == 0 && g + S - 1 < total) produce(g + S - 1);
             __syncwarp();
+            if constexpr (PROMOTE != 0) {
+                if ((kt + 1) % PROMOTE == 0 && kt + 1 < ktiles) {
+                    // Every slice so far is multiplied: add the accumulators into the sums and
+                    // start them again from zero.
+                    pptm_wg_wait<0>();
+                    pptm_wg_fence_operands(d);
+#pragma unroll
+                    for (uint32_t e = 0; e < R; ++e) {
+                        sum[e] += d[e];
+                        d[e] = 0.0f;
+                    }
+                    pptm_wg_fence_operands(d);
+                }
+            }
         }
         pptm_wg_wait<0>();
         pptm_wg_fence_operands(d);
         release_below(g);
+        if constexpr (PROMOTE != 0) {
+#pragma unroll
+            for (uint32_t e = 0; e < R; ++e) d[e] += sum[e];
+        }
         if (out == nullptr) continue;
         uint32_t ti, tj;
         const uint32_t prod = BATCHED ? tile / per_product : 0;
@@ -512,9 +544,16 @@ __device__ __forceinline__ uint32_t pptm_wg_cost(uint64_t m, uint64_t n, uint32_
 // in 3 / 4 / 8 / 16 rounds 226 / 228 / 391 / 598. Ties go to the larger tile. So 1024^3 takes the
 // split tile (one round of 128: 18.7 us against 22.3 for 128 x 128), 1536^3 to 2048^3 256 x 128
 // (one round; 2048^3 40.8 us against 49.0 for 88 tiles of 256 x 192), 3072^3 up 256 x 192.
-template <class T, class Epi>
+//
+// PROMOTE (`accumulate = "promoted"`): 128 x 128 tiles whose accumulators are added into f32 sums
+// every 8 slices (512 of k), the only shape with registers for the sums.
+template <class T, bool PROMOTE = false, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
+    if constexpr (PROMOTE) {
+        pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 8>(A, W, m, k, n, epi, out, b);
+        return;
+    }
     const uint32_t large = pptm_wg_cost(m, n, 256, 192, 20, b.nblocks), wide = pptm_wg_cost(m, n, 256, 128, 16, b.nblocks);
     const uint32_t square = pptm_wg_cost(m, n, 128, 128, 13, b.nblocks), split = pptm_wg_cost(m, n, 128, 64, 10, b.nblocks);
     if (large <= wide && large <= square && large <= split)

@@ -143,6 +143,9 @@ pub struct StageIr {
     pub per_row: bool,
     /// `tables = "fp16"`: the storage of its tables where it is not f32.
     pub tables: Option<DType>,
+    /// `accumulate = "promoted"` on a tensor-core product: partial sums promoted to f32 sums
+    /// every 512 of k (the wgmma path; `pptm_matmul_wgmma`'s PROMOTE).
+    pub promoted: bool,
 }
 
 impl StageIr {

@@ -255,6 +255,19 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             Ty::Table(..) => st.tables.unwrap_or(DType::F32),
             _ => DType::F32,
         };
+        if st.promoted == Some(true)
+            && !(st.tensor_eligible == Some(true)
+                && op.class == FusionClass::OutputFusable(crate::ops::Anchor::Matmul)
+                && !guarded)
+        {
+            return Err(SpecError::Unfusable {
+                stage: i,
+                op: op.name,
+                reason: "`accumulate = \"promoted\"` is for a tensor-core product \
+                         (`tensor_eligible = true` on a Matmul) without `tolerance`"
+                    .into(),
+            });
+        }
         if st.tables.is_some() && !op.inputs.iter().any(|p| matches!(p.ty, Ty::Table(..))) {
             return Err(SpecError::Unfusable {
                 stage: i,
@@ -581,6 +594,7 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             // Only where it folds a matrix: after a pairwise op every reduction folds rows.
             per_row: folds_matrix,
             tables: st.tables.filter(|&d| d != DType::F32),
+            promoted: st.promoted.unwrap_or(false),
             renames: {
                 let mut r = st.args.clone();
                 r.sort();

@@ -1185,3 +1185,31 @@ fn a_table_side_of_2_pow_32_is_refused_at_binding() {
         }
     }
 }
+
+#[test]
+fn promoted_accumulation_is_for_tensor_core_products() {
+    let with = |op: &str, tensor: Option<bool>, tolerance: Option<f64>, promoted: bool| {
+        let mut st = stage(1, op);
+        st.tensor_eligible = tensor;
+        st.precision = (tensor == Some(true)).then_some(crate::Precision::Bf16);
+        st.tolerance = tolerance.map(crate::Tolerance);
+        st.promoted = Some(promoted);
+        lower(&chain(vec![st]))
+    };
+    let ir = with("Matmul", Some(true), None, true).unwrap();
+    assert!(ir.stages[0].promoted);
+    assert!(!with("Matmul", Some(true), None, false).unwrap().stages[0].promoted);
+    for (op, tensor, tolerance) in [
+        ("Matmul", None, None),
+        ("Matmul", Some(false), None),
+        ("Matmul", Some(true), Some(1e-2)),
+        ("Gemv", Some(true), None),
+        ("BatchedMatmul", Some(true), None),
+    ] {
+        let e = with(op, tensor, tolerance, true).unwrap_err();
+        assert!(
+            e.to_string().contains("accumulate = \"promoted\""),
+            "{op} {tensor:?} {tolerance:?}: {e}"
+        );
+    }
+}
