@@ -19,7 +19,9 @@
 //!   on tensor cores with k tripled: X' = [hi(X), hi(X), lo(X)], W' = [hi(W); lo(W); hi(W)]. The
 //!   dropped lo·lo and the splits' residues are below 2^-16 of each term, so a sum keeps about
 //!   1e-5 of its terms' magnitude (checked against f64 by the example and its tests), on f32
-//!   accumulators.
+//!   accumulators. The products are `accumulate = "promoted"`: Hopper's tensor cores truncate
+//!   as they add, which over k = 6d = 24,576 (q = 12) cost 1e-4 of K (docs/dsl.md,
+//!   "Accumulation").
 
 use pptm::ops::Matmul;
 use pptm::{Buffer, FusionBuilder, Pipeline, Runtime, bf16, op};
