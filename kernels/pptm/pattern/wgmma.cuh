@@ -546,13 +546,16 @@ __device__ __forceinline__ uint32_t pptm_wg_cost(uint64_t m, uint64_t n, uint32_
 // (one round; 2048^3 40.8 us against 49.0 for 88 tiles of 256 x 192), 3072^3 up 256 x 192.
 //
 // PROMOTE (`accumulate = "promoted"`): 128 x 128 tiles whose accumulators are added into f32 sums
-// every 8 slices (512 of k), the only shape with registers for the sums.
+// every 8 slices (512 of k), the only shape with registers for the sums. A k of 512 or less is
+// one such run: the accumulators are the sums already, and the tile is chosen as without.
 template <class T, bool PROMOTE = false, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
     if constexpr (PROMOTE) {
-        pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 8>(A, W, m, k, n, epi, out, b);
-        return;
+        if (k > 8 * PPTM_WG_BK) {
+            pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 8>(A, W, m, k, n, epi, out, b);
+            return;
+        }
     }
     const uint32_t large = pptm_wg_cost(m, n, 256, 192, 20, b.nblocks), wide = pptm_wg_cost(m, n, 256, 128, 16, b.nblocks);
     const uint32_t square = pptm_wg_cost(m, n, 128, 128, 13, b.nblocks), split = pptm_wg_cost(m, n, 128, 64, 10, b.nblocks);
