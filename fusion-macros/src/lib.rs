@@ -810,7 +810,9 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(tokens) => tokens.into(),
         Err(e) => {
             let mut out = e.to_compile_error();
-            // The function itself still compiles, so one error does not bring a cascade.
+            // The function itself still compiles, so one error does not bring a cascade (its
+            // `lanes(a..b)` loops as plain ranges: `lanes` is no function of its own).
+            let f = without_lanes(&f);
             out.extend(quote! { #f });
             out.into()
         }
@@ -820,12 +822,30 @@ pub fn op(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// The op's function as the CPU backend compiles it: each local array index `a[k]`, a `u32` in
 /// the op subset (as on the device), becomes `a[{ let k: u32 = k; k as usize }]`, since Rust
 /// indexes with `usize`. A loop variable that indexes an array is then a `u32` like any other.
-/// A `for s in lanes(a..b)` loop becomes `for s in a..b`: the CPU runs one lane.
+/// A `for s in lanes(a..b)` loop becomes `for s in a..b` ([`without_lanes`]).
 fn with_u32_indices(f: &syn::ItemFn) -> syn::ItemFn {
     use syn::visit_mut::VisitMut;
     struct Indices;
     impl VisitMut for Indices {
-        // `for s in lanes(a..b)`: on the CPU, the range itself (one lane runs every iteration).
+        fn visit_expr_index_mut(&mut self, ix: &mut syn::ExprIndex) {
+            syn::visit_mut::visit_expr_index_mut(self, ix);
+            let k = &ix.index;
+            *ix.index = syn::parse_quote_spanned! {k.span()=>
+                { let pptm_index: u32 = #k; pptm_index as usize }
+            };
+        }
+    }
+    let mut f = without_lanes(f);
+    Indices.visit_item_fn_mut(&mut f);
+    f
+}
+
+/// The function with each `for s in lanes(a..b)` loop as `for s in a..b`: on the CPU one lane
+/// runs every iteration (`lanes` marks the loop for the device and is no function of its own).
+fn without_lanes(f: &syn::ItemFn) -> syn::ItemFn {
+    use syn::visit_mut::VisitMut;
+    struct Lanes;
+    impl VisitMut for Lanes {
         fn visit_expr_for_loop_mut(&mut self, l: &mut syn::ExprForLoop) {
             if let syn::Expr::Call(c) = &*l.expr
                 && c.args.len() == 1
@@ -837,16 +857,9 @@ fn with_u32_indices(f: &syn::ItemFn) -> syn::ItemFn {
             }
             syn::visit_mut::visit_expr_for_loop_mut(self, l);
         }
-        fn visit_expr_index_mut(&mut self, ix: &mut syn::ExprIndex) {
-            syn::visit_mut::visit_expr_index_mut(self, ix);
-            let k = &ix.index;
-            *ix.index = syn::parse_quote_spanned! {k.span()=>
-                { let pptm_index: u32 = #k; pptm_index as usize }
-            };
-        }
     }
     let mut f = f.clone();
-    Indices.visit_item_fn_mut(&mut f);
+    Lanes.visit_item_fn_mut(&mut f);
     f
 }
 
