@@ -434,3 +434,52 @@ fn heavy_elementwise_domains_get_wide_registers() {
     assert!(!domain_source("inference", std::slice::from_ref(&light)).contains(wide));
     assert!(!domain_source("inference", &[heavy, gemv]).contains(wide));
 }
+
+#[test]
+fn a_lanes_op_runs_its_pass_with_lanes_where_they_fit() {
+    let f: syn::ItemFn = syn::parse_str(
+        "fn row_sum(idx: f64, t: Table) -> f64 {
+             let mut acc = 0.0_f64;
+             for j in lanes(0..t.cols()) { acc += t.at(idx as u32, j); }
+             acc
+         }",
+    )
+    .unwrap();
+    let attr = pptm_spec::op_fn::parse_op_attr("lanes = 4, f32_form".parse().unwrap()).unwrap();
+    let op = pptm_spec::op_fn::parse_op(&attr, &f)
+        .unwrap()
+        .leak_def(&[])
+        .unwrap();
+    let c = pptm_spec::lower_with(&spec("RowSums", &["RowSum"]), &[op]).unwrap();
+    assert_eq!((c.lanes(), c.map_elems_per_block()), (4, 128));
+    let src = domain_source("inference", std::slice::from_ref(&c));
+    let t = tag(&c);
+    for needle in [
+        "template <unsigned int PPTM_LANES = 1>".to_string(),
+        "template <unsigned int PPTM_PASS_LANES>".to_string(),
+        "pptm_user_row_sum<PPTM_PASS_LANES>(".to_string(),
+        "if (threadIdx.x % PPTM_PASS_LANES != 0u) return 0.0;".to_string(),
+        "if (n * 4u <= (uint64_t)b.nblocks * PPTM_BLOCK_THREADS)".to_string(),
+        format!("partial = pptm_map_each<pptm_no_reducer, 4>(n, pptm_each_{t}<4>{{e}}, b);"),
+        format!("partial = pptm_map_each<pptm_no_reducer, 1>(n, pptm_each_{t}<1>{{e}}, b);"),
+        "#define PPTM_WIDE_REGISTERS 1".to_string(),
+    ] {
+        assert!(src.contains(&needle), "no `{needle}` in\n{src}");
+    }
+    // The unfused kernels call it with one lane (the template's default).
+    assert!(src.contains("pptm_user_row_sum(pptm_ld_cg_f32("), "{src}");
+}
+
+#[test]
+fn a_promoted_product_asks_the_pattern_for_promoted_sums() {
+    let mut s = spec("Promoted", &["Matmul"]);
+    s.stages[0].tensor_eligible = Some(true);
+    s.stages[0].precision = Some(pptm_spec::Precision::Bf16);
+    s.stages[0].promoted = Some(true);
+    let promoted = lower(&s).unwrap();
+    let src = domain_source("inference", std::slice::from_ref(&promoted));
+    assert!(src.contains("pptm_matmul_mma<pptm_bf16, true>("), "{src}");
+    s.stages[0].promoted = None;
+    let plain = domain_source("inference", &[lower(&s).unwrap()]);
+    assert!(plain.contains("pptm_matmul_mma<pptm_bf16>("), "{plain}");
+}
