@@ -28,7 +28,10 @@
 //!
 //! Work is spread as one element a thread: (atom, feature) for the dense layers and the
 //! convolutions, (atom, slot) for the list and the edges, one atom for the Verlet step. Each op
-//! finds its element's coordinates from an index tensor (0, 1, 2, ...).
+//! finds its element's coordinates from an index tensor (0, 1, 2, ...). The dense layers, the
+//! convolutions and the Verlet step give each element 8 threads (`#[op(lanes = 8)]`), which
+//! share its loop (over inputs, edges or features: `for s in lanes(a..b)`) where the elements
+//! are too few to fill the GPU one a thread (docs/ops.md, "Lanes").
 
 use pptm::ops::{MaxReduction, SumReduction};
 use pptm::{
