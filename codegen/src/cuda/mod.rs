@@ -139,10 +139,7 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
 /// or pairwise patterns keeps two blocks an SM, for the loads in flight its streaming passes
 /// want.
 pub fn wide_registers(chains: &[ChainIr]) -> bool {
-    chains.iter().all(|c| c.plan.pattern == Pattern::Map)
-        && chains.iter().any(|c| {
-            c.lanes() > 1 || c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK
-        })
+    chains.iter().all(|c| c.plan.pattern == Pattern::Map) && chains.iter().any(ChainIr::maps_each)
 }
 
 /// Whether the chain has a tensor-core stage that the Hopper TMA + wgmma path can take: a product

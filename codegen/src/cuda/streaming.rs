@@ -9,7 +9,7 @@ use super::*;
 /// The functors of an elementwise chain (maybe ending in a reduction); returns the run
 /// function's lines.
 pub(super) fn map(out: &mut String, c: &ChainIr) -> String {
-    if c.lanes() > 1 || c.map_elems_per_block() == pptm_spec::work::HEAVY_ELEMS_PER_BLOCK {
+    if c.maps_each() {
         return map_each(out, c);
     }
     let t = tag(c);

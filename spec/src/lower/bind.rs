@@ -478,6 +478,13 @@ impl ChainIr {
         }
     }
 
+    /// Whether the chain's elementwise pass takes its elements one a thread (or a group of
+    /// lanes), `pptm_map_each`, rather than streaming them with vector loads: a heavy pass (a
+    /// state, a table, a long `repeat`) or one with lanes.
+    pub fn maps_each(&self) -> bool {
+        self.lanes() > 1 || self.map_elems_per_block() == crate::work::HEAVY_ELEMS_PER_BLOCK
+    }
+
     /// The threads that share each element of the chain's elementwise pass: its elementwise
     /// stages' largest [`OpDef::lanes`](crate::OpDef) where the chain is an elementwise pass
     /// (`Pattern::Map`), else 1 (a stage fused into a product's epilogue or a row's fold runs
