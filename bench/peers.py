@@ -57,7 +57,7 @@ CHAINS = ["kl_complexity", "accuracy_pipeline", "row_squared_residual", "depende
           "dependent_steps_kept", "dependent_steps_fused", "dependent_gemv_pipeline",
           "dependent_gemv_kept", "belief_update", "belief_update_bf16",
           "distance_kth", "te_reduction", "gemv_axpby_sum", "gemv_axpby_sum_bf16",
-          "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16"]
+          "gemv_axpby_sum_fp16", "matmul_bias_gelu", "matmul_bias_gelu_bf16x3", "matmul_bias_gelu_bf16"]
 # What a result must match its float64 reference to: 1e-4, but 1e-2 where PyTorch rounds to bf16
 # (the product before the bias; x and A x of a bf16 GEMV), which pptm does not (the plan's bar for
 # bf16 operands).
@@ -213,14 +213,17 @@ def cases(torch):
                         lambda x, a, y: ((GEMV_ALPHA * (a @ x.to(a.dtype)).to(x.dtype)
                                           + GEMV_BETA * y) ** 2).sum(),
                         True))
-    for size, (m, k, n) in zip(SIZES, [(64, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096)]):
-        out.append(("matmul_bias_gelu", size, f"{m}×{k}×{n} f32", m, 4 * (m * k + k * n + n + m * n),
-                    2 * m * k * n,
-                    lambda d, m=m, k=k, n=n: (t(SEED["MM_A"], m * k, d, (m, k)),
-                                              t(SEED["MM_W"], k * n, d, (k, n)),
-                                              t(SEED["MM_B"], n, d)),
-                    lambda a, w, b: torch.nn.functional.gelu(a @ w + b),
-                    False))
+    # The f32 dense layer; pptm runs it on CUDA cores (matmul_bias_gelu) and on tensor cores at
+    # f32's accuracy (matmul_bias_gelu_bf16x3): PyTorch's f32 matmul (cuBLAS SGEMM) is the peer of both.
+    for chain in ["matmul_bias_gelu", "matmul_bias_gelu_bf16x3"]:
+        for size, (m, k, n) in zip(SIZES, [(64, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096)]):
+            out.append((chain, size, f"{m}×{k}×{n} f32", m, 4 * (m * k + k * n + n + m * n),
+                        2 * m * k * n,
+                        lambda d, m=m, k=k, n=n: (t(SEED["MM_A"], m * k, d, (m, k)),
+                                                  t(SEED["MM_W"], k * n, d, (k, n)),
+                                                  t(SEED["MM_B"], n, d)),
+                        lambda a, w, b: torch.nn.functional.gelu(a @ w + b),
+                        False))
     for size, (m, k, n) in zip(SIZES, [(64, 256, 256), (1024, 1024, 1024), (8192, 8192, 8192)]):
         # bf16 operands centred on 0 (as cases.rs's centred_bf16), an f32 bias: what a user
         # writes, `gelu(a @ w + b)`, multiplies in bf16 and adds the f32 bias to the bf16 product.

@@ -284,6 +284,23 @@ pub struct MatmulBiasGeluBf16 {
     activation: Gelu,
 }
 
+/// The f32 dense layer `gelu(A W + b)` of [`MatmulBiasGelu`] on tensor cores at f32's accuracy
+/// (`precision = "bf16x3"`): A, W, the bias and the output are f32; each operand is split into a
+/// high and a low bf16 half and the product sums three bf16 products (hi·hi + lo·hi + hi·lo), each
+/// term within about 2^-16 of its f32 value. On H100/H200 the item's blocks write the halves into
+/// working memory the runtime lends (`ChainIr::scratch`: 4 (m + n) k bytes, about) and multiply them
+/// by `wgmma`; elsewhere, and in the launched variants, the product runs in f32 on CUDA cores.
+#[derive(FusionBuilder)]
+#[fusion(domain = "tensor")]
+pub struct MatmulBiasGeluBf16x3 {
+    #[stage(1, tensor_eligible = true, precision = "bf16x3")]
+    product: Matmul,
+    #[stage(2)]
+    bias: AddBias,
+    #[stage(3)]
+    activation: Gelu,
+}
+
 /// `gelu(A[s] W[s] + b)` for every s < `batch`: many small dense layers of one shape (attention
 /// heads, experts, an ensemble) in one item, bf16 operands on tensor cores (`mma.sync`), f32
 /// accumulation, the shared f32 bias and the activation applied in registers before the f32 output

@@ -77,6 +77,7 @@ fn shipped() -> Vec<Declared> {
         MatmulBiasSigmoid,
         MatmulBiasTanh,
         MatmulBiasGeluBf16,
+        MatmulBiasGeluBf16x3,
         BatchedMatmulBiasGeluBf16,
         MatmulBiasGeluFp8,
         MatmulBiasGeluF16,

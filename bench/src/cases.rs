@@ -8,7 +8,7 @@ use std::time::Duration;
 use pptm::chains::{
     AccuracyPipeline, BatchedMatmulBiasGeluBf16, BeliefUpdateStep, BeliefUpdateStepBf16,
     DistanceKth, GemvAxpbySum, GemvAxpbySumBf16, GemvAxpbySumFp8, GemvAxpbySumFp16, KlComplexity,
-    MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluFp8, TeReduction,
+    MatmulBiasGelu, MatmulBiasGeluBf16, MatmulBiasGeluBf16x3, MatmulBiasGeluFp8, TeReduction,
 };
 use pptm::{Chain, Runtime};
 
@@ -193,7 +193,8 @@ pub fn all() -> Vec<Case> {
         (1024, 1024, 1024),
         (4096, 4096, 4096),
     ]) {
-        cases.push(matmul_bias_gelu(size, m, k, n));
+        cases.push(matmul_bias_gelu(false, size, m, k, n));
+        cases.push(matmul_bias_gelu(true, size, m, k, n));
     }
     for (size, (m, k, n)) in SIZES.into_iter().zip([
         (64usize, 256usize, 256usize),
@@ -250,7 +251,7 @@ pub fn all() -> Vec<Case> {
 }
 
 /// The chains, as named in results, in report order.
-pub const CHAINS: [&str; 26] = [
+pub const CHAINS: [&str; 27] = [
     "kl_complexity",
     "accuracy_pipeline",
     "squared_residual",
@@ -272,6 +273,7 @@ pub const CHAINS: [&str; 26] = [
     "gemv_axpby_sum_fp8",
     "gemv_axpby_sum_fp16",
     "matmul_bias_gelu",
+    "matmul_bias_gelu_bf16x3",
     "matmul_bias_gelu_bf16",
     "matmul_bias_gelu_fp8",
     "batched_matmul_bias_gelu_bf16",
@@ -1032,11 +1034,18 @@ fn gemv_axpby_sum(storage: Storage, size: &'static str, n: usize) -> Case {
     }
 }
 
-/// matmul_bias_gelu in f32 on CUDA cores: gelu(A W + b), A m×k, W k×n, exact (erf) GELU.
-fn matmul_bias_gelu(size: &'static str, m: usize, k: usize, n: usize) -> Case {
+/// matmul_bias_gelu in f32: gelu(A W + b), A m×k, W k×n, exact (erf) GELU. On CUDA cores
+/// (MatmulBiasGelu), or with `bf16x3` on tensor cores at f32's accuracy (MatmulBiasGeluBf16x3,
+/// chain `matmul_bias_gelu_bf16x3`): the same f32 inputs and check.
+fn matmul_bias_gelu(bf16x3: bool, size: &'static str, m: usize, k: usize, n: usize) -> Case {
+    let (chain, domain) = if bf16x3 {
+        ("matmul_bias_gelu_bf16x3", MatmulBiasGeluBf16x3::DOMAIN.name)
+    } else {
+        ("matmul_bias_gelu", MatmulBiasGelu::DOMAIN.name)
+    };
     Case {
-        chain: "matmul_bias_gelu",
-        domain: MatmulBiasGelu::DOMAIN.name,
+        chain,
+        domain,
         size,
         shape: format!("{m}×{k}×{n} f32"),
         x: m as f64,
@@ -1050,7 +1059,11 @@ fn matmul_bias_gelu(size: &'static str, m: usize, k: usize, n: usize) -> Case {
             );
             let mut out = rt.alloc::<f32>(m * n)?;
             Ok(Box::new(move |read| {
-                let t = MatmulBiasGelu::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?;
+                let t = if bf16x3 {
+                    MatmulBiasGeluBf16x3::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?
+                } else {
+                    MatmulBiasGelu::submit(rt, &a, &w, &b, &mut out, m, k)?.wait_timed()?
+                };
                 vector(t.device, &out, read)
             }))
         }),

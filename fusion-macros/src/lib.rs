@@ -177,6 +177,9 @@ fn chain_items(c: &ChainItems) -> syn::Result<TokenStream2> {
             ArgKind::U32 => format!("`{}`, a u32 passed by value.", a.name),
             ArgKind::Len => format!("Size of dimension `{}`.", a.name),
             ArgKind::Guard => "The accuracy guard's level (the runtime fills it in).".to_string(),
+            ArgKind::Scratch => {
+                "Working memory the runtime lends the item (the runtime fills it in).".to_string()
+            }
         };
         quote! { #[doc = #doc] pub #f: u64 }
     });
@@ -238,7 +241,7 @@ fn chain_items(c: &ChainItems) -> syn::Result<TokenStream2> {
                 }
             }
             // Filled in by the runtime.
-            ArgKind::Guard => {}
+            ArgKind::Guard | ArgKind::Scratch => {}
         }
     }
     let output_ty = match ir.output {
@@ -483,7 +486,7 @@ fn expand_pipeline(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     }
                     quote! { ::pptm::PipeArg::Dim(#name, #f) }
                 }
-                ArgKind::Guard => continue,
+                ArgKind::Guard | ArgKind::Scratch => continue,
             };
             if fresh {
                 seen.push(bound.to_string());

@@ -60,6 +60,45 @@ __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_e18f6af5(const pptm_desc& d, 
     return PPTM_STATUS_OK;
 }
 
+// chain MatmulBiasGeluBf16x3: Matmul -> AddBias -> Gelu (Matmul pattern)
+// spec hash 0cb18f9798ffa921c415e97e5b0574e0a5dfd7fa242e9a778db62645838ca49f, opcode 0x0cb18f97
+struct pptm_env_0cb18f97 {
+    const float* a0;  // a
+    const float* a1;  // w
+    const float* a2;  // b
+    float* a3;  // out
+    uint64_t a4;  // m
+    uint64_t a5;  // k
+    uint64_t a6;  // n
+    void* a7;  // scratch
+    __device__ explicit pptm_env_0cb18f97(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<float*>(d.args[3])), a4(d.args[4]), a5(d.args[5]), a6(d.args[6]), a7(reinterpret_cast<void*>(d.args[7])) {}
+};
+struct pptm_epi_0cb18f97 {
+    pptm_env_0cb18f97 e;
+    static constexpr uint32_t col_loads = 1;
+    __device__ __forceinline__ void cols(uint64_t j, float (&c)[1]) const {
+        c[0] = pptm_ld_cg_f32(e.a2 + j);
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc, const float (&c)[1]) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, c[0]);
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
+    __device__ __forceinline__ float operator()(uint64_t i, uint64_t j, float acc) const {
+        [[maybe_unused]] const uint64_t at = i * e.a6 + j;
+        const float s1 = pptm_op_add_bias(acc, pptm_ld_cg_f32(e.a2 + j));
+        const float s2 = pptm_op_gelu(s1);
+        return s2;
+    }
+};
+__device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_0cb18f97(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_0cb18f97 e(d);
+    pptm_matmul_bf16x3<false>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_0cb18f97{e}, e.a3, b, e.a7);
+    partial = 0.0;
+    return PPTM_STATUS_OK;
+}
+
 // chain MatmulBiasGeluF16: Matmul -> AddBias -> Gelu (Matmul pattern)
 // spec hash 41eaba4d82cd9263d3c1fdf47e410b3c7e06b54a54aaa4124934764aecb86178, opcode 0x41eaba4d
 struct pptm_env_41eaba4d {
@@ -101,6 +140,7 @@ __device__ PPTM_WGMMA_RUN_INLINE uint32_t pptm_run_41eaba4d(const pptm_desc& d, 
 __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0xe18f6af5u: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluBf16
+    case 0x0cb18f97u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && ((d.args[7]) & 127ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluBf16x3
     case 0x41eaba4du: return ((d.args[0] | d.args[1]) & 1ull) == 0 && ((d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6]) < (1ull << 48);  // MatmulBiasGeluF16
     default: return true;
     }
@@ -109,6 +149,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
 __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     switch (d.opcode) {
     case 0xe18f6af5u: return pptm_run_e18f6af5(d, b, partial);  // MatmulBiasGeluBf16
+    case 0x0cb18f97u: return pptm_run_0cb18f97(d, b, partial);  // MatmulBiasGeluBf16x3
     case 0x41eaba4du: return pptm_run_41eaba4d(d, b, partial);  // MatmulBiasGeluF16
     default: partial = 0.0; return PPTM_STATUS_BAD_OPCODE;
     }
@@ -123,6 +164,7 @@ __device__ __forceinline__ double pptm_finish_variant(const pptm_desc& d, const 
 __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0xe18f6af5u: return true;  // MatmulBiasGeluBf16
+    case 0x0cb18f97u: return true;  // MatmulBiasGeluBf16x3
     case 0x41eaba4du: return true;  // MatmulBiasGeluF16
     default: return false;
     }
@@ -142,6 +184,37 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         switch (stage) {
         case 0: {  // Matmul
             pptm_matmul_mma<pptm_bf16>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b);
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 1: {  // AddBias
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s1 = pptm_op_add_bias(pptm_ld_cg_f32(scratch[0] + i), pptm_ld_cg_f32(e.a2 + col));
+                scratch[1][i] = s1;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        case 2: {  // Gelu
+            const uint64_t count = e.a4 * e.a6;
+            for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s2 = pptm_op_gelu(pptm_ld_cg_f32(scratch[1] + i));
+                e.a3[i] = s2;
+            }
+            partial = 0.0;
+            return PPTM_STATUS_OK;
+        }
+        default: return PPTM_STATUS_BAD_OPCODE;
+        }
+    }
+    case 0x0cb18f97u: {  // MatmulBiasGeluBf16x3
+        const pptm_env_0cb18f97 e(d);
+        switch (stage) {
+        case 0: {  // Matmul
+            pptm_matmul_bf16x3<false>(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_pass_acc{}, scratch[0], b, e.a7);
             partial = 0.0;
             return PPTM_STATUS_OK;
         }

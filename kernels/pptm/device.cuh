@@ -423,6 +423,45 @@ __device__ __forceinline__ void pptm_tick(const pptm_block_ctx&) {
     }
 }
 
+// Meeting points inside an item: every block of the item waits there until all have arrived, so a
+// pattern can run in phases (a bf16x3 product splits its operands into working memory, then
+// multiplies them). The blocks meet on the item's arrival counter (the manifold's per-item word, or
+// a plan step's), whose count the final arrival then expects (nblocks per meeting, plus the
+// arrivals): pptm_meets counts this block's meetings for that, and the arrival clears it. The word
+// is null where blocks cannot meet: a launched kernel's blocks need not all be resident at once,
+// so a pattern that would meet takes a path without (pptm_can_meet). Kept in shared memory, as
+// pptm_beat_word is, rather than in pptm_block_ctx. Thread 0 sets and reads them.
+__shared__ uint64_t* pptm_meet_word;
+__shared__ const uint64_t* pptm_abort_word;  // the manifold's abort flag: a meeting stops waiting
+__shared__ uint32_t pptm_meets;
+
+__device__ __forceinline__ bool pptm_can_meet(const pptm_block_ctx& b) { return b.nblocks == 1 || pptm_meet_word != nullptr; }
+
+// Every block of the item (b.nblocks) has reached this point, and what any thread of any of them
+// stored before it is visible to every thread after it, to the tensor memory accelerator's copies
+// too (the proxy fences: the blocks wrote with ordinary stores, TMA reads through the async proxy).
+// Every thread of every block of the item calls it, the same number of times.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PPTM_FENCE_PROXY_ASYNC_GLOBAL() asm volatile("fence.proxy.async.global;" ::: "memory")
+#else
+#define PPTM_FENCE_PROXY_ASYNC_GLOBAL() ((void)0)
+#endif
+__device__ __forceinline__ void pptm_item_meet(const pptm_block_ctx& b) {
+    PPTM_FENCE_PROXY_ASYNC_GLOBAL();
+    __syncthreads();
+    if (b.nblocks > 1 && threadIdx.x == 0) {
+        uint64_t* const w = pptm_meet_word;
+        const uint64_t target = (uint64_t)(++pptm_meets) * b.nblocks;
+        pptm_atom_add_acq_rel_gpu(w, 1ull);
+        for (uint32_t polls = 1; (uint32_t)pptm_ld_acquire_gpu(w) < target; ++polls) {
+            if (pptm_abort_word != nullptr && pptm_ld_relaxed_gpu(pptm_abort_word) != 0) break;
+            if ((polls & 1023u) == 0) pptm_tick(b);
+        }
+        PPTM_FENCE_PROXY_ASYNC_GLOBAL();
+    }
+    __syncthreads();
+}
+
 // Set when a stage declared `finite = true` computed a NaN or an infinity in this block's share of
 // the current item. Any thread may set it (an atomic OR); thread 0 reads and clears it after a
 // barrier, and the item's blocks combine theirs as they arrive (manifold.cuh).

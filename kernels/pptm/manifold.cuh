@@ -619,6 +619,7 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
         const pptm_block_ctx ctx = {me, blocks, sh.red};
         uint32_t status = PPTM_STATUS_BAD_OPCODE;
         double partial = 0.0;
+        if (threadIdx.x == 0) pptm_meet_word = &v.arrivals[k];
         PPTM_PLAN_CLOCK_PART(1);
         if (op >= PPTM_OP_FIRST_VARIANT)
             status = pptm_variant_args_ok(st.desc) ? pptm_run_variant(st.desc, ctx, partial) : PPTM_STATUS_BAD_ARGUMENT;
@@ -637,7 +638,8 @@ __device__ __noinline__ uint32_t pptm_run_plan(const pptm_manifold_params& P, pp
             } else {
                 v.partials[st.partials + me] = partial;
                 const uint64_t prior = pptm_atom_add_acq_rel_gpu(&v.arrivals[k], 1ull | ((uint64_t)bad << 32));
-                last = (uint32_t)prior == blocks - 1;
+                last = (uint32_t)prior == blocks * (pptm_meets + 1u) - 1u;  // meetings counted too
+                pptm_meets = 0u;
                 sh.last = last;
                 sh.nonfinite = bad | (uint32_t)(prior >> 32);
             }
@@ -717,6 +719,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         pptm_beat_last = PPTM_BEAT_DEVICE;
         pptm_nonfinite = 0u;
         pptm_paths = 0u;
+        pptm_abort_word = &S->abort;
+        pptm_meets = 0u;
     }
     for (uint64_t seq = 0;; ++seq) {
         pptm_compute_wait(P, sh, seq, nblocks, me);
@@ -745,6 +749,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
 
         uint32_t status = PPTM_STATUS_OK;
         double partial = 0.0;
+        if (threadIdx.x == 0) pptm_meet_word = &S->arrivals[seq % PPTM_STAGE_SLOTS];
         if (op >= PPTM_OP_FIRST_VARIANT) {
             PPTM_CLK(8);
             const bool args_ok = pptm_variant_args_ok(sh.desc);
@@ -794,7 +799,9 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             pptm_nonfinite = 0u;
             // A one-block item (a no-op, a small input) is trivially last: no atomic.
             const uint64_t prior = blocks == 1 ? 0 : pptm_atom_add_acq_rel_gpu(arrivals, 1ull | ((uint64_t)bad << 32));
-            sh.last = blocks == 1 || (uint32_t)prior == blocks - 1;
+            // Each meeting inside the item (pptm_item_meet) counted every block once already.
+            sh.last = blocks == 1 || (uint32_t)prior == blocks * (pptm_meets + 1u) - 1u;
+            pptm_meets = 0u;
             sh.nonfinite = bad | (uint32_t)(prior >> 32);
             // The last arriver other than block 0 loads block 0's start now (acquired by the
             // add above), so the load's round trip overlaps the finish and the fence instead of
@@ -911,6 +918,9 @@ __device__ __forceinline__ void pptm_launch_begin(pptm_loop_smem& sh, const pptm
         pptm_beat_last = 0;
         pptm_nonfinite = 0u;
         pptm_paths = 0u;
+        pptm_meet_word = nullptr;  // blocks of a launch need not be resident together: no meetings
+        pptm_abort_word = nullptr;
+        pptm_meets = 0u;
     }
     __syncthreads();
 }

@@ -286,7 +286,7 @@ fn run(item: HostItem) -> Result<Completion> {
             HostArg::Output(_) | HostArg::None => {
                 debug_assert!(matches!(
                     slot.kind,
-                    ArgKind::Len | ArgKind::Guard | ArgKind::Output
+                    ArgKind::Len | ArgKind::Guard | ArgKind::Scratch | ArgKind::Output
                 ));
                 EvalArg::None
             }

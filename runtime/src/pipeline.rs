@@ -474,7 +474,7 @@ impl<'p> Pipeline<'p> {
                     .into(),
             ));
         }
-        let writes: Vec<(usize, usize)> = written
+        let mut writes: Vec<(usize, usize)> = written
             .map(|w| (address(self.outputs[w]), self.outputs[w].len()))
             .into_iter()
             .collect();
@@ -554,7 +554,18 @@ impl<'p> Pipeline<'p> {
                     Err(()) => State::Skipped,
                 }
             }
-            Err(item) => self.record(C::NAME, item, &after)?,
+            Err(item) => {
+                // The manifold's working memory, which each item that uses it overwrites: such
+                // items follow each other as writers of one buffer do.
+                let mut after = after;
+                if let Some((a, len)) = item.scratch {
+                    if let Some(w) = self.access.get(&a).and_then(|acc| acc.writer) {
+                        after.push((w, len));
+                    }
+                    writes.push((a, len));
+                }
+                self.record(C::NAME, item, &after)?
+            }
         };
         let index = self.entries.len();
         self.entries.push(Entry {

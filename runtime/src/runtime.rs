@@ -108,6 +108,9 @@ pub(crate) struct PlannedItem {
     pub guard: Option<GuardNote>,
     /// For a chain of the map pattern, how its elements fall to blocks.
     pub tile: Option<Tile>,
+    /// The manifold's working memory the item uses (address, bytes): its pipeline orders it
+    /// after the earlier items that use the same, as a writer of that buffer.
+    pub scratch: Option<(usize, usize)>,
 }
 
 /// How a map-pattern item spreads its elements over blocks: two items with equal tiles give each
@@ -1548,6 +1551,12 @@ impl Runtime {
                 ))
             }
             route => {
+                // Working memory the manifold lends the item (a bf16x3 product's split
+                // operands); the launched variants lend none, and such a stage runs in f32.
+                let scratch = match (&route, ir.scratch(&sizes)) {
+                    (Route::Manifold(r), Some((_, bytes))) => r.manifold.scratch(bytes)?,
+                    _ => 0,
+                };
                 let mut words = C::Args::zeroed();
                 let desc_words: &mut [u64] =
                     bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
@@ -1556,6 +1565,7 @@ impl Runtime {
                     *word = match (arg, slot.kind) {
                         (_, ArgKind::Len) => sizes[slot.dim.expect("len slot")] as u64,
                         (_, ArgKind::Guard) => u64::from(level),
+                        (_, ArgKind::Scratch) => scratch,
                         (Some(Arg::Input(_, b)), _) => b.device_ptr(),
                         (Some(Arg::Output(_, b)), _) => b.device_ptr(),
                         (Some(Arg::F32(_, v)), _) => u64::from(v.to_bits()),
@@ -1590,6 +1600,10 @@ impl Runtime {
                             desc,
                             guard,
                             tile,
+                            scratch: ir
+                                .scratch(&sizes)
+                                .filter(|_| scratch != 0)
+                                .map(|(_, bytes)| (scratch as usize, bytes as usize)),
                         }))
                     }
                     Route::Manifold(r) => {
@@ -1696,7 +1710,7 @@ impl Runtime {
             .iter()
             .filter(|a| match a.kind {
                 ArgKind::Len => ir.dims[a.dim.expect("len")].inferred_from.is_none(),
-                ArgKind::Guard => false,
+                ArgKind::Guard | ArgKind::Scratch => false,
                 _ => true,
             })
             .collect();
@@ -1717,7 +1731,7 @@ impl Runtime {
         for slot in &ir.args {
             let filled_in = match slot.kind {
                 ArgKind::Len => ir.dims[slot.dim.expect("len")].inferred_from.is_some(),
-                ArgKind::Guard => true,
+                ArgKind::Guard | ArgKind::Scratch => true,
                 _ => false,
             };
             if filled_in {

@@ -16,13 +16,18 @@ pub enum Precision {
     Fp16,
     /// Matrix operands stored as fp8 E4M3.
     Fp8,
+    /// f32 matrix operands multiplied on bf16 tensor cores at about f32's accuracy: each operand
+    /// is split into a high and a low bf16 part (x = hi + lo to about 2^-17 of x) and the product
+    /// sums three bf16 products, hi·hi + lo·hi + hi·lo (a `Matmul` with `tensor_eligible = true`).
+    Bf16x3,
 }
 
 impl Precision {
     /// Every precision, widest first (the order the error message lists them in).
-    pub const ALL: [Precision; 5] = [
+    pub const ALL: [Precision; 6] = [
         Precision::Fp64,
         Precision::Fp32,
+        Precision::Bf16x3,
         Precision::Bf16,
         Precision::Fp16,
         Precision::Fp8,
@@ -36,6 +41,7 @@ impl Precision {
             Precision::Bf16 => "bf16",
             Precision::Fp16 => "fp16",
             Precision::Fp8 => "fp8",
+            Precision::Bf16x3 => "bf16x3",
         }
     }
 }

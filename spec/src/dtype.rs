@@ -57,7 +57,7 @@ impl DType {
             Precision::Bf16 => DType::Bf16,
             Precision::Fp16 => DType::F16,
             Precision::Fp8 => DType::F8E4M3,
-            Precision::Fp64 | Precision::Fp32 => DType::F32,
+            Precision::Fp64 | Precision::Fp32 | Precision::Bf16x3 => DType::F32,
         }
     }
 }

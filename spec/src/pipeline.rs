@@ -203,6 +203,17 @@ pub enum PipelineError {
         /// What is wrong, completing "`repeat` ...".
         reason: String,
     },
+    /// A step's chain has a `precision = "bf16x3"` product, whose split operands go to working
+    /// memory the runtime lends each item; a build-time pipeline's parts have none.
+    #[error(
+        "chain `{chain}` multiplies in bf16x3, which takes working memory the runtime lends an item; push it into a runtime pipeline (`rt.pipeline()`) instead"
+    )]
+    NeedsScratch {
+        /// The step's index in declaration order (what the derive macro points at).
+        step: usize,
+        /// The chain's name.
+        chain: String,
+    },
     /// A part, composed of steps that each lower alone, does not lower.
     #[error("the steps cannot run as declared: {error}")]
     Part {
@@ -224,6 +235,7 @@ impl PipelineError {
             PipelineError::UnknownChain { step, .. }
             | PipelineError::AmbiguousChain { step, .. }
             | PipelineError::InvalidChain { step, .. }
+            | PipelineError::NeedsScratch { step, .. }
             | PipelineError::Part { step, .. } => PipelineBlame::StepChain(step),
             PipelineError::BadRename { step, .. } | PipelineError::ArgConflict { step, .. } => {
                 PipelineBlame::StepAttr(step, "args")
@@ -327,6 +339,12 @@ pub fn compose<'c>(
             chain: st.chain.clone(),
             error,
         })?;
+        if ir.args.iter().any(|a| a.kind == ArgKind::Scratch) {
+            return Err(PipelineError::NeedsScratch {
+                step: i,
+                chain: st.chain.clone(),
+            });
+        }
         for (arg, _) in &st.args {
             let known = ir
                 .args

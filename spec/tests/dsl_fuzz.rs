@@ -1022,7 +1022,7 @@ fn check_bind(ir: &ChainIr, sub: &Submission) -> Result<(), TestCaseError> {
                     Some(_) => ArgValue::Inferred,
                     None => ArgValue::Dim(sizes[a.dim.expect("len slot")]),
                 },
-                ArgKind::Guard => ArgValue::Inferred,
+                ArgKind::Guard | ArgKind::Scratch => ArgValue::Inferred,
             };
             if fault == 2 {
                 faulty = true;
@@ -1329,7 +1329,7 @@ fn regression_coordinate_counts_that_overflow_are_a_bind_error() {
                     Some(_) => ArgValue::Inferred,
                     None => ArgValue::Dim(0),
                 },
-                (ArgKind::Guard, _) => ArgValue::Inferred,
+                (ArgKind::Guard | ArgKind::Scratch, _) => ArgValue::Inferred,
             })
             .collect()
     };

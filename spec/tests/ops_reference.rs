@@ -99,7 +99,7 @@ fn eval(ir: &ChainIr, args: &Args) -> Evaluated {
                 }
                 eval_args.push(EvalArg::None);
             }
-            ArgKind::Guard => {
+            ArgKind::Guard | ArgKind::Scratch => {
                 values.push(ArgValue::Inferred);
                 eval_args.push(EvalArg::None);
             }

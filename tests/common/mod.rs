@@ -121,7 +121,7 @@ pub fn gpu() -> Option<&'static Runtime> {
     // kernels too).
     let max_sms = matches!(
         env!("CARGO_CRATE_NAME"),
-        "tensor_core" | "batched_matmul" | "precision_fp8"
+        "tensor_core" | "batched_matmul" | "precision_fp8" | "bf16x3"
     )
     .then_some(TENSOR_BINARY_SMS);
     GPU.get_or_init(|| {

@@ -193,6 +193,49 @@ pub fn promoted_matmul(
     ran.check();
 }
 
+/// gelu(A W + b) with f32 operands and `precision = "bf16x3"` (tests/bf16x3.rs) through `submit`,
+/// on the same terms as [`tensor_core_matmul`] (1e-4 of the terms' magnitude against f64): shapes
+/// too small for Hopper's wgmma (f32 on CUDA cores), and shapes it takes with every edge partial:
+/// m, n and k odd, k not a multiple of the 64 a slice holds, n not a multiple of 8 (the split
+/// operands are padded), a long k.
+pub fn bf16x3_matmul(
+    rt: &Runtime,
+    submit: impl for<'a> Fn(
+        &Runtime,
+        &'a Buffer<f32>,
+        &'a Buffer<f32>,
+        &'a Buffer<f32>,
+        &'a mut Buffer<f32>,
+        usize,
+        usize,
+    ) -> Result<Ticket<'a, ()>, Error>,
+) {
+    let shapes = [
+        (1, 1, 1),
+        (7, 7, 7),
+        (17, 100, 130),
+        (300, 1000, 260),
+        (1023, 517, 1023),
+        (1000, 1040, 272),
+        (130, 4096, 512),
+        (64, 8192, 33),
+    ];
+    let mut ran = PathsSeen::new(rt, "bf16x3");
+    for (m, k, n) in shapes {
+        ran.add(check_products(
+            rt,
+            "bf16x3",
+            |x| x,
+            1,
+            m,
+            k,
+            n,
+            |rt, a, w, b, out| submit(rt, a, w, b, out, m, k),
+        ));
+    }
+    ran.check();
+}
+
 /// gelu(A[s] W[s] + b) for a batch of products, on the same terms as [`tensor_core_matmul`].
 pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
     // (batch, m, k, n): one product and a few; many single-tile products (more tiles than the
@@ -240,6 +283,8 @@ pub fn batched_matmul<T: BatchedOperand>(rt: &Runtime) {
 /// it on sm_90 (and nowhere else).
 struct PathsSeen {
     name: &'static str,
+    /// Whether the runtime is persistent (the launched variants lend no working memory).
+    persistent: bool,
     /// The GPU's compute capability; `None` on the CPU backend, where nothing is checked.
     cc: Option<(u32, u32)>,
     seen: Vec<ProductPaths>,
@@ -249,6 +294,7 @@ impl PathsSeen {
     fn new(rt: &Runtime, name: &'static str) -> Self {
         PathsSeen {
             name,
+            persistent: rt.config().variant == pptm::Variant::Fused,
             cc: rt.gpu_info().map(|g| g.compute_capability),
             seen: Vec::new(),
         }
@@ -263,6 +309,39 @@ impl PathsSeen {
         let name = self.name;
         let hopper = cc == (9, 0);
         let any = |f: fn(ProductPaths) -> bool| self.seen.iter().any(|&p| f(p));
+        if name == "bf16x3" {
+            // Hopper's wgmma for the shapes it takes; f32 on CUDA cores for the rest, and off
+            // Hopper. Never mma.sync. (The launched variants lend no working memory: all f32.)
+            assert!(
+                !any(|p| p.mma_sync() || p.wgmma_fp8()),
+                "{name}: a product ran on mma.sync or fp8: {:?}",
+                self.seen
+            );
+            assert!(
+                any(ProductPaths::cuda_cores),
+                "{name}: no shape ran on CUDA cores: {:?}",
+                self.seen
+            );
+            assert_eq!(
+                any(ProductPaths::wgmma),
+                hopper && self.persistent,
+                "{name} on sm_{}{} ({}): wgmma {} (paths reported: {:?})",
+                cc.0,
+                cc.1,
+                if self.persistent {
+                    "persistent"
+                } else {
+                    "launched"
+                },
+                if hopper && self.persistent {
+                    "never ran"
+                } else {
+                    "ran"
+                },
+                self.seen
+            );
+            return;
+        }
         if name == "f32" {
             assert!(
                 !any(|p| !p.cuda_cores()),

@@ -206,6 +206,20 @@ pub(super) fn matmul_call(c: &ChainIr, st: &StageIr, args: &str) -> String {
             "partial = pptm_matmul_guarded<{elem}>({args}, {tol:e}f, {});",
             field(slot)
         ),
+        // f32 operands split into bf16 halves in the runtime's scratch, three products on
+        // Hopper's wgmma; f32 on CUDA cores where there is no scratch or no wgmma.
+        (true, _, _) if st.precision == Precision::Bf16x3 => {
+            let scratch = c
+                .args
+                .iter()
+                .position(|a| a.kind == ArgKind::Scratch)
+                .expect("a bf16x3 chain has a scratch slot");
+            format!(
+                "pptm_matmul_bf16x3<{}>({args}, {});\n    partial = 0.0;",
+                st.promoted,
+                field(scratch)
+            )
+        }
         // `accumulate = "promoted"`: the wgmma path adds each 512 of k into f32 sums.
         (true, _, _) if st.promoted => {
             format!("pptm_matmul_mma<{elem}, true>({args});\n    partial = 0.0;")

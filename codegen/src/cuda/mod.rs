@@ -153,10 +153,11 @@ pub fn hopper_tensor(c: &&ChainIr) -> bool {
         s.tensor
             && is_matmul(s.op)
             && s.tolerance.is_none()
-            && matches!(
-                DType::matrix_storage(s.precision),
-                DType::Bf16 | DType::F16 | DType::F8E4M3
-            )
+            && (s.precision == Precision::Bf16x3
+                || matches!(
+                    DType::matrix_storage(s.precision),
+                    DType::Bf16 | DType::F16 | DType::F8E4M3
+                ))
     })
 }
 
@@ -443,6 +444,11 @@ fn device_checks(c: &ChainIr) -> Vec<String> {
                 .entry(4)
                 .or_default()
                 .push(format!("d.args[{slot}]")),
+            // The runtime lends it 128-byte aligned (a tensor map's base), or 0.
+            ArgKind::Scratch => by_align
+                .entry(128)
+                .or_default()
+                .push(format!("d.args[{slot}]")),
             ArgKind::Len => lens.push(format!("d.args[{slot}]")),
             ArgKind::F32 | ArgKind::U32 | ArgKind::Guard => {}
         }
@@ -499,6 +505,10 @@ fn variant(out: &mut String, c: &ChainIr) {
                 ("uint32_t".to_string(), format!("(uint32_t)d.args[{slot}]"))
             }
             ArgKind::Len => ("uint64_t".to_string(), format!("d.args[{slot}]")),
+            ArgKind::Scratch => (
+                "void*".to_string(),
+                format!("reinterpret_cast<void*>(d.args[{slot}])"),
+            ),
         };
         let _ = writeln!(out, "    {ty} a{slot};  // {}", a.name);
         init.push(format!("a{slot}({value})"));

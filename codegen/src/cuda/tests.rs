@@ -483,3 +483,33 @@ fn a_promoted_product_asks_the_pattern_for_promoted_sums() {
     let plain = domain_source("inference", &[lower(&s).unwrap()]);
     assert!(plain.contains("pptm_matmul_mma<pptm_bf16>("), "{plain}");
 }
+
+#[test]
+fn a_bf16x3_product_hands_the_pattern_its_working_memory() {
+    let mut s = spec("Split", &["Matmul"]);
+    s.stages[0].tensor_eligible = Some(true);
+    s.stages[0].precision = Some(pptm_spec::Precision::Bf16x3);
+    let ir = lower(&s).unwrap();
+    let slot = ir
+        .args
+        .iter()
+        .position(|a| a.kind == pptm_spec::ArgKind::Scratch)
+        .unwrap();
+    let src = domain_source("inference", std::slice::from_ref(&ir));
+    assert!(
+        src.contains(&format!("void* a{slot};  // scratch")),
+        "{src}"
+    );
+    assert!(
+        src.contains(&format!(", b, e.a{slot});")) && src.contains("pptm_matmul_bf16x3<false>("),
+        "{src}"
+    );
+    // The device checks its alignment (128 bytes) with the other pointers'.
+    assert!(
+        src.contains(&format!("d.args[{slot}]) & 127ull) == 0")),
+        "{src}"
+    );
+    s.stages[0].promoted = Some(true);
+    let src = domain_source("inference", &[lower(&s).unwrap()]);
+    assert!(src.contains("pptm_matmul_bf16x3<true>("), "{src}");
+}

@@ -467,6 +467,88 @@ __device__ __forceinline__ void pptm_matmul_mma(const S* A, const S* W, uint64_t
         pptm_matmul_mma_tiled<T, 64, 64, 32, 4>(A, W, m, k, n, epi, out, b);
 }
 
+// ---- f32 operands in three bf16 products (`precision = "bf16x3"`) ----------------------------------
+//
+// Each f32 operand x splits into hi = bf16(x) and lo = bf16(x - hi) (x - hi is exact in f32): hi + lo
+// is x to about 2^-17 of |x|. The product sums A_hi W_hi + A_lo W_hi + A_hi W_lo; the missing A_lo W_lo
+// is about 2^-18 of each term. So every term is within about 2^-16 of its f32 value, and the sums
+// are f32 (wgmma's, truncated at each k16 step; `accumulate = "promoted"` rounds them to nearest
+// every 512 of k).
+//
+// In two phases on the item's blocks, which meet between them (pptm_item_meet): the blocks write
+// the halves into the runtime's working memory (ChainIr::scratch gives its layout and size), then
+// multiply them as one wgmma product over 3k (pptm_matmul_wgmma_tiled's SPLIT3). Where there is no
+// working memory, no meeting (a launched kernel) or no wgmma (not Hopper, or outside
+// pptm_wgmma_fits), the product runs in f32 on CUDA cores: the same accuracy or better.
+
+// Splits 4 consecutive values into 4 hi and 4 lo bf16 (8 bytes each).
+__device__ __forceinline__ void pptm_split4(const float (&x)[4], uint2& hi, uint2& lo) {
+    float r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = x[e] - pptm_round_to<pptm_bf16>(x[e]);
+    hi = make_uint2(pptm_pack2<pptm_bf16>(x[0], x[1]), pptm_pack2<pptm_bf16>(x[2], x[3]));
+    lo = make_uint2(pptm_pack2<pptm_bf16>(r[0], r[1]), pptm_pack2<pptm_bf16>(r[2], r[3]));
+}
+
+// The rows x cols f32 matrix src (row-major, ld = cols) into its hi half at dst and its lo half at
+// dst + lo_at (bf16 elements): drows rows dpitch apart (zero past rows) of dcols values (dcols >=
+// cols, a multiple of 4; zero past cols). This block's share, 4 values a thread a step, grid-stride.
+template <class I>
+__device__ __forceinline__ void pptm_split_rows(const float* src, uint64_t rows, uint64_t cols, uint16_t* dst, uint64_t drows, uint64_t dcols,
+                                                uint64_t dpitch, uint64_t lo_at, const pptm_block_ctx& b) {
+    const I groups = (I)(dcols / 4), total = (I)drows * groups;
+    const bool vec = cols % 4 == 0 && pptm_aligned16(src);
+    const I stride = (I)b.nblocks * PPTM_BLOCK_THREADS;
+    for (I g = (I)b.block * PPTM_BLOCK_THREADS + threadIdx.x; g < total; g += stride) {
+        const I r = g / groups;
+        const uint64_t c = (uint64_t)(g - r * groups) * 4;
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if ((uint64_t)r < rows) {
+            const float* p = src + (uint64_t)r * cols + c;
+            if (vec && c < cols) {
+                const pptm_f4 v = pptm_ld_cg_f4(p);
+                x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (c + e < cols) x[e] = pptm_ld_cg_f32(p + e);
+            }
+        }
+        uint2 hi, lo;
+        pptm_split4(x, hi, lo);
+        uint16_t* const d = dst + (uint64_t)r * dpitch + c;
+        *reinterpret_cast<uint2*>(d) = hi;
+        *reinterpret_cast<uint2*>(d + lo_at) = lo;
+    }
+}
+
+template <bool PROMOTE, class Epi>
+__device__ __forceinline__ void pptm_matmul_bf16x3(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
+                                                   float* out, const pptm_block_ctx& b, void* scratch) {
+#ifdef PPTM_WGMMA
+    const uint64_t kp = (k + 63) & ~63ull, np = (n + 7) & ~7ull;
+    uint16_t* const a2 = reinterpret_cast<uint16_t*>(scratch);
+    uint16_t* const w2 = a2 + ((m * 2 * kp * 2 + 127) & ~127ull) / 2;  // ChainIr::scratch's layout
+    if (scratch != nullptr && pptm_can_meet(b) && pptm_wgmma_fits(a2, w2, m, 3 * kp, np)) {
+        // A: m rows of [hi | lo], 2 kp wide. W: 2 kp rows ([hi ; lo]), np wide.
+        if (m * kp / 4 < (1ull << 32) && kp * np / 4 < (1ull << 32)) {
+            pptm_split_rows<uint32_t>(A, m, k, a2, m, kp, 2 * kp, kp, b);
+            pptm_split_rows<uint32_t>(W, k, n, w2, kp, np, np, kp * np, b);
+        } else {
+            pptm_split_rows<uint64_t>(A, m, k, a2, m, kp, 2 * kp, kp, b);
+            pptm_split_rows<uint64_t>(W, k, n, w2, kp, np, np, kp * np, b);
+        }
+        pptm_item_meet(b);
+        pptm_took_path(PPTM_PATH_WGMMA);
+        pptm_matmul_wgmma<pptm_bf16, PROMOTE, true>(reinterpret_cast<const pptm_bf16*>(a2), reinterpret_cast<const pptm_bf16*>(w2), m, kp, n, epi,
+                                                    out, b);
+        return;
+    }
+#endif
+    (void)scratch;
+    pptm_matmul(A, W, m, k, n, epi, out, b);
+}
+
 // Batched products on tensor cores (pptm_matmul_batched in pattern/linear.cuh says what they
 // are): on Hopper, products of 128 x 128 outputs or more by wgmma (pattern/wgmma.cuh); the rest by
 // mma.sync, the tile size chosen from the whole batch's tiles, as the host's block request

@@ -350,9 +350,16 @@ __device__ __forceinline__ void pptm_wg_tile(uint32_t t, uint32_t tiles_n, uint3
 // accumulators are added into f32 sums (`sum`, rounded to nearest) and cleared every PROMOTE
 // slices and at the tile's end, as the fp8 path does every slice. The sums double the
 // registers of the accumulators: 128 x 128 tiles only (R = 32).
-template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, uint32_t KS = 1, uint32_t PROMOTE = 0, class Epi>
+//
+// SPLIT3 (`precision = "bf16x3"`, pptm_matmul_bf16x3 in pattern/mma.cuh): A is the m x 2k matrix
+// [A_hi | A_lo] and W the 2k x n' one [W_hi ; W_lo] (k a multiple of the slice, n' = n rounded up
+// to 8, zero past n), and the product runs over 3k: its slices take A_hi W_hi, then A_lo W_hi,
+// then A_hi W_lo, into the same accumulators (the fourth, A_lo W_lo, is below f32's rounding).
+template <class T, uint32_t BM, uint32_t BN, bool BATCHED = false, uint32_t KS = 1, uint32_t PROMOTE = 0, bool SPLIT3 = false,
+          class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                         float* out, const pptm_block_ctx& b, uint32_t batch = 1) {
+    static_assert(!(SPLIT3 && BATCHED), "wgmma: a split product is not batched");
     constexpr uint32_t WGM = BM / 64, WGN = 4 / (WGM * KS);  // the warpgroups' grid over the tile
     constexpr uint32_t N = BN / WGN, R = N / 2;            // a warpgroup's columns, a thread's accumulators
     constexpr uint32_t A_BYTES = BM * PPTM_WG_BK * 2, STAGE_BYTES = A_BYTES + BN * PPTM_WG_BK * 2;
@@ -386,8 +393,13 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         // Generic-proxy writes to these bytes (an earlier pattern's) come before TMA's.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
-    if (warp == 0)
-        pptm_tmap_build(2 * pptm_wg_type<T>::index, 2 * pptm_wg_type<T>::index + 1, 2, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps, slot);
+    if (warp == 0) {
+        if constexpr (SPLIT3)
+            pptm_tmap_build(2 * pptm_wg_type<T>::index, 2 * pptm_wg_type<T>::index + 1, 2, A, m, 2 * k, W, 2 * k, (n + 7) & ~7ull, maps, slot);
+        else
+            pptm_tmap_build(2 * pptm_wg_type<T>::index, 2 * pptm_wg_type<T>::index + 1, 2, A, BATCHED ? batch * m : m, k, W, BATCHED ? batch * k : k, n, maps,
+                            slot);
+    }
     __syncthreads();
 
     // 32-bit counts (pptm_wgmma_fits bounds them): a 64-bit division is a function call, and a
@@ -395,7 +407,8 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
     const uint32_t tiles_m = (uint32_t)(m / BM + (m % BM != 0)), tiles_n = (uint32_t)(n / BN + (n % BN != 0));
     const uint32_t per_product = tiles_m * tiles_n;
     const uint32_t tiles = BATCHED ? per_product * batch : per_product;
-    const uint32_t ktiles = (uint32_t)(k / PPTM_WG_BK + (k % PPTM_WG_BK != 0));
+    const uint32_t kslices = (uint32_t)(k / PPTM_WG_BK + (k % PPTM_WG_BK != 0));  // of one split part
+    const uint32_t ktiles = SPLIT3 ? 3 * kslices : kslices;
     const uint32_t mine = b.block < tiles ? (tiles - b.block + b.nblocks - 1) / b.nblocks : 0;
     const uint32_t total = mine * ktiles;  // this block's slices, over all its tiles
 
@@ -408,7 +421,14 @@ __device__ __forceinline__ void pptm_matmul_wgmma_tiled(const T* A, const T* W, 
         const uint32_t prod = BATCHED ? tile / per_product : 0;  // its product
         pptm_wg_tile(tile - prod * per_product, tiles_n, ti, tj);
         const int32_t i0 = (int32_t)(prod * (uint32_t)m + ti * BM), j0 = (int32_t)(tj * BN);
-        const int32_t k0 = (int32_t)(p % ktiles * PPTM_WG_BK), kw0 = (int32_t)(prod * (uint32_t)k) + k0;
+        int32_t k0 = (int32_t)(p % ktiles * PPTM_WG_BK), kw0 = (int32_t)(prod * (uint32_t)k) + k0;
+        if constexpr (SPLIT3) {
+            // Part 0: A_hi W_hi, 1: A_lo W_hi, 2: A_hi W_lo; the lo halves start k into A's rows
+            // and k rows into W.
+            const uint32_t kt = p % ktiles, part = kt / kslices, at = (kt - part * kslices) * PPTM_WG_BK;
+            k0 = (int32_t)(at + (part == 1 ? (uint32_t)k : 0u));
+            kw0 = (int32_t)(at + (part == 2 ? (uint32_t)k : 0u));
+        }
         const uint32_t dst = smem0 + s * STAGE_BYTES, bar = full0 + 8 * s;
         pptm_mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
@@ -548,25 +568,27 @@ __device__ __forceinline__ uint32_t pptm_wg_cost(uint64_t m, uint64_t n, uint32_
 // PROMOTE (`accumulate = "promoted"`): 128 x 128 tiles whose accumulators are added into f32 sums
 // every 8 slices (512 of k), the only shape with registers for the sums. A k of 512 or less is
 // one such run: the accumulators are the sums already, and the tile is chosen as without.
-template <class T, bool PROMOTE = false, class Epi>
+//
+// SPLIT3: a bf16x3 product's split operands (pptm_matmul_wgmma_tiled), k one part's.
+template <class T, bool PROMOTE = false, bool SPLIT3 = false, class Epi>
 __device__ __forceinline__ void pptm_matmul_wgmma(const T* A, const T* W, uint64_t m, uint64_t k, uint64_t n, const Epi& epi,
                                                   float* out, const pptm_block_ctx& b) {
     if constexpr (PROMOTE) {
-        if (k > 8 * PPTM_WG_BK) {
-            pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 8>(A, W, m, k, n, epi, out, b);
+        if ((SPLIT3 ? 3 * k : k) > 8 * PPTM_WG_BK) {
+            pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 8, SPLIT3>(A, W, m, k, n, epi, out, b);
             return;
         }
     }
     const uint32_t large = pptm_wg_cost(m, n, 256, 192, 20, b.nblocks), wide = pptm_wg_cost(m, n, 256, 128, 16, b.nblocks);
     const uint32_t square = pptm_wg_cost(m, n, 128, 128, 13, b.nblocks), split = pptm_wg_cost(m, n, 128, 64, 10, b.nblocks);
     if (large <= wide && large <= square && large <= split)
-        pptm_matmul_wgmma_tiled<T, 256, 192, false, 1>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 256, 192, false, 1, 0, SPLIT3>(A, W, m, k, n, epi, out, b);
     else if (wide <= square && wide <= split)
-        pptm_matmul_wgmma_tiled<T, 256, 128, false, 1>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 256, 128, false, 1, 0, SPLIT3>(A, W, m, k, n, epi, out, b);
     else if (square <= split)
-        pptm_matmul_wgmma_tiled<T, 128, 128, false, 1>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 128, 128, false, 1, 0, SPLIT3>(A, W, m, k, n, epi, out, b);
     else
-        pptm_matmul_wgmma_tiled<T, 128, 64, false, 2>(A, W, m, k, n, epi, out, b);
+        pptm_matmul_wgmma_tiled<T, 128, 64, false, 2, 0, SPLIT3>(A, W, m, k, n, epi, out, b);
 }
 
 template <class T, class Epi>

@@ -126,6 +126,27 @@ impl ChainIr {
         Some((s, st.tolerance?, slot))
     }
 
+    /// The descriptor slot of the runtime's working memory ([`ArgKind::Scratch`]), and the
+    /// bytes an item of these dimension sizes needs there: a `precision = "bf16x3"` product's
+    /// split operands. None for a chain without such a stage.
+    ///
+    /// The layout (kernels/pptm/pattern/wgmma.cuh, `pptm_matmul_bf16x3`): with k rounded up to a
+    /// multiple of 64 (kp) and n to a multiple of 8 (np), A's halves as one bf16 matrix of m rows
+    /// of 2 kp values (hi, then lo, zero past k), then, 128-byte aligned, W's as one of 2 kp rows
+    /// (hi rows, then lo rows, zero past k) of np values (zero past n).
+    pub fn scratch(&self, sizes: &[usize]) -> Option<(usize, u64)> {
+        let slot = self.args.iter().position(|a| a.kind == ArgKind::Scratch)?;
+        let st = self
+            .stages
+            .iter()
+            .find(|st| st.precision == crate::Precision::Bf16x3)?;
+        let dim = |l: &str| st.dim(l).map_or(0, |d| sizes.get(d).copied().unwrap_or(0)) as u64;
+        let (m, k, n) = (dim("m"), dim("k"), dim("n"));
+        let (kp, np) = (k.div_ceil(64) * 64, n.div_ceil(8) * 8);
+        let a = (m * 2 * kp * 2).div_ceil(128) * 128;
+        Some((slot, a + 2 * kp * np * 2))
+    }
+
     /// The reduction that ends the chain's pass, if any.
     pub fn reduction(&self) -> Option<&StageIr> {
         self.plan.reduction.map(|r| &self.stages[r])
@@ -168,7 +189,7 @@ impl ChainIr {
                 ArgKind::Input | ArgKind::Output => matches!(v, ArgValue::Buffer(_)),
                 ArgKind::F32 => matches!(v, ArgValue::F32(_)),
                 ArgKind::U32 => matches!(v, ArgValue::U32(_)),
-                ArgKind::Guard => matches!(v, ArgValue::Inferred),
+                ArgKind::Guard | ArgKind::Scratch => matches!(v, ArgValue::Inferred),
                 ArgKind::Len => {
                     let inferred = self.dims[a.dim.expect("len slot")].inferred_from.is_some();
                     matches!(
@@ -183,6 +204,7 @@ impl ChainIr {
                     ArgKind::F32 => "an f32",
                     ArgKind::U32 => "a u32",
                     ArgKind::Guard => "nothing (the runtime fills in the guard level)",
+                    ArgKind::Scratch => "nothing (the runtime lends the working memory)",
                     ArgKind::Len if self.dims[a.dim.unwrap()].inferred_from.is_some() => {
                         "nothing (the size comes from a buffer)"
                     }

@@ -33,6 +33,11 @@ pub enum ArgKind {
     /// in the next precision up when the check fails; 1 runs the next precision up at once (the
     /// shape fell back before). Present when a stage declares `tolerance`.
     Guard,
+    /// Device address of working memory the runtime lends the item (never a `submit`
+    /// parameter), at least [`ChainIr::scratch_bytes`] long; 0 where it lends none (the launched
+    /// variants), and the stage then runs in f32 on CUDA cores. Present when a stage is a
+    /// `precision = "bf16x3"` product: its operands' bf16 halves go there.
+    Scratch,
 }
 
 /// One argument word of the chain's descriptor, in order.

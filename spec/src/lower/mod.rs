@@ -692,6 +692,16 @@ pub fn lower_with(spec: &ChainSpec, extra: &[&'static OpDef]) -> Result<ChainIr,
             channels: 1,
         });
     }
+    if stages.iter().any(|s| s.precision == Precision::Bf16x3) {
+        args.push(ArgSlot {
+            name: "scratch".into(),
+            kind: ArgKind::Scratch,
+            shape: vec![],
+            dim: None,
+            dtype: DType::F32,
+            channels: 1,
+        });
+    }
     if stages.iter().any(|s| s.tolerance.is_some()) {
         args.push(ArgSlot {
             name: "guard_level".into(),

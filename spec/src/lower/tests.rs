@@ -1213,3 +1213,55 @@ fn promoted_accumulation_is_for_tensor_core_products() {
         );
     }
 }
+
+#[test]
+fn bf16x3_is_a_tensor_core_matmul_with_working_memory() {
+    let with = |op: &str, tensor: Option<bool>, tolerance: Option<f64>| {
+        let mut st = stage(1, op);
+        st.tensor_eligible = tensor;
+        st.precision = Some(crate::Precision::Bf16x3);
+        st.tolerance = tolerance.map(crate::Tolerance);
+        lower(&chain(vec![st]))
+    };
+    let ir = with("Matmul", Some(true), None).unwrap();
+    // f32 operands, and a slot the runtime fills with its working memory: not a parameter.
+    assert!(
+        ir.args
+            .iter()
+            .filter(|a| a.kind == ArgKind::Input)
+            .all(|a| a.dtype == DType::F32)
+    );
+    let slot = ir.args.iter().position(|a| a.kind == ArgKind::Scratch);
+    assert!(slot.is_some(), "{:?}", ir.args);
+    // m = 3, k = 65, n = 9: k padded to 128, n to 16; A's halves 3 x 256 bf16 (1536 bytes, a
+    // multiple of 128), W's 256 x 16 bf16.
+    let st = &ir.stages[0];
+    let mut sizes = vec![0; ir.dims.len()];
+    for (l, v) in [("m", 3), ("k", 65), ("n", 9)] {
+        sizes[st.dim(l).unwrap()] = v;
+    }
+    assert_eq!(
+        ir.scratch(&sizes),
+        Some((slot.unwrap(), 1536 + 256 * 16 * 2))
+    );
+    // Not on CUDA cores (a tensor-core precision), not on other ops, not guarded.
+    let e = with("Matmul", None, None).unwrap_err().to_string();
+    assert!(e.contains("bf16x3") && e.contains("tensor"), "{e}");
+    let e = with("Gemv", Some(true), None).unwrap_err().to_string();
+    assert!(e.contains("bf16x3"), "{e}");
+    let e = with("BatchedMatmul", Some(true), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bf16x3"), "{e}");
+    let e = with("Matmul", Some(true), Some(1e-2))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tolerance") || e.contains("guards"), "{e}");
+    // A chain without such a stage lends nothing.
+    let mut plain = stage(1, "Matmul");
+    plain.tensor_eligible = Some(true);
+    plain.precision = Some(crate::Precision::Bf16);
+    let ir = lower(&chain(vec![plain])).unwrap();
+    assert!(ir.args.iter().all(|a| a.kind != ArgKind::Scratch));
+    assert_eq!(ir.scratch(&vec![4; ir.dims.len()]), None);
+}

@@ -102,9 +102,15 @@ pub const GEMV_T: OpDef = OpDef {
 
 /// `A W`: A is m×k, W is k×n, both row-major; the result is m×n. f32 on CUDA cores; with
 /// `tensor_eligible = true`, bf16, fp16 or fp8 (E4M3: widened to fp16 as staged for mma.sync, or
-/// as they are on Hopper's e4m3 wgmma) operands on tensor cores (f32 accumulation, f32 output).
+/// as they are on Hopper's e4m3 wgmma) operands on tensor cores (f32 accumulation, f32 output),
+/// or f32 operands as three bf16 products (bf16x3, pattern/mma.cuh's pptm_matmul_bf16x3).
 pub const MATMUL: OpDef = OpDef {
-    tensor_precisions: &[Precision::Bf16, Precision::Fp16, Precision::Fp8],
+    tensor_precisions: &[
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Fp8,
+        Precision::Bf16x3,
+    ],
     lanes: 1,
     ..output_fusable(
         Anchor::Matmul,
@@ -123,11 +129,11 @@ pub const MATMUL: OpDef = OpDef {
 /// `A[s] W[s]` for every s < batch: `batch` independent products of one shape (the many small
 /// GEMMs of attention heads, experts, or a batch of small models), stacked one after another in
 /// A (batch×m×k), W (batch×k×n) and the result (batch×m×n). A bias after it (AddBias) is one per
-/// column, shared by every product. Precisions as [`MATMUL`]; the tensor-core path is mma.sync
-/// (no wgmma: its products are small by intent), its tiles numbered across the whole batch so
-/// that small products still fill the GPU.
+/// column, shared by every product. Precisions as [`MATMUL`] but bf16x3; the tensor-core path is
+/// mma.sync (no wgmma: its products are small by intent), its tiles numbered across the whole
+/// batch so that small products still fill the GPU.
 pub const BATCHED_MATMUL: OpDef = OpDef {
-    tensor_precisions: MATMUL.tensor_precisions,
+    tensor_precisions: &[Precision::Bf16, Precision::Fp16, Precision::Fp8],
     lanes: 1,
     ..output_fusable(
         Anchor::BatchedMatmul,
