@@ -49,7 +49,7 @@ struct pptm_epi_6d3b0291 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_6d3b0291(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_6d3b0291(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6d3b0291 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_6d3b0291{e}, pptm_epi_6d3b0291{e}, e.a2, b);
     return PPTM_STATUS_OK;

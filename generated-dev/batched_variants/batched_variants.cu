@@ -93,7 +93,7 @@ struct pptm_epi_bdcd5798 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_bdcd5798(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_bdcd5798(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_bdcd5798 e(d);
     pptm_matmul_batched(e.a4, e.a0, e.a1, e.a5, e.a6, e.a7, pptm_epi_bdcd5798{e}, e.a3, b);
     partial = 0.0;

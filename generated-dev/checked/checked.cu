@@ -62,7 +62,7 @@ struct pptm_epi_4ff01d9a {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_4ff01d9a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_4ff01d9a(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_4ff01d9a e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_4ff01d9a{e}, pptm_epi_4ff01d9a{e}, e.a6, b);
     return PPTM_STATUS_OK;
@@ -159,7 +159,7 @@ struct pptm_epi_49fd9d1c {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_49fd9d1c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_49fd9d1c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_49fd9d1c e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_49fd9d1c{e}, pptm_epi_49fd9d1c{e}, e.a6, b);
     return PPTM_STATUS_OK;

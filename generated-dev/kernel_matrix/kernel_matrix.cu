@@ -150,7 +150,7 @@ struct pptm_epi_1f6f1a46 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1f6f1a46(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1f6f1a46(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1f6f1a46 e(d);
     pptm_matmul(e.a0, e.a1, e.a3, e.a4, e.a5, pptm_epi_1f6f1a46{e}, e.a2, b);
     partial = 0.0;
@@ -186,7 +186,7 @@ struct pptm_epi_6412bdaf {
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_6412bdaf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_6412bdaf(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6412bdaf e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_6412bdaf{e}, e.a3, b);
     partial = 0.0;

@@ -62,7 +62,7 @@ struct pptm_epi_26bd0a1d {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_26bd0a1d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_26bd0a1d(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_26bd0a1d e(d);
     partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a9, e.a8, pptm_pro_26bd0a1d{e}, pptm_epi_26bd0a1d{e}, nullptr, b);
     return PPTM_STATUS_OK;

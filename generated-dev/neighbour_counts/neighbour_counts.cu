@@ -41,7 +41,7 @@ struct pptm_epi_8d3fc308 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_8d3fc308(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_8d3fc308(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_8d3fc308 e(d);
     partial = pptm_pairwise_rows<pptm_no_reducer>(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_8d3fc308{e}, e.a4, b);
     return PPTM_STATUS_OK;

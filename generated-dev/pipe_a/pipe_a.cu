@@ -260,7 +260,7 @@ struct pptm_epi_1ab6bc14 {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1ab6bc14(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1ab6bc14(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1ab6bc14 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a6, e.a12, e.a11, pptm_pro_1ab6bc14{e}, pptm_epi_1ab6bc14{e}, e.a10, b);
     return PPTM_STATUS_OK;
@@ -295,7 +295,7 @@ struct pptm_epi_bd3506f7 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_bd3506f7(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_bd3506f7(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_bd3506f7 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_bd3506f7{e}, pptm_epi_bd3506f7{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -330,7 +330,7 @@ struct pptm_epi_087e7583 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_087e7583(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_087e7583(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_087e7583 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_087e7583{e}, pptm_epi_087e7583{e}, e.a2, b);
     return PPTM_STATUS_OK;

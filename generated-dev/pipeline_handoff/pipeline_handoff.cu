@@ -50,7 +50,7 @@ struct pptm_epi_0dbfb940 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_0dbfb940(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_0dbfb940(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_0dbfb940 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_0dbfb940{e}, pptm_epi_0dbfb940{e}, e.a2, b);
     return PPTM_STATUS_OK;

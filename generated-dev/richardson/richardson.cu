@@ -55,7 +55,7 @@ struct pptm_epi_ac9f74fe {
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_ac9f74fe(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_ac9f74fe(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_ac9f74fe e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a7, e.a6, pptm_pro_ac9f74fe{e}, pptm_epi_ac9f74fe{e}, e.a5, b);
     return PPTM_STATUS_OK;

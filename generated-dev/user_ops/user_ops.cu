@@ -242,7 +242,7 @@ struct pptm_epi_bd1de27c {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_bd1de27c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_bd1de27c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_bd1de27c e(d);
     partial = pptm_gemv_n<pptm_user_log_sum_exp_reducer>(e.a1, e.a3, e.a2, pptm_pro_bd1de27c{e}, pptm_epi_bd1de27c{e}, nullptr, b);
     return PPTM_STATUS_OK;
@@ -293,7 +293,7 @@ struct pptm_epi_455aa585 {
         return v[0];
     }
 };
-__device__ __noinline__ uint32_t pptm_run_455aa585(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_455aa585(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_455aa585 e(d);
     partial = pptm_pairwise_rows<pptm_no_reducer>(e.a2, pptm_op_chebyshev{e.a0, (uint32_t)e.a3}, pptm_row_fold<pptm_user_smallest_reducer>{}, pptm_epi_455aa585{e}, e.a1, b);
     return PPTM_STATUS_OK;
@@ -368,7 +368,7 @@ struct pptm_epi_68a67ff8 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_68a67ff8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_68a67ff8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_68a67ff8 e(d);
     partial = pptm_pairwise_rows<pptm_op_sum_reduction_reducer>(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, pptm_row_fold<pptm_user_log_sum_exp_reducer>{}, pptm_epi_68a67ff8{e}, nullptr, b);
     return PPTM_STATUS_OK;
@@ -537,7 +537,7 @@ struct pptm_epi_1d63f6ff {
         return v[0];
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1d63f6ff(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1d63f6ff(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1d63f6ff e(d);
     partial = pptm_pairwise_rows<pptm_op_max_reduction_reducer>(e.a1, pptm_op_chebyshev{e.a0, (uint32_t)e.a2}, pptm_row_fold<pptm_op_mean_reduction_reducer>{}, pptm_epi_1d63f6ff{e}, nullptr, b);
     return PPTM_STATUS_OK;

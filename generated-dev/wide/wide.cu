@@ -60,7 +60,7 @@ struct pptm_epi_1f0d4a55 {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1f0d4a55(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1f0d4a55(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1f0d4a55 e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_1f0d4a55{e}, pptm_epi_1f0d4a55{e}, e.a6, b);
     return PPTM_STATUS_OK;
@@ -157,7 +157,7 @@ struct pptm_epi_b0042c30 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_b0042c30(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_b0042c30(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_b0042c30 e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_b0042c30{e}, e.a3, b);
     partial = 0.0;
@@ -195,7 +195,7 @@ struct pptm_epi_cd0232fe {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_cd0232fe(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_cd0232fe(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_cd0232fe e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_cd0232fe{e}, e.a3, b);
     partial = 0.0;

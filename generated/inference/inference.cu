@@ -88,7 +88,7 @@ struct pptm_epi_6a371d48 {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_6a371d48(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_6a371d48(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6a371d48 e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_6a371d48{e}, pptm_epi_6a371d48{e}, e.a6, b);
     return PPTM_STATUS_OK;

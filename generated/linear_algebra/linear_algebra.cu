@@ -57,7 +57,7 @@ struct pptm_epi_91e20aba {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_91e20aba(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_91e20aba(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_91e20aba e(d);
     partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_91e20aba{e}, pptm_epi_91e20aba{e}, nullptr, b);
     return PPTM_STATUS_OK;
@@ -261,7 +261,7 @@ struct pptm_epi_646fa6db {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_646fa6db(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_646fa6db(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_646fa6db e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_646fa6db{e}, e.a3, b);
     partial = 0.0;
@@ -340,7 +340,7 @@ struct pptm_epi_bf989ba0 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_bf989ba0(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_bf989ba0(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_bf989ba0 e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_bf989ba0{e}, e.a3, b);
     partial = 0.0;
@@ -378,7 +378,7 @@ struct pptm_epi_9e9087e3 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_9e9087e3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_9e9087e3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_9e9087e3 e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_9e9087e3{e}, e.a3, b);
     partial = 0.0;
@@ -416,7 +416,7 @@ struct pptm_epi_1156234b {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1156234b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1156234b(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1156234b e(d);
     pptm_matmul(e.a0, e.a1, e.a4, e.a5, e.a6, pptm_epi_1156234b{e}, e.a3, b);
     partial = 0.0;

@@ -58,7 +58,7 @@ struct pptm_epi_0ab817e7 {
         return s3;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_0ab817e7(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_0ab817e7(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_0ab817e7 e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a3, e.a7, e.a8, pptm_pro_0ab817e7{e}, pptm_epi_0ab817e7{e}, e.a6, b);
     return PPTM_STATUS_OK;
@@ -99,7 +99,7 @@ struct pptm_epi_407aedf3 {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_407aedf3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_407aedf3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_407aedf3 e(d);
     partial = pptm_gemv_n<pptm_op_sum_reduction_reducer>(e.a1, e.a6, e.a5, pptm_pro_407aedf3{e}, pptm_epi_407aedf3{e}, nullptr, b);
     return PPTM_STATUS_OK;
@@ -139,7 +139,7 @@ struct pptm_epi_39b6e9b5 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_39b6e9b5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_39b6e9b5(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_39b6e9b5 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_39b6e9b5{e}, pptm_epi_39b6e9b5{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -174,7 +174,7 @@ struct pptm_epi_90d729cb {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_90d729cb(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_90d729cb(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_90d729cb e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a1, e.a3, e.a4, pptm_pro_90d729cb{e}, pptm_epi_90d729cb{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -209,7 +209,7 @@ struct pptm_epi_a561a4b3 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_a561a4b3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_a561a4b3(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_a561a4b3 e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a1, e.a3, e.a4, pptm_pro_a561a4b3{e}, pptm_epi_a561a4b3{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -244,7 +244,7 @@ struct pptm_epi_eedb887c {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_eedb887c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_eedb887c(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_eedb887c e(d);
     partial = pptm_gemv_t<pptm_no_reducer>(e.a1, e.a3, e.a4, pptm_pro_eedb887c{e}, pptm_epi_eedb887c{e}, e.a2, b);
     return PPTM_STATUS_OK;

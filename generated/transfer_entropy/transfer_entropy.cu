@@ -37,7 +37,7 @@ struct pptm_epi_a3516b63 {
         return v[0];
     }
 };
-__device__ __noinline__ uint32_t pptm_run_a3516b63(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_a3516b63(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_a3516b63 e(d);
     partial = pptm_pairwise_rows<pptm_no_reducer>(e.a3, pptm_op_chebyshev{e.a0, (uint32_t)e.a4}, pptm_op_kth_smallest{e.a1}, pptm_epi_a3516b63{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -64,7 +64,7 @@ struct pptm_epi_d886a50f {
         return s2;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_d886a50f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_d886a50f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_d886a50f e(d);
     partial = pptm_pairwise_rows<pptm_op_mean_reduction_reducer>(e.a5, pptm_op_subspace_distances{e.a0, e.a1, e.a2, (uint32_t)e.a6, (uint32_t)e.a7, (uint32_t)e.a8}, pptm_op_radius_count<3>{e.a3}, pptm_epi_d886a50f{e}, nullptr, b);
     return PPTM_STATUS_OK;

@@ -49,7 +49,7 @@ struct pptm_epi_94973fa8 {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_94973fa8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_94973fa8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_94973fa8 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_94973fa8{e}, pptm_epi_94973fa8{e}, e.a2, b);
     return PPTM_STATUS_OK;

@@ -536,23 +536,23 @@ fn variant(out: &mut String, c: &ChainIr) {
         Pattern::Pairwise => pairwise::pairwise(out, c),
     };
 
-    // Every variant is compiled as a function of its own, so that each gets the kernel's 64
-    // registers to itself: inlined into the manifold's dispatch switch, a variant's loop shares one
-    // register allocation with every other variant of the domain and inherits their spills. A
-    // streaming (Map) variant inlined beside GEMV-T fell from 4.0 to 3.2 TB/s (kl_complexity at
-    // 2^26, H200). The matrix patterns: the linear_algebra manifold, all inlined, spilled 1416
-    // bytes (ptxas -v, sm_90), and its GEMV read 16384^2 at 3.2 TB/s where the same pattern alone
-    // at 64 registers reads 3.84 (bench/probes/gemv_bulk_probe.cu). A tensor-core matmul holds 32
-    // accumulators a thread, which inlined would reshape the f32 patterns' allocation. Except on
-    // the Hopper path
+    // A streaming (Map) variant is compiled as a function of its own: inlined into the manifold's
+    // dispatch switch, its loop shared one register allocation with the domain's matrix patterns
+    // and inherited their spills (kl_complexity at 2^26 fell from 4.0 to 3.2 TB/s on an H200 when
+    // GEMV-T grew). The f32 matrix patterns stay inlined: as calls they ran up to 1.6x slower. A
+    // tensor-core matmul is a function of its own too: it holds 32 accumulators a thread, and
+    // inlined beside the f32 patterns it would reshape their register allocation (adding the small
+    // f32 matmul path cost gemv_axpby_sum 16384^2 5%). Except on the Hopper path
     // (PPTM_WGMMA_RUN_INLINE, kernels/pptm/device.cuh): ptxas serializes every wgmma of a kernel
     // whose wgmma pipeline crosses a function boundary (its C7510 notice), which took the 8192^3
     // matmul from 626 to 447 TFLOP/s on an H100.
     let tensor = plan.anchor.is_some_and(|a| c.stages[a].tensor);
     let inline = if tensor && hopper_tensor(&c) {
         "PPTM_WGMMA_RUN_INLINE"
-    } else {
+    } else if matches!(plan.pattern, Pattern::Map | Pattern::Rows) || tensor {
         "__noinline__"
+    } else {
+        "__forceinline__"
     };
     let _ = writeln!(
         out,

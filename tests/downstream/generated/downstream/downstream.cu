@@ -295,7 +295,7 @@ struct pptm_epi_8c7d565f {
         return acc;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_8c7d565f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_8c7d565f(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_8c7d565f e(d);
     partial = pptm_gemv_n<pptm_user_log_sum_exp_reducer>(e.a1, e.a3, e.a2, pptm_pro_8c7d565f{e}, pptm_epi_8c7d565f{e}, nullptr, b);
     return PPTM_STATUS_OK;
@@ -396,7 +396,7 @@ struct pptm_epi_1a49f4e6 {
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_1a49f4e6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_1a49f4e6(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_1a49f4e6 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a4, e.a3, pptm_pro_1a49f4e6{e}, pptm_epi_1a49f4e6{e}, e.a2, b);
     return PPTM_STATUS_OK;
@@ -460,7 +460,7 @@ struct pptm_epi_6fa76f28 {
         return s1;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_6fa76f28(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+__device__ __forceinline__ uint32_t pptm_run_6fa76f28(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
     const pptm_env_6fa76f28 e(d);
     partial = pptm_gemv_n<pptm_no_reducer>(e.a1, e.a5, e.a4, pptm_pro_6fa76f28{e}, pptm_epi_6fa76f28{e}, e.a3, b);
     return PPTM_STATUS_OK;
