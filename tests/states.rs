@@ -506,12 +506,20 @@ fn ops_loop_over_a_table(rt: &Runtime) {
         }
         submitted.unwrap().wait().unwrap();
         let got = Osc::unflatten(&out.to_vec().unwrap()).unwrap();
+        // The force has a cutoff: an anchor within f32's rounding of `reach` may count on one
+        // side and not on the other, and the element then rightly differs by a whole term
+        // (seen once in 4099 elements, 1.7e-2 off). Such elements are left out of the
+        // comparison: those whose f64 path passes within 1e-4 of the cutoff, a few in a
+        // thousand.
+        let mut ambiguous = 0;
         for i in 0..n {
             let mut st = (f64::from(s[i].x as f32), f64::from(s[i].v as f32));
+            let mut closest = f64::INFINITY;
             for _ in 0..12 {
                 let mut force = 0.0;
                 for j in 0..anchors_n {
                     let d = f64::from(anchors[2 * j]) - st.0;
+                    closest = closest.min((d.abs() - f64::from(reach)).abs());
                     if d.abs() < f64::from(reach) {
                         force += f64::from(anchors[2 * j + 1]) * d;
                     }
@@ -519,8 +527,16 @@ fn ops_loop_over_a_table(rt: &Runtime) {
                 let v = st.1 + f64::from(dt) * force;
                 st = (st.0 + f64::from(dt) * v, v);
             }
+            if closest < 1e-4 {
+                ambiguous += 1;
+                continue;
+            }
             assert_state_close(&got[i], st, 2e-5, &format!("pulled {i} of {n}"));
         }
+        assert!(
+            ambiguous <= n / 50 + 1,
+            "{ambiguous} of {n} elements pass within 1e-4 of the cutoff: too few compared"
+        );
     }
 }
 
