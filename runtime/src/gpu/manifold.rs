@@ -344,6 +344,7 @@ impl Manifold {
             .ok()
             .and_then(|b| {
                 b.max(last.saturating_mul(2))
+                    .max(1 << 20)
                     .checked_next_multiple_of(1 << 20)
             })
             .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;

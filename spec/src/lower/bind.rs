@@ -143,8 +143,12 @@ impl ChainIr {
         let dim = |l: &str| st.dim(l).map_or(0, |d| sizes.get(d).copied().unwrap_or(0)) as u64;
         let (m, k, n) = (dim("m"), dim("k"), dim("n"));
         let (kp, np) = (k.div_ceil(64) * 64, n.div_ceil(8) * 8);
-        let a = (m * 2 * kp * 2).div_ceil(128) * 128;
-        Some((slot, a + 2 * kp * np * 2))
+        // Saturating: sizes near MAX_DIM overflow 64 bits, and no allocation of that size exists.
+        let a = m.saturating_mul(4 * kp).div_ceil(128).saturating_mul(128);
+        Some((
+            slot,
+            a.saturating_add(kp.saturating_mul(np).saturating_mul(4)),
+        ))
     }
 
     /// The reduction that ends the chain's pass, if any.
