@@ -1553,10 +1553,13 @@ impl Runtime {
             route => {
                 // Working memory the manifold lends the item (a bf16x3 product's split
                 // operands); the launched variants lend none, and such a stage runs in f32.
-                let scratch = match (&route, ir.scratch(&sizes)) {
-                    (Route::Manifold(r), Some((_, bytes))) => r.manifold.scratch(bytes)?,
-                    _ => 0,
+                let lent = match (&route, ir.scratch(&sizes)) {
+                    (Route::Manifold(r), Some((_, bytes))) => {
+                        Some((r.manifold.scratch(bytes)?, bytes))
+                    }
+                    _ => None,
                 };
+                let scratch = lent.map_or(0, |(address, _)| address);
                 let mut words = C::Args::zeroed();
                 let desc_words: &mut [u64] =
                     bytemuck::cast_slice_mut(bytemuck::bytes_of_mut(&mut words));
@@ -1600,10 +1603,8 @@ impl Runtime {
                             desc,
                             guard,
                             tile,
-                            scratch: ir
-                                .scratch(&sizes)
-                                .filter(|_| scratch != 0)
-                                .map(|(_, bytes)| (scratch as usize, bytes as usize)),
+                            scratch: lent
+                                .map(|(address, bytes)| (address as usize, bytes as usize)),
                         }))
                     }
                     Route::Manifold(r) => {
