@@ -135,20 +135,7 @@ pub fn tensor_core_matmul<T: Operand>(rt: &Runtime) {
         (1280, 136, 1240),
         (3072, 16, 4224),
     ];
-    let mut ran = PathsSeen::new(rt, T::NAME);
-    for (m, k, n) in shapes {
-        ran.add(check_products(
-            rt,
-            T::NAME,
-            T::from_f32,
-            1,
-            m,
-            k,
-            n,
-            |rt, a, w, b, out| T::submit(rt, a, w, b, out, m, k),
-        ));
-    }
-    ran.check();
+    single_products(rt, T::NAME, T::NAME, T::from_f32, &shapes, T::submit);
 }
 
 /// gelu(A W + b) with bf16 operands and `accumulate = "promoted"` (tests/promoted_accumulation.rs)
@@ -177,20 +164,14 @@ pub fn promoted_matmul(
         (130, 4096, 512),
         (512, 8192, 384),
     ];
-    let mut ran = PathsSeen::new(rt, "bf16");
-    for (m, k, n) in shapes {
-        ran.add(check_products(
-            rt,
-            "bf16 promoted",
-            pptm::bf16::from_f32,
-            1,
-            m,
-            k,
-            n,
-            |rt, a, w, b, out| submit(rt, a, w, b, out, m, k),
-        ));
-    }
-    ran.check();
+    single_products(
+        rt,
+        "bf16",
+        "bf16 promoted",
+        pptm::bf16::from_f32,
+        &shapes,
+        submit,
+    );
 }
 
 /// gelu(A W + b) with f32 operands and `precision = "bf16x3"` (tests/bf16x3.rs) through `submit`,
@@ -220,12 +201,33 @@ pub fn bf16x3_matmul(
         (130, 4096, 512),
         (64, 8192, 33),
     ];
-    let mut ran = PathsSeen::new(rt, "bf16x3");
-    for (m, k, n) in shapes {
+    single_products(rt, "bf16x3", "bf16x3", |x| x, &shapes, submit);
+}
+
+/// One product of each of `shapes` (m, k, n) through `submit`, each checked by [`check_products`]
+/// (named `label` in failures), then the paths they took by [`PathsSeen`] under `paths`' rules.
+fn single_products<T: Element>(
+    rt: &Runtime,
+    paths: &'static str,
+    label: &str,
+    from_f32: fn(f32) -> T,
+    shapes: &[(usize, usize, usize)],
+    submit: impl for<'a> Fn(
+        &Runtime,
+        &'a Buffer<T>,
+        &'a Buffer<T>,
+        &'a Buffer<f32>,
+        &'a mut Buffer<f32>,
+        usize,
+        usize,
+    ) -> Result<Ticket<'a, ()>, Error>,
+) {
+    let mut ran = PathsSeen::new(rt, paths);
+    for &(m, k, n) in shapes {
         ran.add(check_products(
             rt,
-            "bf16x3",
-            |x| x,
+            label,
+            from_f32,
             1,
             m,
             k,
