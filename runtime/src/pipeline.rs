@@ -555,7 +555,7 @@ impl<'p> Pipeline<'p> {
                 }
             }
             Err(item) => {
-                // The manifold's working memory, which each item that uses it overwrites: such
+                // The domain's working memory, which each item that uses it overwrites: such
                 // items follow each other as writers of one buffer do.
                 let mut after = after;
                 if let Some((a, len)) = item.scratch {

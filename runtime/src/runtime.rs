@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::gpu::abi::{PPTM_OP_NOOP, pptm_desc};
 use crate::gpu::manifold::Gates;
 use crate::gpu::signals::Signals;
-use crate::gpu::{Device, Launcher, Manifold};
+use crate::gpu::{Device, Launcher, Manifold, WorkingMemory};
 use crate::guard::{GuardBook, GuardNote, GuardStats};
 use crate::host_pool::{HostBuffer, HostPool, HostPoolStats};
 use crate::ticket::Ticket;
@@ -108,7 +108,7 @@ pub(crate) struct PlannedItem {
     pub guard: Option<GuardNote>,
     /// For a chain of the map pattern, how its elements fall to blocks.
     pub tile: Option<Tile>,
-    /// The manifold's working memory the item uses (address, bytes): its pipeline orders it
+    /// The domain's working memory the item uses (address, bytes): its pipeline orders it
     /// after the earlier items that use the same, as a writer of that buffer.
     pub scratch: Option<(usize, usize)>,
 }
@@ -297,6 +297,8 @@ enum Backend {
         signals: Arc<Signals>,
         /// Application stream points every later item follows ([`Runtime::wait_for_stream`]).
         gates: Gates,
+        /// Memory lent to items (a bf16x3 product's split operands), by domain (gpu/working.rs).
+        working: Box<WorkingMemory>,
     },
 }
 
@@ -655,6 +657,7 @@ impl Runtime {
             config,
             host_pool,
             backend: Backend::Gpu {
+                working: Box::new(WorkingMemory::new(device.clone())),
                 device,
                 fleet,
                 parker,
@@ -1553,9 +1556,9 @@ impl Runtime {
             route => {
                 // Working memory the manifold lends the item (a bf16x3 product's split
                 // operands); the launched variants lend none, and such a stage runs in f32.
-                let lent = match (&route, ir.scratch(&sizes)) {
-                    (Route::Manifold(r), Some((_, bytes))) => {
-                        Some((r.manifold.scratch(bytes)?, bytes))
+                let lent = match (&route, ir.scratch(&sizes), &self.backend) {
+                    (Route::Manifold(_), Some((_, bytes)), Backend::Gpu { working, .. }) => {
+                        Some((working.lend(C::DOMAIN.key, bytes)?, bytes))
                     }
                     _ => None,
                 };

@@ -47,9 +47,6 @@ struct DeviceState {
     ptr: sys::CUdeviceptr,
     /// The device plan arena (gpu/plan.rs); 0 when none was allocated.
     plan: sys::CUdeviceptr,
-    /// Working memory lent to items (`Manifold::scratch`), each allocation with its size, the
-    /// largest last.
-    scratch: Mutex<Vec<(sys::CUdeviceptr, usize)>>,
     leak: AtomicBool,
 }
 
@@ -59,10 +56,6 @@ impl Drop for DeviceState {
             self.device.free(self.ptr);
             if self.plan != 0 {
                 self.device.free(self.plan);
-            }
-            let scratch = self.scratch.get_mut().unwrap_or_else(|e| e.into_inner());
-            for &(ptr, _) in scratch.iter() {
-                self.device.free(ptr);
             }
         }
     }
@@ -201,7 +194,6 @@ impl Manifold {
             device: device.clone(),
             ptr: device.alloc(state_bytes, 0)?,
             plan: 0,
-            scratch: Mutex::new(Vec::new()),
             leak: AtomicBool::new(false),
         };
         state.plan = device.alloc(plan_bytes, 0)?;
@@ -324,33 +316,6 @@ impl Manifold {
 
     fn life(&self) -> Life {
         self.life.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The device address of at least `bytes` of working memory for an item (a bf16x3 product's
-    /// split operands, `ChainIr::scratch`), 256-byte aligned. The manifold runs its items one at
-    /// a time, so they share it; a pipeline orders the plan steps that use it like writers of one
-    /// buffer. It only grows: an item in flight may still use a smaller allocation, so each stays
-    /// until the manifold is dropped, and each new one at least doubles the last (all of them
-    /// together under twice the largest).
-    pub fn scratch(&self, bytes: u64) -> Result<u64> {
-        let mut held = self.state.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let last = held.last().map_or(0, |&(_, len)| len);
-        if let Some(&(ptr, len)) = held.last()
-            && len as u64 >= bytes
-        {
-            return Ok(ptr);
-        }
-        let want = usize::try_from(bytes)
-            .ok()
-            .and_then(|b| {
-                b.max(last.saturating_mul(2))
-                    .max(1 << 20)
-                    .checked_next_multiple_of(1 << 20)
-            })
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
-        let ptr = self.device.alloc(want, 0)?;
-        held.push((ptr, want));
-        Ok(ptr)
     }
 
     /// Whether the kernel left after an abort, so a new manifold may take its place.

@@ -14,8 +14,10 @@ pub(crate) mod queue;
 mod queue_loom;
 pub(crate) mod signals;
 pub(crate) mod watcher;
+pub(crate) mod working;
 
 pub(crate) use driver::Device;
 pub(crate) use launched::Launcher;
 pub(crate) use manifold::Manifold;
 pub(crate) use queue::{Cell, Failure};
+pub(crate) use working::WorkingMemory;
