@@ -1100,6 +1100,25 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_that_borrows_working_memory_is_refused() {
+        // A bf16x3 product takes working memory the runtime lends each item: not in a part.
+        let e = compose_in(
+            r#"
+            #[derive(FusionBuilder)]
+            #[fusion(domain = "t")]
+            struct Split { #[stage(1, tensor_eligible = true, precision = "bf16x3")] p: Matmul }
+            #[derive(Pipeline)]
+            struct P { #[step(1)] s: Split }"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("bf16x3") && e.contains("runtime pipeline"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn repeated_steps_run_in_one_pass() {
         let p = compose_in(&format!(
             r#"{CHAINS}
