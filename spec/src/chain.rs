@@ -187,6 +187,6 @@ mod tests {
     #[test]
     fn precisions_display_as_their_names() {
         let shown: Vec<String> = Precision::ALL.iter().map(|p| p.to_string()).collect();
-        assert_eq!(shown, ["fp64", "fp32", "bf16", "fp16", "fp8"]);
+        assert_eq!(shown, ["fp64", "fp32", "bf16x3", "bf16", "fp16", "fp8"]);
     }
 }

@@ -92,10 +92,11 @@ mod tests {
             .into_iter()
             .map(DType::matrix_storage)
             .collect();
-        // fp64, fp32, bf16, fp16, fp8.
+        // fp64, fp32, bf16x3 (f32 operands, split on the device), bf16, fp16, fp8.
         assert_eq!(
             storage,
             [
+                DType::F32,
                 DType::F32,
                 DType::F32,
                 DType::Bf16,
