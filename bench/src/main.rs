@@ -34,6 +34,7 @@ mod own_ops;
 mod record;
 mod report;
 mod roof;
+mod throughput;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -101,7 +102,12 @@ impl Options {
             }
         }
         let mut known = cases::CHAINS.to_vec();
-        for c in [cublas::CHAIN, cublas::BATCHED_CHAIN, roof::CHAIN] {
+        for c in [
+            cublas::CHAIN,
+            cublas::BATCHED_CHAIN,
+            roof::CHAIN,
+            throughput::CHAIN,
+        ] {
             if !known.contains(&c) {
                 known.push(c);
             }
@@ -314,8 +320,10 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     let all = cases::all();
     let cases: Vec<&Case> = all.iter().filter(|c| o.wants(c.chain, c.size)).collect();
     let dispatch = o.wants("dispatch", "-");
+    let throughput = o.wants(throughput::CHAIN, "-");
     let total = cases.len() * (1 + LAUNCHED.len())
         + if dispatch { 5 } else { 0 }
+        + if throughput { throughput::count() } else { 0 }
         + cublas::count(|chain, size| o.wants(chain, size))
         + roof::count(|chain, size| o.wants(chain, size));
     let progress = ProgressBar::new(total as u64).with_style(
@@ -355,7 +363,7 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     let mut expects: Vec<Option<Expect>> = cases.iter().map(|_| None).collect();
     let mut domains: Vec<&str> = cases.iter().map(|c| c.domain).collect();
     domains.dedup();
-    if dispatch && !domains.contains(&KlComplexity::DOMAIN.name) {
+    if (dispatch || throughput) && !domains.contains(&KlComplexity::DOMAIN.name) {
         domains.insert(0, KlComplexity::DOMAIN.name);
     }
     for domain in domains {
@@ -387,6 +395,10 @@ fn bench(o: &Options) -> Result<(), BoxError> {
                 let expect = expects[i].as_ref().expect("computed above");
                 measure(cases[i], expect, &rt, name, &budget, &mut out);
             }
+        }
+        // Many small items from many threads, side by side and in order (runtimes of their own).
+        if throughput && domain == KlComplexity::DOMAIN.name {
+            throughput::run(o.quick, &mut out)?;
         }
         let rt = Runtime::gpu()?;
         if dispatch && domain == KlComplexity::DOMAIN.name {

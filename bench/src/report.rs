@@ -175,6 +175,67 @@ fn bytes_of(m: &Measurement) -> Option<f64> {
 /// "Against the roofs": each memory-bound chain's pptm rate as a share of the copy roof of its
 /// size (src/roof.rs, the faster of the two copies), host-visible and on the device; each
 /// product's TFLOP/s as a share of the device's peak.
+/// Items per second of many small independent items (src/throughput.rs), side by side and in
+/// order, and the no-op item's latency against the mapped-memory round trip of the same run.
+fn throughput(files: &[(PathBuf, Results)], s: &mut String) {
+    let ms: Vec<&Measurement> = files
+        .iter()
+        .flat_map(|(_, r)| &r.results)
+        .filter(|m| m.chain == crate::throughput::CHAIN)
+        .collect();
+    if ms.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Many small items: throughput\n");
+    let _ = writeln!(
+        s,
+        "Items per second over whole bursts (the median burst; p99 in brackets), every thread \
+         keeping its window of tickets in flight. `side by side`: independent items start on free \
+         blocks while earlier ones run (`Config::side_by_side`, the default); `in order`: one at \
+         a time.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| items | side by side, items/s | in order, items/s | side by side / in order |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|");
+    let mut shapes: Vec<&str> = ms.iter().map(|m| m.shape.as_str()).collect();
+    shapes.dedup();
+    let rate = |m: &Measurement| 1e6 / m.host_us.median;
+    for shape in shapes {
+        let find = |v: &str| ms.iter().find(|m| m.shape == shape && m.variant == v);
+        let cell = |m: Option<&&Measurement>| {
+            m.map_or("-".into(), |m| {
+                format!("{:.0} ({:.0})", rate(m), 1e6 / m.host_us.p99)
+            })
+        };
+        let (a, b) = (find("side by side"), find("in order"));
+        let ratio = match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}×", rate(a) / rate(b)),
+            _ => "-".into(),
+        };
+        let _ = writeln!(s, "| {shape} | {} | {} | {ratio} |", cell(a), cell(b));
+    }
+    let floor = |name: &str| {
+        files
+            .iter()
+            .flat_map(|(_, r)| &r.results)
+            .find(|m| m.chain == "dispatch" && m.variant.starts_with(name))
+            .map(|m| m.host_us.median)
+    };
+    if let (Some(noop), Some(trip)) = (
+        floor(&format!("no-op item: {PERSISTENT}")),
+        floor("floor: mapped-memory round trip"),
+    ) {
+        let _ = writeln!(
+            s,
+            "\nOne no-op item, submitted and waited for alone: {noop:.2} µs, {:.2}× the \
+             mapped-memory round trip of the same run ({trip:.2} µs).",
+            noop / trip
+        );
+    }
+}
+
 fn roofs(files: &[(PathBuf, Results)], s: &mut String) {
     let copies = table(files, crate::roof::CHAIN);
     // The roof of a size: the highest rate among the copies, host-visible and device.
@@ -368,6 +429,7 @@ fn markdown(files: &[(PathBuf, Results)]) -> String {
     }
 
     roofs(files, &mut s);
+    throughput(files, &mut s);
 
     // Per chain: every variant and peer.
     let _ = writeln!(s, "\n## Every variant, chain by chain\n");

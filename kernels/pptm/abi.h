@@ -22,18 +22,36 @@
  *     0..5 carry status, opcode, the low and high halves of the f64 result, the item's device
  *     time and its product paths, tagged.
  *   Flow control: the host reuses slot s & (N-1) for item s only after it has read the completion
- *     of item s - N. The device completes items in order and reads an item before it completes it,
- *     so neither side can overrun the other.
+ *     of item s - N. The device reads an item before it completes it, so neither side can overrun
+ *     the other; completions may arrive out of order (independent items, below), each in its own
+ *     entry.
  *
- * Inside the grid (kernels/pptm/manifold.cuh): the grid is `compute blocks + 1`. The last block is
- *   the fetcher: it polls the SQ and copies ready descriptors, tagged again, into the stage ring in
- *   device memory; it never computes, so PCIe latency stays off the compute path. An item runs on
- *   compute blocks 0 .. blocks-1 (pptm_desc.blocks: a no-op or a small input needs one block, a
- *   large input all of them). Items run in order: item seq starts once `completed == seq`. Each
- *   participating block arrives on arrivals[seq % STAGE_SLOTS]; the last one combines the partials,
- *   resets the counter, writes the completion entry and publishes `completed = seq + 1`. Blocks
- *   an item does not need skip it; a block that finds `completed` beyond its own position jumps
- *   ahead (those items finished without it). No grid barrier anywhere.
+ * Inside the grid (kernels/pptm/manifold.cuh): the grid is `compute blocks + 1`. One block is the
+ *   fetcher: it polls the SQ (several slots ahead in one PCIe round trip), chooses the compute
+ *   blocks of each item (placement, below) and copies the descriptors, tagged again, into the stage
+ *   ring in device memory; it never computes, so PCIe latency stays off the compute path.
+ *
+ *   Ordering. An item is a *barrier* (the default) or *independent* (the host sets
+ *   PPTM_BLOCKS_INDEPENDENT in pptm_desc.blocks: its buffers are disjoint from those of every item
+ *   in flight, which Rust's borrows guarantee for tickets). A barrier starts once every earlier
+ *   item has completed (`completed == seq`) and no later item starts before it completes: a
+ *   sequence of barriers runs exactly in order. An independent item starts once the latest barrier
+ *   before it has completed and its blocks are free: small independent items run side by side.
+ *
+ *   Placement. Item seq runs on compute blocks first .. first + blocks - 1 (pptm_desc.blocks: a
+ *   no-op or a small input needs one block, a large input all of them). A barrier takes blocks
+ *   from 0; independent items take the blocks after the previous independent item's, from 0 again
+ *   where they would pass the last block. The fetcher writes its choice into the staged copy of
+ *   word 1 (PPTM_STAGED_*); blocks outside the range skip the item.
+ *
+ *   Completion. Each participating block arrives on arrivals[seq % STAGE_SLOTS]; the last one
+ *   combines the partials, resets the counter and writes the completion entry. `completed` counts
+ *   the items before which every item has completed (the watermark): a barrier's last block
+ *   publishes `completed = seq + 1` itself; an independent item's marks finished[seq % SLOTS] and
+ *   the block that finds the watermark at a finished item moves it past every finished item, one
+ *   at a time under the `sweeping` lock (manifold.cuh, pptm_complete_independent). A block that
+ *   finds `completed` beyond its own position jumps ahead (those items finished without it). No
+ *   grid barrier anywhere.
  */
 #ifndef PPTM_ABI_H
 #define PPTM_ABI_H
@@ -48,7 +66,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 15u
+#define PPTM_ABI_VERSION 16u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -135,9 +153,22 @@ typedef unsigned long long uint64_t;
 #define PPTM_STATUS_NON_FINITE 4u
 
 /* One work item as the host writes it (128 bytes). */
+/* In pptm_desc.blocks from the host: the item is independent of every item in flight (see the
+ * ordering rules above). Below it, the blocks asked for (0 or more than the grid: all). */
+#define PPTM_BLOCKS_INDEPENDENT 0x80000000u
+/* Word 1 of a staged descriptor, as the fetcher rewrites it: the blocks (1 .. PPTM_MAX_BLOCKS,
+ * never more than the grid), the first of them, how many items before this one may still run when
+ * it starts (`lag`: it waits for completed >= seq - lag; 0 for a barrier, at most
+ * PPTM_STAGE_SLOTS), and PPTM_BLOCKS_INDEPENDENT as the host set it. */
+#define PPTM_STAGED_BLOCKS(w) ((w) & 0x7FFu)
+#define PPTM_STAGED_FIRST(w) (((w) >> 11) & 0x3FFu)
+#define PPTM_STAGED_LAG(w) (((w) >> 21) & 0x7Fu)
+#define PPTM_STAGED_WORD(blocks, first, lag, independent) \
+    ((blocks) | ((first) << 11) | ((lag) << 21) | ((independent) ? PPTM_BLOCKS_INDEPENDENT : 0u))
+
 typedef struct pptm_desc {
     uint32_t opcode;
-    uint32_t blocks; /* compute blocks that run the item, from block 0 (0 or more than the grid: all) */
+    uint32_t blocks; /* compute blocks that run the item (0 or more than the grid: all), | PPTM_BLOCKS_INDEPENDENT */
     uint64_t args[PPTM_DESC_ARGS];
 } pptm_desc;
 
@@ -260,9 +291,14 @@ typedef struct pptm_device_state {
     uint64_t pad_resident[14];
     uint64_t plan_copied; /* seq + 1 of the latest plan item whose steps block 0 copied in (release.gpu) */
     uint64_t pad_plan_copied[15];
+    uint64_t sweeping; /* 1 while a block moves `completed` past finished independent items (a lock) */
+    uint64_t pad_sweeping[15];
+    uint64_t finished[PPTM_STAGE_SLOTS]; /* seq + 1 once independent item seq has completed (release.gpu) */
     pptm_sq_slot stage[PPTM_STAGE_SLOTS]; /* item seq, tagged, at stage[seq % PPTM_STAGE_SLOTS] */
-    uint64_t started_ns[PPTM_STAGE_SLOTS]; /* %globaltimer when block 0 took item seq (its arrival releases it) */
-    double partials[PPTM_MAX_BLOCKS];     /* per-block partial results of the running item */
+    uint64_t started_ns[PPTM_STAGE_SLOTS]; /* %globaltimer when the item's first block took item seq (its arrival releases it) */
+    /* Partial results of item seq's blocks, in partials[seq % PPTM_STAGE_SLOTS] (items side by
+     * side, and a block that arrived and went on to a later item, never share a row). */
+    double partials[PPTM_STAGE_SLOTS][PPTM_MAX_BLOCKS];
     uint32_t smid[PPTM_MAX_BLOCKS + 32];  /* the SM each block runs on (start-up role assignment) */
     uint64_t beat[PPTM_MAX_BLOCKS];       /* per compute block: %globaltimer at its latest tile (progress) */
 } pptm_device_state;

@@ -107,6 +107,9 @@ __device__ __forceinline__ uint64_t pptm_atom_add_acq_rel_gpu(uint64_t* p, uint6
 
 __device__ __forceinline__ void pptm_fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 __device__ __forceinline__ void pptm_fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// Sequentially consistent: of two such fences, one is ordered before the other, so a store before
+// one and a load after the other cannot both miss each other (the completion sweep, manifold.cuh).
+__device__ __forceinline__ void pptm_fence_sc_gpu() { asm volatile("fence.sc.gpu;" ::: "memory"); }
 
 __device__ __forceinline__ void pptm_sleep(uint32_t ns) {
     if (ns != 0) asm volatile("nanosleep.u32 %0;" ::"r"(ns));

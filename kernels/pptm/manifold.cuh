@@ -85,18 +85,53 @@ __device__ __noinline__ void pptm_watch(const pptm_manifold_params& P, uint32_t 
     }
 }
 
-// `fetch_pollers` warps poll the SQ slot of the next unstaged item, each in its own loop and
+// Slots a poller reads in one round: the next unstaged item's and the ones after it, so that
+// items submitted back to back are staged several per PCIe round trip.
+#define PPTM_FETCH_AHEAD 4u
+
+// Where the fetcher's items run (abi.h, "Placement"): the first block for the next independent
+// item, and the watermark the independent items after the latest barrier wait for. Owned by the
+// warp whose claimed items are next to be placed (turns taken on `placed`).
+struct pptm_placement {
+    uint32_t cursor;
+    uint64_t barrier_end;  // seq + 1 of the latest barrier placed
+};
+
+// Chooses item seq's blocks, given word 1 as the host wrote it; returns the staged word 1.
+__device__ __forceinline__ uint32_t pptm_place(pptm_placement& at, uint64_t seq, uint32_t asked, uint32_t nblocks) {
+    const bool independent = (asked & PPTM_BLOCKS_INDEPENDENT) != 0;
+    const uint32_t want = asked & ~PPTM_BLOCKS_INDEPENDENT;
+    const uint32_t blocks = want == 0 ? nblocks : min(want, nblocks);
+    if (!independent) {
+        at.barrier_end = seq + 1;
+        return PPTM_STAGED_WORD(blocks, 0u, 0u, false);
+    }
+    const uint32_t first = at.cursor + blocks <= nblocks ? at.cursor : 0u;
+    at.cursor = first + blocks == nblocks ? 0u : first + blocks;
+    // Waiting for completed >= seq - lag: the latest barrier's end, or (further back than the
+    // stage ring) an item that has completed anyway before this one could be staged.
+    const uint32_t lag = (uint32_t)min(seq - at.barrier_end, (uint64_t)PPTM_STAGE_SLOTS);
+    return PPTM_STAGED_WORD(blocks, first, lag, true);
+}
+
+// `fetch_pollers` warps poll the SQ slots of the next unstaged items, each in its own loop and
 // started at staggered times, so a new item is seen a fraction of a PCIe round trip after it lands
-// rather than half a round trip on average. The warp that finds it ready claims it (CAS on the
-// shared `next`), copies it re-tagged into the stage ring, and polls the following slot at once.
-// The fetcher returns after staging a shutdown item.
+// rather than half a round trip on average. Each round reads PPTM_FETCH_AHEAD slots at once (one
+// round trip); the warp claims the ready ones at the front (CAS on the shared `next`), places them
+// in turn after the previous claim's, copies them re-tagged into the stage ring, and polls the
+// following slots at once. The fetcher returns after staging a shutdown item.
 __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_t nblocks) {
-    __shared__ unsigned long long next;  // lowest item not yet staged
+    __shared__ unsigned long long next;    // lowest item not yet claimed
+    __shared__ unsigned long long placed;  // items placed so far (the turn of the claim starting there)
+    __shared__ pptm_placement at;
     __shared__ int stop;
     pptm_device_state* S = P.state;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         next = 0;
+        placed = 0;
+        at.cursor = 0;
+        at.barrier_end = 0;
         stop = 0;
     }
     __syncthreads();
@@ -107,43 +142,82 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
     const uint32_t pollers = max(1u, min(P.fetch_pollers, min((uint32_t)PPTM_WARPS - 1u, PPTM_MAX_POLLERS)));
     if (warp >= pollers) return;
     pptm_sleep(warp * 250u);  // stagger
+    const uint64_t mask = P.queue_slots - 1;
     uint64_t completed = 0;
     uint32_t idle_polls = 0, polls = 0;
     for (;;) {
         if (pptm_shared_flag(&stop)) return;
         const uint64_t item = pptm_shared_counter(&next);
         // stage[x % STAGE_SLOTS] may be rewritten once item x - STAGE_SLOTS has completed (every
-        // compute block read it before arriving).
+        // compute block read it before arriving, or skipped it).
         if (item >= completed + PPTM_STAGE_SLOTS) {
             completed = lane == 0 ? pptm_ld_acquire_gpu(&S->completed) : 0;
             completed = __shfl_sync(PPTM_FULL_MASK, completed, 0);
             continue;
         }
-        const uint64_t* word = &P.sq[item & (P.queue_slots - 1)].words[lane];
-        const uint64_t w = pptm_ld_acquire_sys(word);
-        if (__all_sync(PPTM_FULL_MASK, (uint32_t)w == pptm_tag(item, P.queue_slots_log2))) {
+        const uint32_t room = (uint32_t)min(completed + PPTM_STAGE_SLOTS - item, (uint64_t)PPTM_FETCH_AHEAD);
+        // The slots after the first are read relaxed and issued first, so that all are in flight
+        // together; the first slot's read is an acquire (a lone item needs no fence after it).
+        uint64_t w[PPTM_FETCH_AHEAD];
+#pragma unroll
+        for (uint32_t j = 1; j < PPTM_FETCH_AHEAD; ++j)
+            w[j] = j < room ? pptm_ld_relaxed_sys(&P.sq[(item + j) & mask].words[lane]) : 0;
+        w[0] = pptm_ld_acquire_sys(&P.sq[item & mask].words[lane]);
+        uint32_t ready = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < PPTM_FETCH_AHEAD; ++j)
+            if (ready == j && j < room && __all_sync(PPTM_FULL_MASK, (uint32_t)w[j] == pptm_tag(item + j, P.queue_slots_log2)))
+                ready = j + 1;
+        if (ready != 0) {
             unsigned long long claimed = 0;
-            if (lane == 0) claimed = atomicCAS(&next, (unsigned long long)item, (unsigned long long)item + 1);
+            if (lane == 0) claimed = atomicCAS(&next, (unsigned long long)item, (unsigned long long)(item + ready));
             if (__shfl_sync(PPTM_FULL_MASK, claimed, 0) == item) {
                 if (lane == 0) PPTM_TRACE(item, 9, pptm_globaltimer());
-                // Release (with the acquire it completes): what the host wrote before submitting
-                // is visible to every compute block that reads this slot.
-                pptm_fence_acq_rel_gpu();
-                const uint32_t payload = (uint32_t)(w >> 32);
-                pptm_st_relaxed_gpu(&S->stage[item % PPTM_STAGE_SLOTS].words[lane], pptm_tagged(payload, pptm_tag(item, PPTM_STAGE_LOG2)));
-                if (lane == 0) PPTM_TRACE(item, 10, pptm_globaltimer());
-                if (__shfl_sync(PPTM_FULL_MASK, payload, 0) == PPTM_OP_SHUTDOWN) {
+                // Acquire what the host wrote before submitting (the slots after the first were
+                // read relaxed: a system-scope fence), and release it, with the stage stores, to
+                // every compute block that reads these slots.
+                if (ready > 1)
+                    pptm_fence_acq_rel_sys();
+                else
+                    pptm_fence_acq_rel_gpu();
+                // Place the claimed items after the previous claim's (a turn of a few instructions).
+                while (pptm_shared_counter(&placed) != item) {
+                }
+                __threadfence_block();  // the previous turn's placement, published before `placed`
+                pptm_placement here;
+                here.cursor = (uint32_t)__shfl_sync(PPTM_FULL_MASK, lane == 0 ? atomicAdd(&at.cursor, 0u) : 0u, 0);
+                here.barrier_end = pptm_shared_counter(reinterpret_cast<unsigned long long*>(&at.barrier_end));
+                bool shutdown = false;
+#pragma unroll
+                for (uint32_t j = 0; j < PPTM_FETCH_AHEAD; ++j) {
+                    if (j >= ready || shutdown) break;
+                    const uint32_t opcode = __shfl_sync(PPTM_FULL_MASK, (uint32_t)(w[j] >> 32), 0);
+                    const uint32_t asked = __shfl_sync(PPTM_FULL_MASK, (uint32_t)(w[j] >> 32), 1);
+                    const uint32_t staged = pptm_place(here, item + j, asked, nblocks);
+                    const uint32_t payload = lane == 1 ? staged : (uint32_t)(w[j] >> 32);
+                    pptm_st_relaxed_gpu(&S->stage[(item + j) % PPTM_STAGE_SLOTS].words[lane],
+                                        pptm_tagged(payload, pptm_tag(item + j, PPTM_STAGE_LOG2)));
+                    shutdown = opcode == PPTM_OP_SHUTDOWN;
+                }
+                if (lane == 0) {
+                    atomicExch(&at.cursor, here.cursor);
+                    atomicExch(reinterpret_cast<unsigned long long*>(&at.barrier_end), (unsigned long long)here.barrier_end);
+                    __threadfence_block();
+                    atomicExch(&placed, (unsigned long long)(item + ready));
+                    PPTM_TRACE(item, 10, pptm_globaltimer());
+                }
+                if (shutdown) {
                     if (lane == 0) atomicExch(&stop, 1);
                     return;
                 }
             }
             idle_polls = 0;
             polls = 0;
-            continue;  // the next slot may be ready already
+            continue;  // the next slots may be ready already
         }
-        // Nothing new. While items are in flight, poll hot at first and then every microsecond or
-        // so: a new item cannot start before they finish anyway. `completed` is refreshed now and
-        // then to notice when they are done.
+        // Nothing new. While items are in flight, poll hot at first and then every quarter
+        // microsecond or so (a new independent item may start on free blocks at once).
+        // `completed` is refreshed now and then to notice when they are done.
         const bool in_flight = item != completed;
         if (in_flight && (++polls & 7u) == 0) {
             completed = lane == 0 ? pptm_ld_relaxed_gpu(&S->completed) : 0;
@@ -151,7 +225,7 @@ __device__ __noinline__ void pptm_fetcher(const pptm_manifold_params& P, uint32_
         }
         if (in_flight) {
             idle_polls = 0;
-            pptm_sleep(polls > 64 ? 1000u : 0u);
+            pptm_sleep(polls > 64 ? 250u : 0u);
         } else {
             polls = 0;
             if (idle_polls != 0xFFFFFFFFu) idle_polls++;
@@ -172,19 +246,23 @@ struct pptm_loop_smem {
     double red[PPTM_WARPS];  // block-reduction scratch
     double own;              // this block's partial, read back when it ran the item alone
     uint64_t seq;            // the item this block runs
-    uint64_t start;          // block 0: %globaltimer when it took the item
+    uint64_t start;          // the item's first block: %globaltimer when it took the item
+    uint32_t first;          // the item's first compute block (abi.h, "Placement")
+    uint32_t independent;    // the item is independent (abi.h, "Ordering")
     int last;
     int abort;               // the host aborted the manifold: return
     uint32_t nonfinite;      // in the last block: some block of the item saw a non-finite value
 };
 
-// Compute blocks an item runs on.
+// Compute blocks a plan's step runs on.
 __device__ __forceinline__ uint32_t pptm_item_blocks(uint32_t requested, uint32_t nblocks) {
     return requested == 0 ? nblocks : min(requested, nblocks);
 }
 
 // Warp 0 finds the next item, from `seq` on, that this block takes part in, waits until it may run
-// (item seq - 1 completed), and leaves it in shared memory (sh.desc, sh.seq).
+// (a barrier: every earlier item completed; an independent item: the latest barrier before it),
+// and leaves it in shared memory (sh.desc with its blocks resolved, sh.seq, sh.first,
+// sh.independent).
 //
 // Polling is shaped to keep L2 traffic on the few hot words low while work runs: while an earlier
 // item runs, only `completed` is read (and, after a while, not hot). While waiting for the host,
@@ -227,28 +305,38 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
                 idle = busy = 0;
                 continue;
             }
-            if (done < seq) {
-                // An earlier item (one this block skipped) is still running.
-                if (++busy > 16) pptm_sleep(500);
-                continue;
-            }
             const bool tagged = lane >= 16 || ((uint32_t)lo == tag && (uint32_t)hi == tag);
-            // Words 0 (opcode) and 1 (blocks) are lane 0's pair.
+            // Words 0 (opcode) and 1 (placement) are lane 0's pair.
             if (!__shfl_sync(PPTM_FULL_MASK, tagged, 0)) {
-                // Waiting for the host: hot for a while, then gentle backoff.
-                if (++idle > 256) pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
+                // Not staged yet. While earlier items run, a short pause; waiting for the host, hot
+                // for a while, then gentle backoff.
+                if (done < seq) {
+                    if (++busy > 16) pptm_sleep(500);
+                } else if (++idle > 256) {
+                    pptm_sleep(min(32u << min((idle - 256) / 64, 6u), 2000u));
+                }
                 continue;
             }
-            const uint32_t blocks = pptm_item_blocks((uint32_t)(__shfl_sync(PPTM_FULL_MASK, hi, 0) >> 32), nblocks);
-            if (me >= blocks) {
+            const uint32_t placed = (uint32_t)(__shfl_sync(PPTM_FULL_MASK, hi, 0) >> 32);
+            const uint32_t first = PPTM_STAGED_FIRST(placed), blocks = PPTM_STAGED_BLOCKS(placed);
+            if (me < first || me >= first + blocks) {
                 ++seq;  // not needed for this item
+                continue;
+            }
+            if (done < seq - PPTM_STAGED_LAG(placed)) {
+                // Items this one must follow (one this block skipped) are still running.
+                if (++busy > 16) pptm_sleep(500);
                 continue;
             }
             // Stage words land independently: read again until every one carries the tag.
             if (!__all_sync(PPTM_FULL_MASK, tagged)) continue;
             if (lane < 16) {
                 sh.desc_words[2 * lane] = (uint32_t)(lo >> 32);
-                sh.desc_words[2 * lane + 1] = (uint32_t)(hi >> 32);
+                sh.desc_words[2 * lane + 1] = lane == 0 ? blocks : (uint32_t)(hi >> 32);
+            }
+            if (lane == 0) {
+                sh.first = first;
+                sh.independent = (placed & PPTM_BLOCKS_INDEPENDENT) != 0;
             }
             if (lane == 0) sh.seq = seq;
             break;
@@ -710,6 +798,38 @@ __device__ __forceinline__ void pptm_plan_copy_out(const pptm_manifold_params& P
     __syncthreads();
 }
 
+// Thread 0 of an independent item's last block, after its completion entry: marks the item
+// finished and moves the watermark `completed` (and the streams' signal word) past every finished
+// item at its front. The block that finds the watermark at its own item sweeps, under the
+// `sweeping` lock; one that finds it lower leaves: the block that later moves the watermark to
+// this item stores it, fences, and reads this item's flag, and this block stored the flag, fenced
+// and read the watermark. Of the two sequentially consistent fences one comes first, so at least
+// one side sees the other's store and the item is swept. (A barrier never races with a sweep: no
+// item after it starts before it completes, and every item before it has.)
+__device__ __noinline__ void pptm_complete_independent(const pptm_manifold_params& P, uint64_t seq) {
+    pptm_device_state* S = P.state;
+    pptm_st_release_gpu(&S->finished[seq % PPTM_STAGE_SLOTS], seq + 1);
+    pptm_fence_sc_gpu();
+    if (pptm_ld_relaxed_gpu(&S->completed) != seq) return;  // beyond it: swept; below: see above
+    for (;;) {
+        while (atomicCAS(reinterpret_cast<unsigned long long*>(&S->sweeping), 0ull, 1ull) != 0ull) pptm_sleep(32);
+        pptm_fence_acq_rel_gpu();  // what the previous sweeper published
+        const uint64_t from = pptm_ld_relaxed_gpu(&S->completed);
+        uint64_t to = from;
+        while (pptm_ld_acquire_gpu(&S->finished[to % PPTM_STAGE_SLOTS]) == to + 1) ++to;
+        if (to != from) {
+            // The streams' word after the swept items' outputs (each fenced before its flag).
+            pptm_fence_acq_rel_sys();
+            pptm_st_relaxed_sys(P.signal, P.signal_base + to);
+            pptm_st_release_gpu(&S->completed, to);
+        }
+        pptm_st_release_gpu(&S->sweeping, 0);
+        pptm_fence_sc_gpu();
+        // An item that finished at `to` meanwhile may have read the watermark before the store.
+        if (pptm_ld_acquire_gpu(&S->finished[to % PPTM_STAGE_SLOTS]) != to + 1) return;
+    }
+}
+
 // `me` is this block's compute index (0 .. nblocks - 1), assigned at start-up (pptm_manifold).
 __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblocks, uint32_t me) {
     __shared__ pptm_loop_smem sh;
@@ -727,22 +847,23 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         if (sh.abort) return;
         seq = sh.seq;
         const uint32_t op = sh.desc.opcode;
-        const uint32_t blocks = pptm_item_blocks(sh.desc.blocks, nblocks);
-        const pptm_block_ctx ctx = {me, blocks, sh.red};
-        // Block 0 runs every item: its start is the item's (read by the last arriver, released to
-        // it by block 0's arrival). Block 0 keeps it in shared memory too: when it is also the
-        // last arriver (every one-block item) the completion needs no load for it.
-        if (me == 0 && threadIdx.x == 0) {
+        const uint32_t blocks = sh.desc.blocks;  // resolved by the fetcher: 1 .. nblocks
+        const uint32_t mine = me - sh.first;      // this block's index in the item
+        const pptm_block_ctx ctx = {mine, blocks, sh.red};
+        // The item's first block runs every item: its start is the item's (read by the last
+        // arriver, released to it by that block's arrival). It keeps it in shared memory too: when
+        // it is also the last arriver (every one-block item) the completion needs no load for it.
+        if (mine == 0 && threadIdx.x == 0) {
             sh.start = pptm_globaltimer();
             S->started_ns[seq % PPTM_STAGE_SLOTS] = sh.start;
         }
 #ifdef PPTM_PHASE_TRACE
         uint64_t t_took = 0, t_ran = 0;
         if (threadIdx.x == 0) {
-            pptm_clk_row = me == 0 ? pptm_clk_trace[seq % PPTM_STAGE_SLOTS] : nullptr;
+            pptm_clk_row = mine == 0 ? pptm_clk_trace[seq % PPTM_STAGE_SLOTS] : nullptr;
             PPTM_CLK(0);
             t_took = pptm_globaltimer();
-            if (me == 0) PPTM_TRACE(seq, 0, t_took);
+            if (mine == 0) PPTM_TRACE(seq, 0, t_took);
             PPTM_TRACE_MAX(seq, 11, t_took);
         }
 #endif
@@ -760,7 +881,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         else if (op == PPTM_OP_WAIT_VALUE)
             status = pptm_run_wait(P, sh.desc, ctx);
         else if (op == PPTM_OP_PLAN)
-            status = pptm_run_plan(P, sh, seq, me, blocks);
+            status = pptm_run_plan(P, sh, seq, mine, blocks);
         else if (op != PPTM_OP_NOOP && op != PPTM_OP_SHUTDOWN)
             status = PPTM_STATUS_BAD_OPCODE;
         if (status == PPTM_STATUS_ABORTED) return;  // uniform: every thread saw the same abort
@@ -768,7 +889,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         if (threadIdx.x == 0) {
             PPTM_CLK(6);
             t_ran = pptm_globaltimer();
-            if (me == 0) PPTM_TRACE(seq, 1, t_ran);
+            if (mine == 0) PPTM_TRACE(seq, 1, t_ran);
             PPTM_TRACE_MAX(seq, 12, t_ran);
         }
 #endif
@@ -793,7 +914,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 if (blocks == 1)
                     sh.own = partial;
                 else
-                    S->partials[me] = partial;
+                    S->partials[seq % PPTM_STAGE_SLOTS][mine] = partial;
             }
             const uint32_t bad = pptm_nonfinite;
             pptm_nonfinite = 0u;
@@ -806,11 +927,11 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
             // The last arriver other than block 0 loads block 0's start now (acquired by the
             // add above), so the load's round trip overlaps the finish and the fence instead of
             // preceding the completion's stores.
-            start = !sh.last ? 0 : me == 0 ? sh.start : pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
+            start = !sh.last ? 0 : mine == 0 ? sh.start : pptm_ld_relaxed_gpu(&S->started_ns[seq % PPTM_STAGE_SLOTS]);
 #ifdef PPTM_PHASE_TRACE
             PPTM_CLK(7);
             const uint64_t t_arrived = pptm_globaltimer();
-            if (me == 0) PPTM_TRACE(seq, 2, t_arrived);
+            if (mine == 0) PPTM_TRACE(seq, 2, t_arrived);
             if (sh.last) {
                 PPTM_TRACE(seq, 3, t_took);
                 PPTM_TRACE(seq, 4, t_ran);
@@ -822,7 +943,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
         if (sh.last) {
             double value = 0.0;
             if (status == PPTM_STATUS_OK && op >= PPTM_OP_FIRST_VARIANT)
-                value = pptm_finish_variant(sh.desc, blocks == 1 ? &sh.own : S->partials, blocks, sh.red);
+                value = pptm_finish_variant(sh.desc, blocks == 1 ? &sh.own : S->partials[seq % PPTM_STAGE_SLOTS], blocks, sh.red);
             if (status == PPTM_STATUS_OK && op == PPTM_OP_PLAN) pptm_plan_copy_out(P, sh.desc, start);
             if (threadIdx.x == 0) {
                 PPTM_TRACE(seq, 6, pptm_globaltimer());
@@ -843,13 +964,19 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 pptm_st_relaxed_sys(e + 3, pptm_tagged((uint32_t)(bits >> 32), tag));
                 pptm_st_relaxed_sys(e + 4, pptm_tagged((uint32_t)min(ns, (uint64_t)0xFFFFFFFFu), tag));
                 pptm_st_relaxed_sys(e + 5, pptm_tagged(paths, tag));
-                // Streams waiting for this item (Ticket::signal_stream): ordered after the item's
-                // outputs by the fence above, as the entry is.
-                pptm_st_relaxed_sys(P.signal, P.signal_base + seq + 1);
                 PPTM_TRACE(seq, 8, pptm_globaltimer());
-                // The counter is free for item seq + STAGE_SLOTS; then the next item may start.
+                // The counter is free for item seq + STAGE_SLOTS.
                 if (blocks > 1) *arrivals = 0;
-                pptm_st_release_gpu(&S->completed, seq + 1);
+                if (sh.independent) {
+                    pptm_complete_independent(P, seq);
+                } else {
+                    // A barrier: every earlier item has completed and no later one has started,
+                    // so nobody else moves the watermark now. Streams waiting for this item
+                    // (Ticket::signal_stream): ordered after its outputs by the fence above, as
+                    // the entry is. Then the next items may start.
+                    pptm_st_relaxed_sys(P.signal, P.signal_base + seq + 1);
+                    pptm_st_release_gpu(&S->completed, seq + 1);
+                }
             }
         }
         if (op == PPTM_OP_SHUTDOWN) return;

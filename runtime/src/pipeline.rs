@@ -1242,7 +1242,7 @@ impl<'p> Pipeline<'p> {
                 .map_or("pipeline item", |e| e.chain);
             let cell = self
                 .rt
-                .push(&f.manifold, &plan.steps[0].desc, true, chain)?;
+                .push(&f.manifold, &plan.steps[0].desc, true, false, chain)?;
             let ticket = Ticket::pending(chain, f.manifold.clone(), cell);
             let f = self.plans[p].flight.as_mut().expect("reserved");
             f.ticket = Some(ticket);
@@ -1262,7 +1262,9 @@ impl<'p> Pipeline<'p> {
         desc.args[4] = patience;
         desc.args[5] = u64::from(plan.partials);
         desc.args[6] = u64::from(resident);
-        let cell = self.rt.push(&f.manifold, &desc, true, "pipeline plan")?;
+        let cell = self
+            .rt
+            .push(&f.manifold, &desc, true, false, "pipeline plan")?;
         let ticket = Ticket::pending("pipeline plan", f.manifold.clone(), cell);
         let f = self.plans[p].flight.as_mut().expect("reserved");
         f.ticket = Some(ticket);

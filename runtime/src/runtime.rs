@@ -180,6 +180,14 @@ pub struct Config {
     /// Idle bytes the pool of host buffers keeps for reuse ([`Runtime::host_buffer`]); a buffer
     /// dropped beyond that is freed. Default 1 GiB.
     pub host_pool_bytes: usize,
+    /// Whether a manifold runs independent items side by side: an item that needs fewer blocks
+    /// than the grid starts on free blocks while earlier items still run. Items submitted as
+    /// tickets are independent (their buffers are borrowed, so no two in flight conflict); a
+    /// pipeline's plan, a wait for an application stream ([`Runtime::wait_for_stream`]) and an
+    /// item that needs the runtime's working memory (`precision = "bf16x3"`) still run after
+    /// every earlier item and before every later one. `false`: every item in order, one at a
+    /// time. Default `true`, or `PPTM_SIDE_BY_SIDE=0` for `false`.
+    pub side_by_side: bool,
 }
 
 impl Default for Config {
@@ -202,6 +210,7 @@ impl Default for Config {
             stream_patience: Duration::from_secs(10),
             plan_arena_bytes: 4 << 20,
             host_pool_bytes: 1 << 30,
+            side_by_side: std::env::var("PPTM_SIDE_BY_SIDE").map_or(true, |v| v.trim() != "0"),
             park_when_idle: ms_from_env("PPTM_PARK_MS")
                 .map_or(Some(Duration::from_millis(100)), |ms| {
                     (ms > 0).then(|| Duration::from_millis(ms))
@@ -1409,6 +1418,7 @@ impl Runtime {
                         ..Default::default()
                     },
                     true,
+                    self.config.side_by_side,
                     "noop",
                 )?;
                 Ok(Ticket::pending("noop", m, cell))
@@ -1490,7 +1500,7 @@ impl Runtime {
                 C::NAME
             }
         };
-        let cell = m.submit(&desc, true, name)?;
+        let cell = m.submit(&desc, true, false, name)?;
         Ok(Ticket::pending(name, m, cell))
     }
 
@@ -1611,7 +1621,11 @@ impl Runtime {
                         }))
                     }
                     Route::Manifold(r) => {
-                        let cell = self.push(&r.manifold, &desc, blocking, C::NAME)?;
+                        // Its buffers are borrowed by its ticket, so no item in flight conflicts
+                        // with it; the working memory is one per domain, so an item that uses it
+                        // waits for the others.
+                        let independent = self.config.side_by_side && lent.is_none();
+                        let cell = self.push(&r.manifold, &desc, blocking, independent, C::NAME)?;
                         Ok(Routed::Ran(
                             Ticket::pending(C::NAME, r.manifold.clone(), cell).with_guard(guard),
                         ))
@@ -1681,13 +1695,14 @@ impl Runtime {
         m: &Manifold,
         desc: &pptm_desc,
         blocking: bool,
+        independent: bool,
         chain: &'static str,
     ) -> Result<Arc<crate::gpu::Cell>> {
         if let Backend::Gpu { gates, fleet, .. } = &self.backend {
             fleet.pushed();
             m.follow_gates(gates, blocking, self.config.stream_patience)?;
         }
-        m.submit(desc, blocking, chain)
+        m.submit(desc, blocking, independent, chain)
     }
 
     /// Checks the arguments against the chain. Returns them by descriptor slot (`None` for a

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 15;
+pub const PPTM_ABI_VERSION: u32 = 16;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -29,6 +29,7 @@ pub const PPTM_STATUS_BAD_OPCODE: u32 = 1;
 pub const PPTM_STATUS_BAD_ARGUMENT: u32 = 2;
 pub const PPTM_STATUS_ABORTED: u32 = 3;
 pub const PPTM_STATUS_NON_FINITE: u32 = 4;
+pub const PPTM_BLOCKS_INDEPENDENT: u32 = 2147483648;
 pub const PPTM_SYNC_NONE: u32 = 0;
 pub const PPTM_SYNC_DEPS: u32 = 1;
 pub const PPTM_SYNC_BARRIER: u32 = 2;
@@ -179,15 +180,18 @@ pub struct pptm_device_state {
     pub pad_resident: [u64; 14usize],
     pub plan_copied: u64,
     pub pad_plan_copied: [u64; 15usize],
+    pub sweeping: u64,
+    pub pad_sweeping: [u64; 15usize],
+    pub finished: [u64; 64usize],
     pub stage: [pptm_sq_slot; 64usize],
     pub started_ns: [u64; 64usize],
-    pub partials: [f64; 1024usize],
+    pub partials: [[f64; 1024usize]; 64usize],
     pub smid: [u32; 1056usize],
     pub beat: [u64; 1024usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 38400usize];
+    ["Size of pptm_device_state"][::core::mem::size_of::<pptm_device_state>() - 555136usize];
     ["Alignment of pptm_device_state"][::core::mem::align_of::<pptm_device_state>() - 8usize];
     ["Offset of field: pptm_device_state::completed"]
         [::core::mem::offset_of!(pptm_device_state, completed) - 0usize];
@@ -207,16 +211,22 @@ const _: () = {
         [::core::mem::offset_of!(pptm_device_state, plan_copied) - 768usize];
     ["Offset of field: pptm_device_state::pad_plan_copied"]
         [::core::mem::offset_of!(pptm_device_state, pad_plan_copied) - 776usize];
+    ["Offset of field: pptm_device_state::sweeping"]
+        [::core::mem::offset_of!(pptm_device_state, sweeping) - 896usize];
+    ["Offset of field: pptm_device_state::pad_sweeping"]
+        [::core::mem::offset_of!(pptm_device_state, pad_sweeping) - 904usize];
+    ["Offset of field: pptm_device_state::finished"]
+        [::core::mem::offset_of!(pptm_device_state, finished) - 1024usize];
     ["Offset of field: pptm_device_state::stage"]
-        [::core::mem::offset_of!(pptm_device_state, stage) - 896usize];
+        [::core::mem::offset_of!(pptm_device_state, stage) - 1536usize];
     ["Offset of field: pptm_device_state::started_ns"]
-        [::core::mem::offset_of!(pptm_device_state, started_ns) - 17280usize];
+        [::core::mem::offset_of!(pptm_device_state, started_ns) - 17920usize];
     ["Offset of field: pptm_device_state::partials"]
-        [::core::mem::offset_of!(pptm_device_state, partials) - 17792usize];
+        [::core::mem::offset_of!(pptm_device_state, partials) - 18432usize];
     ["Offset of field: pptm_device_state::smid"]
-        [::core::mem::offset_of!(pptm_device_state, smid) - 25984usize];
+        [::core::mem::offset_of!(pptm_device_state, smid) - 542720usize];
     ["Offset of field: pptm_device_state::beat"]
-        [::core::mem::offset_of!(pptm_device_state, beat) - 30208usize];
+        [::core::mem::offset_of!(pptm_device_state, beat) - 546944usize];
 };
 impl Default for pptm_device_state {
     fn default() -> Self {

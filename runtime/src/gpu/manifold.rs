@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys};
 
 use super::abi::{
-    PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, PPTM_OP_WAIT_VALUE, pptm_desc, pptm_device_state,
-    pptm_manifold_params,
+    PPTM_BLOCKS_INDEPENDENT, PPTM_MAX_BLOCKS, PPTM_OP_SHUTDOWN, PPTM_OP_WAIT_VALUE, pptm_desc,
+    pptm_device_state, pptm_manifold_params,
 };
 use super::driver::{Device, MappedHost, Stream};
 use super::exit;
@@ -324,14 +324,27 @@ impl Manifold {
     }
 
     /// Submits one descriptor of chain `chain`. `blocking`: wait for a free slot (up to the
-    /// configured timeout) instead of returning [`Error::QueueFull`].
+    /// configured timeout) instead of returning [`Error::QueueFull`]. `independent`: the item's
+    /// buffers are disjoint from those of every item in flight, so it may run beside them
+    /// (abi.h, "Ordering"); otherwise it runs after every earlier item and before every later one.
     pub fn submit(
         &self,
         desc: &pptm_desc,
         blocking: bool,
+        independent: bool,
         chain: &'static str,
     ) -> Result<Arc<Cell>> {
         let deadline = Instant::now() + self.submit_timeout;
+        // More blocks than a grid has means all of them; the top bit is the ordering's.
+        let desc = &pptm_desc {
+            blocks: desc.blocks.min(PPTM_MAX_BLOCKS)
+                | if independent {
+                    PPTM_BLOCKS_INDEPENDENT
+                } else {
+                    0
+                },
+            ..*desc
+        };
         loop {
             match self.queue.try_push(desc, false, chain) {
                 Ok(cell) => return Ok(cell),
@@ -778,7 +791,7 @@ impl Manifold {
             desc.args[2] = patience.as_nanos().min(u128::from(u64::MAX)) as u64;
             // Its result needs no waiting for: a failure shows in the items after it (the
             // watchdog fails them all), and the ring keeps its cell until it completes.
-            drop(self.submit(&desc, blocking, "wait for an application stream")?);
+            drop(self.submit(&desc, blocking, false, "wait for an application stream")?);
             seen.1.insert(addr, value);
         }
         seen.0 = version;
