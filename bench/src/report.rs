@@ -199,8 +199,12 @@ fn throughput(files: &[(PathBuf, Results)], s: &mut String) {
         "| items | side by side, items/s | in order, items/s | side by side / in order |"
     );
     let _ = writeln!(s, "|---|---|---|---|");
-    let mut shapes: Vec<&str> = ms.iter().map(|m| m.shape.as_str()).collect();
-    shapes.dedup();
+    let mut shapes: Vec<&str> = Vec::new();
+    for m in &ms {
+        if !shapes.contains(&m.shape.as_str()) {
+            shapes.push(&m.shape);
+        }
+    }
     let rate = |m: &Measurement| 1e6 / m.host_us.median;
     for shape in shapes {
         let find = |v: &str| ms.iter().find(|m| m.shape == shape && m.variant == v);

@@ -320,7 +320,11 @@ __device__ __forceinline__ void pptm_compute_wait(const pptm_manifold_params& P,
             const uint32_t placed = (uint32_t)(__shfl_sync(PPTM_FULL_MASK, hi, 0) >> 32);
             const uint32_t first = PPTM_STAGED_FIRST(placed), blocks = PPTM_STAGED_BLOCKS(placed);
             if (me < first || me >= first + blocks) {
-                ++seq;  // not needed for this item
+                // Not needed for this item. Items are arriving: stay hot (with side by side, the
+                // next one-block item lands on another block each time, so a block that backed
+                // off while others ran would start it late).
+                ++seq;
+                idle = 0;
                 continue;
             }
             if (done < seq - PPTM_STAGED_LAG(placed)) {
@@ -798,35 +802,59 @@ __device__ __forceinline__ void pptm_plan_copy_out(const pptm_manifold_params& P
     __syncthreads();
 }
 
-// Thread 0 of an independent item's last block, after its completion entry: marks the item
+// Warp 0 of an independent item's last block, after its completion entry: marks the item
 // finished and moves the watermark `completed` (and the streams' signal word) past every finished
 // item at its front. The block that finds the watermark at its own item sweeps, under the
 // `sweeping` lock; one that finds it lower leaves: the block that later moves the watermark to
 // this item stores it, fences, and reads this item's flag, and this block stored the flag, fenced
 // and read the watermark. Of the two sequentially consistent fences one comes first, so at least
 // one side sees the other's store and the item is swept. (A barrier never races with a sweep: no
-// item after it starts before it completes, and every item before it has.)
+// item after it starts before it completes, and every item before it has.) The warp reads 32
+// flags in one round trip: a sweep over many items finished side by side costs a few round trips,
+// not one each.
 __device__ __noinline__ void pptm_complete_independent(const pptm_manifold_params& P, uint64_t seq) {
     pptm_device_state* S = P.state;
-    pptm_st_release_gpu(&S->finished[seq % PPTM_STAGE_SLOTS], seq + 1);
-    pptm_fence_sc_gpu();
-    if (pptm_ld_relaxed_gpu(&S->completed) != seq) return;  // beyond it: swept; below: see above
-    for (;;) {
-        while (atomicCAS(reinterpret_cast<unsigned long long*>(&S->sweeping), 0ull, 1ull) != 0ull) pptm_sleep(32);
-        pptm_fence_acq_rel_gpu();  // what the previous sweeper published
-        const uint64_t from = pptm_ld_relaxed_gpu(&S->completed);
-        uint64_t to = from;
-        while (pptm_ld_acquire_gpu(&S->finished[to % PPTM_STAGE_SLOTS]) == to + 1) ++to;
-        if (to != from) {
-            // The streams' word after the swept items' outputs (each fenced before its flag).
-            pptm_fence_acq_rel_sys();
-            pptm_st_relaxed_sys(P.signal, P.signal_base + to);
-            pptm_st_release_gpu(&S->completed, to);
-        }
-        pptm_st_release_gpu(&S->sweeping, 0);
+    const unsigned lane = threadIdx.x & 31u;
+    __syncwarp();
+    uint64_t word = 0;
+    if (lane == 0) {
+        pptm_st_release_gpu(&S->finished[seq % PPTM_STAGE_SLOTS], seq + 1);
         pptm_fence_sc_gpu();
-        // An item that finished at `to` meanwhile may have read the watermark before the store.
-        if (pptm_ld_acquire_gpu(&S->finished[to % PPTM_STAGE_SLOTS]) != to + 1) return;
+        word = pptm_ld_relaxed_gpu(&S->completed);
+    }
+    if (__shfl_sync(PPTM_FULL_MASK, word, 0) != seq) return;  // beyond it: swept; below: see above
+    for (;;) {
+        if (lane == 0) {
+            while (atomicCAS(reinterpret_cast<unsigned long long*>(&S->sweeping), 0ull, 1ull) != 0ull) pptm_sleep(32);
+            pptm_fence_acq_rel_gpu();  // what the previous sweeper published
+            word = pptm_ld_relaxed_gpu(&S->completed);
+        }
+        const uint64_t from = __shfl_sync(PPTM_FULL_MASK, word, 0);
+        uint64_t to = from;
+        for (;;) {
+            // Each lane acquires one flag (the item's outputs with it); the finished run at the
+            // front is the ballot's trailing ones.
+            const uint64_t item = to + lane;
+            const bool finished = pptm_ld_acquire_gpu(&S->finished[item % PPTM_STAGE_SLOTS]) == item + 1;
+            const unsigned ones = __ballot_sync(PPTM_FULL_MASK, finished);
+            const unsigned run = ones == PPTM_FULL_MASK ? 32u : (unsigned)(__ffs(~ones) - 1);
+            to += run;
+            if (run < 32u) break;
+        }
+        __syncwarp();  // every lane's acquire before lane 0's release
+        if (lane == 0) {
+            if (to != from) {
+                // The streams' word after the swept items' outputs (each fenced before its flag).
+                pptm_fence_acq_rel_sys();
+                pptm_st_relaxed_sys(P.signal, P.signal_base + to);
+                pptm_st_release_gpu(&S->completed, to);
+            }
+            pptm_st_release_gpu(&S->sweeping, 0);
+            pptm_fence_sc_gpu();
+            // An item that finished at `to` meanwhile may have read the watermark before the store.
+            word = pptm_ld_acquire_gpu(&S->finished[to % PPTM_STAGE_SLOTS]) == to + 1;
+        }
+        if (__shfl_sync(PPTM_FULL_MASK, word, 0) == 0) return;
     }
 }
 
@@ -967,9 +995,7 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                 PPTM_TRACE(seq, 8, pptm_globaltimer());
                 // The counter is free for item seq + STAGE_SLOTS.
                 if (blocks > 1) *arrivals = 0;
-                if (sh.independent) {
-                    pptm_complete_independent(P, seq);
-                } else {
+                if (!sh.independent) {
                     // A barrier: every earlier item has completed and no later one has started,
                     // so nobody else moves the watermark now. Streams waiting for this item
                     // (Ticket::signal_stream): ordered after its outputs by the fence above, as
@@ -978,6 +1004,8 @@ __device__ void pptm_compute_loop(const pptm_manifold_params& P, uint32_t nblock
                     pptm_st_release_gpu(&S->completed, seq + 1);
                 }
             }
+            // An independent item: its warp 0 moves the watermark (after thread 0's entry).
+            if (sh.independent && threadIdx.x < 32) pptm_complete_independent(P, seq);
         }
         if (op == PPTM_OP_SHUTDOWN) return;
         __syncthreads();
