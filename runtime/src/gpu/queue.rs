@@ -7,8 +7,9 @@
 //!   by the producer before it reuses a slot.
 //! * A slot (SQ slot and CQ entry of the same index) belongs to one item from its submission until
 //!   its completion has been read into the item's [`Cell`]; only then may the producer reuse it.
-//!   Since the device completes items in order and reads an item before completing it, this is
-//!   enough for neither side to overrun the other.
+//!   Since the device reads an item before completing it, this is enough for neither side to
+//!   overrun the other, in whatever order items complete (independent items side by side
+//!   complete out of order).
 //!
 //! Completions are read by the waiting thread itself (no completion thread, no wake-up latency):
 //! the first reader copies the entry into the item's `Cell` (a `OnceLock`), so each completion is
@@ -391,60 +392,105 @@ pub(crate) mod tests {
         }
     }
 
-    /// Runs items in order as the device does; the result of an item is 2 × args[0], or the
-    /// opcode echoed back for anything else.
+    /// Item `seq`'s descriptor if its slot holds it (every word tagged for `seq`).
+    fn staged(queue: &Queue, seq: u64) -> Option<pptm_desc> {
+        let slot = (seq as usize) & (queue.slots as usize - 1);
+        let tag = sq_tag(seq, queue.log2);
+        let mut payload = [0u32; 32];
+        for (i, w) in queue.sq_words(slot).iter().enumerate() {
+            let v = w.load(Ordering::Acquire);
+            if v as u32 != tag {
+                return None;
+            }
+            payload[i] = (v >> 32) as u32;
+        }
+        Some(from_payload(&payload))
+    }
+
+    /// Writes item `seq`'s completion as the device does: the result is 2 × args[0]; word 4 (the
+    /// device time, ns) is the item number, word 5 (the product paths) the opcode's low bits.
+    fn complete(queue: &Queue, seq: u64, d: &pptm_desc) {
+        let slot = (seq as usize) & (queue.slots as usize - 1);
+        let tag = sq_tag(seq, queue.log2);
+        let e = queue.cq_words(slot);
+        let bits = (d.args[0] as f64 * 2.0).to_bits();
+        let words = [
+            PPTM_STATUS_OK,
+            d.opcode,
+            bits as u32,
+            (bits >> 32) as u32,
+            seq as u32,
+            d.opcode & 0xf,
+        ];
+        const _: () = assert!(PPTM_CQ_WORDS == 6, "the fake device writes every word");
+        // Written in an arbitrary order: each word stands on its own.
+        for i in [3usize, 1, 5, 4, 0, 2] {
+            e[i].store(
+                u64::from(words[i]) << 32 | u64::from(tag),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Runs items in order, one at a time, as a manifold runs barriers; the result of an item is
+    /// 2 × args[0].
     pub(crate) fn fake_device(
         queue: Arc<Queue>,
         pause: Arc<AtomicBool>,
     ) -> thread::JoinHandle<u64> {
         thread::spawn(move || {
-            let slots = queue.slots as usize;
             for seq in 0u64.. {
-                let slot = (seq as usize) & (slots - 1);
-                let tag = sq_tag(seq, queue.log2);
-                let words = queue.sq_words(slot);
-                let mut payload = [0u32; 32];
-                loop {
+                let d = loop {
                     while pause.load(Ordering::Acquire) {
                         thread::yield_now();
                     }
-                    let mut ok = true;
-                    for (i, w) in words.iter().enumerate() {
-                        let v = w.load(Ordering::Acquire);
-                        ok &= v as u32 == tag;
-                        payload[i] = (v >> 32) as u32;
+                    match staged(&queue, seq) {
+                        Some(d) => break d,
+                        None => thread::yield_now(),
                     }
-                    if ok {
-                        break;
-                    }
-                    thread::yield_now();
-                }
-                let d = from_payload(&payload);
-                let e = queue.cq_words(slot);
-                let bits = (d.args[0] as f64 * 2.0).to_bits();
-                // Word 4 is the device time (ns): the fake device reports the item number; word 5
-                // the product paths, the opcode's low bits.
-                let words = [
-                    PPTM_STATUS_OK,
-                    d.opcode,
-                    bits as u32,
-                    (bits >> 32) as u32,
-                    seq as u32,
-                    d.opcode & 0xf,
-                ];
-                const _: () = assert!(PPTM_CQ_WORDS == 6, "the fake device writes every word");
-                // Written in an arbitrary order: each word stands on its own.
-                for i in [3usize, 1, 5, 4, 0, 2] {
-                    e[i].store(
-                        u64::from(words[i]) << 32 | u64::from(tag),
-                        Ordering::Relaxed,
-                    );
-                }
+                };
+                complete(&queue, seq, &d);
                 if d.opcode == PPTM_OP_SHUTDOWN {
                     return seq + 1;
                 }
             }
             unreachable!()
+        })
+    }
+
+    /// Completes items out of order, as a manifold completes independent items side by side:
+    /// it takes every item already submitted (up to 8) and completes them last first. A shutdown
+    /// item is a barrier: everything before it completes first.
+    fn fake_device_out_of_order(queue: Arc<Queue>) -> thread::JoinHandle<u64> {
+        thread::spawn(move || {
+            let mut next = 0u64;
+            loop {
+                let mut batch = Vec::new();
+                while batch.len() < 8 {
+                    match staged(&queue, next) {
+                        Some(d) => {
+                            batch.push((next, d));
+                            next += 1;
+                            if d.opcode == PPTM_OP_SHUTDOWN {
+                                break;
+                            }
+                        }
+                        None if batch.is_empty() => thread::yield_now(),
+                        None => break,
+                    }
+                }
+                let shutdown = batch
+                    .last()
+                    .is_some_and(|(_, d)| d.opcode == PPTM_OP_SHUTDOWN)
+                    .then(|| batch.pop().expect("last"));
+                for (seq, d) in batch.iter().rev() {
+                    complete(&queue, *seq, d);
+                }
+                if let Some((seq, d)) = shutdown {
+                    complete(&queue, seq, &d);
+                    return seq + 1;
+                }
+            }
         })
     }
 
@@ -541,6 +587,45 @@ pub(crate) mod tests {
             .unwrap();
         wait(&q, &c);
         assert_eq!(dev.join().unwrap(), 12_001);
+    }
+
+    /// Completions that arrive out of order (items side by side): every item of many producers
+    /// completes once with its own result, slots are reused only after their completion was read,
+    /// and a full queue waits for the item whose slot it needs, whichever completes first.
+    #[test]
+    fn out_of_order_completions_each_arrive_once() {
+        let q = Arc::new(Queue::new(HeapRings::new(16), 16));
+        let dev = fake_device_out_of_order(q.clone());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let mut pending = std::collections::VecDeque::new();
+                    for i in 0..3_000u64 {
+                        let arg = t * 1_000_000 + i;
+                        pending.push_back((arg, push_blocking(&q, &desc(100, arg))));
+                        if pending.len() > 3 {
+                            // Wait for a later one first: the earlier ones may complete after it.
+                            let (arg, c) = pending.pop_back().unwrap();
+                            assert_eq!(wait(&q, &c).value, 2.0 * arg as f64);
+                        }
+                    }
+                    for (arg, c) in pending {
+                        assert_eq!(wait(&q, &c).value, 2.0 * arg as f64);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        q.close();
+        let shutdown = q
+            .try_push(&desc(PPTM_OP_SHUTDOWN, 0), true, "test")
+            .unwrap();
+        wait(&q, &shutdown);
+        assert_eq!(dev.join().unwrap(), 12_001);
+        assert!(q.oldest_pending().is_none());
     }
 
     #[test]
