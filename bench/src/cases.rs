@@ -321,17 +321,22 @@ fn kl_complexity(size: &'static str, n: usize) -> Case {
             }))
         }),
         expect: Box::new(move || {
-            let (q, p) = (uniform(seed::KL_Q, n), uniform(seed::KL_P, n));
-            let (mut value, mut scale) = (0.0, 0.0);
-            for (&q, &p) in q.iter().zip(&p) {
-                let (q, p) = (f64::from(q), f64::from(p));
-                let t = q * (q.ln() - p.ln());
-                value += t;
-                scale += t.abs();
-            }
+            let (value, scale) = kl_reference(&uniform(seed::KL_Q, n), &uniform(seed::KL_P, n));
             Expect::Scalar { value, scale }
         }),
     }
+}
+
+/// Σ q (ln q − ln p) in f64, and the sum of the terms' magnitudes (the scale errors are judged by).
+pub fn kl_reference(q: &[f32], p: &[f32]) -> (f64, f64) {
+    let (mut value, mut scale) = (0.0, 0.0);
+    for (&q, &p) in q.iter().zip(p) {
+        let (q, p) = (f64::from(q), f64::from(p));
+        let t = q * (q.ln() - p.ln());
+        value += t;
+        scale += t.abs();
+    }
+    (value, scale)
 }
 
 /// Σ (α x + β y)², with built-in ops or with the same ops written with `#[pptm::op]`

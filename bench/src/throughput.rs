@@ -121,13 +121,7 @@ pub fn run(quick: bool, out: &mut Collector) -> Result<(), BoxError> {
         crate::cases::uniform(crate::cases::seed::KL_Q, KL_N),
         crate::cases::uniform(crate::cases::seed::KL_P, KL_N),
     );
-    let (mut value, mut scale) = (0.0, 0.0);
-    for (&q, &p) in qh.iter().zip(&ph) {
-        let (q, p) = (f64::from(q), f64::from(p));
-        let t = q * (q.ln() - p.ln());
-        value += t;
-        scale += t.abs();
-    }
+    let (value, scale) = crate::cases::kl_reference(&qh, &ph);
     for side_by_side in [true, false] {
         let rt = Runtime::gpu_with(Config {
             side_by_side,
