@@ -83,7 +83,9 @@ fn stages_with_arguments_of_their_own(rt: &Runtime) {
 }
 
 fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
-    // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW).
+    // Below 8192 rows a warp takes one row, from there four (the two sides of GEMV_SHORT_BELOW);
+    // from 4096 columns, with every row 16-byte aligned, those four are walked together from end
+    // to end (the stream walk; a last warp of three rows at 8195).
     for (m, n) in [
         (1, 1),
         (7, 3),
@@ -92,6 +94,9 @@ fn gemv_axpby_sum_matches_f64_reference(rt: &Runtime) {
         (4096, 4096),
         (8193, 33),
         (8200, 64),
+        (8195, 4100),
+        (8192, 4099),
+        (8257, 6148),
     ] {
         let (x, a, y) = (
             uniform(n, -1.0, 1.0),

@@ -59,10 +59,17 @@ fn start(rt: &Runtime) {
         .unwrap();
 }
 
+/// Coordinates per point (per space) at n points. From 8448 points (132 SMs x 16 warps x 4) a
+/// warp takes four points at once (pattern/pairwise.cuh); the f64 references are n² work, so the
+/// largest n runs the two smaller dimensions.
+fn dims(n: usize) -> &'static [usize] {
+    if n > 8192 { &[1, 3] } else { &[1, 3, 8] }
+}
+
 fn distance_kth_matches_f64_reference(rt: &Runtime) {
     start(rt);
-    for n in [5usize, 1000, 4097] {
-        for d in [1usize, 3, 8] {
+    for n in [5usize, 1000, 4097, 9001] {
+        for &d in dims(n) {
             let x = points(n, d);
             let xb = rt.upload(&x).unwrap();
             let wants = kth_reference(&x, n, d, &KS);
@@ -156,8 +163,8 @@ fn joint_radii(x: &[f32], y: &[f32], z: &[f32], n: usize, d: usize) -> Vec<Vec<f
 /// off-by-one count can move it, so any count that is off fails here.
 fn neighbour_counts_are_exact(rt: &Runtime) {
     start(rt);
-    for n in [5usize, 1000, 4097] {
-        for d in [1usize, 3, 8] {
+    for n in [5usize, 1000, 4097, 9001] {
+        for &d in dims(n) {
             let (x, y, z) = coupled(n, d);
             for (k, radius) in KS.into_iter().zip(joint_radii(&x, &y, &z, n, d)) {
                 if k as usize >= n {
@@ -197,8 +204,8 @@ fn neighbour_counts_are_exact(rt: &Runtime) {
 
 fn te_reduction_matches_f64_reference(rt: &Runtime) {
     start(rt);
-    for n in [5usize, 1000, 4097] {
-        for d in [1usize, 3, 8] {
+    for n in [5usize, 1000, 4097, 9001] {
+        for &d in dims(n) {
             let (x, y, z) = coupled(n, d);
             let radii = joint_radii(&x, &y, &z, n, d);
             for (k, radius) in KS.into_iter().zip(radii) {

@@ -35,6 +35,7 @@ struct pptm_pro_6d3b0291 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_6d3b0291 {
     pptm_env_6d3b0291 e;

@@ -35,6 +35,7 @@ struct pptm_pro_84f1b7da {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_84f1b7da {
     pptm_env_84f1b7da e;

@@ -41,6 +41,7 @@ struct pptm_pro_26bd0a1d {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_26bd0a1d {
     pptm_env_26bd0a1d e;

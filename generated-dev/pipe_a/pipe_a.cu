@@ -281,6 +281,7 @@ struct pptm_pro_bd3506f7 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_bd3506f7 {
     pptm_env_bd3506f7 e;
@@ -316,6 +317,7 @@ struct pptm_pro_087e7583 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_087e7583 {
     pptm_env_087e7583 e;

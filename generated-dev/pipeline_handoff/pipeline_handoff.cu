@@ -36,6 +36,7 @@ struct pptm_pro_0dbfb940 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_0dbfb940 {
     pptm_env_0dbfb940 e;

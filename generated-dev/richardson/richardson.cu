@@ -39,6 +39,7 @@ struct pptm_pro_ac9f74fe {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_ac9f74fe {
     pptm_env_ac9f74fe e;

@@ -228,6 +228,7 @@ struct pptm_pro_bd1de27c {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_bd1de27c {
     pptm_env_bd1de27c e;

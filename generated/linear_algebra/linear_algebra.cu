@@ -39,6 +39,7 @@ struct pptm_pro_91e20aba {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_91e20aba {
     pptm_env_91e20aba e;
@@ -85,6 +86,7 @@ struct pptm_pro_fba379bc {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_fba379bc {
     pptm_env_fba379bc e;
@@ -131,6 +133,7 @@ struct pptm_pro_20719f30 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_20719f30 {
     pptm_env_20719f30 e;
@@ -175,6 +178,7 @@ struct pptm_pro_c4b9f095 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_c4b9f095 {
     pptm_env_c4b9f095 e;
@@ -210,6 +214,7 @@ struct pptm_pro_421fa2bb {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_421fa2bb {
     pptm_env_421fa2bb e;

@@ -81,6 +81,7 @@ struct pptm_pro_407aedf3 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_407aedf3 {
     pptm_env_407aedf3 e;
@@ -125,6 +126,7 @@ struct pptm_pro_39b6e9b5 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_39b6e9b5 {
     pptm_env_39b6e9b5 e;
@@ -160,6 +162,7 @@ struct pptm_pro_90d729cb {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_90d729cb {
     pptm_env_90d729cb e;
@@ -195,6 +198,7 @@ struct pptm_pro_a561a4b3 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_a561a4b3 {
     pptm_env_a561a4b3 e;
@@ -230,6 +234,7 @@ struct pptm_pro_eedb887c {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_eedb887c {
     pptm_env_eedb887c e;

@@ -47,7 +47,19 @@ pub(super) fn linear(out: &mut String, c: &ChainIr) -> String {
             },
         );
         let _ = writeln!(out, "        return {};", v[0]);
-        let _ = writeln!(out, "    }}\n}};");
+        let _ = writeln!(out, "    }}");
+        if plan.prologue.is_empty()
+            && let Source::Arg(slot) = ast.inputs[0]
+        {
+            // The vector is a buffer read as it is: pptm_gemv_n's stream walk loads it 16 bytes
+            // at a time rather than through operator() an element at a time.
+            let _ = writeln!(
+                out,
+                "    __device__ __forceinline__ const float* plain() const {{ return {}; }}",
+                field(slot)
+            );
+        }
+        let _ = writeln!(out, "}};");
     }
     // The epilogue: the output element from its dot product.
     let _ = writeln!(out, "struct pptm_epi_{t} {{");

@@ -82,6 +82,7 @@ __device__ __forceinline__ float pptm_dot4(const pptm_f4& a, const pptm_f4& x) {
 // one barrier per chunk suffices and the next chunk's pro loads are in flight while the current
 // chunk streams.
 //
+// An f32 A of many long rows takes the stream walk instead (pptm_gemv_n_stream, below): no staging.
 // Two ways through a chunk, by A's element type:
 //   * f32: a warp walks its rows one after the other, PPTM_GEMV_N_UNROLL 16-byte loads a lane in
 //     flight, and sums each row's chunk across the warp before the next row.
@@ -232,6 +233,97 @@ __device__ __forceinline__ float pptm_gemv_n_dot_scalar(const E* a, const float*
     return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
+// The stream walk: an f32 A of many long rows (aligned, m >= PPTM_GEMV_N_SHORT_BELOW, n >=
+// PPTM_GEMV_N_STREAM_FROM) times a vector that is a buffer read as it is (no prologue stages;
+// 16-byte aligned). A warp walks its four rows together from end to end: at each 16-byte piece a
+// lane reads the piece of x once (from L2) and the piece of every row, PPTM_GEMV_N_STREAM_UNROLL
+// pieces a row in flight, partials kept per row and piece; each row is summed across the warp
+// once. No shared memory and no barrier, so the loads never drain at a chunk's end as the staged
+// walk's do. A computed prologue keeps the staged walk: evaluated an element at a time in every
+// warp, its scalar loads read x's sectors four times over and doubled the L2 traffic (16384²:
+// 450 us in the manifold against 338 staged, H200). bench/probes/gemv_stream_probe.cu, H200, 16384^2, stand-alone: 4.19
+// TB/s on two blocks an SM against 3.81 for the staged walk, 4.24 on one block an SM (128
+// registers, two pieces) against 3.93; a plain read of A 4.40. With fewer or shorter rows the
+// staged walk is as fast or faster (4096^2: 27 against 29 us; 1024 x 8192: 19 against 38), so
+// those keep it.
+#ifndef PPTM_GEMV_N_STREAM_FROM
+#define PPTM_GEMV_N_STREAM_FROM 4096
+#endif
+#ifndef PPTM_GEMV_N_STREAM_UNROLL
+#define PPTM_GEMV_N_STREAM_UNROLL (PPTM_MIN_BLOCKS_PER_SM == 1 ? 2 : 1)
+#endif
+
+// Whether a prologue functor is a plain read of an f32 buffer (codegen gives it `plain()`, the
+// buffer) rather than stages computed per element.
+template <class P, class = void>
+struct pptm_plain_pro {
+    static constexpr bool value = false;
+};
+template <class P>
+struct pptm_plain_pro<P, decltype((void)static_cast<const float*>(((const P*)nullptr)->plain()))> {
+    static constexpr bool value = true;
+};
+
+template <class R, class Epi>
+__device__ __forceinline__ double pptm_gemv_n_stream(const float* A, uint64_t m, uint64_t n, const float* xv, const Epi& epi,
+                                                     float* out, const pptm_block_ctx& b) {
+    constexpr uint32_t RPW = PPTM_GEMV_N_ROWS_PER_WARP, U = PPTM_GEMV_N_STREAM_UNROLL;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint64_t group_rows = (uint64_t)PPTM_WARPS * RPW;
+    const uint64_t groups = m / group_rows + (m % group_rows != 0);
+    const uint64_t pieces = n / 4;
+    double red = R::identity();
+    for (uint64_t g = b.block; g < groups; g += b.nblocks) {
+        pptm_tick(b);
+        const uint64_t row0 = g * group_rows + warp * RPW;
+        const uint32_t rows = row0 < m ? (uint32_t)min((uint64_t)RPW, m - row0) : 0u;  // warp-uniform
+        float acc = 0.0f;  // row row0 + lane's dot product, in lane r < rows
+        if (rows != 0) {
+            // A warp's rows past m read its last row again (their sums are dropped).
+            const float* a[RPW];
+#pragma unroll
+            for (uint32_t r = 0; r < RPW; ++r) a[r] = A + (row0 + min(r, rows - 1)) * n;
+            float s[RPW][U];
+#pragma unroll
+            for (uint32_t r = 0; r < RPW; ++r)
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u) s[r][u] = 0.0f;
+#pragma unroll 1
+            for (uint64_t q = lane; q < pieces; q += 32 * U) {
+                pptm_f4 x[U], v[RPW][U];
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u) {
+                    const uint64_t p = q + 32 * u;
+                    const bool in = p < pieces;
+#pragma unroll
+                    for (uint32_t r = 0; r < RPW; ++r) v[r][u] = in ? pptm_ld_cg_f4(a[r] + 4 * p) : pptm_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                    x[u] = in ? pptm_ld_cg_f4(xv + 4 * p) : pptm_f4{0.0f, 0.0f, 0.0f, 0.0f};
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < U; ++u)
+#pragma unroll
+                    for (uint32_t r = 0; r < RPW; ++r) s[r][u] += pptm_dot4(v[r][u], x[u]);
+            }
+#pragma unroll
+            for (uint32_t r = 0; r < RPW; ++r) {
+                float t = s[r][0];
+#pragma unroll
+                for (uint32_t u = 1; u < U; ++u) t += s[r][u];
+                t = pptm_warp_sum(t);
+                if (lane == r) acc = t;
+            }
+        }
+        const uint64_t i = row0 + lane;
+        if (lane < rows) {
+            const float y = epi(i, acc);
+            if (out != nullptr) out[i] = y;
+            red = R::combine(red, (double)y);
+        }
+    }
+    PPTM_CLK(5);
+    return pptm_block_partial<R>(red, b.red_smem);
+}
+
 // A is f32, or stored in bf16, fp16 or E4M3 (a narrow-storage GEMV on CUDA cores: each element
 // widened to f32 as it is loaded, the vector and the sums f32).
 template <class R, class E, class Pro, class Epi>
@@ -248,6 +340,10 @@ __device__ __forceinline__ double pptm_gemv_n(const E* A, uint64_t m, uint64_t n
     // elements of 16 bytes; chunk starts are multiples of CH, so every chunk of a row is aligned too.
     const bool vec = pptm_aligned16(A) && n % V == 0;
     const bool few = m < PPTM_GEMV_N_SHORT_BELOW;
+    if constexpr (rowwise && pptm_plain_pro<Pro>::value) {
+        if (vec && !few && n >= PPTM_GEMV_N_STREAM_FROM && pptm_aligned16(pro.plain()))
+            return pptm_gemv_n_stream<R>(A, m, n, pro.plain(), epi, out, b);
+    }
     const uint32_t rpw = few ? 1u : PPTM_GEMV_N_ROWS_PER_WARP;
     const uint64_t group_rows = (uint64_t)PPTM_WARPS * rpw;
     const uint64_t groups = m / group_rows + (m % group_rows != 0);

@@ -281,6 +281,7 @@ struct pptm_pro_8c7d565f {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_8c7d565f {
     pptm_env_8c7d565f e;
@@ -380,6 +381,7 @@ struct pptm_pro_1a49f4e6 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_1a49f4e6 {
     pptm_env_1a49f4e6 e;
@@ -444,6 +446,7 @@ struct pptm_pro_6fa76f28 {
     __device__ __forceinline__ float operator()(uint64_t j) const {
         return pptm_ld_cg_f32(e.a0 + j);
     }
+    __device__ __forceinline__ const float* plain() const { return e.a0; }
 };
 struct pptm_epi_6fa76f28 {
     pptm_env_6fa76f28 e;
