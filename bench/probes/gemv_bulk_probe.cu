@@ -15,50 +15,7 @@
 //   * copy: a plain read of A (sum of its values), the bandwidth roof of this access.
 // Every variant is checked against an f64 reference (1e-4 of the terms' magnitude), then timed by
 // CUDA events (median and p99 of `reps`).
-#define PPTM_BLOCK_THREADS 512
-#define PPTM_MAX_K 16
-#define PPTM_PAIR_MAX_FEATURES 128
-#define PPTM_MATMUL_SMALL_BELOW 64
-#define PPTM_MATMUL_DIRECT_ROWS 8
-#define PPTM_MATMUL_DIRECT_COLS 16
-#define PPTM_MATMUL_DIRECT_MAX_TILES 256
-#define PPTM_MMA_LARGE_FROM 128
-#define PPTM_WGMMA_FROM 16777216
-#define PPTM_DYNAMIC_SMEM_BYTES 231424
-#define PPTM_GUARD_SAMPLES 16
-#define PPTM_GEMV_N_SHORT_BELOW 8192
-#define PPTM_GEMV_MMA_ROWS 16
-#define PPTM_GEMV_T_NARROW_BELOW 4096
-#define PPTM_GEMV_T_NARROW_COLS 8
-#include "pptm/abi.h"
-#include "pptm/device.cuh"
-#include "pptm/pattern/mma.cuh"
-
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
-
-struct ProbePro {
-    const float* x;
-    __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(x + j); }
-};
-struct ProbeEpi {
-    __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
-};
+#include "gemv_probe_common.h"
 
 template <int PER_SM>
 __global__ void __launch_bounds__(PPTM_BLOCK_THREADS, PER_SM) pattern_kernel(const float* A, const float* x, float* out, uint64_t m, uint64_t n) {

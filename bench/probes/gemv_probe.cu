@@ -10,52 +10,7 @@
 // against an f64 reference on the same stored A, then timed with CUDA events (median and p99 of
 // `reps` runs after warm-up) and reported as time and A's bytes per second, beside the tensor-core
 // GEMV (pattern/mma.cuh) for bf16 and E4M3. Figures from an H100 are in linear.cuh's gemv_n notes.
-#define PPTM_BLOCK_THREADS 512
-#define PPTM_MAX_K 16
-#define PPTM_PAIR_MAX_FEATURES 128
-#define PPTM_MATMUL_SMALL_BELOW 64
-#define PPTM_MATMUL_DIRECT_ROWS 8
-#define PPTM_MATMUL_DIRECT_COLS 16
-#define PPTM_MATMUL_DIRECT_MAX_TILES 256
-#define PPTM_MMA_LARGE_FROM 128
-#define PPTM_WGMMA_FROM 16777216
-#define PPTM_DYNAMIC_SMEM_BYTES 231424
-#define PPTM_GUARD_SAMPLES 16
-#define PPTM_GEMV_N_SHORT_BELOW 8192
-#define PPTM_GEMV_MMA_ROWS 16
-#define PPTM_GEMV_T_NARROW_BELOW 4096
-#define PPTM_GEMV_T_NARROW_COLS 8
-#include "pptm/abi.h"
-#include "pptm/device.cuh"
-#include "pptm/pattern/mma.cuh"
-
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <type_traits>
-#include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
-
-struct ProbePro {
-    const float* x;
-    __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(x + j); }
-};
-struct ProbeEpi {
-    __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
-};
+#include "gemv_probe_common.h"
 
 // ---- kernels ----------------------------------------------------------------------------------
 

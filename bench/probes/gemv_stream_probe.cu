@@ -13,50 +13,7 @@
 //              memory (through L1 or L2) at the same pieces for all four rows, U pieces of each row
 //              a lane in flight; no shared memory, no barrier; each row summed across the warp once.
 // Every y is checked against an f64 reference; times are CUDA-event medians and p99 of `reps`.
-#define PPTM_BLOCK_THREADS 512
-#define PPTM_MAX_K 16
-#define PPTM_PAIR_MAX_FEATURES 128
-#define PPTM_MATMUL_SMALL_BELOW 64
-#define PPTM_MATMUL_DIRECT_ROWS 8
-#define PPTM_MATMUL_DIRECT_COLS 16
-#define PPTM_MATMUL_DIRECT_MAX_TILES 256
-#define PPTM_MMA_LARGE_FROM 128
-#define PPTM_WGMMA_FROM 16777216
-#define PPTM_DYNAMIC_SMEM_BYTES 231424
-#define PPTM_GUARD_SAMPLES 16
-#define PPTM_GEMV_N_SHORT_BELOW 8192
-#define PPTM_GEMV_MMA_ROWS 16
-#define PPTM_GEMV_T_NARROW_BELOW 4096
-#define PPTM_GEMV_T_NARROW_COLS 8
-#include "pptm/abi.h"
-#include "pptm/device.cuh"
-#include "pptm/pattern/linear.cuh"
-
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
-
-struct ProbePro {
-    const float* x;
-    __device__ __forceinline__ float operator()(uint64_t j) const { return pptm_ld_cg_f32(x + j); }
-};
-struct ProbeEpi {
-    __device__ __forceinline__ float operator()(uint64_t, float acc) const { return acc; }
-};
+#include "gemv_probe_common.h"
 
 __device__ __forceinline__ pptm_f4 ld_ca_f4(const float* p) {
     pptm_f4 v;
