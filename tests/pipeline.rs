@@ -320,6 +320,105 @@ fn a_failing_item_fails_its_pipeline(rt: &Runtime) {
     );
 }
 
+/// Elementwise steps over many blocks that nothing waits for run without their blocks meeting
+/// (light steps, on the GPU): a non-finite value in the last block's share still fails the item
+/// that checks it, by name, the steps after it still run, and a kept run with finite inputs
+/// afterwards reports no failure (a step's result starts afresh every run).
+fn a_failing_light_step_on_many_blocks(rt: &Runtime) {
+    let what = rt.describe();
+    for n in [4099, 20_003] {
+        let (x, c) = (uniform(n, -1.0, 1.0), uniform(n, -1.0, 1.0));
+        let mut xb = rt.upload(&x).unwrap();
+        let cb = rt.upload(&c).unwrap();
+        let poisoned = || vec![f32::NAN; n];
+        let (mut u, mut v) = (
+            rt.upload(&poisoned()).unwrap(),
+            rt.upload(&poisoned()).unwrap(),
+        );
+        let (mut w, mut z) = (
+            rt.upload(&poisoned()).unwrap(),
+            rt.upload(&poisoned()).unwrap(),
+        );
+        let mut p = rt.pipeline();
+        let ci = p.input(&cb);
+        let (xo, uo, vo) = (p.output(&mut xb), p.output(&mut u), p.output(&mut v));
+        let (wo, zo) = (p.output(&mut w), p.output(&mut z));
+        BlendA::push(&mut p, xo, ci, 0.5, 0.25, uo).unwrap();
+        for _ in 0..3 {
+            BlendA::push(&mut p, uo, ci, 0.5, 0.25, vo).unwrap();
+            BlendA::push(&mut p, vo, ci, 0.5, 0.25, uo).unwrap();
+        }
+        SquareA::push(&mut p, uo, wo).unwrap(); // item 7: checks its values are finite
+        BlendA::push(&mut p, wo, ci, 1.0, 1.0, zo).unwrap();
+        let want = |x: &[f32]| {
+            let wc = wide(&c);
+            let mut wu = blend(0.5, &wide(x), 0.25, &wc);
+            for _ in 0..3 {
+                wu = blend(0.5, &blend(0.5, &wu, 0.25, &wc), 0.25, &wc);
+            }
+            let ww: Vec<f64> = wu.iter().map(|u| u * u).collect();
+            let wz = blend(1.0, &ww, 1.0, &wc);
+            (wu, ww, wz)
+        };
+        // Kept from a clean first run, then run with an infinity in the last element's share.
+        let (_, mut kept) = p.wait_and_keep().unwrap();
+        let mut bad = x.clone();
+        bad[n - 2] = f32::INFINITY;
+        for (run, input) in [(1, &bad), (2, &x)] {
+            kept.buffer_mut(xo).unwrap().write(input).unwrap();
+            for o in [uo, vo, wo, zo] {
+                kept.buffer_mut(o).unwrap().write(&poisoned()).unwrap();
+            }
+            let got = kept.run();
+            let read = |o| kept.buffer(o).unwrap().to_vec().unwrap();
+            let (wu, ww, wz) = want(input);
+            if run == 1 {
+                match got {
+                    Err(Error::PipelineItem {
+                        item,
+                        chain,
+                        source,
+                    }) => {
+                        assert_eq!((item, chain), (7, "SquareA"), "{what}: n = {n}");
+                        assert!(
+                            matches!(*source, Error::NonFinite { .. }),
+                            "{what}: n = {n}: {source}"
+                        );
+                    }
+                    other => panic!(
+                        "{what}: n = {n}: expected item 7 to fail the pipeline, got {other:?}"
+                    ),
+                }
+                // Every item ran: the finite elements are right, the infinite one stays so.
+                let (gu, gz) = (read(uo), read(zo));
+                assert!(
+                    gu[n - 2].is_infinite() && gz[n - 2].is_infinite(),
+                    "{what}: n = {n}"
+                );
+                let finite = |v: &[f32], w: &[f64]| -> (Vec<f32>, Vec<f64>) {
+                    v.iter()
+                        .zip(w)
+                        .enumerate()
+                        .filter(|&(i, _)| i != n - 2)
+                        .map(|(_, (a, b))| (*a, *b))
+                        .unzip()
+                };
+                let (fu, wfu) = finite(&gu, &wu);
+                assert_vec_close(&fu, &wfu, &format!("{what}: run {run}, u, n = {n}"));
+                let (fz, wfz) = finite(&gz, &wz);
+                assert_vec_close(&fz, &wfz, &format!("{what}: run {run}, z, n = {n}"));
+            } else {
+                got.unwrap_or_else(|e| {
+                    panic!("{what}: n = {n}: a clean run after a failed one: {e}")
+                });
+                assert_vec_close(&read(uo), &wu, &format!("{what}: run {run}, u, n = {n}"));
+                assert_vec_close(&read(wo), &ww, &format!("{what}: run {run}, w, n = {n}"));
+                assert_vec_close(&read(zo), &wz, &format!("{what}: run {run}, z, n = {n}"));
+            }
+        }
+    }
+}
+
 /// A pipeline dropped with items in flight runs them all before its buffers are free again.
 fn a_dropped_pipeline_loses_nothing(rt: &Runtime) {
     let what = rt.describe();
@@ -1154,6 +1253,7 @@ on_every_backend!(
     writes_wait_for_earlier_readers_and_writers,
     table_reads_wait_for_whole_items,
     a_failing_item_fails_its_pipeline,
+    a_failing_light_step_on_many_blocks,
     a_dropped_pipeline_loses_nothing,
     bad_handles_are_refused
 );

@@ -66,7 +66,7 @@ typedef unsigned long long uint64_t;
 #endif
 
 /* Bumped whenever any layout below changes. */
-#define PPTM_ABI_VERSION 16u
+#define PPTM_ABI_VERSION 17u
 
 /* Argument words in a descriptor: device pointers, element counts and f32 scalars (as bits). */
 #define PPTM_DESC_ARGS 15u
@@ -220,6 +220,15 @@ typedef struct pptm_desc {
  * then ends with no fence at all. */
 #define PPTM_STEP_FINISHED 1u
 #define PPTM_STEP_DONE 2u
+/* A light step: a map-pattern step with no reduction that nothing waits for (neither flag above).
+ * Its blocks never meet: each block, done with its share, folds its status, paths and end into the
+ * step's result with relaxed reductions (max, or, max) and goes on to its next step at once. The
+ * result (zeroed at the plan's start) then holds the worst status of any block and iteration, and
+ * the latest end. */
+#define PPTM_STEP_LIGHT 4u
+/* With PPTM_STEP_LIGHT: the chain checks its values are finite (`finite = true`), so the block's
+ * threads meet before its status is folded; without it a light step has no barrier of its own. */
+#define PPTM_STEP_CHECKS_FINITE 8u
 
 /* One step of a plan (192 bytes). */
 typedef struct pptm_plan_step {
@@ -239,7 +248,7 @@ typedef struct pptm_plan_result {
     uint32_t paths;  /* PPTM_PATH_* */
     double value;    /* the step's scalar (a reducing chain), the iterations of a PLAN_LOOP, else 0 */
     uint64_t start;  /* %globaltimer when block 0 took the step */
-    uint64_t end;    /* %globaltimer when its last block finished it */
+    uint64_t end;    /* %globaltimer when its last block finished it (a light step: the latest block) */
 } pptm_plan_result;
 
 /* One submission slot (256 bytes): a pptm_desc, one tagged word per u32 (see above). Also the

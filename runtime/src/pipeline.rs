@@ -31,8 +31,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Manifold;
 use crate::gpu::abi::{
     PPTM_DEP_IN_LOOP, PPTM_OP_PLAN, PPTM_OP_PLAN_LOOP, PPTM_OP_PLAN_WAIT, PPTM_OP_PLAN_WHEN,
-    PPTM_PLAN_DEPS, PPTM_STATUS_OK, PPTM_STEP_DONE, PPTM_STEP_FINISHED, PPTM_SYNC_BARRIER,
-    PPTM_SYNC_DEPS, pptm_desc, pptm_plan_step,
+    PPTM_PLAN_DEPS, PPTM_STATUS_OK, PPTM_STEP_CHECKS_FINITE, PPTM_STEP_DONE, PPTM_STEP_FINISHED,
+    PPTM_STEP_LIGHT, PPTM_SYNC_BARRIER, PPTM_SYNC_DEPS, pptm_desc, pptm_plan_step,
 };
 use crate::gpu::plan::{self, Region};
 use crate::guard::GuardNote;
@@ -198,6 +198,11 @@ struct Entry {
 struct StepMeta {
     tile: Option<Tile>,
     blocks: u32,
+    /// Blocks the step's item asks for dispatched alone (a plan of one step).
+    alone_blocks: u32,
+    /// A map step with no reduction: light (`PPTM_STEP_LIGHT`) if nothing waits for it, with
+    /// whether it checks its values are finite.
+    light: Option<bool>,
     /// The loop step that closes the loop this step is in.
     loop_end: Option<usize>,
     /// A PLAN_WAIT step: the plan and step whose `done` word it waits for.
@@ -701,6 +706,8 @@ impl<'p> Pipeline<'p> {
             plan.meta.push(StepMeta {
                 tile: None,
                 blocks: item.desc.blocks,
+                alone_blocks: item.desc.blocks,
+                light: None,
                 loop_end: None,
                 wait_on,
             });
@@ -742,6 +749,8 @@ impl<'p> Pipeline<'p> {
         plan.meta.push(StepMeta {
             tile: item.tile,
             blocks: item.desc.blocks,
+            alone_blocks: item.alone_blocks,
+            light: item.light,
             loop_end: None,
             wait_on: None,
         });
@@ -848,6 +857,8 @@ impl<'p> Pipeline<'p> {
             plan.meta.push(StepMeta {
                 tile: None,
                 blocks: 0,
+                alone_blocks: 0,
+                light: None,
                 loop_end: None,
                 wait_on: None,
             });
@@ -1019,6 +1030,8 @@ impl<'p> Pipeline<'p> {
                 plan_.meta.push(StepMeta {
                     tile: None,
                     blocks: 0,
+                    alone_blocks: 0,
+                    light: None,
                     loop_end: None,
                     wait_on: None,
                 });
@@ -1197,6 +1210,13 @@ impl<'p> Pipeline<'p> {
         for &p in batch {
             let mut steps = std::mem::take(&mut self.plans[p].steps);
             for (s, m) in steps.iter_mut().zip(&self.plans[p].meta) {
+                // Every step that will wait for this one is recorded by now (a plan is dispatched
+                // once, and later plans wait for its completion).
+                if let Some(checks) = m.light
+                    && s.flags & (PPTM_STEP_FINISHED | PPTM_STEP_DONE) == 0
+                {
+                    s.flags |= PPTM_STEP_LIGHT | if checks { PPTM_STEP_CHECKS_FINITE } else { 0 };
+                }
                 if let Some((pj, sj)) = m.wait_on {
                     let other = &self.plans[pj];
                     let f = other.flight.as_ref().expect("dispatched before or now");
@@ -1240,9 +1260,9 @@ impl<'p> Pipeline<'p> {
                 .iter()
                 .find(|e| matches!(e.state, State::Planned { plan: ep, .. } if ep == p))
                 .map_or("pipeline item", |e| e.chain);
-            let cell = self
-                .rt
-                .push(&f.manifold, &plan.steps[0].desc, true, false, chain)?;
+            let mut desc = plan.steps[0].desc;
+            desc.blocks = plan.meta[0].alone_blocks;
+            let cell = self.rt.push(&f.manifold, &desc, true, false, chain)?;
             let ticket = Ticket::pending(chain, f.manifold.clone(), cell);
             let f = self.plans[p].flight.as_mut().expect("reserved");
             f.ticket = Some(ticket);

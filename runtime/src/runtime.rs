@@ -104,7 +104,13 @@ impl<'a, R: crate::chain::ChainOutput> Routed<'a, R> {
 /// An item a pipeline records for a plan: its descriptor, and what the plan needs to know.
 pub(crate) struct PlannedItem {
     pub code: &'static DomainCode,
+    /// As a step of a plan (`blocks`: a light map step spreads wider than alone).
     pub desc: pptm_desc,
+    /// Blocks the item asks for when it is dispatched alone (a plan of one step).
+    pub alone_blocks: u32,
+    /// A map chain with no reduction, which runs as a light step (`PPTM_STEP_LIGHT`) unless a
+    /// later step waits for it: `Some(whether it checks its values are finite)`.
+    pub light: Option<bool>,
     pub guard: Option<GuardNote>,
     /// For a chain of the map pattern, how its elements fall to blocks.
     pub tile: Option<Tile>,
@@ -1601,11 +1607,21 @@ impl Runtime {
                 match route {
                     Route::Manifold(r) if matches!(mode, SubmitMode::Plan) => {
                         drop(r);
+                        let map = ir.plan.pattern == pptm_spec::Pattern::Map;
+                        // A map step with no reduction has no finish: in a plan its blocks need
+                        // not meet (a light step, unless a later step waits for it), so it
+                        // spreads one 16-byte chunk a thread; alone it keeps `blocks_for`'s.
+                        let light = map && ir.reduction().is_none();
+                        let alone_blocks = desc.blocks;
+                        if light && !ir.maps_each() {
+                            let fine = ir
+                                .flow_elements(0, &sizes)
+                                .div_ceil(pptm_spec::work::PLAN_MAP_ELEMS_PER_BLOCK);
+                            desc.blocks = u32::try_from(fine).unwrap_or(u32::MAX).max(1);
+                        }
                         // A chain that reads a table reads any element of it from any block:
                         // no tile, so its hazards wait for whole items.
-                        let tile = (ir.plan.pattern == pptm_spec::Pattern::Map
-                            && !ir.reads_tables())
-                        .then(|| Tile {
+                        let tile = (map && !ir.reads_tables()).then(|| Tile {
                             elements: ir.flow_elements(0, &sizes),
                             blocks: desc.blocks,
                             per_block: ir.map_elems_per_block(),
@@ -1614,6 +1630,8 @@ impl Runtime {
                         Ok(Routed::Planned(PlannedItem {
                             code: C::DOMAIN,
                             desc,
+                            alone_blocks,
+                            light: light.then(|| ir.stages.iter().any(|s| s.finite)),
                             guard,
                             tile,
                             scratch: lent

@@ -54,6 +54,13 @@ pub mod work {
     /// steps or more): a quarter of a block's threads, so that a few thousand elements spread over
     /// every SM (`pptm_map_each` gives each block an equal run of them, one element a thread).
     pub const HEAVY_ELEMS_PER_BLOCK: usize = 128;
+    /// Elements per block of a light elementwise pass that is a step of a pipeline's plan, with
+    /// no reduction: one 16-byte chunk a thread. Alone, such an item stays on few blocks (a
+    /// multi-block item pays an arrival); in a plan its blocks need not meet at all (a
+    /// `PPTM_STEP_LIGHT` step), and a chain of them over the same elements runs block by block.
+    /// 170 dependent 4096-element blends: 1.85 µs a step on one block, 1.27 on two (H200,
+    /// bench/probes/plan_probe.cu).
+    pub const PLAN_MAP_ELEMS_PER_BLOCK: usize = 4 * crate::BLOCK_THREADS as usize;
     /// Output rows per block of a GEMV (16 warps, 4 rows each).
     pub const GEMV_ROWS_PER_BLOCK: usize = 64;
     /// A GEMV of fewer rows than this gives each warp one row (16 a block), for four times the

@@ -2,7 +2,7 @@
 
 // GENERATED from kernels/pptm/abi.h by `cargo xtask abi`. Do not edit.
 
-pub const PPTM_ABI_VERSION: u32 = 16;
+pub const PPTM_ABI_VERSION: u32 = 17;
 pub const PPTM_DESC_ARGS: u32 = 15;
 pub const PPTM_SQ_SLOT_WORDS: u32 = 32;
 pub const PPTM_STAGE_SLOTS: u32 = 64;
@@ -39,6 +39,8 @@ pub const PPTM_DEP_NONE: u32 = 4294967295;
 pub const PPTM_PLAN_HEADER_BYTES: u32 = 128;
 pub const PPTM_STEP_FINISHED: u32 = 1;
 pub const PPTM_STEP_DONE: u32 = 2;
+pub const PPTM_STEP_LIGHT: u32 = 4;
+pub const PPTM_STEP_CHECKS_FINITE: u32 = 8;
 pub const PPTM_MAX_STAGES: u32 = 16;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
