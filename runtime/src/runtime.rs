@@ -194,6 +194,12 @@ pub struct Config {
     /// every earlier item and before every later one. `false`: every item in order, one at a
     /// time. Default `true`, or `PPTM_SIDE_BY_SIDE=0` for `false`.
     pub side_by_side: bool,
+    /// Whether a pipeline's elementwise steps with no reduction run as light steps on the
+    /// manifolds: spread one 16-byte chunk a thread, their blocks not meeting at their end where
+    /// no later step waits for them (docs/pipelines.md, "Ordering"). `false`: such steps take the
+    /// blocks they take alone, and every step of several blocks ends with its blocks' arrival
+    /// (for comparisons). Default `true`, or `PPTM_LIGHT_STEPS=0` for `false`.
+    pub light_steps: bool,
 }
 
 impl Default for Config {
@@ -217,6 +223,7 @@ impl Default for Config {
             plan_arena_bytes: 4 << 20,
             host_pool_bytes: 1 << 30,
             side_by_side: std::env::var("PPTM_SIDE_BY_SIDE").map_or(true, |v| v.trim() != "0"),
+            light_steps: std::env::var("PPTM_LIGHT_STEPS").map_or(true, |v| v.trim() != "0"),
             park_when_idle: ms_from_env("PPTM_PARK_MS")
                 .map_or(Some(Duration::from_millis(100)), |ms| {
                     (ms > 0).then(|| Duration::from_millis(ms))
@@ -1611,7 +1618,7 @@ impl Runtime {
                         // A map step with no reduction has no finish: in a plan its blocks need
                         // not meet (a light step, unless a later step waits for it), so it
                         // spreads one 16-byte chunk a thread; alone it keeps `blocks_for`'s.
-                        let light = map && ir.reduction().is_none();
+                        let light = map && ir.reduction().is_none() && self.config.light_steps;
                         let alone_blocks = desc.blocks;
                         if light && !ir.maps_each() {
                             let fine = ir
