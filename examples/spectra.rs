@@ -174,25 +174,30 @@ fn main() -> Result<(), Box<dyn Error>> {
     );
 
     // Fit every batch, and time the device work of one (its spectra resident) and the whole.
-    let mut fitter = Fitter::new(&rt, t, knots, &set.pixels, set.velocities, degree, batch)?;
+    // Two fitters: the host loads one batch while the device fits the other.
+    let fitter = Fitter::new(&rt, t, knots, &set.pixels, set.velocities, degree, batch)?;
+    let mut fitters = [fitter.twin(&rt)?, fitter];
     let per = t.rows.len() * set.velocities.count;
     let (mut chi2, mut fits) = (Vec::with_capacity(spectra * per), Vec::new());
     let started = Instant::now();
-    for first in (0..spectra).step_by(batch) {
-        let last = (first + batch).min(spectra);
-        let range = first * pixels..last * pixels;
-        let n = fitter.load(&data.flux[range.clone()], &data.ivar[range])?;
-        fitter.run(&rt)?;
-        let out = fitter.results(n)?;
-        chi2.extend(out.chi2);
-        fits.extend(out.fits);
-    }
+    fit_overlapped(
+        &rt,
+        &mut fitters,
+        &data,
+        batch,
+        0..spectra.div_ceil(batch),
+        |_, out| {
+            chi2.extend(out.chi2);
+            fits.extend(out.fits);
+        },
+    )?;
     let whole = started.elapsed().as_secs_f64();
     println!(
-        "  end to end (upload, fit, results on the host): {:.3} s, {:.0} spectra/s",
+        "  end to end (upload, fit, results on the host; the next batch loaded while one runs): {:.3} s, {:.0} spectra/s",
         whole,
         spectra as f64 / whole
     );
+    let [_, mut fitter] = fitters;
     let reps = if gpu { 20 } else { 2 };
     let stats = pptm::timing::measure(1, reps, || fitter.run(&rt))?;
     let rate = batch as f64 / (stats.median_us * 1e-6);
@@ -321,7 +326,6 @@ fn sharded(
 ) -> Result<Sharded, Box<dyn Error>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Barrier, Mutex};
-    let pixels = set.pixels.len;
     let spectra = data.truth.len();
     let batches = spectra.div_ceil(batch);
     let next = AtomicUsize::new(0);
@@ -337,24 +341,24 @@ fn sharded(
                 scope.spawn(move || -> pptm::Result<()> {
                     let t = &set.templates;
                     let knots = prepare(rt, t);
-                    let fitter = knots.and_then(|k| {
-                        Fitter::new(rt, t, k, &set.pixels, set.velocities, set.degree, batch)
+                    let fitters = knots.and_then(|k| {
+                        let f =
+                            Fitter::new(rt, t, k, &set.pixels, set.velocities, set.degree, batch)?;
+                        Ok([f.twin(rt)?, f])
                     });
                     ready.wait();
                     // Every thread meets the others at `done`, an error or not (the caller
                     // waits there too).
-                    let fitted = fitter.and_then(|mut fitter| {
-                        loop {
+                    let fitted = fitters.and_then(|mut fitters| {
+                        let take = std::iter::from_fn(|| {
                             let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= batches {
-                                return Ok(fitter);
-                            }
-                            let range = i * batch * pixels..((i + 1) * batch).min(spectra) * pixels;
-                            let n = fitter.load(&data.flux[range.clone()], &data.ivar[range])?;
-                            fitter.run(rt)?;
-                            let chi2 = fitter.results(n)?.chi2;
-                            results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(chi2);
-                        }
+                            (i < batches).then_some(i)
+                        });
+                        fit_overlapped(rt, &mut fitters, data, batch, take, |i, out| {
+                            results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(out.chi2);
+                        })?;
+                        let [_, fitter] = fitters;
+                        Ok(fitter)
                     });
                     done.wait();
                     let mut fitter = fitted?;
@@ -384,6 +388,44 @@ fn sharded(
         wall_s,
         device_rate: (rts.len() * batch * reps) as f64 / device_s,
     })
+}
+
+/// Fits the batches `order` yields (batch indices into `data`, `batch` spectra each) on `rt` with
+/// two fitters: while the device fits one batch, the host loads the next into the other fitter.
+/// `sink` gets each batch's index and results as they arrive.
+fn fit_overlapped(
+    rt: &Runtime,
+    fitters: &mut [Fitter; 2],
+    data: &reference::Spectra,
+    batch: usize,
+    mut order: impl Iterator<Item = usize>,
+    mut sink: impl FnMut(usize, BatchFit),
+) -> pptm::Result<()> {
+    let spectra = data.truth.len();
+    let pixels = data.flux.len() / spectra.max(1);
+    let load = |f: &mut Fitter, i: usize| {
+        let range = i * batch * pixels..((i + 1) * batch).min(spectra) * pixels;
+        f.load(&data.flux[range.clone()], &data.ivar[range])
+    };
+    let [mut cur, mut other] = fitters.each_mut();
+    let Some(mut i) = order.next() else {
+        return Ok(());
+    };
+    let mut n = load(cur, i)?;
+    loop {
+        let running = cur.start(rt)?;
+        let next = match order.next() {
+            Some(j) => Some((j, load(other, j)?)),
+            None => None,
+        };
+        running.wait()?;
+        sink(i, cur.results(n)?);
+        let Some((j, m)) = next else {
+            return Ok(());
+        };
+        std::mem::swap(&mut cur, &mut other);
+        (i, n) = (j, m);
+    }
 }
 
 /// The largest relative difference of a χ² grid from a reference, NaN where the reference is NaN
@@ -581,6 +623,24 @@ mod tests {
             let err = relative(&got.chi2, want.iter().copied());
             assert!(err <= 1e-5, "log {log}, degree {degree}: {err:.2e}");
             assert!(got.fits[2].chi2.is_nan());
+
+            // A shorter batch after it, on a twin started while the first fitter's batch runs:
+            // the rows it does not fill are spectra of zero weight again (NaN), not the last
+            // batch's, and both fitters give the first spectrum alike.
+            let mut twin = fitter.twin(&cpu).unwrap();
+            assert_eq!(twin.load(&data.flux, &data.ivar).unwrap(), 3);
+            assert_eq!(twin.load(&data.flux[..101], &data.ivar[..101]).unwrap(), 1);
+            let running = twin.start(&cpu).unwrap();
+            assert_eq!(
+                fitter.load(&data.flux[..101], &data.ivar[..101]).unwrap(),
+                1
+            );
+            running.wait().unwrap();
+            let again = twin.results(4).unwrap();
+            assert_eq!(again.chi2[..21], got.chi2[..21]);
+            assert!(again.chi2[21..].iter().all(|x| x.is_nan()));
+            fitter.run(&cpu).unwrap();
+            assert_eq!(fitter.results(1).unwrap().chi2, again.chi2[..21]);
         }
     }
 

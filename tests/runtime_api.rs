@@ -80,6 +80,30 @@ fn bad_input_is_a_typed_error(rt: &Runtime) {
             slice: 3
         })
     ));
+    // Writes into part of a buffer: in range they change only their elements; past the end
+    // (or at an offset whose sum overflows) they are typed errors that change nothing.
+    let before = qm.to_vec().unwrap();
+    assert!(matches!(
+        qm.write_at(8, &[1.0; 3]),
+        Err(Error::WriteOutOfRange {
+            buffer: 10,
+            offset: 8,
+            len: 3
+        })
+    ));
+    assert!(matches!(
+        qm.write_at(usize::MAX, &[1.0; 2]),
+        Err(Error::WriteOutOfRange { .. })
+    ));
+    assert_eq!(qm.to_vec().unwrap(), before);
+    let part = positive(3);
+    qm.write_at(7, &part).unwrap();
+    qm.write_at(10, &[]).unwrap();
+    qm.write_at(0, &part[..1]).unwrap();
+    let mut want = before.clone();
+    want[7..].copy_from_slice(&part);
+    want[0] = part[0];
+    assert_eq!(qm.to_vec().unwrap(), want);
 
     // Hand-made argument lists (what the generated submit never gets wrong).
     assert!(matches!(

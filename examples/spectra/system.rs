@@ -40,7 +40,7 @@
 // The ops are in the op subset, which has no `saturating_sub`.
 #![allow(clippy::implicit_saturating_sub)]
 
-use pptm::{Buffer, FusionBuilder, Runtime, State, Table, op};
+use pptm::{Buffer, FusionBuilder, Pipeline, Runtime, State, Table, op};
 
 /// The speed of light, km/s.
 pub const LIGHT_SPEED: f64 = 299_792.458;
@@ -205,11 +205,12 @@ pub fn model_grid(idx: f64, knots: Table, coords: Table, pixels: u32) -> f64 {
 }
 
 /// χ² of spectrum s against template row b at velocity r, idx = s (B R) + b R + r, the
-/// continuum (degree `degree`, at most 10) marginalised. `obs`: the spectra, each row its pixels'
-/// (flux, inverse variance) pairs; `models`: [`model_grid`]'s table (pixels x B R). A pixel of
-/// zero weight is left out (its flux may be NaN); a spectrum with none gives NaN.
+/// continuum (degree `degree`, at most 10) marginalised. `flux` and `ivar`: the spectra, a row
+/// each, its pixels' fluxes and inverse variances (two tables, so that a batch is uploaded
+/// straight from the caller's arrays); `models`: [`model_grid`]'s table (pixels x B R). A pixel
+/// of zero weight is left out (its flux may be NaN); a spectrum with none gives NaN.
 #[op]
-pub fn chi2_grid(idx: f64, obs: Table, models: Table, degree: u32) -> f64 {
+pub fn chi2_grid(idx: f64, flux: Table, ivar: Table, models: Table, degree: u32) -> f64 {
     let e = idx as u32;
     let pixels = models.rows();
     let j = e % models.cols();
@@ -223,9 +224,9 @@ pub fn chi2_grid(idx: f64, obs: Table, models: Table, degree: u32) -> f64 {
     let mut rhs = [0.0_f64; 11];
     let mut dd = 0.0_f64;
     for p in 0..pixels {
-        let w = obs.at(s, 2 * p + 1);
+        let w = ivar.at(s, p);
         if w > 0.0 {
-            let d = obs.at(s, 2 * p);
+            let d = flux.at(s, p);
             let model = models.at(p, j);
             let x = p as f64 * scale - 1.0;
             let wm = w * model;
@@ -560,9 +561,11 @@ pub struct Fitter {
     models: Buffer<f32>,
     idx_grid: Buffer<f32>,
     idx_spectra: Buffer<f32>,
-    obs: Buffer<f32>,
-    /// The host's copy of a batch's interleaved (flux, weight) rows, reused batch to batch.
-    staging: Vec<f32>,
+    /// The batch's spectra, a row each: fluxes and inverse variances.
+    flux: Buffer<f32>,
+    ivar: Buffer<f32>,
+    /// The number of spectra of the loaded batch (the rest of the rows have zero weight).
+    loaded: usize,
     chi2: Buffer<f32>,
     fits: Buffer<f32>,
 }
@@ -646,9 +649,51 @@ impl Fitter {
             4,
         )?
         .wait()?;
+        Fitter::with_batch_buffers(
+            rt,
+            (rows, pixels.len, velocities, degree, batch),
+            knots,
+            models,
+        )
+    }
+
+    /// A fitter of the same templates, grid and batch size with batch buffers of its own, so
+    /// that one loads a batch while the other runs ([`Fitter::start`]). The knots and models are
+    /// copied on the device, not recomputed.
+    pub fn twin(&self, rt: &Runtime) -> pptm::Result<Fitter> {
+        let copy = |b: &Buffer<f32>| -> pptm::Result<Buffer<f32>> {
+            let mut c = rt.upload(&vec![f32::NAN; b.len()])?;
+            c.copy_from(b)?;
+            Ok(c)
+        };
+        Fitter::with_batch_buffers(
+            rt,
+            (
+                self.rows,
+                self.pixels,
+                self.velocities,
+                self.degree,
+                self.batch,
+            ),
+            copy(&self.knots)?,
+            copy(&self.models)?,
+        )
+    }
+
+    /// A fitter over made knots and models (checked by the caller), its batch buffers new: the
+    /// spectra of zero weight, the outputs poisoned.
+    fn with_batch_buffers(
+        rt: &Runtime,
+        (rows, pixels, velocities, degree, batch): (usize, usize, Velocities, u32, usize),
+        knots: Buffer<f32>,
+        models: Buffer<f32>,
+    ) -> pptm::Result<Fitter> {
+        let up = |v: &[f32]| rt.upload(v);
+        let poisoned = |len: usize| rt.upload(&vec![f32::NAN; len]);
+        let grid = batch * rows * velocities.count;
         Ok(Fitter {
             rows,
-            pixels: pixels.len,
+            pixels,
             velocities,
             degree,
             batch,
@@ -656,8 +701,9 @@ impl Fitter {
             models,
             idx_grid: up(&iota(grid))?,
             idx_spectra: up(&iota(batch))?,
-            obs: poisoned(2 * batch * pixels.len)?,
-            staging: vec![0.0; 2 * batch * pixels.len],
+            flux: poisoned(batch * pixels)?,
+            ivar: up(&vec![0.0; batch * pixels])?,
+            loaded: 0,
             chi2: poisoned(grid)?,
             fits: poisoned(3 * batch)?,
         })
@@ -677,35 +723,48 @@ impl Fitter {
                 self.batch
             )));
         }
-        let (filled, rest) = self.staging.split_at_mut(2 * flux.len());
-        for ((pair, f), w) in filled.chunks_exact_mut(2).zip(flux).zip(ivar) {
-            pair[0] = *f;
-            pair[1] = *w;
+        // Straight from the caller's arrays; the rows past the batch's spectra get zero weight
+        // (once: a later batch as long leaves them so).
+        self.flux.write_at(0, flux)?;
+        self.ivar.write_at(0, ivar)?;
+        if n < self.loaded {
+            let zeros = vec![0.0; (self.loaded - n) * self.pixels];
+            self.ivar.write_at(ivar.len(), &zeros)?;
         }
-        rest.fill(0.0);
-        self.obs.write(&self.staging)?;
+        self.loaded = n;
         Ok(n)
     }
 
     /// The χ² grid and best fits of the loaded batch, as one pipeline (one submission): the
     /// grid, then the fits.
     pub fn run(&mut self, rt: &Runtime) -> pptm::Result<()> {
+        self.start(rt)?.wait()?;
+        Ok(())
+    }
+
+    /// [`Fitter::run`] without waiting: the pipeline is dispatched and returned, so the host can
+    /// load another fitter's batch while this one runs. Wait on it before reading the results.
+    pub fn start<'a>(&'a mut self, rt: &'a Runtime) -> pptm::Result<Pipeline<'a>> {
         let (rows, r) = (self.rows, self.velocities.count);
         let mut p = rt.pipeline();
         let idx_grid = p.input(&self.idx_grid);
         let idx_spectra = p.input(&self.idx_spectra);
-        let (obs, models) = (p.input(&self.obs), p.input(&self.models));
+        let (flux, ivar) = (p.input(&self.flux), p.input(&self.ivar));
+        let models = p.input(&self.models);
         let chi2 = p.output(&mut self.chi2);
         let fits = p.output(&mut self.fits);
         ChiSquares::push(
             &mut p,
             idx_grid,
-            obs,
+            flux,
+            ivar,
             models,
             self.degree,
             chi2,
             self.batch,
-            2 * self.pixels,
+            self.pixels,
+            self.batch,
+            self.pixels,
             self.pixels,
             rows * r,
         )?;
@@ -720,8 +779,8 @@ impl Fitter {
             self.batch,
             rows * r,
         )?;
-        p.wait()?;
-        Ok(())
+        p.flush()?;
+        Ok(p)
     }
 
     /// The prepared template rows: each knot's (y, M), row by row.

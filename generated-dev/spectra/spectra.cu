@@ -199,7 +199,7 @@ __device__ __forceinline__ double pptm_user_broaden(double idx, pptm_table templ
 }
 
 // #[pptm::op] fn chi2_grid
-__device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs, pptm_table models, unsigned int degree) {
+__device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table flux, pptm_table ivar, pptm_table models, unsigned int degree) {
     const unsigned int e = pptm_user_to_u32(idx);
     const unsigned int pixels = pptm_table_rows(models);
     const unsigned int j = (e % pptm_table_cols(models));
@@ -219,9 +219,9 @@ __device__ __forceinline__ double pptm_user_chi2_grid(double idx, pptm_table obs
     {
         const unsigned int pptm_end_2 = pixels;
         for (unsigned int p = 0u; p < pptm_end_2; ++p) {
-            const double w = pptm_table_at<double>(obs, s, ((2u * p) + 1u));
+            const double w = pptm_table_at<double>(ivar, s, p);
             if ((w > 0.0)) {
-                const double d = pptm_table_at<double>(obs, s, (2u * p));
+                const double d = pptm_table_at<double>(flux, s, p);
                 const double model = pptm_table_at<double>(models, p, j);
                 const double x = ((((double)p) * scale) - 1.0);
                 const double wm = (w * model);
@@ -487,31 +487,34 @@ __device__ __noinline__ uint32_t pptm_run_23577e9f(const pptm_desc& d, const ppt
 }
 
 // chain ChiSquares: Chi2Grid (Map pattern)
-// spec hash f90295c81c089984a62b0fd51c83672ec98c13832fa0c885147149900fa490aa, opcode 0xf90295c8
-struct pptm_env_f90295c8 {
+// spec hash 78bf0424c930ac329d8f1db4a85b21a55bbed0f9c086e9e502302bc339e75b26, opcode 0x78bf0424
+struct pptm_env_78bf0424 {
     const float* a0;  // idx
-    const float* a1;  // obs
-    const float* a2;  // models
-    uint32_t a3;  // degree
-    float* a4;  // out
-    uint64_t a5;  // n
-    uint64_t a6;  // obs_rows
-    uint64_t a7;  // obs_cols
-    uint64_t a8;  // models_rows
-    uint64_t a9;  // models_cols
-    __device__ explicit pptm_env_f90295c8(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3((uint32_t)d.args[3]), a4(reinterpret_cast<float*>(d.args[4])), a5(d.args[5]), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]) {}
+    const float* a1;  // flux
+    const float* a2;  // ivar
+    const float* a3;  // models
+    uint32_t a4;  // degree
+    float* a5;  // out
+    uint64_t a6;  // n
+    uint64_t a7;  // flux_rows
+    uint64_t a8;  // flux_cols
+    uint64_t a9;  // ivar_rows
+    uint64_t a10;  // ivar_cols
+    uint64_t a11;  // models_rows
+    uint64_t a12;  // models_cols
+    __device__ explicit pptm_env_78bf0424(const pptm_desc& d) : a0(reinterpret_cast<const float*>(d.args[0])), a1(reinterpret_cast<const float*>(d.args[1])), a2(reinterpret_cast<const float*>(d.args[2])), a3(reinterpret_cast<const float*>(d.args[3])), a4((uint32_t)d.args[4]), a5(reinterpret_cast<float*>(d.args[5])), a6(d.args[6]), a7(d.args[7]), a8(d.args[8]), a9(d.args[9]), a10(d.args[10]), a11(d.args[11]), a12(d.args[12]) {}
 };
-struct pptm_each_f90295c8 {
-    pptm_env_f90295c8 e;
+struct pptm_each_78bf0424 {
+    pptm_env_78bf0424 e;
     __device__ __forceinline__ double operator()(uint64_t i) const {
-        const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
-        e.a4[i] = (float)s0;
+        const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), e.a4);
+        e.a5[i] = (float)s0;
         return 0.0;
     }
 };
-__device__ __noinline__ uint32_t pptm_run_f90295c8(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
-    const pptm_env_f90295c8 e(d);
-    partial = pptm_map_each<pptm_no_reducer>(e.a5, pptm_each_f90295c8{e}, b);
+__device__ __noinline__ uint32_t pptm_run_78bf0424(const pptm_desc& d, const pptm_block_ctx& b, double& partial) {
+    const pptm_env_78bf0424 e(d);
+    partial = pptm_map_each<pptm_no_reducer>(e.a6, pptm_each_78bf0424{e}, b);
     return PPTM_STATUS_OK;
 }
 
@@ -601,7 +604,7 @@ __device__ __forceinline__ bool pptm_variant_args_ok(const pptm_desc& d) {
     switch (d.opcode) {
     case 0x58d53b06u: return ((d.args[0] | d.args[1] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // BestFits
     case 0x23577e9fu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[7]) & 3ull) == 0 && (d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12]) < (1ull << 48);  // Broadening
-    case 0xf90295c8u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // ChiSquares
+    case 0x78bf0424u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3] | d.args[5]) & 3ull) == 0 && (d.args[6] | d.args[7] | d.args[8] | d.args[9] | d.args[10] | d.args[11] | d.args[12]) < (1ull << 48);  // ChiSquares
     case 0x6d6b1f95u: return ((d.args[0] | d.args[1] | d.args[2]) & 3ull) == 0 && (d.args[3] | d.args[4] | d.args[5]) < (1ull << 48);  // ForwardSweep
     case 0x1870f32eu: return ((d.args[0] | d.args[1] | d.args[2] | d.args[4]) & 3ull) == 0 && (d.args[5] | d.args[6] | d.args[7] | d.args[8] | d.args[9]) < (1ull << 48);  // Models
     case 0xd787af03u: return ((d.args[0] | d.args[1] | d.args[2] | d.args[3]) & 3ull) == 0 && (d.args[4] | d.args[5] | d.args[6] | d.args[7] | d.args[8]) < (1ull << 48);  // SecondDerivatives
@@ -613,7 +616,7 @@ __device__ __forceinline__ uint32_t pptm_run_variant(const pptm_desc& d, const p
     switch (d.opcode) {
     case 0x58d53b06u: return pptm_run_58d53b06(d, b, partial);  // BestFits
     case 0x23577e9fu: return pptm_run_23577e9f(d, b, partial);  // Broadening
-    case 0xf90295c8u: return pptm_run_f90295c8(d, b, partial);  // ChiSquares
+    case 0x78bf0424u: return pptm_run_78bf0424(d, b, partial);  // ChiSquares
     case 0x6d6b1f95u: return pptm_run_6d6b1f95(d, b, partial);  // ForwardSweep
     case 0x1870f32eu: return pptm_run_1870f32e(d, b, partial);  // Models
     case 0xd787af03u: return pptm_run_d787af03(d, b, partial);  // SecondDerivatives
@@ -631,7 +634,7 @@ __device__ __forceinline__ bool pptm_variant_writes_memory(uint32_t opcode) {
     switch (opcode) {
     case 0x58d53b06u: return true;  // BestFits
     case 0x23577e9fu: return true;  // Broadening
-    case 0xf90295c8u: return true;  // ChiSquares
+    case 0x78bf0424u: return true;  // ChiSquares
     case 0x6d6b1f95u: return true;  // ForwardSweep
     case 0x1870f32eu: return true;  // Models
     case 0xd787af03u: return true;  // SecondDerivatives
@@ -680,15 +683,15 @@ __device__ __forceinline__ uint32_t pptm_run_stage(const pptm_desc& d, uint32_t 
         default: return PPTM_STATUS_BAD_OPCODE;
         }
     }
-    case 0xf90295c8u: {  // ChiSquares
-        const pptm_env_f90295c8 e(d);
+    case 0x78bf0424u: {  // ChiSquares
+        const pptm_env_78bf0424 e(d);
         switch (stage) {
         case 0: {  // Chi2Grid
-            const uint64_t count = e.a5;
+            const uint64_t count = e.a6;
             for (uint64_t i = (uint64_t)b.block * PPTM_BLOCK_THREADS + threadIdx.x; i < count; i += (uint64_t)b.nblocks * PPTM_BLOCK_THREADS) {
-                [[maybe_unused]] const uint64_t col = i % e.a5;
-                const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a6, e.a7, 0u), pptm_table_make(e.a2, e.a8, e.a9, 0u), e.a3);
-                e.a4[i] = s0;
+                [[maybe_unused]] const uint64_t col = i % e.a6;
+                const float s0 = pptm_user_chi2_grid(pptm_ld_cg_f32(e.a0 + i), pptm_table_make(e.a1, e.a7, e.a8, 0u), pptm_table_make(e.a2, e.a9, e.a10, 0u), pptm_table_make(e.a3, e.a11, e.a12, 0u), e.a4);
+                e.a5[i] = s0;
             }
             partial = 0.0;
             return PPTM_STATUS_OK;

@@ -242,6 +242,31 @@ impl<T: Element> Buffer<T> {
         Ok(())
     }
 
+    /// Overwrites the `src.len()` elements from element `offset` with `src`, leaving the rest as
+    /// it is: a batch loaded into part of a buffer straight from the caller's array, or a buffer
+    /// filled from several arrays without joining them on the host first.
+    pub fn write_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        let end = match offset.checked_add(src.len()) {
+            Some(end) if end <= self.len => end,
+            _ => {
+                return Err(Error::WriteOutOfRange {
+                    buffer: self.len,
+                    offset,
+                    len: src.len(),
+                });
+            }
+        };
+        match &mut self.storage {
+            Storage::Host(v) => v.write().slice_mut()[offset..end].copy_from_slice(src),
+            Storage::Device(d) if !src.is_empty() => {
+                let at = d.ptr + (offset * std::mem::size_of::<T>()) as u64;
+                d.device.upload(at, bytemuck::cast_slice(src))?
+            }
+            Storage::Device(_) => {}
+        }
+        Ok(())
+    }
+
     /// Sets every element to `value` (e.g. NaN, to poison an output before a run).
     pub fn fill(&mut self, value: T) -> Result<()> {
         match &mut self.storage {

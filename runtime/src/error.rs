@@ -84,6 +84,19 @@ pub enum Error {
         slice: usize,
     },
 
+    /// A write of `len` elements at `offset` reaches past the buffer's end.
+    #[error(
+        "a write of {len} elements at element {offset} reaches past the buffer's {buffer} elements"
+    )]
+    WriteOutOfRange {
+        /// The buffer's length, in elements.
+        buffer: usize,
+        /// Where the write starts, in elements.
+        offset: usize,
+        /// The slice's length, in elements.
+        len: usize,
+    },
+
     /// A buffer passed to a runtime it does not belong to.
     #[error(
         "`{chain}`: buffer `{arg}` belongs to another runtime (or backend); allocate it with this runtime"

@@ -113,6 +113,9 @@ const OTHER_RUNTIME_PARK_WAIT: Duration = Duration::from_secs(5);
 
 /// Bytes a transfer moves per staged copy.
 const STAGING_BYTES: usize = 4 << 20;
+/// The staging buffer is used as two halves, one filled or emptied by the host while the other's
+/// copy runs.
+const STAGING_HALF: usize = STAGING_BYTES / 2;
 
 #[derive(Default)]
 struct Residency {
@@ -848,49 +851,58 @@ impl Device {
     }
 
     /// Copies host bytes to device memory through the staging buffer and waits for the copy.
+    /// The staging buffer's two halves alternate: the host fills one while the other's copy
+    /// runs, so the host's memcpy and the DMA overlap.
     pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
         self.with_transfer(|t| {
-            for (i, chunk) in src.chunks(STAGING_BYTES).enumerate() {
-                // SAFETY: staging holds STAGING_BYTES >= chunk.len(), and no copy from it is in
-                // flight (each one is waited for before the next chunk is staged).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        chunk.as_ptr(),
-                        t.staging.cast::<u8>(),
-                        chunk.len(),
-                    )
-                };
-                let at = dst + (i * STAGING_BYTES) as u64;
+            for (i, chunk) in src.chunks(STAGING_HALF).enumerate() {
+                let slot = t.half(i);
+                // SAFETY: a half holds STAGING_HALF >= chunk.len() bytes, and no copy from this
+                // one is in flight: the copy of chunk i - 2, its last user, was waited for
+                // before chunk i - 1's was queued.
+                unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), slot, chunk.len()) };
+                t.wait()?; // chunk i - 1's copy, the only one in flight
+                let at = dst + (i * STAGING_HALF) as u64;
                 // SAFETY: the caller's buffer has src.len() bytes from dst, so chunk.len() from
-                // `at`; staging is pinned and outlives the copy, which is waited for below.
+                // `at`; the half is pinned, outlives the copy and is not written until the copy
+                // has been waited for (the next iteration's wait).
                 check("cuMemcpyHtoDAsync", unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(at, t.staging, chunk.len(), t.stream)
+                    sys::cuMemcpyHtoDAsync_v2(at, slot.cast(), chunk.len(), t.stream)
                 })?;
-                t.wait()?;
             }
-            Ok(())
+            t.wait()
         })
     }
 
     /// Copies device memory to host bytes through the staging buffer and waits for the copy.
+    /// As in `upload`, the halves alternate: the host copies one out while the next chunk's DMA
+    /// fills the other.
     pub fn download(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
+        let queue = |t: &Transfer, i: usize, len: usize| {
+            let at = src + (i * STAGING_HALF) as u64;
+            // SAFETY: the caller's buffer has dst.len() bytes from src, so `len` (chunk i's
+            // length) from `at`; the half holds STAGING_HALF >= len bytes, and the host is done
+            // reading it (chunk i - 2 was copied out before this is queued).
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(t.half(i).cast(), at, len, t.stream)
+            })
+        };
         self.with_transfer(|t| {
-            for (i, chunk) in dst.chunks_mut(STAGING_BYTES).enumerate() {
-                let at = src + (i * STAGING_BYTES) as u64;
-                // SAFETY: the caller's buffer has dst.len() bytes from src, so chunk.len() from
-                // `at`; staging holds STAGING_BYTES >= chunk.len() and is free (earlier copies
-                // were waited for).
-                check("cuMemcpyDtoHAsync", unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(t.staging, at, chunk.len(), t.stream)
-                })?;
-                t.wait()?;
-                // SAFETY: the copy into staging has completed; chunk.len() bytes are valid there.
+            let total = dst.len();
+            let len_of = |i: usize| (total - i * STAGING_HALF).min(STAGING_HALF);
+            let chunks = total.div_ceil(STAGING_HALF);
+            if chunks > 0 {
+                queue(t, 0, len_of(0))?;
+            }
+            for (i, chunk) in dst.chunks_mut(STAGING_HALF).enumerate() {
+                t.wait()?; // chunk i's copy, the only one in flight
+                if i + 1 < chunks {
+                    queue(t, i + 1, len_of(i + 1))?;
+                }
+                // SAFETY: chunk i's copy into its half has completed (waited above); the copy
+                // queued since writes the other half.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        t.staging.cast::<u8>(),
-                        chunk.as_mut_ptr(),
-                        chunk.len(),
-                    )
+                    std::ptr::copy_nonoverlapping(t.half(i), chunk.as_mut_ptr(), chunk.len())
                 };
             }
             Ok(())
@@ -1055,6 +1067,12 @@ fn create_event() -> Result<sys::CUevent> {
 }
 
 impl Transfer {
+    /// The half of the staging buffer that chunk `i` of a transfer goes through.
+    fn half(&self, i: usize) -> *mut u8 {
+        // SAFETY: staging holds 2 STAGING_HALF bytes, so either half's start is inside it.
+        unsafe { self.staging.cast::<u8>().add((i % 2) * STAGING_HALF) }
+    }
+
     /// Waits for the copies queued on the transfer stream.
     fn wait(&self) -> Result<()> {
         // SAFETY: the stream is valid and owned by the device.
