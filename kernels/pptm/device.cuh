@@ -274,6 +274,23 @@ __device__ __forceinline__ void pptm_cp_async_16(void* smem, const void* gmem, u
 // Waits for this thread's asynchronous copies; a barrier then shows every thread's to the block.
 __device__ __forceinline__ void pptm_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Copies 4 bytes from global to shared memory asynchronously. Only the .ca form takes 4 bytes: it
+// may leave the line in L1, which is coherent enough here: every block acquires (an item's slot,
+// a plan's wait) before it reads what another block wrote, and an acquire invalidates L1.
+__device__ __forceinline__ void pptm_cp_async_4(void* smem, const void* gmem) {
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
+}
+
+// Closes this thread's asynchronous copies issued since the last commit into a group.
+__device__ __forceinline__ void pptm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are still in flight (the newest).
+template <int N>
+__device__ __forceinline__ void pptm_cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // ---- fast math with defined edge cases --------------------------------------------------------
 
 // Natural log through lg2.approx (subnormal inputs supported; no .ftz): about 2^-22 absolute error

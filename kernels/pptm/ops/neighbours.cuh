@@ -4,7 +4,8 @@
 // The pairwise ops are "distance" types and the row reductions "row" types that
 // pptm_pairwise_rows (pptm/pattern/pairwise.cuh) instantiates:
 //   distance: W (values per pair); features() (coordinates per point, all subspaces);
-//             feature(j, c) (coordinate c of point j, from global memory);
+//             feature(j, c) (coordinate c of point j, from global memory) and feature_at(j, c)
+//             (its address, which the pattern's tiles copy asynchronously);
 //             pairs<U>(fi, fj, stride, d[U][W]) (point i's coordinates fi[c]; U candidates, the
 //             u-th with coordinates at fj[u * 32 + c * stride]).
 //   row:      OUT (values per point); State; init(State&, i);
@@ -46,7 +47,8 @@ struct pptm_op_chebyshev {
     const float* x;
     uint32_t d;
     __device__ __forceinline__ uint32_t features() const { return d; }
-    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const { return pptm_ld_cg_f32(x + j * d + c); }
+    __device__ __forceinline__ const float* feature_at(uint64_t j, uint32_t c) const { return x + j * d + c; }
+    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const { return pptm_ld_cg_f32(feature_at(j, c)); }
     // One pair from global memory (the unfused mode).
     __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
         float m = 0.0f;
@@ -73,12 +75,13 @@ struct pptm_op_subspace_distances {
     const float* z;
     uint32_t dx, dy, dz;
     __device__ __forceinline__ uint32_t features() const { return dx + dy + dz; }
-    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const {
-        if (c < dx) return pptm_ld_cg_f32(x + j * dx + c);
+    __device__ __forceinline__ const float* feature_at(uint64_t j, uint32_t c) const {
+        if (c < dx) return x + j * dx + c;
         c -= dx;
-        if (c < dy) return pptm_ld_cg_f32(y + j * dy + c);
-        return pptm_ld_cg_f32(z + j * dz + (c - dy));
+        if (c < dy) return y + j * dy + c;
+        return z + j * dz + (c - dy);
     }
+    __device__ __forceinline__ float feature(uint64_t j, uint32_t c) const { return pptm_ld_cg_f32(feature_at(j, c)); }
     // One pair from global memory (the unfused mode).
     __device__ __forceinline__ void pair_direct(uint64_t i, uint64_t j, float (&out)[W]) const {
         float m[3] = {0.0f, 0.0f, 0.0f};

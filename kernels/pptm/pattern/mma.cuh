@@ -86,14 +86,6 @@ __device__ __forceinline__ void pptm_ldmatrix_x4_trans(uint32_t (&r)[4], const u
                  : "memory");
 }
 
-__device__ __forceinline__ void pptm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most N of this thread's committed groups of copies are still in flight.
-template <int N>
-__device__ __forceinline__ void pptm_cp_async_wait_group() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // ---- 16-bit conversions ---------------------------------------------------------------------
 
 // Two f32 values as a pair of T (lo in the low half), rounded to nearest even; beyond T's range

@@ -1,7 +1,7 @@
 // The pairwise pattern: a value for every pair of points, reduced per point, never stored.
 //
-// One warp per point i. The block's PPTM_WARPS points share tiles of the other points, staged in
-// shared memory coordinate-major (tile[c * stride + jj]), so each coordinate read by a warp's 32
+// One warp per point i. The block's PPTM_WARPS points share tiles of the other points, copied into
+// shared memory (double-buffered) coordinate-major (tile[c * stride + jj]), so each coordinate read by a warp's 32
 // lanes hits 32 consecutive words, and every point is read from L2 once per block rather than once
 // per warp. Each lane folds its share of the pairs into a row state; the warp merges the lanes'
 // states, the epilogue runs on the point's value, and the result is stored and/or folded into the
@@ -26,25 +26,27 @@
 // with its odd pitch (about 16 KiB).
 #define PPTM_PAIR_TILE_FLOATS (4u * (PPTM_PAIR_TILE_POINTS + 1u))
 
-// Candidates each lane computes at once, and global loads in flight per thread while staging.
+// Candidates each lane computes at once.
 #define PPTM_PAIR_ILP 4
-#define PPTM_PAIR_STAGE_LOADS 8
 
-// Shared scratch for every pairwise pattern of the translation unit: a tile of other points, then
-// each warp's own point. A __shared__ array in the template would be one per instantiation (per
-// chain) and two chains would already pass 48 KiB. Every write follows a barrier after the last
-// read of the previous item.
+// Floats between the two tile buffers: a tile padded by one step of candidates (reads past `count`
+// are computed and dropped).
+#define PPTM_PAIR_TILE_PITCH (PPTM_PAIR_TILE_FLOATS + PPTM_PAIR_ILP * 32u)
+
+// Shared scratch for every pairwise pattern of the translation unit: two tiles of other points (one
+// computed on while the next is copied in), then each warp's own point. A __shared__ array in the
+// template would be one per instantiation (per chain) and two chains would already pass 48 KiB.
+// Every write follows a barrier after the last read of the previous item.
 __device__ __forceinline__ float* pptm_pairwise_smem() {
-    // The tile is padded by one step of candidates (reads past `count` are computed and dropped).
-    __shared__ float scratch[PPTM_PAIR_TILE_FLOATS + PPTM_PAIR_ILP * 32 + PPTM_WARPS * PPTM_PAIR_MAX_FEATURES];
+    __shared__ float scratch[2 * PPTM_PAIR_TILE_PITCH + PPTM_WARPS * PPTM_PAIR_MAX_FEATURES];
     return scratch;
 }
 
 template <class R, class Dist, class Row, class Epi>
 __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dist, const Row& row, const Epi& epi,
                                                      float* out, const pptm_block_ctx& b) {
-    float* const tile = pptm_pairwise_smem();
-    float* const own = tile + PPTM_PAIR_TILE_FLOATS + PPTM_PAIR_ILP * 32;
+    float* const tiles = pptm_pairwise_smem();
+    float* const own = tiles + 2 * PPTM_PAIR_TILE_PITCH;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const uint32_t features = dist.features();  // <= PPTM_PAIR_MAX_FEATURES (checked at submission)
     // Points per tile (cap) and the pitch of a coordinate's row (stride): odd, so the
@@ -54,9 +56,32 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
     const uint32_t stride = cap | 1u;
     float* mine = own + warp * PPTM_PAIR_MAX_FEATURES;
 
+    // Tiles are double-buffered: the next tile is copied into the other buffer asynchronously
+    // (cp.async, no registers held) while the warps compute on this one, so the copies' latency
+    // hides behind the pairs instead of standing between two barriers. Element idx of a tile is
+    // coordinate idx % features of point idx / features (consecutive threads read consecutive
+    // words), the quotient by a float reciprocal: exact while idx < 2^16 (the error, under
+    // 2^-7 / features, stays below the 0.5 / features that separates (idx + 0.5) / features from
+    // an integer), where the integer division cost some 20 instructions an element.
+    const float inv_features = 1.0f / (float)(features > 0 ? features : 1u);
+    uint32_t issued = 0;  // tiles whose copies were issued; tile t goes to buffer t % 2
+    auto issue = [&](uint64_t j0) {
+        float* const buf = tiles + (issued & 1u) * PPTM_PAIR_TILE_PITCH;
+        const uint32_t total = (uint32_t)min((uint64_t)cap, n - j0) * features;
+        for (uint32_t idx = threadIdx.x; idx < total; idx += PPTM_BLOCK_THREADS) {
+            const uint32_t q = (uint32_t)(((float)idx + 0.5f) * inv_features);
+            const uint32_t c = idx - q * features;
+            pptm_cp_async_4(buf + c * stride + q, dist.feature_at(j0 + q, c));
+        }
+        pptm_cp_async_commit();
+        ++issued;
+    };
+
     double acc = R::identity();
     const uint64_t per_round = (uint64_t)b.nblocks * PPTM_WARPS;
     const uint64_t rounds = (n + per_round - 1) / per_round;
+    if (rounds > 0) issue(0);
+    uint32_t consumed = 0;
     for (uint64_t r = 0; r < rounds; ++r) {
         const uint64_t i = (r * b.nblocks + b.block) * PPTM_WARPS + warp;
         const bool active = i < n;
@@ -65,23 +90,18 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
         if (active) row.init(state, i);
         for (uint64_t j0 = 0; j0 < n; j0 += cap) {
             const uint32_t count = (uint32_t)min((uint64_t)cap, n - j0);
-            __syncthreads();  // the previous tile is consumed (and `mine` written, on the first)
-            // Stage the tile: PPTM_PAIR_STAGE_LOADS loads in flight per thread before any store.
-            const uint32_t total = count * features;
-            for (uint32_t base = 0; base < total; base += PPTM_PAIR_STAGE_LOADS * PPTM_BLOCK_THREADS) {
-                float v[PPTM_PAIR_STAGE_LOADS];
-#pragma unroll
-                for (int u = 0; u < PPTM_PAIR_STAGE_LOADS; ++u) {
-                    const uint32_t idx = base + u * PPTM_BLOCK_THREADS + threadIdx.x;
-                    v[u] = idx < total ? dist.feature(j0 + idx / features, idx % features) : 0.0f;
-                }
-#pragma unroll
-                for (int u = 0; u < PPTM_PAIR_STAGE_LOADS; ++u) {
-                    const uint32_t idx = base + u * PPTM_BLOCK_THREADS + threadIdx.x;
-                    if (idx < total) tile[(idx % features) * stride + idx / features] = v[u];
-                }
+            // The next tile (this round's next, or the next round's first) into the other buffer,
+            // whose last reader finished before the barrier that ended the previous tile.
+            const uint64_t next = j0 + cap < n ? j0 + cap : (r + 1 < rounds ? 0 : n);
+            if (next < n) {
+                issue(next);
+                pptm_cp_async_wait_group<1>();  // this thread's copies of this tile
+            } else {
+                pptm_cp_async_wait_group<0>();
             }
-            __syncthreads();
+            __syncthreads();  // every thread's copies of this tile (and `mine`, on the first)
+            const float* const tile = tiles + (consumed & 1u) * PPTM_PAIR_TILE_PITCH;
+            ++consumed;
             if (active) {
                 // PPTM_PAIR_ILP candidates per lane per step (32 apart), computed together:
                 // independent chains keep a warp busy where one distance at a time would wait on
@@ -100,6 +120,7 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
                     row.push(state, d, valid);
                 }
             }
+            __syncthreads();  // this tile is consumed: the next issue may overwrite its buffer
         }
         if (active) {
             float v[Row::OUT];
