@@ -315,8 +315,8 @@ struct Sharded {
 }
 
 /// Fits every spectrum of `data` on the runtimes `rts` at once, a thread each: each prepares
-/// the templates and a fitter, then takes the next batch not taken (so a faster GPU takes more),
-/// loads it, runs it and reads its results. Then each runs its last batch 10 times over, all at
+/// the templates and two fitters, then takes the next batch not taken (so a faster GPU takes
+/// more) and loads it while its previous batch runs ([`fit_overlapped`]). Then each runs its last batch 10 times over, all at
 /// once, for the device-work rate.
 fn sharded(
     rts: &[Runtime],
