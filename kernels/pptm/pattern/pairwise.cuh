@@ -27,7 +27,7 @@
 #define PPTM_PAIR_TILE_FLOATS (4u * (PPTM_PAIR_TILE_POINTS + 1u))
 
 // Candidates each lane computes at once.
-#define PPTM_PAIR_ILP 4
+#define PPTM_PAIR_ILP 8
 
 // Floats between the two tile buffers: a tile padded by one step of candidates (reads past `count`
 // are computed and dropped).
@@ -106,7 +106,8 @@ __device__ __forceinline__ double pptm_pairwise_rows(uint64_t n, const Dist& dis
                 // PPTM_PAIR_ILP candidates per lane per step (32 apart), computed together:
                 // independent chains keep a warp busy where one distance at a time would wait on
                 // each load. The loop is warp-uniform: the row type pushes warp-collectively.
-                const uint64_t self = i - j0;  // the tile index of point i (huge if not in it)
+                // The tile index of point i, or one no candidate has: 32-bit compares below.
+                const uint32_t self = i >= j0 && i - j0 < count ? (uint32_t)(i - j0) : 0xffffffffu;
                 for (uint32_t base = 0; base < count; base += PPTM_PAIR_ILP * 32) {
                     const uint32_t jj = base + lane;
                     float d[PPTM_PAIR_ILP][Dist::W];
