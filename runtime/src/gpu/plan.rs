@@ -151,9 +151,9 @@ pub(crate) struct StepResult {
 }
 
 /// Results 0..=`steps` (the steps', then the summary) of a completed plan of `steps` steps, read
-/// in one sequential pass. The device wrote them over PCIe just before the plan completed, so
-/// every line misses the host's caches: read in a tight loop, the misses overlap (170 steps took
-/// 4.3 µs read one at a time between the items' bookkeeping, on an H200 host).
+/// in one sequential pass: the device wrote them over PCIe just before the plan completed, so
+/// the lines miss the host's caches, and a tight loop lets the misses overlap (170 results in
+/// about 0.7 µs on an H200 host).
 pub(crate) fn read_results(m: &Manifold, region: Region, steps: u64) -> Option<Vec<StepResult>> {
     let at = region.host + steps * STEP_BYTES;
     let words = usize::try_from((steps + 1) * (RESULT_BYTES / 8)).ok()?;
