@@ -5,14 +5,18 @@
 //! Run at 256 x 256 and 4096 x 4096, checked against the CPU backend, and timed against the same
 //! stages waited one by one.
 //!
-//!     cargo run --release --example active_inference_step
+//! The two domains' manifolds share every SM (one block of each fits on an SM), so each stage
+//! runs on the whole GPU; `--sms N` gives each N SMs' worth of blocks instead
+//! (`Config::domain_sms`), to compare.
+//!
+//!     cargo run --release --example active_inference_step [-- --sms 66]
 
 use std::error::Error;
 
 use pptm::chains::{AccuracyPipeline, BeliefUpdateStep, KlComplexity};
 use pptm::ops::Gemv;
-use pptm::timing::measure;
-use pptm::{BackendKind, Buffer, FusionBuilder, Runtime};
+use pptm::timing::{Stats, measure};
+use pptm::{BackendKind, Buffer, Chain, DeviceTime, FusionBuilder, PipeItem, Runtime};
 use rand::Rng;
 
 /// Predictions from beliefs: pred = J mu (J: m x n, argument `a`).
@@ -75,6 +79,29 @@ struct Step {
     complexity: f32,
 }
 
+/// An iterated stage of the pipeline, to read its time on the GPU.
+#[derive(Clone, Copy)]
+enum Stage {
+    Predict(PipeItem<()>),
+    Update(PipeItem<()>),
+}
+
+/// The step pushed into a pipeline ([`Buffers::push`]): the items whose results or times are read.
+struct Pushed<'p> {
+    pipeline: pptm::Pipeline<'p>,
+    accuracy: PipeItem<f32>,
+    complexity: PipeItem<f32>,
+    stages: Vec<Stage>,
+}
+
+/// A kept pipeline's figures ([`Buffers::kept`]).
+struct Kept {
+    host: Stats,
+    device: Option<DeviceTime>,
+    predict_us: Option<f64>,
+    update_us: Option<f64>,
+}
+
 /// The problem's buffers on one runtime.
 struct Buffers {
     jac: Buffer<f32>,
@@ -101,8 +128,8 @@ impl Buffers {
         })
     }
 
-    /// The step as one pipeline: every stage pushed, one wait.
-    fn pipelined(&mut self, rt: &Runtime) -> pptm::Result<(f32, f32)> {
+    /// The step's stages pushed into a pipeline: the accuracy and complexity items with it.
+    fn push<'p>(&'p mut self, rt: &'p Runtime) -> pptm::Result<Pushed<'p>> {
         let mut p = rt.pipeline();
         let (jac, obs, prec) = (p.input(&self.jac), p.input(&self.obs), p.input(&self.prec));
         let (q, prior, mu0) = (p.input(&self.q), p.input(&self.p), p.input(&self.mu0));
@@ -110,17 +137,92 @@ impl Buffers {
         let mus = [p.output(a), p.output(b)];
         let pred = p.output(&mut self.pred);
         let mut mu: pptm::PipeInput<'_> = mu0;
+        let mut stages = Vec::with_capacity(2 * ITERATIONS + 1);
         for k in 0..ITERATIONS {
-            PredictStep::push(&mut p, mu, jac, pred)?;
+            stages.push(Stage::Predict(PredictStep::push(&mut p, mu, jac, pred)?));
             let next = mus[k % 2];
-            BeliefUpdateStep::push(&mut p, obs, pred, prec, jac, mu, LEARNING_RATE, next)?;
+            stages.push(Stage::Update(BeliefUpdateStep::push(
+                &mut p,
+                obs,
+                pred,
+                prec,
+                jac,
+                mu,
+                LEARNING_RATE,
+                next,
+            )?));
             mu = next.into();
         }
-        PredictStep::push(&mut p, mu, jac, pred)?;
+        stages.push(Stage::Predict(PredictStep::push(&mut p, mu, jac, pred)?));
         let accuracy = AccuracyPipeline::push(&mut p, obs, pred, prec)?;
         let complexity = KlComplexity::push(&mut p, q, prior)?;
-        let r = p.wait()?;
-        Ok((r.get(accuracy)?, r.get(complexity)?))
+        Ok(Pushed {
+            pipeline: p,
+            accuracy,
+            complexity,
+            stages,
+        })
+    }
+
+    /// The step as one pipeline: every stage pushed, one wait.
+    fn pipelined(&mut self, rt: &Runtime) -> pptm::Result<(f32, f32)> {
+        let pushed = self.push(rt)?;
+        let r = pushed.pipeline.wait()?;
+        Ok((r.get(pushed.accuracy)?, r.get(pushed.complexity)?))
+    }
+
+    /// The pipeline kept and run `reps` times after `reps / 10` warm-up runs: the host time of
+    /// a run, the last run's time on the GPU (span, stages, hand-offs), and the mean time on the
+    /// GPU of a `PredictStep` and of a `BeliefUpdateStep` stage in it.
+    fn kept(&mut self, rt: &Runtime, reps: usize) -> pptm::Result<Kept> {
+        let Pushed {
+            pipeline, stages, ..
+        } = self.push(rt)?;
+        let (_, mut kept) = pipeline.wait_and_keep()?;
+        let mut last = None;
+        let host = measure(reps / 10, reps, || {
+            last = Some(kept.run()?);
+            Ok::<(), pptm::Error>(())
+        })?;
+        let last = last.expect("reps >= 1");
+        let mean = |predict: bool| {
+            let spans: Vec<u64> = stages
+                .iter()
+                .filter_map(|s| match *s {
+                    Stage::Predict(item) if predict => last.device_span(item),
+                    Stage::Update(item) if !predict => last.device_span(item),
+                    _ => None,
+                })
+                .map(|(a, b)| b.saturating_sub(a))
+                .collect();
+            (!spans.is_empty()).then(|| spans.iter().sum::<u64>() as f64 / spans.len() as f64 / 1e3)
+        };
+        Ok(Kept {
+            host,
+            device: last.device_time(),
+            predict_us: mean(true),
+            update_us: mean(false),
+        })
+    }
+
+    /// One `PredictStep` and one `BeliefUpdateStep` submitted alone: their time on the GPU (µs).
+    fn alone(&mut self, rt: &Runtime) -> pptm::Result<(Option<f64>, Option<f64>)> {
+        let us = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1e6);
+        let [a, b] = &mut self.mu;
+        let predict =
+            PredictStep::submit(rt, &self.mu0, &self.jac, &mut self.pred)?.wait_timed()?;
+        let update = BeliefUpdateStep::submit(
+            rt,
+            &self.obs,
+            &self.pred,
+            &self.prec,
+            &self.jac,
+            a,
+            LEARNING_RATE,
+            b,
+        )?
+        .wait_timed()?;
+        Ok((us(predict.device), us(update.device)))
     }
 
     /// The same stages, each waited before the next is submitted.
@@ -166,7 +268,27 @@ fn close(a: f32, b: f32, rel: f32) -> bool {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let rt = Runtime::new()?;
+    // `--sms N`: both domains on N SMs' worth of blocks (`Config::domain_sms`), e.g. half the
+    // GPU each, instead of the default, where they share every SM.
+    let args: Vec<String> = std::env::args().collect();
+    let sms = match args.iter().position(|a| a == "--sms") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or("--sms takes a number of SMs")?,
+        ),
+        None => None,
+    };
+    let rt = match sms {
+        Some(n) => Runtime::with_config(pptm::Config {
+            domain_sms: vec![
+                (BeliefUpdateStep::DOMAIN.name.into(), n),
+                (PredictStep::DOMAIN.name.into(), n),
+            ],
+            ..Default::default()
+        })?,
+        None => Runtime::new()?,
+    };
     println!(
         "pptm: one active-inference step as one pipeline, on the {}",
         rt.describe()
@@ -218,11 +340,41 @@ fn main() -> Result<(), Box<dyn Error>> {
             let waited = measure(reps / 10, reps, || bufs.waited(&rt).map(|_| ()))?;
             println!("  one pipeline, one wait:  {pipelined}");
             println!("  each stage waited:       {waited}");
+            let kept = bufs.kept(&rt, reps)?;
+            println!("  the pipeline kept, run again: {}", kept.host);
+            if let Some(d) = kept.device {
+                println!(
+                    "  on the GPU (kept): span {:.1} µs, stages {:.1} µs, mean hand-off {:.2} µs over {} stages",
+                    d.span.as_secs_f64() * 1e6,
+                    d.items.as_secs_f64() * 1e6,
+                    d.mean_handoff().as_secs_f64() * 1e6,
+                    d.count
+                );
+            }
+            let (predict, update) = bufs.alone(&rt)?;
+            let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2} µs"));
+            println!(
+                "  a stage on the GPU, in the kept pipeline / alone: PredictStep {} / {}, BeliefUpdateStep {} / {}",
+                us(kept.predict_us),
+                us(predict),
+                us(kept.update_us),
+                us(update)
+            );
             println!(
                 "  pipelined / waited: {:.2}",
                 pipelined.median_us / waited.median_us
             );
         }
+    }
+    if let (Some(p), Some(u)) = (
+        rt.manifold_blocks::<PredictStep>(),
+        rt.manifold_blocks::<BeliefUpdateStep>(),
+    ) {
+        println!(
+            "\nmanifolds: {p} blocks ({}), {u} blocks ({}), fetchers included",
+            PredictStep::DOMAIN.name,
+            BeliefUpdateStep::DOMAIN.name
+        );
     }
     println!("\nall results agree with the CPU backend");
     Ok(())
