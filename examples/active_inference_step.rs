@@ -5,11 +5,12 @@
 //! Run at 256 x 256 and 4096 x 4096, checked against the CPU backend, and timed against the same
 //! stages waited one by one.
 //!
-//! The two domains' manifolds share every SM (one block of each fits on an SM), so each stage
-//! runs on the whole GPU; `--sms N` gives each N SMs' worth of blocks instead
-//! (`Config::domain_sms`), to compare.
+//! The two domains' manifolds share every SM (`Config::overlap_domains`: one block of each fits
+//! on an SM), so each stage runs on the whole GPU; `--split` gives each half the GPU (the
+//! default of `Config`), `--sms N` N SMs' worth of blocks each (`Config::domain_sms`), to
+//! compare.
 //!
-//!     cargo run --release --example active_inference_step [-- --sms 66]
+//!     cargo run --release --example active_inference_step [-- --split | --sms 66]
 
 use std::error::Error;
 
@@ -268,8 +269,9 @@ fn close(a: f32, b: f32, rel: f32) -> bool {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    // `--sms N`: both domains on N SMs' worth of blocks (`Config::domain_sms`), e.g. half the
-    // GPU each, instead of the default, where they share every SM.
+    // The two domains alternate, one stage each: with `Config::overlap_domains` each has the
+    // whole GPU for its stages (one block of each fits on an SM). `--split` runs them on halves
+    // (the default of `Config`), `--sms N` on N SMs' worth of blocks each, to compare.
     let args: Vec<String> = std::env::args().collect();
     let sms = match args.iter().position(|a| a == "--sms") {
         Some(i) => Some(
@@ -279,16 +281,16 @@ fn main() -> Result<(), Box<dyn Error>> {
         ),
         None => None,
     };
-    let rt = match sms {
-        Some(n) => Runtime::with_config(pptm::Config {
-            domain_sms: vec![
+    let rt = Runtime::with_config(pptm::Config {
+        overlap_domains: !args.iter().any(|a| a == "--split"),
+        domain_sms: sms.map_or_else(Vec::new, |n| {
+            vec![
                 (BeliefUpdateStep::DOMAIN.name.into(), n),
                 (PredictStep::DOMAIN.name.into(), n),
-            ],
-            ..Default::default()
-        })?,
-        None => Runtime::new()?,
-    };
+            ]
+        }),
+        ..Default::default()
+    })?;
     println!(
         "pptm: one active-inference step as one pipeline, on the {}",
         rt.describe()

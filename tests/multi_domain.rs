@@ -21,8 +21,7 @@ fn three_domains_share_the_gpu(rt: &Runtime) {
         for domain in ["inference", "transfer_entropy", "linear_algebra"] {
             assert!(d.contains(domain), "{d}");
         }
-        // The same share each (a third of the SMs each, or all of them each where one block of
-        // every domain fits on an SM at once).
+        // An equal split: each manifold has a third of the SMs' worth of compute blocks.
         let blocks = [
             rt.manifold_blocks::<KlComplexity>().unwrap(),
             rt.manifold_blocks::<DistanceKth>().unwrap(),

@@ -164,9 +164,19 @@ pub struct Config {
     /// round trip and four a higher one (the polls compete with the host's writes).
     pub fetch_pollers: u32,
     /// SMs' worth of compute blocks for named domains when several start together
-    /// ([`Runtime::prepare_domains`]); domains not named take the whole GPU each where their
-    /// blocks fit on the SMs together, and share the rest equally where not.
+    /// ([`Runtime::prepare_domains`]); domains not named share the rest equally (or overlap:
+    /// [`Config::overlap_domains`]).
     pub domain_sms: Vec<(String, u32)>,
+    /// Whether domains that start together without a named share each take the SMs they would
+    /// alone (`max_sms`, or all) where one block of every domain fits on an SM at once, blocks of
+    /// the domains then sharing each SM, instead of an equal split. A pipeline that alternates
+    /// between domains then runs each step on the whole GPU (examples/active_inference_step.rs
+    /// at 4096 x 4096 on an H200: 7.1 ms a step against 10.7 on halves). The cost: the manifolds
+    /// hold every SM slot (two domains of two blocks an SM), so the application's kernels, the
+    /// launched variants and other runtimes' kernels wait for them to park, and the manifolds'
+    /// cooperative launch fails ([`Error::Launch`]) while such a kernel holds a slot. Default
+    /// `false`, or `PPTM_OVERLAP_DOMAINS=1` for `true`.
+    pub overlap_domains: bool,
     /// How the GPU backend runs chains (the CPU backend ignores it).
     pub variant: Variant,
     /// After this long with no item in flight and none submitted, the runtime *parks*: its
@@ -219,6 +229,7 @@ impl Default for Config {
             watchdog: watchdog_from_env().unwrap_or(Some(Duration::from_millis(100))),
             fetch_pollers: 2,
             domain_sms: Vec::new(),
+            overlap_domains: std::env::var("PPTM_OVERLAP_DOMAINS").is_ok_and(|v| v.trim() == "1"),
             variant: Variant::Fused,
             stream_patience: Duration::from_secs(10),
             plan_arena_bytes: 4 << 20,
@@ -461,16 +472,20 @@ fn codes(shares: &[Share]) -> Vec<&'static DomainCode> {
 /// must neither submit nor take the gate again).
 /// The SM shares of domains that start together ([`Runtime::prepare_domains`]), and the SMs'
 /// worth of slots their grids (compute blocks + the fetcher) take beside `running` already
-/// taken: `named` shares first; the others the SMs they would take alone (`max_sms`, or all)
-/// where one block of every domain fits on an SM at once (`fit`: the blocks of each domain that
-/// fit on an SM), else an equal split of what the named ones leave. Either is made smaller where
+/// taken: `named` shares first; the others, with `Config::overlap_domains`, the SMs they would
+/// take alone (`max_sms`, or all) where one block of every domain fits on an SM at once (`fit`:
+/// the blocks of each domain that fit on an SM), else an equal split of what the named ones
+/// leave. Either is made smaller where
 /// the fetchers would not fit beside it (two domains whose blocks take a whole SM each: 65 + 1
 /// and 65 + 1 of 132 SMs, not 66 + 1 twice; two that fit two blocks an SM: 131 + 1 each). The
 /// caller refuses a zero share or `running + wanted` above `total`.
 ///
 /// Sharing every SM lets a pipeline that alternates between domains run each step on the whole
 /// GPU instead of its domain's part: examples/active_inference_step.rs at 4096 x 4096 on an
-/// H200, 7.1 ms a step against 10.7 with halves.
+/// H200, 7.1 ms a step against 10.7 with halves. It is not the default because the manifolds then
+/// hold every SM slot: with it on by default, tests/pipeline.rs failed 17 of its tests on an
+/// H200, its fused runtime's manifolds unable to become resident beside the launched variants'
+/// kernels of the tests running at the same time.
 fn sm_shares(
     cfg: &Config,
     total: u32,
@@ -495,7 +510,7 @@ fn sm_shares(
         .iter()
         .map(|&f| f64::from(cfg.blocks_per_sm.min(f)) / f64::from(f.max(1)))
         .sum();
-    let overlap = fit.len() > 1 && per_sm_load <= 1.0 + 1e-9;
+    let overlap = cfg.overlap_domains && fit.len() > 1 && per_sm_load <= 1.0 + 1e-9;
     let mut equal = if overlap {
         cfg.max_sms.map_or(total, |m| m.clamp(1, total))
     } else {
@@ -1926,8 +1941,11 @@ mod tests {
     }
 
     #[test]
-    fn domains_that_fit_on_an_sm_together_each_take_the_whole_gpu() {
-        let cfg = Config::default();
+    fn overlapping_domains_that_fit_on_an_sm_together_each_take_the_whole_gpu() {
+        let cfg = Config {
+            overlap_domains: true,
+            ..Config::default()
+        };
         // One domain alone: every SM, its fetcher beside (two blocks an SM fit), or one fewer
         // where a block takes a whole SM.
         assert_eq!(shares(&cfg, &[2], &[None]).0, vec![132]);
@@ -1940,14 +1958,23 @@ mod tests {
         assert_eq!(shares(&cfg, &[3, 3, 3], &[None; 3]).0, vec![131; 3]);
         let capped = Config {
             max_sms: Some(60),
-            ..Config::default()
+            ..cfg.clone()
         };
         assert_eq!(shares(&capped, &[2, 2], &[None, None]).0, vec![60, 60]);
     }
 
     #[test]
-    fn domains_that_do_not_fit_on_an_sm_together_split_it() {
-        let cfg = Config::default();
+    fn domains_split_the_gpu_unless_they_overlap_and_fit_on_an_sm_together() {
+        // Without `overlap_domains` (the default): an equal split.
+        let split = Config {
+            overlap_domains: false,
+            ..Config::default()
+        };
+        assert_eq!(shares(&split, &[2, 2], &[None, None]).0, vec![66, 66]);
+        let cfg = Config {
+            overlap_domains: true,
+            ..Config::default()
+        };
         // Three domains of two blocks an SM: a third each, less room for the fetchers.
         let (s, wanted) = shares(&cfg, &[2, 2, 2], &[None; 3]);
         assert!(
@@ -1964,7 +1991,7 @@ mod tests {
         // Two blocks an SM asked of domains that fit two: no room for a second domain's block.
         let two = Config {
             blocks_per_sm: 2,
-            ..Config::default()
+            ..cfg.clone()
         };
         let (s, _) = shares(&two, &[2, 2], &[None, None]);
         assert!(s[0] <= 66, "{s:?}");
@@ -1972,7 +1999,10 @@ mod tests {
 
     #[test]
     fn named_shares_are_kept_and_the_rest_follow_the_same_rule() {
-        let cfg = Config::default();
+        let cfg = Config {
+            overlap_domains: true,
+            ..Config::default()
+        };
         assert_eq!(shares(&cfg, &[2, 2], &[Some(40), None]).0, vec![40, 132]);
         // Named shares that cannot all be resident come back as they are, for the caller to
         // refuse.
