@@ -483,9 +483,9 @@ fn codes(shares: &[Share]) -> Vec<&'static DomainCode> {
 /// Sharing every SM lets a pipeline that alternates between domains run each step on the whole
 /// GPU instead of its domain's part: examples/active_inference_step.rs at 4096 x 4096 on an
 /// H200, 7.1 ms a step against 10.7 with halves. It is not the default because the manifolds then
-/// hold every SM slot: with it on by default, tests/pipeline.rs failed 17 of its tests on an
-/// H200, its fused runtime's manifolds unable to become resident beside the launched variants'
-/// kernels of the tests running at the same time.
+/// hold every SM slot: with it on by default, 17 tests of tests/pipeline.rs failed in one H200
+/// run (not diagnosed; likely the fused runtime's manifolds not becoming resident beside the
+/// launched variants' kernels of the tests running at the same time).
 fn sm_shares(
     cfg: &Config,
     total: u32,
