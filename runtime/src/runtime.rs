@@ -475,10 +475,10 @@ fn codes(shares: &[Share]) -> Vec<&'static DomainCode> {
 /// taken: `named` shares first; the others, with `Config::overlap_domains`, the SMs they would
 /// take alone (`max_sms`, or all) where one block of every domain fits on an SM at once (`fit`:
 /// the blocks of each domain that fit on an SM), else an equal split of what the named ones
-/// leave. Either is made smaller where
-/// the fetchers would not fit beside it (two domains whose blocks take a whole SM each: 65 + 1
-/// and 65 + 1 of 132 SMs, not 66 + 1 twice; two that fit two blocks an SM: 131 + 1 each). The
-/// caller refuses a zero share or `running + wanted` above `total`.
+/// leave. Either is made smaller where the fetchers would not fit beside it (two domains whose
+/// blocks take a whole SM each: 65 + 1 and 65 + 1 of 132 SMs, not 66 + 1 twice; two that
+/// overlap and fit two blocks an SM: 131 + 1 each). The caller refuses a zero share or
+/// `running + wanted` above `total`.
 ///
 /// Sharing every SM lets a pipeline that alternates between domains run each step on the whole
 /// GPU instead of its domain's part: examples/active_inference_step.rs at 4096 x 4096 on an
@@ -1363,7 +1363,7 @@ impl Runtime {
         let todo: Vec<&'static DomainCode> = order.iter().map(|&i| todo[i]).collect();
         let fit: Vec<u32> = order.iter().map(|&i| fit[i]).collect();
         let per_sm = fit.iter().copied().min().unwrap_or(1);
-        // Shares: named ones first, an equal split of what is left for the others.
+        // Shares: named ones first, then the others' (`sm_shares`).
         let total = device.sm_count;
         let named: Vec<Option<u32>> = todo
             .iter()
