@@ -172,6 +172,12 @@ fn matmul_bias_act_matches_f64_reference(rt: &Runtime) {
         (7, 300, 130),
         // 256 direct tiles (two rounds on 132 SMs) with rows of W that are not 16-byte aligned.
         (128, 33, 255),
+        // Enough 128 x 128 tiles for them (9 x 17), with partial tiles on both edges and a last
+        // slice of k that is half outside; then the same with n or k not a multiple of 4, which
+        // keep the 64 x 64 tiles.
+        (1031, 36, 2052),
+        (1031, 36, 2051),
+        (1031, 37, 2052),
     ];
     for (m, k, n) in shapes {
         let (a, w, b) = (

@@ -282,6 +282,12 @@ __device__ __forceinline__ void pptm_cp_async_4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
+// pptm_cp_async_4 that stores a zero instead where `src_bytes` is 0 (then reads nothing).
+__device__ __forceinline__ void pptm_cp_async_4(void* smem, const void* gmem, uint32_t src_bytes) {
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
 // Closes this thread's asynchronous copies issued since the last commit into a group.
 __device__ __forceinline__ void pptm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 

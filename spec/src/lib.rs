@@ -86,6 +86,13 @@ pub mod work {
     pub const MATMUL_SMALL_BELOW: usize = 64;
     /// Output tile edge of a small matmul.
     pub const MATMUL_SMALL_TILE: usize = 32;
+    /// Output tile edge of a large matmul: 128 x 128 per block, each thread a 4 x 8 micro-tile
+    /// (kernels/pptm/pattern/linear.cuh).
+    pub const MATMUL_LARGE_TILE: usize = 128;
+    /// A matmul with at least this many 128 x 128 tiles (about one a block of an H200 at two
+    /// blocks an SM) takes them, where k and n are multiples of 4 (`PPTM_MATMUL_LARGE_FROM` in
+    /// the generated code).
+    pub const MATMUL_LARGE_FROM: usize = 128;
     /// Rows of a matmul tile on the direct path (kernels/pptm/pattern/linear.cuh): a warp's 32
     /// lanes own an 8 x 16 tile, four adjacent columns each, and the block's warps split k.
     pub const MATMUL_DIRECT_ROWS: usize = 8;

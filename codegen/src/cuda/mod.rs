@@ -46,11 +46,12 @@ pub fn domain_source(domain: &str, chains: &[ChainIr]) -> String {
     );
     // The spec's constants the device code is compiled with (kernels/ checks each is defined).
     use pptm_spec::work;
-    let defines: [(&str, usize); 15] = [
+    let defines: [(&str, usize); 16] = [
         ("PPTM_BLOCK_THREADS", pptm_spec::BLOCK_THREADS as usize),
         ("PPTM_MAX_K", pptm_spec::ops::MAX_K as usize),
         ("PPTM_PAIR_MAX_FEATURES", work::PAIRWISE_MAX_FEATURES),
         ("PPTM_MATMUL_SMALL_BELOW", work::MATMUL_SMALL_BELOW),
+        ("PPTM_MATMUL_LARGE_FROM", work::MATMUL_LARGE_FROM),
         ("PPTM_MATMUL_DIRECT_ROWS", work::MATMUL_DIRECT_ROWS),
         ("PPTM_MATMUL_DIRECT_COLS", work::MATMUL_DIRECT_COLS),
         (

@@ -817,6 +817,183 @@ __device__ __forceinline__ void pptm_matmul_tiled(const float* A, const float* W
     }
 }
 
+// ---- matmul of a large output: 128 x 128 tiles ---------------------------------------------------
+//
+// The 64 x 64 tiles above read 16 bytes of operands from L2 per 64 multiply-adds of the block, and
+// each thread's 2 x 4 micro-tile reads 6 shared-memory vectors per 32 FMAs: at 4096^3 that held
+// the product to about a third of cuBLAS's SGEMM. A product of at least PPTM_MATMUL_LARGE_FROM
+// tiles of 128 (enough to give every block of a GPU one) takes 128 x 128 tiles instead: half the
+// L2 traffic per multiply-add, and a 4 x 8 micro-tile per thread (rows 4 ty .. 4 ty + 3; columns
+// 4 tx .. 4 tx + 3 and 64 + 4 tx .. 64 + 4 tx + 3), which reads 3 shared-memory vectors per 32 FMAs:
+// one of A (stored k-major, so four rows of one k are one vector) and two of W. A warp's 32
+// threads are 2 ty by 16 tx: its A vector is two addresses (a broadcast), its W vectors 256
+// contiguous bytes each.
+//
+// k advances in slices of 8, double-buffered in the 16 KiB scratch (A 8 x 128 and W 8 x 128 a
+// buffer) by asynchronous copies (cp.async: no registers hold them): while a slice is multiplied
+// the next one lands in the other buffer, and one barrier a slice orders both. Half the block
+// copies A, transposing as it goes (four 4-byte copies a thread, a row's four values to four
+// k-rows), the other half W (one 16-byte copy a thread). Slices of 4 in four buffers (further
+// ahead, twice the barriers) ran 15 to 20 % slower on an H200 (bench/probes/sgemm_probe.cu).
+//
+// Only 16-byte-aligned operands with k and n multiples of 4 take it (their rows are whole
+// vectors), and k < 2^32, n < 2^28, so that the walk along k counts in 32 bits (registers: the
+// tile runs at the 64 a thread of two blocks an SM); the others keep the 64 x 64 tiles. Zero
+// outside the matrices, so any m works.
+static_assert(PPTM_BLOCK_THREADS == 512, "matmul large: 512 threads, 32 x 16 micro-tiles of 4 x 8");
+static_assert(2 * (8 * 128 + 8 * 128) <= PPTM_LINEAR_SMEM_FLOATS, "matmul large: two slices of A and W fit the scratch");
+
+#ifndef PPTM_MATMUL_LARGE_FROM
+#error "PPTM_MATMUL_LARGE_FROM must be defined by the generated translation unit"
+#endif
+
+// Whether an m x n product with these operands takes the 128 x 128 tiles.
+__device__ __forceinline__ bool pptm_matmul_large(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n) {
+    return (m / 128 + (m % 128 != 0)) * (n / 128 + (n % 128 != 0)) >= (uint64_t)PPTM_MATMUL_LARGE_FROM && pptm_aligned16(A) &&
+           pptm_aligned16(W) && k % 4 == 0 && n % 4 == 0 && k < (1ull << 32) && n < (1ull << 28);
+}
+
+// A thread's sums of one 128 x 128 tile: rows 4 ty .. 4 ty + 3, columns 4 tx .. + 3 and 64 + 4 tx
+// .. + 3 (tx = threadIdx.x % 16, ty = threadIdx.x / 16).
+struct pptm_matmul_large_acc {
+    float v[4][8];
+};
+
+// The tile at (i0, j0) summed over k.
+__device__ __forceinline__ pptm_matmul_large_acc pptm_matmul_large_sums(const float* A, const float* W, uint64_t m, uint64_t k,
+                                                                             uint64_t n, uint64_t i0, uint64_t j0) {
+    constexpr uint32_t T = 128, TK = 8, STAGES = 2, BUF = 2 * T * TK;
+    static_assert(STAGES * BUF <= PPTM_LINEAR_SMEM_FLOATS, "matmul large: the stages fit the scratch");
+    // Buffer s: the A slice at s BUF (k-major: TK rows of T), the W slice after it (TK rows of T).
+    float* const smem = pptm_linear_smem();
+    const uint32_t tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    // Threads 0 .. 255 copy A, the others W.
+    const bool stages_a = threadIdx.x < 256;
+    const uint32_t st = threadIdx.x % 256;
+    // What this thread stages of the slice at k0: A row i0 + st / 2, k k0 + koff .. + 3 (koff = 4
+    // (st % 2)), to four k-rows of the buffer; or W k-row k0 + koff (koff = st / 32), columns
+    // j0 + 4 (st % 32) .. + 3. `dst`: its first float in a buffer; `src`: its first
+    // source float at k0 = 0, moving `step` a slice; `inside`: whether its row (A) or columns (W)
+    // are in the matrix. k % 4 == 0 and n % 4 == 0: a vector is all in range or all out.
+    const uint32_t koff = stages_a ? 4 * (st % 2) : st / 32;
+    const uint32_t dst = stages_a ? koff * T + st / 2 : T * TK + koff * T + 4 * (st % 32);
+    const uint32_t k32 = (uint32_t)k, ktiles = k32 / TK + (k32 % TK != 0);
+    const float* src;
+    bool inside;
+    uint32_t step;
+    if (stages_a) {
+        const uint64_t i = i0 + st / 2;
+        inside = i < m;
+        src = A + (inside ? i * k : 0) + koff;
+        step = TK;
+    } else {
+        const uint64_t j = j0 + 4 * (st % 32);
+        inside = j < n;
+        src = W + koff * n + (inside ? j : 0);
+        step = TK * (uint32_t)n;
+    }
+    // Issues the copies of the slice at k0 into buffer s (zeros outside the matrices), one group.
+    auto stage = [&](uint32_t k0, uint32_t s) {
+        const bool in = inside && k0 + koff < k32;
+        const float* from = in ? src : A;
+        float* to = smem + s * BUF + dst;
+        if (stages_a) {
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) pptm_cp_async_4(to + e * T, from + e, in ? 4u : 0u);
+        } else {
+            pptm_cp_async_16(to, from, in ? 16u : 0u);
+        }
+        pptm_cp_async_commit();
+        src += step;
+    };
+    pptm_matmul_large_acc acc;
+#pragma unroll
+    for (uint32_t r = 0; r < 4; ++r)
+#pragma unroll
+        for (uint32_t c = 0; c < 8; ++c) acc.v[r][c] = 0.0f;
+    // Every reader of the scratch before this tile (the previous tile's last slice, or an earlier
+    // pattern) is done before the first copy lands.
+    __syncthreads();
+    // Slices 0 .. STAGES - 2 in flight (a group each, empty past the end, so that the count of
+    // groups in flight says which slice has landed).
+#pragma unroll
+    for (uint32_t q = 0; q + 1 < STAGES; ++q) {
+        if (q < ktiles) {
+            stage(q * TK, q);
+        } else {
+            pptm_cp_async_commit();
+        }
+    }
+    for (uint32_t kt = 0; kt < ktiles; ++kt) {
+        // Slice kt has landed (this thread's copies; the barrier shows everyone's), and every
+        // reader of slice kt - 1's buffer is done: slice kt + STAGES - 1 may go there.
+        pptm_cp_async_wait_group<STAGES - 2>();
+        __syncthreads();
+        if (kt + STAGES - 1 < ktiles) {
+            stage((kt + STAGES - 1) * TK, (kt + STAGES - 1) % STAGES);
+        } else {
+            pptm_cp_async_commit();
+        }
+        const float* const as = smem + kt % STAGES * BUF;
+        const float* const ws = as + T * TK;
+#pragma unroll
+        for (uint32_t p = 0; p < TK; ++p) {
+            const pptm_f4 a = *reinterpret_cast<const pptm_f4*>(as + p * T + 4 * ty);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+                const pptm_f4 w = *reinterpret_cast<const pptm_f4*>(ws + p * T + 64 * h + 4 * tx);
+                const float wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (uint32_t r = 0; r < 4; ++r)
+#pragma unroll
+                    for (uint32_t c = 0; c < 4; ++c) acc.v[r][4 * h + c] = fmaf(av[r], wv[c], acc.v[r][4 * h + c]);
+            }
+        }
+    }
+    return acc;
+}
+
+// Not inlined: a manifold's dispatch keeps values live around an inlined pattern, and at 64
+// registers a thread they pushed this loop to 10 to 40 local loads and stores a slice (6 to 20 as a
+// function of its own; none in a kernel of its own, bench/probes/sgemm_probe.cu).
+template <class Epi>
+__device__ __noinline__ void pptm_matmul_tiled_large(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
+                                                        const Epi& epi, float* out, const pptm_block_ctx& b) {
+    constexpr uint64_t T = 128;
+    const uint32_t tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const bool vec_out = out != nullptr && pptm_aligned16(out);
+    const uint64_t tiles_n = n / T + (n % T != 0);
+    const uint64_t tiles = (m / T + (m % T != 0)) * tiles_n;
+    for (uint64_t tile = b.block; tile < tiles; tile += b.nblocks) {
+        pptm_tick(b);
+        const uint64_t i0 = tile / tiles_n * T, j0 = tile % tiles_n * T;
+        const pptm_matmul_large_acc acc = pptm_matmul_large_sums(A, W, m, k, n, i0, j0);
+        if (out == nullptr) continue;
+#pragma unroll
+        for (uint32_t r = 0; r < 4; ++r) {
+            const uint64_t i = i0 + 4 * ty + r;
+            if (i >= m) continue;
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+                const uint64_t j = j0 + 64 * h + 4 * tx;
+                if (j >= n) continue;  // n % 4 == 0: columns j .. j + 3 are all in range
+                if (vec_out) {
+                    pptm_f4 v;
+                    v.x = epi(i, j, acc.v[r][4 * h + 0]);
+                    v.y = epi(i, j + 1, acc.v[r][4 * h + 1]);
+                    v.z = epi(i, j + 2, acc.v[r][4 * h + 2]);
+                    v.w = epi(i, j + 3, acc.v[r][4 * h + 3]);
+                    *reinterpret_cast<pptm_f4*>(out + i * n + j) = v;
+                } else {
+#pragma unroll
+                    for (uint32_t c = 0; c < 4; ++c) out[i * n + j + c] = epi(i, j + c, acc.v[r][4 * h + c]);
+                }
+            }
+        }
+    }
+}
+
 // ---- matmul of a small output: k split across warps -----------------------------------------------
 //
 // A product whose output is a few thousand values (64 x 256) has too few tiles for the patterns
@@ -982,12 +1159,16 @@ __device__ __forceinline__ void pptm_matmul_direct(const float* A, const float* 
     }
 }
 
+// `large`: whether the 128 x 128 tiles may be taken (not in a batch, whose tiles are numbered by
+// pptm_matmul_tiles, which knows only m and n).
 template <class Epi>
 __device__ __forceinline__ void pptm_matmul(const float* A, const float* W, uint64_t m, uint64_t k, uint64_t n,
-                                            const Epi& epi, float* out, const pptm_block_ctx& b) {
+                                            const Epi& epi, float* out, const pptm_block_ctx& b, bool large = true) {
     pptm_took_path(PPTM_PATH_CUDA_CORES);
     if (pptm_matmul_direct_tiles(m, n) <= (uint64_t)PPTM_MATMUL_DIRECT_MAX_TILES)
         pptm_matmul_direct(A, W, m, k, n, epi, out, b);
+    else if (large && pptm_matmul_large(A, W, m, k, n))
+        pptm_matmul_tiled_large(A, W, m, k, n, epi, out, b);
     else if (pptm_matmul_small(m, n))
         pptm_matmul_tiled<32>(A, W, m, k, n, epi, out, b);
     else
@@ -1034,7 +1215,8 @@ __device__ __forceinline__ void pptm_for_each_product(uint64_t batch, uint64_t t
     }
 }
 
-// Tiles pptm_matmul takes for an m x n product (its choice of pattern, above).
+// Tiles pptm_matmul takes for an m x n product of a batch (its choice of pattern, above, without the
+// 128 x 128 tiles).
 __device__ __forceinline__ uint64_t pptm_matmul_tiles(uint64_t m, uint64_t n) {
     const uint64_t direct = pptm_matmul_direct_tiles(m, n);
     if (direct <= (uint64_t)PPTM_MATMUL_DIRECT_MAX_TILES) return direct;
@@ -1049,7 +1231,7 @@ __device__ __forceinline__ void pptm_matmul_batched(uint64_t batch, const float*
     pptm_took_path(PPTM_PATH_CUDA_CORES);  // a block that owns no tile reports it too
     pptm_for_each_product(batch, pptm_matmul_tiles(m, n), b, [&](uint64_t s, const pptm_block_ctx& c) {
         pptm_matmul(A + s * m * k, W + s * k * n, m, k, n, pptm_epi_rows_from<Epi>{epi, s * m},
-                    out == nullptr ? nullptr : out + s * m * n, c);
+                    out == nullptr ? nullptr : out + s * m * n, c, false);
     });
 }
 

@@ -459,8 +459,16 @@ impl ChainIr {
                     .saturating_mul(dim("n").div_ceil(work::MATMUL_DIRECT_COLS));
                 // The f32 patterns choose a tile size per product; a batched product's tiles are
                 // numbered across the batch (pptm_matmul_batched).
+                // A product (not a batch) of vector rows takes 128 x 128 tiles when there are
+                // enough of them (the device also needs 16-byte-aligned operands, which a buffer
+                // is).
+                let large = st.dim("batch").is_none()
+                    && dim("k") % 4 == 0
+                    && dim("n") % 4 == 0
+                    && tiles(work::MATMUL_LARGE_TILE) >= work::MATMUL_LARGE_FROM;
                 let per_product = match tiles(work::MATMUL_TILE) {
                     _ if direct <= work::MATMUL_DIRECT_MAX_TILES => direct,
+                    _ if large => tiles(work::MATMUL_LARGE_TILE),
                     t if t < work::MATMUL_SMALL_BELOW => tiles(work::MATMUL_SMALL_TILE),
                     t => t,
                 };
@@ -735,6 +743,16 @@ mod tests {
         let (m, n) = (MATMUL_TILE * 8, MATMUL_TILE * 8); // exactly MATMUL_SMALL_BELOW big tiles
         assert_eq!(tiles(m, n, MATMUL_TILE), MATMUL_SMALL_BELOW);
         assert_eq!(b(m, n), MATMUL_SMALL_BELOW);
+        // Enough tiles of MATMUL_LARGE_TILE: those, where k and n are multiples of 4.
+        let (m, n) = (MATMUL_LARGE_TILE * 8, MATMUL_LARGE_TILE * 16);
+        assert_eq!(tiles(m, n, MATMUL_LARGE_TILE), MATMUL_LARGE_FROM);
+        assert_eq!(b(m, n), MATMUL_LARGE_FROM);
+        assert_eq!(b(m - 1, n), MATMUL_LARGE_FROM); // any m
+        assert_eq!(b(m, n - 1), tiles(m, n - 1, MATMUL_TILE)); // rows of n % 4 != 0
+        let odd_k = blocks(&mm, 0, &[("m", m), ("k", 5), ("n", n)]) as usize;
+        assert_eq!(odd_k, tiles(m, n, MATMUL_TILE));
+        let (m, n) = (MATMUL_LARGE_TILE * 8, MATMUL_LARGE_TILE * 15); // one short of the large tiles
+        assert_eq!(b(m, n), tiles(m, n, MATMUL_TILE));
         // Elementwise passes: MAP_ELEMS_PER_BLOCK each; pairwise rows: points per block.
         let map = ops(&["Relu"]).unwrap();
         let mut sizes = vec![0; map.dims.len()];
