@@ -262,6 +262,17 @@ struct pptm_storage<pptm_e4m3> {
     static __device__ __forceinline__ float load(const pptm_e4m3* p) { return pptm_e4m3_to_f32(pptm_ld_cg_u8(&p->bits)); }
 };
 
+// 16 bytes from shared memory as one ld.shared.v4. Opaque to NVVM on purpose: a plain vector load
+// whose lanes are used apart from one another was split by NVRTC 13.0 into narrower loads in some
+// compilations and not in others (`used_bytes_mask`), so the same source gave different PTX from
+// one run to the next and codegen's check failed (pattern/linear.cuh's 128 x 128 tiles).
+__device__ __forceinline__ pptm_f4 pptm_lds_f4(const float* smem) {
+    pptm_f4 v;
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
 // ---- asynchronous copies to shared memory (sm_80+) ---------------------------------------------
 
 // Copies 16 bytes from global (through L2, as ld.cg) to shared memory without holding registers:

@@ -938,11 +938,11 @@ __device__ __forceinline__ pptm_matmul_large_acc pptm_matmul_large_sums(const fl
         const float* const ws = as + T * TK;
 #pragma unroll
         for (uint32_t p = 0; p < TK; ++p) {
-            const pptm_f4 a = *reinterpret_cast<const pptm_f4*>(as + p * T + 4 * ty);
+            const pptm_f4 a = pptm_lds_f4(as + p * T + 4 * ty);
             const float av[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
-                const pptm_f4 w = *reinterpret_cast<const pptm_f4*>(ws + p * T + 64 * h + 4 * tx);
+                const pptm_f4 w = pptm_lds_f4(ws + p * T + 64 * h + 4 * tx);
                 const float wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                 for (uint32_t r = 0; r < 4; ++r)
