@@ -413,6 +413,24 @@ def main():
                     pptm_values[(m["chain"], m["size"])] = m["value"]
 
     results, refused = [], []
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def save(partial):
+        """Writes the results so far (`partial` until the end: a run cut short keeps them)."""
+        smi = nvidia_smi("name,driver_version")
+        name, driver = (smi.split(", ") + ["", ""])[:2] if smi else (torch.cuda.get_device_name(), "")
+        clocks = nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw") \
+            if not partial else None
+        doc = dict(schema=SCHEMA, source="peers", date=started,
+                   commit=f"torch {torch.__version__}", quick=a.quick, partial=partial,
+                   device=dict(name=name, driver=driver,
+                               clocks=[f"after: sm, mem, max sm, temperature, power = {clocks}"]
+                               if clocks else []),
+                   results=results, refused=refused)
+        with open(a.out + ".tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(a.out + ".tmp", a.out)
+
     selected = [c for c in cases(torch) if c[0] in wanted_chains and c[1] in wanted_sizes]
     progress = Progress(len(selected) * len(variants))
     for chain, size, shape, x, nbytes, flops, make, fn, scalar in selected:
@@ -490,12 +508,14 @@ def main():
                     print(f"REFUSED {chain} {size} {name}: {reason}", flush=True)
                     refused.append(dict(chain=chain, size=size, variant=name, reason=reason))
                     torch.cuda.synchronize()
+                    save(partial=True)
                     continue
                 med = host["median"]
                 results.append(dict(chain=chain, size=size, shape=shape, x=float(x), variant=name,
                                     host_us=host, device_us=device, gbps=nbytes / (med * 1e3),
                                     tflops=flops / (med * 1e6), max_rel_err=max(err0, err1),
                                     value=value))
+                save(partial=True)
                 cross = ""
                 if (chain, size) in pptm_values:
                     p = pptm_values[(chain, size)]
@@ -510,18 +530,7 @@ def main():
     results += more
     refused += gone
 
-    smi = nvidia_smi("name,driver_version")
-    name, driver = (smi.split(", ") + ["", ""])[:2] if smi else (torch.cuda.get_device_name(), "")
-    clocks = nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw")
-    doc = dict(schema=SCHEMA, source="peers",
-               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-               commit=f"torch {torch.__version__}", quick=a.quick,
-               device=dict(name=name, driver=driver,
-                           clocks=[f"after: sm, mem, max sm, temperature, power = {clocks}"]
-                           if clocks else []),
-               results=results, refused=refused)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    save(partial=False)
     print(f"wrote {a.out} ({len(results)} measurements, {len(refused)} refused)")
 
 

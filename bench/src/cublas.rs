@@ -1320,11 +1320,7 @@ mod tests {
             time: Duration::from_millis(20),
             max_reps: 50,
         };
-        let mut out = Collector {
-            results: Vec::new(),
-            refused: Vec::new(),
-            progress: indicatif::ProgressBar::hidden(),
-        };
+        let mut out = Collector::in_memory();
         run(|_, s| s == "small", &budget, &mut out);
         assert_eq!(out.results.len() + out.refused.len(), 6);
         for r in &out.refused {

@@ -1,6 +1,7 @@
 //! pptm-bench: pptm against what its users run today, on one GPU, in one process.
 //!
 //!     pptm-bench [--quick] [--chains a,b] [--sizes small,medium,large] [--out DIR]
+//!                [--resume FILE.json]
 //!     pptm-bench report [--out DIR] [FILE.json | DIR]...
 //!
 //! The first form measures the dispatch floors (empty launch + sync, a one-node CUDA graph, a
@@ -8,7 +9,10 @@
 //! variants: pptm's persistent manifold, the same fused code as one launch per item, one launch
 //! per stage, and those launches replayed as a CUDA graph. Each variant's result is checked
 //! against an f64 reference before and after it is timed; one that fails is not reported, and
-//! the results file says why. Writes DIR/pptm.json (default DIR: bench/results). Chain
+//! the results file says why. Writes DIR/pptm.json (default DIR: bench/results) after every
+//! measurement, marked `partial` until the run ends, so a run cut short (a time limit) keeps what
+//! it measured; `--resume FILE` takes such a file's measurements (same commit, same mode) and
+//! times only what it lacks. Chain
 //! matmul_bias_gelu_bf16 is cuBLAS and cuBLASLt alone, as baselines (src/cublas.rs); chain
 //! copy_roof is a plain copy, the run's bandwidth roof (src/roof.rs).
 //!
@@ -71,6 +75,8 @@ struct Options {
     chains: Option<Vec<String>>,
     sizes: Option<Vec<String>>,
     out: PathBuf,
+    /// A results file of an earlier run of this build whose measurements are kept, not repeated.
+    resume: Option<PathBuf>,
 }
 
 impl Options {
@@ -80,6 +86,7 @@ impl Options {
             chains: None,
             sizes: None,
             out: PathBuf::from("bench/results"),
+            resume: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -94,6 +101,7 @@ impl Options {
                 "--chains" => o.chains = Some(list(value()?)),
                 "--sizes" => o.sizes = Some(list(value()?)),
                 "--out" => o.out = PathBuf::from(value()?),
+                "--resume" => o.resume = Some(PathBuf::from(value()?)),
                 "-h" | "--help" => {
                     println!("{}", USAGE);
                     std::process::exit(0);
@@ -117,9 +125,12 @@ impl Options {
                 return Err(format!("unknown chain `{c}` (dispatch, {})", known.join(", ")).into());
             }
         }
+        // Sizes are small, medium and large, except the cases that name theirs ("10 atoms").
+        let mut sizes = vec!["small", "medium", "large"];
+        sizes.extend(cases::MD_SIZES.iter().map(|(name, _)| *name));
         for s in o.sizes.iter().flatten() {
-            if !["small", "medium", "large"].contains(&s.as_str()) {
-                return Err(format!("unknown size `{s}` (small, medium, large)").into());
+            if !sizes.contains(&s.as_str()) {
+                return Err(format!("unknown size `{s}` ({})", sizes.join(", ")).into());
             }
         }
         Ok(o)
@@ -139,6 +150,7 @@ impl Options {
 
 const USAGE: &str =
     "usage: pptm-bench [--quick] [--chains a,b] [--sizes small,medium,large] [--out DIR]
+                  [--resume FILE.json]
        pptm-bench report [--out DIR] [FILE.json | DIR]...";
 
 /// The variants every chain runs on, as named in results.
@@ -159,9 +171,66 @@ struct Collector {
     results: Vec<Measurement>,
     refused: Vec<Refusal>,
     progress: ProgressBar,
+    /// Where the results go after each measurement, and the file's other fields (`None` in
+    /// unit tests).
+    file: Option<(PathBuf, Results)>,
 }
 
 impl Collector {
+    /// A collector that writes nothing (unit tests).
+    #[cfg(test)]
+    fn in_memory() -> Collector {
+        Collector {
+            results: Vec::new(),
+            refused: Vec::new(),
+            progress: ProgressBar::hidden(),
+            file: None,
+        }
+    }
+
+    /// Whether `variant` of `chain` at `size` was measured or refused already (a resumed run).
+    fn has(&self, chain: &str, size: &str, variant: &str) -> bool {
+        self.results
+            .iter()
+            .any(|m| m.chain == chain && m.size == size && m.variant == variant)
+            || self
+                .refused
+                .iter()
+                .any(|r| r.chain == chain && r.size == size && r.variant == variant)
+    }
+
+    /// Whether anything of `chain` was measured or refused already.
+    fn has_chain(&self, chain: &str) -> bool {
+        self.results.iter().any(|m| m.chain == chain)
+            || self.refused.iter().any(|r| r.chain == chain)
+    }
+
+    /// Writes the results file as it stands: `partial` until the run's end.
+    fn save(&self, partial: bool) -> Result<(), BoxError> {
+        let Some((path, header)) = &self.file else {
+            return Ok(());
+        };
+        let doc = Results {
+            partial,
+            results: self.results.clone(),
+            refused: self.refused.clone(),
+            ..header.clone()
+        };
+        // Written beside and renamed, so that a run killed mid-write leaves the last whole file.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    fn save_or_say(&self) {
+        if let Err(e) = self.save(true) {
+            self.say(format!(
+                "pptm-bench: could not write the results so far: {e}"
+            ));
+        }
+    }
+
     /// A line above the bar, or on stderr where there is no bar (not a terminal).
     fn say(&self, line: String) {
         if self.progress.is_hidden() {
@@ -179,6 +248,7 @@ impl Collector {
             variant: variant.into(),
             reason,
         });
+        self.save_or_say();
     }
 
     fn report(&mut self, m: Measurement) {
@@ -195,6 +265,7 @@ impl Collector {
         ));
         self.results.push(m);
         self.progress.inc(1);
+        self.save_or_say();
     }
 }
 
@@ -330,33 +401,78 @@ fn bench(o: &Options) -> Result<(), BoxError> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed_precise} {msg}")
             .expect("a valid template"),
     );
+    std::fs::create_dir_all(&o.out)?;
+    let header = Results {
+        schema: record::SCHEMA.into(),
+        source: "pptm".into(),
+        date: utc_now(),
+        commit: env!("PPTM_BENCH_COMMIT").into(),
+        quick: o.quick,
+        partial: true,
+        device: device.clone(),
+        results: Vec::new(),
+        refused: Vec::new(),
+    };
     let mut out = Collector {
         results: Vec::new(),
         refused: Vec::new(),
         progress,
+        file: Some((o.out.join("pptm.json"), header)),
+    };
+    if let Some(path) = &o.resume {
+        let kept = resumed(path, &device.name, o.quick)?;
+        eprintln!(
+            "resuming {}: {} measurements and {} refusals kept",
+            path.display(),
+            kept.results.len(),
+            kept.refused.len()
+        );
+        out.results = kept.results;
+        out.refused = kept.refused;
+        if let Some((_, header)) = &mut out.file {
+            header.date = kept.date;
+            header.device.clocks = kept.device.clocks;
+            header
+                .device
+                .clocks
+                .extend(device.clocks.iter().map(|c| format!("resumed, {c}")));
+        }
+        device = out.file.as_ref().expect("set above").1.device.clone();
+    }
+    // What a resumed file holds of the baselines (rows of theirs, not of pptm's variants).
+    let pptm_variant = |v: &str| v == PERSISTENT || LAUNCHED.iter().any(|(_, n)| *n == v);
+    let baselines_done: Vec<(String, String)> = out
+        .results
+        .iter()
+        .filter(|m| !pptm_variant(&m.variant))
+        .map(|m| (m.chain.clone(), m.size.clone()))
+        .collect();
+    let baseline_wanted = |chain: &str, size: &str| {
+        o.wants(chain, size) && !baselines_done.iter().any(|(c, s)| c == chain && s == size)
     };
 
     // 1. The floors, before any manifold holds the SMs.
-    if dispatch {
+    const FLOORS: [&str; 3] = [
+        "floor: mapped-memory round trip, one GPU thread",
+        "empty kernel launch + sync",
+        "one-node CUDA graph + sync",
+    ];
+    if dispatch && FLOORS.iter().any(|f| !out.has("dispatch", "-", f)) {
         out.progress.set_message("dispatch floors");
         let base = LaunchBaseline::new(&probe, KlComplexity::DOMAIN)?;
         let trips = base.mapped_round_trips(2000, 20_000.min(budget.max_reps * 4))?;
-        floor(
-            "floor: mapped-memory round trip, one GPU thread",
-            stat(trips),
-            &mut out,
-        );
+        floor(FLOORS[0], stat(trips), &mut out);
         let (s, _) = time_loop(&budget, || base.launch_and_sync().map(|_| None))?;
-        floor("empty kernel launch + sync", s, &mut out);
+        floor(FLOORS[1], s, &mut out);
         let (s, _) = time_loop(&budget, || base.graph_and_sync().map(|_| None))?;
-        floor("one-node CUDA graph + sync", s, &mut out);
+        floor(FLOORS[2], s, &mut out);
     }
     drop(probe);
 
     // 1b. cuBLAS / cuBLASLt baselines, while no pptm runtime exists (none may hold the SMs).
-    cublas::run(|chain, size| o.wants(chain, size), &budget, &mut out);
+    cublas::run(baseline_wanted, &budget, &mut out);
     // 1c. The bandwidth roof of this run: a plain copy (src/roof.rs), also before any runtime.
-    roof::run(|chain, size| o.wants(chain, size), &budget, &mut out);
+    roof::run(baseline_wanted, &budget, &mut out);
 
     // 2. Every case, domain by domain: the launched variants first (no manifold resident), then
     //    the domain's manifold on the whole GPU.
@@ -370,7 +486,25 @@ fn bench(o: &Options) -> Result<(), BoxError> {
         let mine: Vec<usize> = (0..cases.len())
             .filter(|&i| cases[i].domain == domain)
             .collect();
+        // A resumed run skips what it has: a variant all of whose cells and floors are in the
+        // file is not started, and a case none of whose variants is missing needs no reference.
+        let noop_floor = |name: &str| format!("no-op item: {name}");
+        let missing = |out: &Collector, name: &str, floors: bool| {
+            mine.iter()
+                .any(|&i| !out.has(cases[i].chain, cases[i].size, name))
+                || (floors
+                    && dispatch
+                    && domain == KlComplexity::DOMAIN.name
+                    && !out.has("dispatch", "-", &noop_floor(name)))
+        };
         for &i in &mine {
+            let variants = LAUNCHED.iter().map(|(_, n)| *n).chain([PERSISTENT]);
+            if variants
+                .clone()
+                .all(|n| out.has(cases[i].chain, cases[i].size, n))
+            {
+                continue;
+            }
             out.progress.set_message(format!(
                 "f64 reference: {} {}",
                 cases[i].chain, cases[i].shape
@@ -378,18 +512,27 @@ fn bench(o: &Options) -> Result<(), BoxError> {
             expects[i] = Some((cases[i].expect)());
         }
         for (variant, name) in LAUNCHED {
+            if !missing(&out, name, variant == Variant::FusedLaunched) {
+                continue;
+            }
             let rt = Runtime::gpu_with(Config {
                 variant,
                 ..Default::default()
             })?;
-            if dispatch && domain == KlComplexity::DOMAIN.name && variant == Variant::FusedLaunched
+            if dispatch
+                && domain == KlComplexity::DOMAIN.name
+                && variant == Variant::FusedLaunched
+                && !out.has("dispatch", "-", &noop_floor(name))
             {
                 let (s, _) = time_loop(&budget, || {
                     rt.submit_noop::<KlComplexity>()?.wait().map(|_| None)
                 })?;
-                floor(&format!("no-op item: {name}"), s, &mut out);
+                floor(&noop_floor(name), s, &mut out);
             }
             for &i in &mine {
+                if out.has(cases[i].chain, cases[i].size, name) {
+                    continue;
+                }
                 out.progress
                     .set_message(format!("{} {} {name}", cases[i].chain, cases[i].size));
                 let expect = expects[i].as_ref().expect("computed above");
@@ -397,18 +540,27 @@ fn bench(o: &Options) -> Result<(), BoxError> {
             }
         }
         // Many small items from many threads, side by side and in order (runtimes of their own).
-        if throughput && domain == KlComplexity::DOMAIN.name {
+        if throughput && domain == KlComplexity::DOMAIN.name && !out.has_chain(throughput::CHAIN) {
             throughput::run(o.quick, &mut out)?;
         }
+        if !missing(&out, PERSISTENT, true) {
+            continue;
+        }
         let rt = Runtime::gpu()?;
-        if dispatch && domain == KlComplexity::DOMAIN.name {
+        if dispatch
+            && domain == KlComplexity::DOMAIN.name
+            && !out.has("dispatch", "-", &noop_floor(PERSISTENT))
+        {
             rt.prepare::<KlComplexity>()?;
             let (s, _) = time_loop(&budget, || {
                 rt.submit_noop::<KlComplexity>()?.wait().map(|_| None)
             })?;
-            floor(&format!("no-op item: {PERSISTENT}"), s, &mut out);
+            floor(&noop_floor(PERSISTENT), s, &mut out);
         }
         for &i in &mine {
+            if out.has(cases[i].chain, cases[i].size, PERSISTENT) {
+                continue;
+            }
             out.progress
                 .set_message(format!("{} {} {PERSISTENT}", cases[i].chain, cases[i].size));
             let expect = expects[i].as_ref().expect("computed above");
@@ -418,34 +570,66 @@ fn bench(o: &Options) -> Result<(), BoxError> {
     out.progress.finish_and_clear();
 
     device.clocks.extend(nvidia_smi_clocks("after"));
-    let results = Results {
-        schema: record::SCHEMA.into(),
-        source: "pptm".into(),
-        date: utc_now(),
-        commit: env!("PPTM_BENCH_COMMIT").into(),
-        quick: o.quick,
-        device,
-        results: out.results,
-        refused: out.refused,
-    };
-    std::fs::create_dir_all(&o.out)?;
+    if let Some((_, header)) = &mut out.file {
+        header.device = device;
+    }
+    out.save(false)?;
     let path = o.out.join("pptm.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
     eprintln!(
         "wrote {} ({} measurements, {} refused)",
         path.display(),
-        results.results.len(),
-        results.refused.len()
+        out.results.len(),
+        out.refused.len()
     );
-    if !results.refused.is_empty() {
+    if !out.refused.is_empty() {
         return Err(format!(
             "{} variant(s) refused (see above and `refused` in {})",
-            results.refused.len(),
+            out.refused.len(),
             path.display()
         )
         .into());
     }
     Ok(())
+}
+
+/// The results file `path` of an earlier run, to resume: it must come from this build (the same
+/// commit), in the same mode, on a GPU of the same name, or its figures would not compare.
+fn resumed(path: &std::path::Path, device: &str, quick: bool) -> Result<Results, BoxError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--resume {}: {e}", path.display()))?;
+    let r: Results =
+        serde_json::from_str(&text).map_err(|e| format!("--resume {}: {e}", path.display()))?;
+    let commit = env!("PPTM_BENCH_COMMIT");
+    let why = if r.schema != record::SCHEMA {
+        Some(format!(
+            "schema {} (this build writes {})",
+            r.schema,
+            record::SCHEMA
+        ))
+    } else if r.source != "pptm" {
+        Some(format!("its source is {}, not pptm", r.source))
+    } else if r.commit != commit {
+        Some(format!(
+            "it was measured at {} (this build is {commit})",
+            r.commit
+        ))
+    } else if r.quick != quick {
+        Some(format!(
+            "it was a {} run",
+            if r.quick { "--quick" } else { "full" }
+        ))
+    } else if r.device.name != device {
+        Some(format!(
+            "it was measured on {} (this GPU: {device})",
+            r.device.name
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(format!("--resume {}: {why}", path.display()).into()),
+        None => Ok(r),
+    }
 }
 
 /// The GPU's name and driver from nvidia-smi, with the clocks it reports now.
@@ -513,4 +697,120 @@ fn utc_now() -> String {
         rem / 60 % 60,
         rem % 60
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measurement(chain: &str, size: &str, variant: &str) -> Measurement {
+        Measurement {
+            chain: chain.into(),
+            size: size.into(),
+            shape: "-".into(),
+            x: 1.0,
+            variant: variant.into(),
+            host_us: Stat {
+                median: 1.0,
+                p99: 2.0,
+                reps: 10,
+            },
+            device_us: None,
+            gbps: None,
+            tflops: None,
+            max_rel_err: None,
+            value: None,
+        }
+    }
+
+    fn header(quick: bool) -> Results {
+        Results {
+            schema: record::SCHEMA.into(),
+            source: "pptm".into(),
+            date: utc_now(),
+            commit: env!("PPTM_BENCH_COMMIT").into(),
+            quick,
+            partial: true,
+            device: DeviceInfo {
+                name: "NVIDIA H200".into(),
+                ..Default::default()
+            },
+            results: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    /// Every measurement reaches the file at once, marked partial; the run's end clears the
+    /// mark; and a resumed run takes the file back only from the same build, mode and GPU.
+    #[test]
+    fn results_are_saved_as_they_come_and_resumed_only_from_the_same_run_kind() {
+        let dir = std::env::temp_dir().join(format!("pptm-bench-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pptm.json");
+        let mut out = Collector::in_memory();
+        out.file = Some((path.clone(), header(false)));
+        out.report(measurement("kl_complexity", "small", PERSISTENT));
+        out.refuse("te_reduction", "large", PERSISTENT, "a wrong result".into());
+
+        let saved = resumed(&path, "NVIDIA H200", false).unwrap();
+        assert!(saved.partial);
+        assert_eq!(saved.results.len(), 1);
+        assert_eq!(saved.refused.len(), 1);
+
+        let mut again = Collector::in_memory();
+        again.results = saved.results;
+        again.refused = saved.refused;
+        assert!(again.has("kl_complexity", "small", PERSISTENT));
+        assert!(again.has("te_reduction", "large", PERSISTENT));
+        assert!(!again.has("kl_complexity", "medium", PERSISTENT));
+        assert!(!again.has("kl_complexity", "small", LAUNCHED[0].1));
+        assert!(again.has_chain("te_reduction") && !again.has_chain("md"));
+
+        out.save(false).unwrap();
+        assert!(!resumed(&path, "NVIDIA H200", false).unwrap().partial);
+
+        // Another mode, another GPU, another build: refused, saying why.
+        let why = resumed(&path, "NVIDIA H200", true).unwrap_err().to_string();
+        assert!(why.contains("full run"), "{why}");
+        let why = resumed(&path, "NVIDIA H100 80GB HBM3", false)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("NVIDIA H200"), "{why}");
+        let mut other = header(false);
+        other.commit = "0000000".into();
+        std::fs::write(&path, serde_json::to_string(&other).unwrap()).unwrap();
+        let why = resumed(&path, "NVIDIA H200", false)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("0000000"), "{why}");
+        let why = resumed(&dir.join("absent.json"), "NVIDIA H200", false).unwrap_err();
+        assert!(why.to_string().contains("absent.json"), "{why}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn named_sizes_are_accepted_and_unknown_ones_refused() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = Options::parse(&args(&[
+            "--chains",
+            "md",
+            "--sizes",
+            "10 atoms,10000 atoms",
+        ]))
+        .unwrap();
+        assert!(o.wants("md", "10 atoms") && !o.wants("md", "50 atoms"));
+        let e = Options::parse(&args(&["--sizes", "huge"]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("unknown size `huge`") && e.contains("10 atoms"),
+            "{e}"
+        );
+        let o = Options::parse(&args(&["--resume", "bench/results/pptm.json"])).unwrap();
+        assert_eq!(
+            o.resume.as_deref(),
+            Some(std::path::Path::new("bench/results/pptm.json"))
+        );
+    }
 }

@@ -14,6 +14,10 @@ pub struct Results {
     pub date: String,
     pub commit: String,
     pub quick: bool,
+    /// The run stopped before its end (a time limit): the file holds what it measured until then
+    /// (pptm-bench writes it after every measurement; `--resume` completes it).
+    #[serde(default)]
+    pub partial: bool,
     pub device: DeviceInfo,
     pub results: Vec<Measurement>,
     /// Variants that were not timed, and why (a wrong result, an error).

@@ -383,7 +383,12 @@ fn markdown(files: &[(PathBuf, Results)]) -> String {
             r.commit,
             r.device.name,
             r.device.driver,
-            if r.quick { "quick" } else { "full" }
+            match (r.quick, r.partial) {
+                (true, false) => "quick",
+                (false, false) => "full",
+                (true, true) => "quick, stopped early (partial)",
+                (false, true) => "full, stopped early (partial)",
+            }
         );
     }
     let clocks: Vec<String> = files
@@ -753,6 +758,7 @@ mod tests {
                 date: "2026-11-28T00:00:00Z".into(),
                 commit: "test".into(),
                 quick: false,
+                partial: false,
                 device: DeviceInfo {
                     name: device.into(),
                     ..Default::default()
